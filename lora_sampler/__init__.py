@@ -1,0 +1,57 @@
+"""lora_sampler: a synchronous client for sampling LoRA adapters from a vLLM engine, through the load race.
+
+The front door: everything public is re-exported here. ``lora_sampler.testing`` holds the built-in test engine.
+"""
+
+from __future__ import annotations
+
+import logging
+
+__version__ = "0.1.0"
+
+from lora_sampler.client import SamplerClient  # noqa: E402
+from lora_sampler.errors import (  # noqa: E402
+    AdapterConfigError,
+    AdapterNotReadyError,
+    AuthenticationError,
+    BatchInputError,
+    EngineConnectionError,
+    EngineConnectTimeoutError,
+    EngineError,
+    EngineStatusError,
+    EngineTimeoutError,
+    LoraSamplerError,
+    ModelNotFoundError,
+    PublishError,
+    UnsafeArchiveError,
+)
+from lora_sampler.retry import RetryEvent, RetryHook, RetryPolicy  # noqa: E402
+from lora_sampler.types import Adapter, GeneratedSequence, SampleOutput, SampleRequest, SamplingParams  # noqa: E402
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+__all__ = [
+    "Adapter",
+    "AdapterConfigError",
+    "AdapterNotReadyError",
+    "AuthenticationError",
+    "BatchInputError",
+    "EngineConnectTimeoutError",
+    "EngineConnectionError",
+    "EngineError",
+    "EngineStatusError",
+    "EngineTimeoutError",
+    "GeneratedSequence",
+    "LoraSamplerError",
+    "ModelNotFoundError",
+    "PublishError",
+    "RetryEvent",
+    "RetryHook",
+    "RetryPolicy",
+    "SampleOutput",
+    "SampleRequest",
+    "SamplerClient",
+    "SamplingParams",
+    "UnsafeArchiveError",
+    "__version__",
+]

@@ -1,0 +1,190 @@
+"""Which adapters this client knows: resolution of ``adapter=`` values, publish-once, preflight, lineages.
+
+Turns an ``adapter=`` value into an ``Adapter`` (publishing a checkpoint path once per client, however many
+threads ask), checks each adapter's config against the engine's model once, and retires older adapters of a
+lineage. Filesystem work is delegated to ``publish``; it sends only models/unload requests itself.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+from typing import Counter, Dict, List, Optional, Set, Tuple, Union
+
+from lora_sampler._http import MODELS_PATH, UNLOAD_ADAPTER_PATH, EngineTransport
+from lora_sampler.errors import EngineError, EngineStatusError, LoraSamplerError
+from lora_sampler.types import Adapter, AdapterSpec, is_checkpoint_path
+
+logger = logging.getLogger(__name__)
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class AdapterRegistry:
+    """Per-client adapter bookkeeping.
+
+    Args:
+        transport: The engine transport (for ``GET /v1/models`` and unloads).
+        lora_base_dir: The resolver directory as this machine sees it, or None.
+        engine_lora_base_dir: The same directory as the engine sees it; defaults to ``lora_base_dir``.
+    """
+
+    def __init__(
+        self, transport: EngineTransport, lora_base_dir: Optional[PathLike], engine_lora_base_dir: Optional[PathLike]
+    ):
+        self._transport = transport
+        self.lora_base_dir = os.path.abspath(os.fspath(lora_base_dir)) if lora_base_dir is not None else None
+        engine_dir = engine_lora_base_dir if engine_lora_base_dir is not None else self.lora_base_dir
+        self.engine_lora_base_dir = os.fspath(engine_dir) if engine_dir is not None else None
+        self._lock = threading.Lock()
+        self._key_locks: Dict[str, threading.Lock] = {}
+        self._published: Dict[str, Adapter] = {}
+        self._checked: Set[str] = set()
+        self._engine_model: Optional[str] = None
+        self._in_flight: Counter[str] = collections.Counter()
+        self._lineage_of: Dict[str, Tuple[str, bool]] = {}
+        self._lineages: Dict[str, List[str]] = {}
+        self._newest_served: Dict[str, int] = {}
+        self._retired: Set[str] = set()
+
+    # -- resolution -----------------------------------------------------------------------------------------
+
+    def resolve(self, spec: AdapterSpec) -> Adapter:
+        """Turn an ``adapter=`` value into an ``Adapter``, publishing and preflighting on first use."""
+        if isinstance(spec, Adapter):
+            adapter = spec
+        elif is_checkpoint_path(spec):
+            adapter = self._publish_once(spec)
+        else:
+            name = str(spec)
+            local = os.path.join(self.lora_base_dir, name) if self.lora_base_dir else None
+            adapter = Adapter(name, local if local and os.path.isdir(local) else None)
+        if adapter.path is not None and adapter.name not in self._checked:
+            self._preflight(adapter)
+        return adapter
+
+    def engine_path(self, adapter: Adapter) -> Optional[str]:
+        """Return the ``lora_path`` to send in a load request, as the engine sees it, or None when unknown."""
+        if self.engine_lora_base_dir is not None:
+            return os.path.join(self.engine_lora_base_dir, adapter.name)
+        return adapter.path
+
+    def _key_lock(self, key: str) -> threading.Lock:
+        with self._lock:
+            return self._key_locks.setdefault(key, threading.Lock())
+
+    def _publish_once(self, checkpoint: PathLike) -> Adapter:
+        key = os.path.abspath(os.fspath(checkpoint))
+        with self._key_lock("publish:" + key):
+            adapter = self._published.get(key)
+            if adapter is None:
+                adapter = self.publish(checkpoint)
+                self._published[key] = adapter
+            return adapter
+
+    def publish(self, checkpoint: PathLike, *, name: Optional[str] = None, lineage: Optional[str] = None,
+                delete_retired: bool = False) -> Adapter:
+        """Publish ``checkpoint`` into the resolver directory and preflight it (see ``SamplerClient.publish``)."""
+        from lora_sampler.publish import publish_checkpoint
+
+        if self.lora_base_dir is None:
+            raise ValueError("publishing a checkpoint needs lora_base_dir= (the engine's resolver directory)")
+        adapter = publish_checkpoint(checkpoint, self.lora_base_dir, name=name)
+        self._preflight(adapter)
+        if lineage is not None:
+            with self._lock:
+                names = self._lineages.setdefault(lineage, [])
+                if adapter.name not in names:
+                    names.append(adapter.name)
+                self._lineage_of[adapter.name] = (lineage, delete_retired)
+        return adapter
+
+    def _preflight(self, adapter: Adapter) -> None:
+        """Check ``adapter_config.json`` against the engine's model once per adapter, before any completion."""
+        from lora_sampler.publish import check_adapter_config
+
+        with self._key_lock("check:" + adapter.name):
+            if adapter.name in self._checked or adapter.path is None:
+                return
+            try:
+                model = self.engine_model()
+            except EngineError as exc:
+                # The sample's own retries deal with an unreachable engine; check again next time.
+                logger.debug("Skipping the preflight of %r: %s", adapter.name, exc)
+                return
+            check_adapter_config(adapter.path, model)
+            self._checked.add(adapter.name)
+
+    def engine_model(self) -> str:
+        """Return the engine's base model: the ``root`` of the base card in ``GET /v1/models`` (cached)."""
+        if self._engine_model is None:
+            cards = self._transport.get(MODELS_PATH).json().get("data") or []
+            base = [card for card in cards if not card.get("parent")]
+            if not base:
+                raise LoraSamplerError("GET /v1/models lists no base model; is base_url a vLLM server?")
+            self._engine_model = str(base[0].get("root") or base[0]["id"])
+        return self._engine_model
+
+    # -- unloading and lineages -----------------------------------------------------------------------------
+
+    def unload(self, name: str, *, delete_files: bool = False, session_id: Optional[str] = None) -> None:
+        """Unload ``name`` from the engine; then, only if the engine let go of it, delete its folder.
+
+        Raises:
+            EngineError: the engine did not confirm the unload (the files are left in place).
+        """
+        from lora_sampler.publish import remove_adapter_dir
+
+        response = self._transport.post(
+            UNLOAD_ADAPTER_PATH, {"lora_name": name}, model=name, adapter=True, session_id=session_id,
+            raise_for_status=False,
+        )
+        # 404 "cannot be found" means the engine holds no such adapter (FINDINGS §4d); a 404 {"detail":...}
+        # means runtime updating is off and the engine may still reload it from disk, so nothing is deleted.
+        gone = response.status_code == 200 or (response.status_code == 404 and "cannot be found" in response.text)
+        if not gone:
+            error = EngineStatusError.from_response(response, model=name, adapter=True)
+            error.message += "; the adapter's files were left in place"
+            error.args = (error.message,)
+            raise error
+        with self._lock:
+            self._checked.discard(name)
+            self._published = {k: v for k, v in self._published.items() if v.name != name}
+        if delete_files:
+            if self.lora_base_dir is None:
+                raise ValueError("delete_files=True needs lora_base_dir=")
+            remove_adapter_dir(self.lora_base_dir, name)
+
+    def request_started(self, name: str) -> None:
+        """Record the start of a request for adapter ``name`` (retirement waits for requests in flight)."""
+        with self._lock:
+            self._in_flight[name] += 1
+
+    def request_finished(self, name: str, *, served: bool) -> None:
+        """Record the end of a request for ``name``, and retire older adapters of its lineage once due.
+
+        An older adapter is retired once a newer one of its lineage has served a request and no request for
+        the older one is in flight. Only adapters published before the newest that served are ever retired, so
+        a straggler answered late for an older adapter never retires the newer one.
+        """
+        due: List[Tuple[str, bool]] = []
+        with self._lock:
+            self._in_flight[name] -= 1
+            entry = self._lineage_of.get(name)
+            if entry is None:
+                return
+            names = self._lineages[entry[0]]
+            if served:
+                self._newest_served[entry[0]] = max(self._newest_served.get(entry[0], 0), names.index(name))
+            for older in names[: self._newest_served.get(entry[0], 0)]:
+                if older not in self._retired and self._in_flight[older] == 0:
+                    self._retired.add(older)
+                    due.append((older, self._lineage_of[older][1]))
+        for older, delete_files in due:
+            try:
+                self.unload(older, delete_files=delete_files)
+                logger.info("Retired adapter %r: a newer adapter of its lineage is serving", older)
+            except (EngineError, OSError) as exc:
+                logger.warning("Could not retire adapter %r (its files are kept): %s", older, exc)

@@ -1,0 +1,341 @@
+"""``SamplerClient``: synchronous sampling from a vLLM engine through the adapter-load race.
+
+Owns argument validation, adapter resolution (name, ``Adapter`` or checkpoint path), the retry-wrapped single
+attempt, the single-flight proactive load, and the thread-pool fan-out (``submit``, ``imap``, ``sample_many``).
+HTTP lives in ``_http``, retry rules in ``retry``, checkpoint handling in ``publish``.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import itertools
+import logging
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Deque, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
+
+from lora_sampler._adapter_loads import AdapterLoadCoordinator
+from lora_sampler._http import LOAD_ADAPTER_PATH, EngineTransport, Timeout
+from lora_sampler._registry import AdapterRegistry
+from lora_sampler.errors import EngineError
+from lora_sampler.retry import DEFAULT_RETRY_POLICY, RetryPolicy, make_retrying
+from lora_sampler.types import Adapter, AdapterSpec, Prompt, SampleOutput, SampleRequest, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+#: Environment variable read when ``api_key`` is not given.
+API_KEY_ENV = "LORA_SAMPLER_API_KEY"
+#: ``imap`` keeps at most this many requests per worker submitted ahead of the results it has yielded.
+IN_FLIGHT_PER_WORKER = 2
+
+RequestLike = Union[SampleRequest, Mapping[str, Any]]
+_END = object()
+
+
+@dataclass
+class _Call:
+    """One ``sample`` call as the retry glue sees it (no prompt text is logged from here)."""
+
+    model: str
+    is_adapter: bool
+    session_id: str
+    payload: Dict[str, Any]
+    started: float
+    load_path: Optional[str]
+
+
+class SamplerClient:
+    """A blocking client for sampling LoRA adapters (or the base model) from a vLLM engine.
+
+    Use it as a context manager, or call ``close()``. It is thread-safe: one client serves every thread.
+
+    Args:
+        base_url: The engine root, e.g. ``http://127.0.0.1:8000``; a trailing ``/v1`` is accepted.
+        api_key: Sent as ``Authorization: Bearer ...``; defaults to ``$LORA_SAMPLER_API_KEY``. Never logged.
+        lora_base_dir: The engine's resolver directory as this machine sees it (where checkpoints are published).
+        engine_lora_base_dir: The same directory as the engine sees it (a container mount), used for
+            ``lora_path`` in load requests; defaults to ``lora_base_dir``.
+        timeout: ``(connect, read)`` seconds for every completion request.
+        retry: The ``RetryPolicy``.
+        max_workers: Threads for ``submit``/``imap``/``sample_many``; also the connection pool size.
+        verify: TLS verification: True, False, or a CA bundle path (``REQUESTS_CA_BUNDLE`` keeps working).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: Optional[str] = None,
+        lora_base_dir: Union[str, os.PathLike[str], None] = None,
+        engine_lora_base_dir: Union[str, os.PathLike[str], None] = None,
+        timeout: Timeout = (10.0, 300.0),
+        retry: RetryPolicy = DEFAULT_RETRY_POLICY,
+        max_workers: int = 16,
+        verify: Union[bool, str] = True,
+    ):
+        if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
+            raise ValueError(f"max_workers must be an int >= 1, got {max_workers!r}")
+        if not isinstance(retry, RetryPolicy):
+            raise TypeError(f"retry must be a RetryPolicy, got {type(retry).__name__}")
+        self.retry = retry
+        self.max_workers = max_workers
+        self._transport = EngineTransport(
+            base_url, api_key=api_key or os.environ.get(API_KEY_ENV) or None, timeout=timeout,
+            max_workers=max_workers, verify=verify,
+        )
+        self._registry = AdapterRegistry(self._transport, lora_base_dir, engine_lora_base_dir)
+        self._loads = AdapterLoadCoordinator(episode_gap=2 * retry.max_delay + retry.load_timeout)
+        self._retrying = make_retrying(retry, self._attempt, self._before_retry)
+        self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._executor_lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def base_url(self) -> str:
+        """The engine root URL (without ``/v1``)."""
+        return self._transport.base_url
+
+    def __repr__(self) -> str:
+        return f"SamplerClient({self.base_url!r}, max_workers={self.max_workers})"
+
+    def __enter__(self) -> SamplerClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Wait for submitted work, stop the worker threads and close pooled connections. Idempotent."""
+        self._closed = True
+        with self._executor_lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True)
+        self._transport.close()
+
+    # -- sampling -------------------------------------------------------------------------------------------
+
+    def sample(
+        self,
+        prompt: Prompt,
+        *,
+        adapter: Optional[AdapterSpec] = None,
+        base_model: Optional[str] = None,
+        num_samples: int = 1,
+        sampling_params: Optional[SamplingParams] = None,
+        prompt_logprobs: bool = False,
+        topk_prompt_logprobs: int = 0,
+        session_id: Optional[str] = None,
+    ) -> SampleOutput:
+        """Sample ``num_samples`` completions of ``prompt`` from an adapter or the base model, retrying the race.
+
+        Args:
+            prompt: Token ids or text.
+            adapter: An ``Adapter``, a checkpoint path (archive or directory, published on first use), or the
+                name of an adapter in ``lora_base_dir`` or on the engine. Exclusive with ``base_model``.
+            base_model: The engine's model name. Exclusive with ``adapter``.
+            num_samples: Completions to draw.
+            sampling_params: ``SamplingParams``; None means the defaults.
+            prompt_logprobs: Also return each prompt token's logprob.
+            topk_prompt_logprobs: Also return the top-k logprobs at each prompt position.
+            session_id: Sent as ``X-Session-ID`` with the request, its retries and its load (router affinity).
+
+        Returns:
+            The ``SampleOutput``.
+
+        Raises:
+            ValueError, TypeError: bad arguments, before any request.
+            PublishError: the checkpoint cannot be published or its adapter_config.json does not fit the engine.
+            EngineError: the engine's answer after the retry table ran its course (also a requests exception).
+        """
+        request = SampleRequest(
+            prompt, adapter, base_model, num_samples, sampling_params, prompt_logprobs, topk_prompt_logprobs,
+            session_id,
+        )
+        return self.run(request)
+
+    def run(self, request: SampleRequest) -> SampleOutput:
+        """Run one ``SampleRequest`` (``sample`` with its arguments held in a value)."""
+        if self._closed:
+            raise RuntimeError("this SamplerClient is closed; create a new one")
+        if request.adapter is not None:
+            adapter = self._registry.resolve(request.adapter)
+            model, load_path = adapter.name, self._registry.engine_path(adapter)
+        else:
+            model, load_path = str(request.base_model), None
+        call = _Call(
+            model=model,
+            is_adapter=request.adapter is not None,
+            session_id=request.session_id or uuid.uuid4().hex,
+            payload=request.to_payload(model),
+            started=time.monotonic(),
+            load_path=load_path,
+        )
+        if not call.is_adapter:
+            return SampleOutput.from_json(self._retrying(call), request)
+        self._registry.request_started(model)
+        served = False
+        try:
+            body = self._retrying(call)
+            served = True
+        finally:
+            self._registry.request_finished(model, served=served)
+        self._loads.forget(model)
+        return SampleOutput.from_json(body, request)
+
+    def _attempt(self, call: _Call) -> Dict[str, Any]:
+        return self._transport.complete(call.payload, model=call.model, adapter=call.is_adapter,
+                                        session_id=call.session_id)
+
+    def _before_retry(self, call: _Call, error: EngineError, attempt: int) -> None:
+        """Send the proactive load for an adapter request (SPEC §4), shared by racing threads."""
+        if call.is_adapter and call.load_path is not None:
+            self._loads.load_if_due(call.model, attempt, lambda: self._send_load(call))
+
+    def _send_load(self, call: _Call) -> None:
+        """Ask the engine to load the adapter; best-effort, so every answer and failure is only logged."""
+        payload = {"lora_name": call.model, "lora_path": call.load_path}
+        try:
+            response = self._transport.post(
+                LOAD_ADAPTER_PATH, payload, model=call.model, adapter=True, session_id=call.session_id,
+                timeout=self.retry.load_timeout, raise_for_status=False,
+            )
+        except EngineError as exc:
+            logger.debug("Proactive load of %r failed: %s", call.model, exc)
+            return
+        # 200 loaded; 400 "already been loaded"; 404 runtime updating off or not visible yet (FINDINGS §4d).
+        logger.debug("Proactive load of %r answered HTTP %d", call.model, response.status_code)
+
+    # -- fan-out --------------------------------------------------------------------------------------------
+
+    def submit(self, prompt: Prompt, **kwargs: Any) -> concurrent.futures.Future[SampleOutput]:
+        """Run ``sample(prompt, **kwargs)`` on the client's thread pool and return its future.
+
+        Arguments are validated here, so a bad one raises at once rather than inside the future.
+        """
+        return self._submit(SampleRequest(prompt, **kwargs))
+
+    def _submit(self, request: SampleRequest) -> concurrent.futures.Future[SampleOutput]:
+        with self._executor_lock:
+            if self._closed:
+                raise RuntimeError("this SamplerClient is closed; create a new one")
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(self.max_workers, "lora_sampler")
+            return self._executor.submit(self.run, request)
+
+    def imap(self, requests: Iterable[RequestLike], *, return_exceptions: bool = False) -> Iterator[Any]:
+        """Yield the result of each request in input order, keeping a bounded number in flight.
+
+        At most ``2 * max_workers`` requests are pulled from ``requests`` ahead of the results yielded, so a
+        generator of a million prompts never becomes a million futures.
+
+        Args:
+            requests: ``SampleRequest`` values, or mappings of ``SampleRequest`` fields.
+            return_exceptions: Yield a failed request's exception instead of raising it (and stopping).
+        """
+        window: Deque[concurrent.futures.Future[SampleOutput]] = collections.deque()
+        limit = IN_FLIGHT_PER_WORKER * self.max_workers
+        try:
+            for item in itertools.chain(requests, [_END]):
+                if item is not _END:
+                    window.append(self._submit(_as_request(item)))
+                while window and (len(window) >= limit or item is _END or window[0].done()):
+                    yield _outcome(window.popleft(), return_exceptions)
+        finally:
+            for future in window:
+                future.cancel()
+
+    def imap_unordered(
+        self, requests: Iterable[RequestLike], *, return_exceptions: bool = False
+    ) -> Iterator[Tuple[int, Any]]:
+        """Yield ``(index, result)`` pairs as requests finish, keeping a bounded number in flight."""
+        pending: Dict[concurrent.futures.Future[SampleOutput], int] = {}
+        limit = IN_FLIGHT_PER_WORKER * self.max_workers
+        source = enumerate(requests)
+        exhausted = False
+        try:
+            while True:
+                while not exhausted and len(pending) < limit:
+                    nxt = next(source, None)
+                    if nxt is None:
+                        exhausted = True
+                        break
+                    pending[self._submit(_as_request(nxt[1]))] = nxt[0]
+                if not pending:
+                    return
+                done, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
+                for future in done:
+                    yield pending.pop(future), _outcome(future, return_exceptions)
+        finally:
+            for future in pending:
+                future.cancel()
+
+    def sample_many(
+        self, requests: Iterable[RequestLike], *, return_exceptions: bool = False, progress: bool = False
+    ) -> List[Any]:
+        """Run many requests over the thread pool and return their results in input order.
+
+        Args:
+            requests: ``SampleRequest`` values, or mappings of ``SampleRequest`` fields.
+            return_exceptions: Put a failed request's exception in its slot instead of raising the first one.
+            progress: Show a tqdm progress bar (needs ``pip install 'lora_sampler[cli]'``).
+        """
+        results = self.imap(requests, return_exceptions=return_exceptions)
+        if not progress:
+            return list(results)
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            raise ImportError("progress=True needs tqdm: pip install 'lora_sampler[cli]'") from None
+        total = len(requests) if isinstance(requests, (list, tuple)) else None
+        return list(tqdm(results, total=total, unit="req"))
+
+    # -- adapters -------------------------------------------------------------------------------------------
+
+    def publish(self, checkpoint: Union[str, os.PathLike[str]], *, name: Optional[str] = None,
+                lineage: Optional[str] = None) -> Adapter:
+        """Publish a checkpoint into ``lora_base_dir`` (atomic, content-named) and check it fits the engine.
+
+        Args:
+            checkpoint: A ``.tar.gz``/``.tgz``/``.tar`` archive or an adapter directory.
+            name: The adapter name; default: the checkpoint's stem plus a short content digest.
+            lineage: Retire (unload) the previous adapter of this lineage once this one has served a request.
+
+        Returns:
+            The published ``Adapter``.
+        """
+        return self._registry.publish(checkpoint, name=name, lineage=lineage)
+
+    def unload(self, adapter: Union[Adapter, str], *, delete_files: bool = False) -> None:
+        """Ask the engine to unload an adapter; delete its folder only once the engine has let go of it.
+
+        Deleting a folder the engine may still reload from disk can crash the engine (FINDINGS §5), so files
+        are removed only after the engine answered 200, or 404 "cannot be found".
+        """
+        name = adapter.name if isinstance(adapter, Adapter) else adapter
+        self._registry.unload(name, delete_files=delete_files)
+        self._loads.forget(name)
+
+    def engine_model(self) -> str:
+        """Return the engine's base model (the ``root`` of the base card in ``GET /v1/models``; cached)."""
+        return self._registry.engine_model()
+
+
+def _as_request(item: RequestLike) -> SampleRequest:
+    if isinstance(item, SampleRequest):
+        return item
+    if isinstance(item, Mapping):
+        return SampleRequest(**item)
+    raise TypeError(f"requests must hold SampleRequest values or mappings, got {type(item).__name__}")
+
+
+def _outcome(future: concurrent.futures.Future[SampleOutput], return_exceptions: bool) -> Any:
+    if not return_exceptions:
+        return future.result()
+    error = future.exception()
+    return error if error is not None else future.result()
+

@@ -1,0 +1,237 @@
+"""Exceptions raised by lora_sampler, and the one place that reads vLLM's error bodies.
+
+``EngineStatusError.from_response`` classifies an engine answer once; the retry table in ``retry.py`` then
+decides by class alone. Engine errors are also the matching ``requests`` exceptions, so code written against
+plain requests keeps working. Because ``requests.RequestException`` derives from ``OSError``, an ``except
+OSError`` catches engine errors too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Optional
+
+import requests
+
+#: Longest engine message kept in an error (a proxy's HTML page would otherwise flood logs).
+MAX_ENGINE_MESSAGE_CHARS = 1000
+
+# vLLM phrases that mean "this model name is not servable (yet)"; see shared/vllm-cpu/FINDINGS.md §4a, §4c.
+_NOT_FOUND_PHRASES = ("does not exist", "not found", "cannot be found")
+_NOT_LOADED_PHRASE = "was found but could not be loaded"
+# The text of Python's json.JSONDecodeError, which vLLM's resolver surfaces as a 400 while an
+# adapter_config.json is half-written (FINDINGS §4c): "<reason>: line L column C (char N)".
+_JSON_DECODE_ERROR = re.compile(
+    r"^(Expecting|Unterminated string|Invalid control character|Invalid \\|Extra data)[^\n]*"
+    r": line \d+ column \d+ \(char \d+\)$"
+)
+
+
+class LoraSamplerError(Exception):
+    """Base class of every error lora_sampler raises on purpose.
+
+    Attributes:
+        message: What went wrong and how to fix it.
+        model: The model or adapter name of the request, when there was one.
+        adapter: Whether the request was for a LoRA adapter (rather than the base model).
+        attempts: How many attempts were made before this error surfaced (1 unless retried).
+    """
+
+    def __init__(self, message: str = "", *, model: Optional[str] = None, adapter: bool = False, attempts: int = 1):
+        # Exactly one positional argument: these may be OSError subclasses, which turn two into "[Errno a] b".
+        super().__init__(message)
+        self.message = message
+        self.model = model
+        self.adapter = adapter
+        self.attempts = attempts
+
+    def __str__(self) -> str:
+        if self.attempts > 1:
+            return f"{self.message} (gave up after {self.attempts} attempts)"
+        return self.message
+
+    def __reduce__(self) -> Any:
+        # Drop the live response (its request headers carry the API key) and keep plain fields only.
+        state = {k: v for k, v in self.__dict__.items() if k not in ("response", "request")}
+        return (type(self), (self.message,), state)
+
+
+class EngineError(LoraSamplerError):
+    """Anything that went wrong while talking to the engine."""
+
+
+class EngineStatusError(EngineError, requests.HTTPError):
+    """The engine answered with an error status that no subclass describes better.
+
+    Raised at once (5xx, 422, any other 400): retrying would not change the answer. Read ``status`` and
+    ``engine_message``; ``response`` is the ``requests.Response``.
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        status: int = 0,
+        engine_message: str = "",
+        response: Optional[requests.Response] = None,
+        model: Optional[str] = None,
+        adapter: bool = False,
+        attempts: int = 1,
+    ):
+        super().__init__(message, model=model, adapter=adapter, attempts=attempts)
+        self.status = status
+        self.engine_message = engine_message
+        # Set after RequestException.__init__, which resets both to None.
+        self.response = response
+        self.request = response.request if response is not None else None
+
+    @classmethod
+    def from_response(cls, response: requests.Response, *, model: Optional[str], adapter: bool) -> EngineStatusError:
+        """Classify an error answer from the engine into the class the retry table acts on.
+
+        Args:
+            response: The engine's answer (status >= 400).
+            model: The model name the request asked for.
+            adapter: Whether the request was for a LoRA adapter.
+
+        Returns:
+            An instance of the most specific class; its message names the status, the engine's words and a fix.
+        """
+        status = response.status_code
+        engine_message = read_engine_message(response)
+        error_class = classify_status(status, engine_message)
+        what = f"LoRA adapter {model!r}" if adapter else f"base model {model!r}" if model else "the engine"
+        message = f"{response.request.method if response.request else 'request'} {_path_of(response)} for {what}"
+        message += f" failed with HTTP {status}: {engine_message}"
+        hint = error_class.hint(adapter)
+        if hint:
+            message += f". {hint}"
+        return error_class(
+            message, status=status, engine_message=engine_message, response=response, model=model, adapter=adapter
+        )
+
+    @staticmethod
+    def hint(adapter: bool) -> str:
+        """Return the fix to suggest for this class of error."""
+        return ""
+
+
+class ModelNotFoundError(EngineStatusError):
+    """The engine does not know the model name (404, or a 400 saying it does not exist).
+
+    For a LoRA adapter this is the adapter-load race and is retried; for a base model it is a typo.
+    """
+
+    @staticmethod
+    def hint(adapter: bool) -> str:
+        if adapter:
+            return (
+                "Check that the adapter is published in the engine's resolver directory, that runtime LoRA updating "
+                "is on, and that its base_model_name_or_path equals the engine's model (lora-sampler doctor checks)"
+            )
+        return "Check the base model name against the engine's GET /v1/models"
+
+
+class AdapterNotReadyError(EngineStatusError):
+    """The engine found the adapter directory but could not load it (half-written or invalid); retried."""
+
+    @staticmethod
+    def hint(adapter: bool) -> str:
+        return "Publish adapters atomically (client.publish) and check adapter_config.json and the weights"
+
+
+class AuthenticationError(EngineStatusError):
+    """The engine refused the API key (401/403). Pass ``api_key=`` or set ``LORA_SAMPLER_API_KEY``."""
+
+    @staticmethod
+    def hint(adapter: bool) -> str:
+        return "Pass api_key= (or --api-key) or set LORA_SAMPLER_API_KEY to the engine's --api-key"
+
+
+class EngineConnectionError(EngineError, requests.ConnectionError):
+    """The engine could not be reached or dropped the connection; retried for adapter requests."""
+
+
+class EngineTimeoutError(EngineError, requests.Timeout):
+    """The engine did not answer within the read timeout; retried for adapter requests."""
+
+
+class EngineConnectTimeoutError(EngineConnectionError, EngineTimeoutError, requests.ConnectTimeout):
+    """The engine did not accept the connection within the connect timeout."""
+
+
+class PublishError(LoraSamplerError):
+    """A checkpoint could not be published; found before any request is sent."""
+
+
+class UnsafeArchiveError(PublishError, ValueError):
+    """An archive member would land outside the adapter directory, or is a device, FIFO or outward link."""
+
+
+class AdapterConfigError(PublishError, ValueError):
+    """``adapter_config.json`` is missing, unreadable, not LoRA, or made for another base model."""
+
+
+class BatchInputError(LoraSamplerError, ValueError):
+    """A line of a batch input file is unusable.
+
+    Attributes:
+        path: The input file.
+        line_number: The 1-based line number of the bad line.
+    """
+
+    def __init__(self, message: str = "", *, path: Optional[str] = None, line_number: int = 0, **kwargs: Any):
+        super().__init__(message, **kwargs)
+        self.path = path
+        self.line_number = line_number
+
+
+def read_engine_message(response: requests.Response) -> str:
+    """Extract the engine's human message from any of vLLM's error body shapes.
+
+    Shapes: ``{"error": {"message": ...}}`` (current), ``{"message": ...}`` (older builds),
+    ``{"error": "Unauthorized"}`` (the API-key check), ``{"detail": ...}`` (FastAPI's 404 for a missing
+    route), or plain text (vllm-router's own errors). See shared/vllm-cpu/FINDINGS.md §4 and ROUTER.md §3c.
+    """
+    text = response.text or ""
+    message: Any = text
+    try:
+        body = json.loads(text)
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict):
+            message = error.get("message", text)
+        elif isinstance(error, str):
+            message = error
+        elif "message" in body:
+            message = body["message"]
+        elif "detail" in body:
+            message = body["detail"]
+    message = str(message).strip() or response.reason or ""
+    if len(message) > MAX_ENGINE_MESSAGE_CHARS:
+        message = message[:MAX_ENGINE_MESSAGE_CHARS] + "..."
+    return message
+
+
+def classify_status(status: int, engine_message: str) -> type[EngineStatusError]:
+    """Pick the error class for an engine status and message (the classification half of SPEC §4)."""
+    if status in (401, 403):
+        return AuthenticationError
+    if status == 404:
+        return ModelNotFoundError
+    if status == 400:
+        lowered = engine_message.lower()
+        if _NOT_LOADED_PHRASE in lowered or _JSON_DECODE_ERROR.match(engine_message):
+            return AdapterNotReadyError
+        if any(phrase in lowered for phrase in _NOT_FOUND_PHRASES):
+            return ModelNotFoundError
+    return EngineStatusError
+
+
+def _path_of(response: requests.Response) -> str:
+    url = response.request.url if response.request is not None and response.request.url else response.url
+    after_scheme = url.split("://", 1)[-1]
+    return "/" + after_scheme.split("/", 1)[1] if "/" in after_scheme else "/"

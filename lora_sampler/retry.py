@@ -1,0 +1,305 @@
+"""The retry contract of SPEC §4: the policy value, the retry table, the wait schedule and the backoff glue.
+
+This is the only module that imports ``backoff``. It decides *whether* and *when* to retry; what happens before
+a wait (the proactive adapter load) is handed in by the client. It sends no requests itself.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Generator, Iterator, Optional, Tuple, TypeVar, Union
+
+import backoff
+
+from lora_sampler.errors import (
+    AdapterNotReadyError,
+    EngineConnectionError,
+    EngineError,
+    EngineStatusError,
+    EngineTimeoutError,
+    ModelNotFoundError,
+)
+
+try:  # Protocol is typing-only on 3.9 as well; kept behind a name for the hook type.
+    from typing import Protocol
+except ImportError:  # pragma: no cover
+    Protocol = object  # type: ignore[assignment]
+
+logger = logging.getLogger(__name__)
+
+#: Attempts in all, the first included.
+DEFAULT_MAX_ATTEMPTS = 6
+#: The first wait, in seconds; each later one doubles.
+DEFAULT_BASE_DELAY = 0.125
+#: No single wait is longer than this, in seconds.
+DEFAULT_MAX_DELAY = 2.0
+#: Timeout of the proactive ``POST /v1/load_lora_adapter``, in seconds.
+DEFAULT_LOAD_TIMEOUT = 10.0
+#: Statuses an engine uses to say "busy, try later"; retried only when the policy opts in.
+OVERLOAD_STATUSES = (429, 503)
+
+
+@dataclass(frozen=True)
+class RetryEvent:
+    """What a retry hook is told. Holds no prompt and no API key.
+
+    Attributes:
+        attempt: The attempt that just failed (1-based).
+        max_attempts: Attempts allowed in all.
+        wait: Seconds until the next attempt (0 for a give-up event).
+        elapsed: Seconds since the first attempt started (monotonic clock).
+        cause: The error of the failed attempt.
+        model: The requested model or adapter name.
+        adapter: Whether it was a LoRA adapter request.
+    """
+
+    attempt: int
+    max_attempts: int
+    wait: float
+    elapsed: float
+    cause: EngineError
+    model: str
+    adapter: bool
+
+
+class RetryHook(Protocol):
+    """A callable that receives one ``RetryEvent``."""
+
+    def __call__(self, event: RetryEvent) -> None: ...  # pragma: no cover
+
+
+HookSpec = Union[None, RetryHook, Callable[[RetryEvent], None], Tuple[Callable[[RetryEvent], None], ...]]
+
+
+def _as_hooks(value: Any, field_name: str) -> Tuple[Callable[[RetryEvent], None], ...]:
+    if value is None:
+        return ()
+    hooks = (value,) if callable(value) else tuple(value)
+    for hook in hooks:
+        if not callable(hook):
+            raise TypeError(f"{field_name} must be a callable or an iterable of callables, got {hook!r}")
+    return hooks
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How lora_sampler retries a failed completion; one immutable value shared by every thread.
+
+    Change it with ``dataclasses.replace(policy, max_attempts=3)``.
+
+    Args:
+        max_attempts: Attempts in all, >= 1 (1 turns retries off).
+        base_delay: First wait in seconds; waits double from here.
+        max_delay: Cap on a single wait in seconds.
+        load_timeout: Timeout of the proactive adapter load in seconds.
+        retry_overloaded: Also retry 429 and 503 within the same bounds, honouring ``Retry-After`` (capped at
+            ``max_delay``). Off by default: the seed rules raise them at once so real overload is not masked.
+        on_retry: Hook(s) called with a ``RetryEvent`` before each wait.
+        on_giveup: Hook(s) called with a ``RetryEvent`` when retries ran out (not for errors never retried).
+    """
+
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    base_delay: float = DEFAULT_BASE_DELAY
+    max_delay: float = DEFAULT_MAX_DELAY
+    load_timeout: float = DEFAULT_LOAD_TIMEOUT
+    retry_overloaded: bool = False
+    on_retry: Tuple[Callable[[RetryEvent], None], ...] = field(default=())
+    on_giveup: Tuple[Callable[[RetryEvent], None], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) or self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be an int >= 1, got {self.max_attempts!r}")
+        for name in ("base_delay", "max_delay", "load_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        if self.max_delay < self.base_delay:
+            raise ValueError(f"max_delay ({self.max_delay}) must be >= base_delay ({self.base_delay})")
+        object.__setattr__(self, "on_retry", _as_hooks(self.on_retry, "on_retry"))
+        object.__setattr__(self, "on_giveup", _as_hooks(self.on_giveup, "on_giveup"))
+
+    def should_retry(self, error: BaseException) -> bool:
+        """Apply the retry table (SPEC §4) to one failed attempt; the error alone decides."""
+        if not isinstance(error, EngineError):
+            return False  # not from the engine: a bug or a bad answer, never masked by retries
+        if isinstance(error, (EngineConnectionError, EngineTimeoutError)):
+            return True  # transport: refused, reset, DNS, timeout (a load is sent first for adapters)
+        if isinstance(error, (ModelNotFoundError, AdapterNotReadyError)):
+            return error.adapter  # the adapter-load race; for a base model it is a typo
+        if isinstance(error, EngineStatusError) and error.status in OVERLOAD_STATUSES:
+            return self.retry_overloaded  # 429/503: raised at once unless opted in
+        return False  # 401/403/422, other 400s, other 4xx, 5xx: real errors surface at once
+
+    def delays(self) -> Iterator[float]:
+        """Yield the nominal waits: ``base_delay`` doubling each time, capped at ``max_delay``, forever."""
+        delay = self.base_delay
+        while True:
+            yield min(delay, self.max_delay)
+            delay *= 2
+
+    def wait_for(self, nominal: float, error: BaseException) -> float:
+        """Return the actual wait before the next attempt: the jittered nominal wait, or ``Retry-After``."""
+        wait = jitter(nominal)
+        if self.retry_overloaded and isinstance(error, EngineStatusError) and error.status in OVERLOAD_STATUSES:
+            retry_after = _retry_after_seconds(error)
+            if retry_after is not None and not is_testing():
+                wait = max(wait, min(retry_after, self.max_delay))
+        return wait
+
+
+DEFAULT_RETRY_POLICY = RetryPolicy()
+
+_testing_lock = threading.Lock()
+_testing = False
+
+
+class _TestingMode:
+    """Restores the previous testing state when used as a context manager."""
+
+    def __init__(self, previous: bool):
+        self._previous = previous
+
+    def __enter__(self) -> _TestingMode:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        set_testing(self._previous)
+
+
+def set_testing(on: bool = True) -> _TestingMode:
+    """Turn every retry wait into 0 s (attempts are kept), for users' own fast tests.
+
+    Works as a call and as a context manager that restores the previous state::
+
+        with lora_sampler.testing.set_testing():
+            ...
+    """
+    global _testing
+    with _testing_lock:
+        previous, _testing = _testing, bool(on)
+    return _TestingMode(previous)
+
+
+def is_testing() -> bool:
+    """Tell whether the testing switch is on (read at wait time)."""
+    return _testing
+
+
+def jitter(wait: float) -> float:
+    """Return a wait drawn uniformly from ``[wait / 2, wait]`` (0 in testing mode).
+
+    Threads that failed together then retry at different moments, and the total stays between half and all of
+    the nominal schedule.
+    """
+    if _testing:
+        return 0.0
+    return random.uniform(wait / 2, wait)
+
+
+def _retry_after_seconds(error: EngineStatusError) -> Optional[float]:
+    response = error.response
+    value = response.headers.get("Retry-After") if response is not None else None
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        parsed = email.utils.parsedate_to_datetime(value) if value else None
+        return max(0.0, parsed.timestamp() - time.time()) if parsed is not None else None
+
+
+class RetryCall(Protocol):
+    """What the retry glue needs to know about one sample call."""
+
+    model: str
+    is_adapter: bool
+    started: float
+
+
+CallT = TypeVar("CallT", bound=RetryCall)
+ResultT = TypeVar("ResultT")
+
+
+def make_retrying(
+    policy: RetryPolicy,
+    attempt: Callable[[CallT], ResultT],
+    before_wait: Callable[[CallT, EngineError, int], None],
+) -> Callable[[CallT], ResultT]:
+    """Wrap one-attempt function ``attempt(call)`` in the policy's retries, built once per client.
+
+    Args:
+        policy: The retry policy.
+        attempt: Sends exactly one request for ``call``; raises an ``EngineError`` on failure.
+        before_wait: Called after a retriable failure and before the wait (the proactive adapter load).
+            It must not raise; if it does, the error is logged and the retry goes on.
+
+    Returns:
+        A function with ``attempt``'s signature that retries per the policy and raises the last error, its
+        ``attempts`` field set, when retries run out or the error is never retried.
+    """
+
+    def wait_gen() -> Generator[float, Any, None]:
+        # backoff primes the generator with send(None), then sends each failed attempt's exception.
+        error = yield 0.0
+        for nominal in policy.delays():
+            error = yield policy.wait_for(nominal, error)
+
+    def on_backoff(details: Dict[str, Any]) -> None:
+        call, error, tries, wait = details["args"][0], details["exception"], details["tries"], details["wait"]
+        try:
+            before_wait(call, error, tries)
+        except Exception:  # best-effort by contract: never replaces the engine error
+            logger.exception("lora_sampler: preparing the retry of %r failed", call.model)
+        logger.info(
+            "Retrying %s %r: attempt %d of %d failed (%s); next attempt in %.3f s",
+            "LoRA adapter" if call.is_adapter else "base model",
+            call.model,
+            tries,
+            policy.max_attempts,
+            _short_cause(error),
+            wait,
+        )
+        _call_hooks(policy.on_retry, RetryEvent(tries, policy.max_attempts, wait, _elapsed(call), error, call.model,
+                                                call.is_adapter))
+
+    def on_giveup(details: Dict[str, Any]) -> None:
+        call, error, tries = details["args"][0], details["exception"], details["tries"]
+        error.attempts = tries
+        if policy.should_retry(error):  # retries ran out; errors never retried fire no give-up hook
+            _call_hooks(policy.on_giveup, RetryEvent(tries, policy.max_attempts, 0.0, _elapsed(call), error,
+                                                     call.model, call.is_adapter))
+
+    decorated: Callable[[CallT], ResultT] = backoff.on_exception(
+        wait_gen,
+        EngineError,
+        max_tries=policy.max_attempts,
+        jitter=None,  # applied inside wait_gen, so Retry-After is never jittered below its value
+        giveup=lambda error: not policy.should_retry(error),
+        on_backoff=on_backoff,
+        on_giveup=on_giveup,
+        logger=None,  # backoff's own ERROR line on give-up would duplicate the raised error
+    )(attempt)
+    return decorated
+
+
+def _elapsed(call: RetryCall) -> float:
+    return time.monotonic() - call.started
+
+
+def _short_cause(error: BaseException) -> str:
+    if isinstance(error, EngineStatusError):
+        return f"HTTP {error.status}: {error.engine_message[:200]}"
+    return type(error).__name__
+
+
+def _call_hooks(hooks: Tuple[Callable[[RetryEvent], None], ...], event: RetryEvent) -> None:
+    for hook in hooks:
+        try:
+            hook(event)
+        except Exception:  # a user's hook must never replace the engine error
+            logger.exception("lora_sampler: retry hook %r raised", hook)

@@ -1,0 +1,312 @@
+"""Value types: what a sample request holds, how it becomes a vLLM payload, and how an answer is read.
+
+Frozen dataclasses with validation in ``__post_init__`` (bad arguments raise ``ValueError``/``TypeError``
+naming the argument, before any request). No I/O here.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+#: Suffixes that mark a string as a checkpoint archive path rather than an adapter name.
+ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
+
+Prompt = Union[str, Sequence[int]]
+StopSpec = Union[None, str, int, Sequence[Union[str, int]]]
+#: One position of top-k prompt logprobs: ``(token_id, logprob)`` pairs, best first.
+TopK = Tuple[Tuple[int, float], ...]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample: sent as vLLM's completion parameters.
+
+    Args:
+        max_tokens: Tokens to generate, at least 1.
+        temperature: Sampling temperature, >= 0 (0 is greedy).
+        top_p: Nucleus mass in (0, 1].
+        top_k: Top-k cut-off; -1 (or 0) disables it.
+        seed: Seed for reproducible samples, or None.
+        stop: Stop strings (sent as vLLM's ``stop``) and/or stop token ids (sent as ``stop_token_ids``): a string,
+            an int, or a sequence mixing both.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: Optional[int] = None
+    stop: StopSpec = None
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        if not _is_number(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise ValueError(f"top_k must be an int >= -1 (-1 disables it), got {self.top_k!r}")
+        if self.seed is not None and not _is_int(self.seed):
+            raise TypeError(f"seed must be an int or None, got {type(self.seed).__name__}")
+        object.__setattr__(self, "stop", _normalise_stop(self.stop))
+
+    @property
+    def stop_strings(self) -> Tuple[str, ...]:
+        """The stop strings, in the order given."""
+        return tuple(s for s in self.stop or () if isinstance(s, str))
+
+    @property
+    def stop_token_ids(self) -> Tuple[int, ...]:
+        """The stop token ids, in the order given."""
+        return tuple(s for s in self.stop or () if not isinstance(s, str))
+
+    def to_payload(self) -> Dict[str, Any]:
+        """Return the vLLM completion fields for these parameters (nothing set is dropped)."""
+        payload: Dict[str, Any] = {
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+        }
+        if self.seed is not None:
+            payload["seed"] = self.seed
+        if self.stop_strings:
+            payload["stop"] = list(self.stop_strings)
+        if self.stop_token_ids:
+            payload["stop_token_ids"] = list(self.stop_token_ids)
+        return payload
+
+
+def _normalise_stop(stop: object) -> Optional[Tuple[Union[str, int], ...]]:
+    if stop is None:
+        return None
+    items = (stop,) if isinstance(stop, (str, int)) else stop
+    if not isinstance(items, (list, tuple)):
+        raise TypeError(f"stop must be a str, an int, or a list of them, got {type(stop).__name__}")
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, (str, int)):
+            raise TypeError(f"stop entries must be str (stop strings) or int (stop token ids), got {item!r}")
+        if isinstance(item, int) and item < 0:
+            raise ValueError(f"stop token ids must be >= 0, got {item}")
+    return tuple(items) or None
+
+
+DEFAULT_SAMPLING_PARAMS = SamplingParams()
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """A LoRA adapter the engine can serve by ``name``.
+
+    Attributes:
+        name: The model name to request (the folder name in the resolver directory).
+        path: The adapter folder as this machine sees it, when known.
+        digest: Content digest of the checkpoint it was published from, when published by lora_sampler.
+        source: The checkpoint it was published from, when published by lora_sampler.
+    """
+
+    name: str
+    path: Optional[str] = None
+    digest: Optional[str] = None
+    source: Optional[str] = None
+
+
+AdapterSpec = Union[Adapter, str, "os.PathLike[str]"]
+
+
+def is_checkpoint_path(adapter: object) -> bool:
+    """Tell whether an ``adapter=`` value names a checkpoint on disk rather than an adapter name (SPEC §3)."""
+    if isinstance(adapter, os.PathLike):
+        return True
+    if not isinstance(adapter, str):
+        return False
+    return os.sep in adapter or "/" in adapter or adapter.endswith(ARCHIVE_SUFFIXES)
+
+
+@dataclass(frozen=True)
+class SampleRequest:
+    """The arguments of one ``SamplerClient.sample`` call, validated.
+
+    Args:
+        prompt: Token ids (a list of ints >= 0) or text.
+        adapter: An ``Adapter``, a checkpoint path, or an adapter name; exclusive with ``base_model``.
+        base_model: The engine's base model name; exclusive with ``adapter``.
+        num_samples: Completions to draw for the prompt (vLLM's ``n``), at least 1.
+        sampling_params: ``SamplingParams``; None means the defaults.
+        prompt_logprobs: Also return the logprob of each prompt token.
+        topk_prompt_logprobs: Also return the top-k logprobs at each prompt position (implies prompt_logprobs).
+        session_id: Sent as ``X-Session-ID`` (the key vLLM routers hash); a fresh one per call when None.
+    """
+
+    prompt: Prompt
+    adapter: Optional[AdapterSpec] = None
+    base_model: Optional[str] = None
+    num_samples: int = 1
+    sampling_params: Optional[SamplingParams] = None
+    prompt_logprobs: bool = False
+    topk_prompt_logprobs: int = 0
+    session_id: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if (self.adapter is None) == (self.base_model is None):
+            raise ValueError("pass exactly one of adapter= (a LoRA adapter) or base_model= (the engine's model)")
+        if self.adapter is not None and not isinstance(self.adapter, (Adapter, str, os.PathLike)):
+            raise TypeError(f"adapter must be an Adapter, a checkpoint path or a name, got {type(self.adapter)}")
+        if isinstance(self.adapter, str) and not self.adapter.strip():
+            raise ValueError("adapter must not be empty")
+        if self.base_model is not None and (not isinstance(self.base_model, str) or not self.base_model):
+            raise TypeError(f"base_model must be a non-empty str, got {self.base_model!r}")
+        object.__setattr__(self, "prompt", _validated_prompt(self.prompt))
+        if not _is_int(self.num_samples) or self.num_samples < 1:
+            raise ValueError(f"num_samples must be an int >= 1, got {self.num_samples!r}")
+        if self.sampling_params is not None and not isinstance(self.sampling_params, SamplingParams):
+            raise TypeError(f"sampling_params must be a SamplingParams, got {type(self.sampling_params).__name__}")
+        if not _is_int(self.topk_prompt_logprobs) or self.topk_prompt_logprobs < 0:
+            raise ValueError(f"topk_prompt_logprobs must be an int >= 0, got {self.topk_prompt_logprobs!r}")
+        if self.session_id is not None and not isinstance(self.session_id, str):
+            raise TypeError(f"session_id must be a str, got {type(self.session_id).__name__}")
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Whether the engine must compute prompt logprobs for this request."""
+        return self.prompt_logprobs or self.topk_prompt_logprobs > 0
+
+    def to_payload(self, model: str) -> Dict[str, Any]:
+        """Return the JSON body of ``POST /v1/completions`` for this request against ``model``."""
+        params = self.sampling_params or DEFAULT_SAMPLING_PARAMS
+        payload: Dict[str, Any] = {
+            "model": model,
+            "prompt": self.prompt if isinstance(self.prompt, str) else list(self.prompt),
+            "n": self.num_samples,
+            **params.to_payload(),
+            # logprobs=1 returns the sampled token's logprob (verified on vLLM, FINDINGS §4b).
+            "logprobs": 1,
+            "return_token_ids": True,
+        }
+        if self.wants_prompt_logprobs:
+            payload["prompt_logprobs"] = self.topk_prompt_logprobs
+        return payload
+
+
+def _validated_prompt(prompt: object) -> Prompt:
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ValueError("prompt must not be empty")
+        return prompt
+    if not isinstance(prompt, (list, tuple)):
+        raise TypeError(f"prompt must be a list of token ids or a str, got {type(prompt).__name__}")
+    if not prompt:
+        raise ValueError("prompt must not be empty")
+    for position, token in enumerate(prompt):
+        if not _is_int(token):
+            raise TypeError(f"prompt token ids must be ints, got {token!r} at position {position}")
+        if token < 0:
+            raise ValueError(f"prompt token ids must be >= 0, got {token} at position {position}")
+    return tuple(prompt)
+
+
+@dataclass(frozen=True)
+class GeneratedSequence:
+    """One completion.
+
+    Attributes:
+        tokens: Generated token ids.
+        logprobs: Logprob of each generated token.
+        stop_reason: Why generation ended: ``"stop"`` (a stop string, stop token or EOS) or ``"length"``.
+        text: The decoded text.
+        matched_stop: The stop string or token id that ended it (vLLM's ``stop_reason``), or None.
+    """
+
+    tokens: Tuple[int, ...]
+    logprobs: Tuple[float, ...]
+    stop_reason: str
+    text: str = ""
+    matched_stop: Union[str, int, None] = None
+
+
+@dataclass(frozen=True)
+class SampleOutput:
+    """The answer to one sample request.
+
+    Attributes:
+        sequences: The ``num_samples`` completions.
+        prompt_logprobs: Logprob of each prompt token (None for the first), when asked.
+        topk_prompt_logprobs: Top-k ``(token_id, logprob)`` pairs at each prompt position (None for the first),
+            trimmed to k, when asked.
+        model: The model name that served it.
+    """
+
+    sequences: Tuple[GeneratedSequence, ...]
+    prompt_logprobs: Optional[Tuple[Optional[float], ...]] = None
+    topk_prompt_logprobs: Optional[Tuple[Optional[TopK], ...]] = None
+    model: str = field(default="")
+
+    @classmethod
+    def from_json(cls, body: Dict[str, Any], request: SampleRequest) -> SampleOutput:
+        """Read a vLLM ``/v1/completions`` body into a ``SampleOutput``.
+
+        Raises:
+            ValueError: the body is not a completion (no ``choices`` list).
+        """
+        choices = body.get("choices")
+        if not isinstance(choices, list):
+            raise ValueError("the engine's answer has no 'choices' list; is base_url a vLLM server?")
+        choices = sorted(choices, key=lambda c: c.get("index", 0))
+        sequences = tuple(_sequence_from_choice(choice) for choice in choices)
+        prompt_lp: Optional[Tuple[Optional[float], ...]] = None
+        topk: Optional[Tuple[Optional[TopK], ...]] = None
+        if request.wants_prompt_logprobs and choices:
+            first = choices[0]
+            raw = first.get("prompt_logprobs") or []
+            prompt_ids = first.get("prompt_token_ids") or (None if isinstance(request.prompt, str) else request.prompt)
+            prompt_lp, topk_all = _read_prompt_logprobs(raw, prompt_ids)
+            if request.topk_prompt_logprobs:
+                k = request.topk_prompt_logprobs
+                topk = tuple(None if entry is None else entry[:k] for entry in topk_all)
+            if not request.prompt_logprobs:
+                prompt_lp = None
+        return cls(sequences, prompt_lp, topk, str(body.get("model", "")))
+
+
+def _sequence_from_choice(choice: Dict[str, Any]) -> GeneratedSequence:
+    logprobs_block = choice.get("logprobs") or {}
+    token_logprobs = logprobs_block.get("token_logprobs") or []
+    tokens = choice.get("token_ids") or []
+    return GeneratedSequence(
+        tokens=tuple(int(t) for t in tokens),
+        logprobs=tuple(float(lp) if lp is not None else float("nan") for lp in token_logprobs),
+        stop_reason=str(choice.get("finish_reason") or ""),
+        text=str(choice.get("text") or ""),
+        matched_stop=choice.get("stop_reason"),
+    )
+
+
+def _read_prompt_logprobs(
+    raw: List[Optional[Dict[str, Dict[str, Any]]]], prompt_ids: Optional[Sequence[int]]
+) -> Tuple[Tuple[Optional[float], ...], Tuple[Optional[TopK], ...]]:
+    """Split vLLM's prompt_logprobs (``[None, {"id": {"logprob", "rank", ...}}, ...]``) into both views."""
+    actual: List[Optional[float]] = []
+    ranked: List[Optional[TopK]] = []
+    for position, entry in enumerate(raw):
+        if not entry:
+            actual.append(None)
+            ranked.append(None)
+            continue
+        token = prompt_ids[position] if prompt_ids is not None and position < len(prompt_ids) else None
+        chosen = entry.get(str(token)) if token is not None else None
+        actual.append(float(chosen["logprob"]) if chosen else None)
+        # vLLM adds the actual prompt token to the top-k when it ranks lower, so order by rank, then trim.
+        pairs = sorted(entry.items(), key=lambda item: (item[1].get("rank") or 1 << 30, -item[1]["logprob"]))
+        ranked.append(tuple((int(tid), float(info["logprob"])) for tid, info in pairs))
+    return tuple(actual), tuple(ranked)
