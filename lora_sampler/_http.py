@@ -87,8 +87,10 @@ class EngineTransport:
         self.session.headers["User-Agent"] = f"lora-sampler/{__version__}"
         if api_key:
             self.session.headers["Authorization"] = f"Bearer {api_key}"
-        self._urls = {path: self.base_url + path for path in (COMPLETIONS_PATH, LOAD_ADAPTER_PATH,
-                                                                UNLOAD_ADAPTER_PATH, MODELS_PATH)}
+        self._urls = {
+            path: self.base_url + path
+            for path in (COMPLETIONS_PATH, LOAD_ADAPTER_PATH, UNLOAD_ADAPTER_PATH, MODELS_PATH)
+        }
 
     def close(self) -> None:
         """Close pooled connections (avoids ResourceWarning on interpreter exit)."""

@@ -84,8 +84,14 @@ class AdapterRegistry:
                 self._published[key] = adapter
             return adapter
 
-    def publish(self, checkpoint: PathLike, *, name: Optional[str] = None, lineage: Optional[str] = None,
-                delete_retired: bool = False) -> Adapter:
+    def publish(
+        self,
+        checkpoint: PathLike,
+        *,
+        name: Optional[str] = None,
+        lineage: Optional[str] = None,
+        delete_retired: bool = False,
+    ) -> Adapter:
         """Publish ``checkpoint`` into the resolver directory and preflight it (see ``SamplerClient.publish``)."""
         from lora_sampler.publish import publish_checkpoint
 
@@ -138,7 +144,11 @@ class AdapterRegistry:
         from lora_sampler.publish import remove_adapter_dir
 
         response = self._transport.post(
-            UNLOAD_ADAPTER_PATH, {"lora_name": name}, model=name, adapter=True, session_id=session_id,
+            UNLOAD_ADAPTER_PATH,
+            {"lora_name": name},
+            model=name,
+            adapter=True,
+            session_id=session_id,
             raise_for_status=False,
         )
         # 404 "cannot be found" means the engine holds no such adapter (FINDINGS §4d); a 404 {"detail":...}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import itertools
 import logging
 import os
 import threading
@@ -33,7 +32,6 @@ API_KEY_ENV = "LORA_SAMPLER_API_KEY"
 IN_FLIGHT_PER_WORKER = 2
 
 RequestLike = Union[SampleRequest, Mapping[str, Any]]
-_END = object()
 
 
 @dataclass
@@ -84,8 +82,11 @@ class SamplerClient:
         self.retry = retry
         self.max_workers = max_workers
         self._transport = EngineTransport(
-            base_url, api_key=api_key or os.environ.get(API_KEY_ENV) or None, timeout=timeout,
-            max_workers=max_workers, verify=verify,
+            base_url,
+            api_key=api_key or os.environ.get(API_KEY_ENV) or None,
+            timeout=timeout,
+            max_workers=max_workers,
+            verify=verify,
         )
         self._registry = AdapterRegistry(self._transport, lora_base_dir, engine_lora_base_dir)
         self._loads = AdapterLoadCoordinator(episode_gap=2 * retry.max_delay + retry.load_timeout)
@@ -153,7 +154,13 @@ class SamplerClient:
             EngineError: the engine's answer after the retry table ran its course (also a requests exception).
         """
         request = SampleRequest(
-            prompt, adapter, base_model, num_samples, sampling_params, prompt_logprobs, topk_prompt_logprobs,
+            prompt,
+            adapter,
+            base_model,
+            num_samples,
+            sampling_params,
+            prompt_logprobs,
+            topk_prompt_logprobs,
             session_id,
         )
         return self.run(request)
@@ -188,8 +195,9 @@ class SamplerClient:
         return SampleOutput.from_json(body, request)
 
     def _attempt(self, call: _Call) -> Dict[str, Any]:
-        return self._transport.complete(call.payload, model=call.model, adapter=call.is_adapter,
-                                        session_id=call.session_id)
+        return self._transport.complete(
+            call.payload, model=call.model, adapter=call.is_adapter, session_id=call.session_id
+        )
 
     def _before_retry(self, call: _Call, error: EngineError, attempt: int) -> None:
         """Send the proactive load for an adapter request (SPEC §4), shared by racing threads."""
@@ -201,8 +209,13 @@ class SamplerClient:
         payload = {"lora_name": call.model, "lora_path": call.load_path}
         try:
             response = self._transport.post(
-                LOAD_ADAPTER_PATH, payload, model=call.model, adapter=True, session_id=call.session_id,
-                timeout=self.retry.load_timeout, raise_for_status=False,
+                LOAD_ADAPTER_PATH,
+                payload,
+                model=call.model,
+                adapter=True,
+                session_id=call.session_id,
+                timeout=self.retry.load_timeout,
+                raise_for_status=False,
             )
         except EngineError as exc:
             logger.debug("Proactive load of %r failed: %s", call.model, exc)
@@ -240,11 +253,12 @@ class SamplerClient:
         window: Deque[concurrent.futures.Future[SampleOutput]] = collections.deque()
         limit = IN_FLIGHT_PER_WORKER * self.max_workers
         try:
-            for item in itertools.chain(requests, [_END]):
-                if item is not _END:
-                    window.append(self._submit(_as_request(item)))
-                while window and (len(window) >= limit or item is _END or window[0].done()):
+            for item in requests:
+                window.append(self._submit(_as_request(item)))
+                while window and (len(window) >= limit or window[0].done()):
                     yield _outcome(window.popleft(), return_exceptions)
+            while window:
+                yield _outcome(window.popleft(), return_exceptions)
         finally:
             for future in window:
                 future.cancel()
@@ -296,8 +310,9 @@ class SamplerClient:
 
     # -- adapters -------------------------------------------------------------------------------------------
 
-    def publish(self, checkpoint: Union[str, os.PathLike[str]], *, name: Optional[str] = None,
-                lineage: Optional[str] = None) -> Adapter:
+    def publish(
+        self, checkpoint: Union[str, os.PathLike[str]], *, name: Optional[str] = None, lineage: Optional[str] = None
+    ) -> Adapter:
         """Publish a checkpoint into ``lora_base_dir`` (atomic, content-named) and check it fits the engine.
 
         Args:
@@ -338,4 +353,3 @@ def _outcome(future: concurrent.futures.Future[SampleOutput], return_exceptions:
         return future.result()
     error = future.exception()
     return error if error is not None else future.result()
-

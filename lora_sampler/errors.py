@@ -210,10 +210,10 @@ def read_engine_message(response: requests.Response) -> str:
             message = body["message"]
         elif "detail" in body:
             message = body["detail"]
-    message = str(message).strip() or response.reason or ""
-    if len(message) > MAX_ENGINE_MESSAGE_CHARS:
-        message = message[:MAX_ENGINE_MESSAGE_CHARS] + "..."
-    return message
+    result = str(message).strip() or str(response.reason or "")
+    if len(result) > MAX_ENGINE_MESSAGE_CHARS:
+        result = result[:MAX_ENGINE_MESSAGE_CHARS] + "..."
+    return result
 
 
 def classify_status(status: int, engine_message: str) -> type[EngineStatusError]:

@@ -249,7 +249,7 @@ def make_retrying(
         for nominal in policy.delays():
             error = yield policy.wait_for(nominal, error)
 
-    def on_backoff(details: Dict[str, Any]) -> None:
+    def on_backoff(details: Any) -> None:
         call, error, tries, wait = details["args"][0], details["exception"], details["tries"], details["wait"]
         try:
             before_wait(call, error, tries)
@@ -264,15 +264,19 @@ def make_retrying(
             _short_cause(error),
             wait,
         )
-        _call_hooks(policy.on_retry, RetryEvent(tries, policy.max_attempts, wait, _elapsed(call), error, call.model,
-                                                call.is_adapter))
+        _call_hooks(
+            policy.on_retry,
+            RetryEvent(tries, policy.max_attempts, wait, _elapsed(call), error, call.model, call.is_adapter),
+        )
 
-    def on_giveup(details: Dict[str, Any]) -> None:
+    def on_giveup(details: Any) -> None:
         call, error, tries = details["args"][0], details["exception"], details["tries"]
         error.attempts = tries
         if policy.should_retry(error):  # retries ran out; errors never retried fire no give-up hook
-            _call_hooks(policy.on_giveup, RetryEvent(tries, policy.max_attempts, 0.0, _elapsed(call), error,
-                                                     call.model, call.is_adapter))
+            _call_hooks(
+                policy.on_giveup,
+                RetryEvent(tries, policy.max_attempts, 0.0, _elapsed(call), error, call.model, call.is_adapter),
+            )
 
     decorated: Callable[[CallT], ResultT] = backoff.on_exception(
         wait_gen,

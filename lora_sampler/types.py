@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 #: Suffixes that mark a string as a checkpoint archive path rather than an adapter name.
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
@@ -64,12 +64,16 @@ class SamplingParams:
     @property
     def stop_strings(self) -> Tuple[str, ...]:
         """The stop strings, in the order given."""
-        return tuple(s for s in self.stop or () if isinstance(s, str))
+        return tuple(s for s in self._stop_items() if isinstance(s, str))
 
     @property
     def stop_token_ids(self) -> Tuple[int, ...]:
         """The stop token ids, in the order given."""
-        return tuple(s for s in self.stop or () if not isinstance(s, str))
+        return tuple(s for s in self._stop_items() if not isinstance(s, str))
+
+    def _stop_items(self) -> Tuple[Union[str, int], ...]:
+        # __post_init__ normalised ``stop`` to a tuple (or None).
+        return cast(Tuple[Union[str, int], ...], self.stop or ())
 
     def to_payload(self) -> Dict[str, Any]:
         """Return the vLLM completion fields for these parameters (nothing set is dropped)."""

@@ -22,9 +22,17 @@ ADAPTER = "step-400"
 def ok_body(model: str = ADAPTER) -> dict:
     """A minimal vLLM completion answer with one choice of two tokens."""
     choice = _bodies.completion_choice(
-        0, "ab", logprobs={"token_logprobs": [-0.5, -1.5], "tokens": ["a", "b"], "text_offset": [0, 1],
-                           "top_logprobs": [{"a": -0.5}, {"b": -1.5}]},
-        finish_reason="length", token_ids=[7, 8], prompt_token_ids=[1, 2, 3],
+        0,
+        "ab",
+        logprobs={
+            "token_logprobs": [-0.5, -1.5],
+            "tokens": ["a", "b"],
+            "text_offset": [0, 1],
+            "top_logprobs": [{"a": -0.5}, {"b": -1.5}],
+        },
+        finish_reason="length",
+        token_ids=[7, 8],
+        prompt_token_ids=[1, 2, 3],
     )
     return _bodies.completion_response("cmpl-1", 1, model, [choice], 3, 2).json()
 
@@ -168,7 +176,7 @@ def test_retry_load_uses_its_own_timeout_and_session_header(tmp_path: Any, no_wa
     responses.add(responses.POST, LOAD, body=_bodies.already_loaded(ADAPTER).body, status=400)
     with make_client(tmp_path, retry=RetryPolicy(load_timeout=3.5), timeout=(2.0, 30.0)) as client:
         client.sample([1, 2, 3], adapter=ADAPTER, session_id="sess-A")
-    first, load, second = responses.calls
+    first, load, _ = responses.calls
     assert load.request.req_kwargs["timeout"] == 3.5
     assert first.request.req_kwargs["timeout"] == (2.0, 30.0)
     assert {c.request.headers["X-Session-ID"] for c in responses.calls} == {"sess-A"}
@@ -226,11 +234,14 @@ def test_retry_engine_lora_base_dir_is_the_load_path(tmp_path: Any, no_waits: No
 @responses.activate
 def test_retry_overloaded_opt_in_honours_retry_after(status: int, tmp_path: Any) -> None:
     """With retry_overloaded, 429/503 are retried and Retry-After (capped at max_delay) sets the wait."""
-    responses.add(responses.POST, COMPLETIONS, json={"error": {"message": "busy"}}, status=status,
-                  headers={"Retry-After": "0.05"})
+    responses.add(
+        responses.POST, COMPLETIONS, json={"error": {"message": "busy"}}, status=status, headers={"Retry-After": "0.05"}
+    )
     responses.add(responses.POST, COMPLETIONS, json=ok_body("tiny-base"))
     waits: List[float] = []
-    policy = RetryPolicy(retry_overloaded=True, base_delay=0.001, max_delay=0.2, on_retry=lambda e: waits.append(e.wait))
+    policy = RetryPolicy(
+        retry_overloaded=True, base_delay=0.001, max_delay=0.2, on_retry=lambda e: waits.append(e.wait)
+    )
     with make_client(tmp_path, retry=policy) as client:
         client.sample([1], base_model="tiny-base")
     assert calls_to(COMPLETIONS) == 2 and calls_to(LOAD) == 0

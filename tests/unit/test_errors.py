@@ -1,0 +1,106 @@
+"""The error hierarchy: requests compatibility, classification of vLLM bodies, pickling, no secrets."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from typing import Any
+
+import pytest
+import requests
+
+import lora_sampler
+from lora_sampler import errors
+from lora_sampler.testing import _bodies
+
+ALL_ERROR_CLASSES = [getattr(lora_sampler, name) for name in lora_sampler.__all__ if name.endswith("Error")]
+
+
+def fake_response(body: _bodies.VllmBody, url: str = "http://engine.test/v1/completions") -> requests.Response:
+    """A requests.Response carrying ``body``, with a request that holds an Authorization header."""
+    response = requests.Response()
+    response.status_code = body.status
+    response._content = body.body
+    response.url = url
+    response.request = requests.Request("POST", url, headers={"Authorization": "Bearer sk-secret-key"}).prepare()
+    return response
+
+
+@pytest.mark.parametrize("cls", ALL_ERROR_CLASSES, ids=lambda c: c.__name__)
+def test_errors_every_class_pickles_and_copies(cls: Any) -> None:
+    """Every error class round-trips through pickle and copy with its fields."""
+    error = cls("boom", model="m", adapter=True, attempts=3)
+    for clone in (pickle.loads(pickle.dumps(error)), copy.copy(error)):
+        assert type(clone) is cls
+        assert (clone.message, clone.model, clone.adapter, clone.attempts) == ("boom", "m", True, 3)
+        assert str(clone) == str(error)
+
+
+def test_errors_status_error_is_an_http_error_with_response() -> None:
+    """A status error is a requests.HTTPError with .response, and an OSError (as RequestException is)."""
+    response = fake_response(_bodies.engine_dead())
+    error = errors.EngineStatusError.from_response(response, model="tiny", adapter=False)
+    assert isinstance(error, requests.HTTPError) and isinstance(error, OSError)
+    assert error.response is response and error.status == 500
+    assert str(error).startswith("POST /v1/completions for base model 'tiny' failed with HTTP 500: EngineCore")
+
+
+def test_errors_transport_classes_match_requests() -> None:
+    """Connection, timeout and connect-timeout errors are the matching requests exceptions."""
+    assert issubclass(errors.EngineConnectionError, requests.ConnectionError)
+    assert issubclass(errors.EngineTimeoutError, requests.Timeout)
+    connect_timeout = errors.EngineConnectTimeoutError("x")
+    assert isinstance(connect_timeout, requests.ConnectTimeout)
+    assert isinstance(connect_timeout, requests.ConnectionError) and isinstance(connect_timeout, requests.Timeout)
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (_bodies.model_not_found("a", "base"), errors.ModelNotFoundError),
+        (_bodies.model_not_found("a", "base", old_shape=True), errors.ModelNotFoundError),
+        (_bodies.adapter_not_loadable("a"), errors.AdapterNotReadyError),
+        (_bodies.adapter_config_json_error(""), errors.AdapterNotReadyError),
+        (_bodies.adapter_config_json_error('{"a": "b'), errors.AdapterNotReadyError),
+        (_bodies.adapter_config_json_error('{"a" 1}'), errors.AdapterNotReadyError),
+        (_bodies.unauthorized(), errors.AuthenticationError),
+        (_bodies.prompt_too_long(256, 300), errors.EngineStatusError),
+        (_bodies.token_out_of_vocab(5000), errors.EngineStatusError),
+        (_bodies.retry_later(), errors.EngineStatusError),
+        (_bodies.route_not_found(), errors.ModelNotFoundError),
+    ],
+)
+def test_errors_classify_vllm_bodies(body: _bodies.VllmBody, expected: type) -> None:
+    """Each verbatim vLLM body maps to the class the retry table acts on."""
+    error = errors.EngineStatusError.from_response(fake_response(body), model="a", adapter=True)
+    assert type(error) is expected
+    assert error.engine_message == body.message
+
+
+def test_errors_read_router_plain_text_and_401_string_shape() -> None:
+    """vllm-router's plain-text 500 and the 401 string shape both give a readable engine message."""
+    text = _bodies.VllmBody(500, b"Request failed: error sending request for url (http://127.0.0.1:1/v1/x)", None)
+    assert errors.read_engine_message(fake_response(text)).startswith("Request failed: error sending")
+    assert errors.read_engine_message(fake_response(_bodies.unauthorized())) == "Unauthorized"
+
+
+def test_errors_never_contain_the_api_key() -> None:
+    """str(), repr() and pickles of an error never carry the Authorization header's key."""
+    error = errors.EngineStatusError.from_response(fake_response(_bodies.unauthorized()), model="m", adapter=False)
+    assert error.response.request.headers["Authorization"] == "Bearer sk-secret-key"  # the trap is real
+    assert "sk-secret-key" not in str(error) and "sk-secret-key" not in repr(error)
+    assert b"sk-secret-key" not in pickle.dumps(error)
+    assert "LORA_SAMPLER_API_KEY" in str(error)
+
+
+def test_errors_long_engine_message_is_truncated() -> None:
+    """A huge body (an HTML error page) is cut to a bounded message."""
+    body = _bodies.VllmBody(502, b"<html>" + b"x" * 50_000, "text/html")
+    error = errors.EngineStatusError.from_response(fake_response(body), model="m", adapter=False)
+    assert len(error.engine_message) <= errors.MAX_ENGINE_MESSAGE_CHARS + 3
+
+
+def test_errors_attempts_appear_in_the_message() -> None:
+    """An error stamped with several attempts says so."""
+    error = errors.ModelNotFoundError("no such model", model="m", attempts=6)
+    assert str(error) == "no such model (gave up after 6 attempts)"

@@ -1,0 +1,68 @@
+"""The transport: URLs, headers, the API key's sources, and the connection pool's size."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import responses
+
+from lora_sampler import SamplerClient
+from lora_sampler._http import POOL_HEADROOM, normalise_base_url
+
+OK = {"model": "b", "choices": [{"index": 0, "text": "", "token_ids": [1], "finish_reason": "length"}]}
+
+
+@pytest.mark.parametrize("url", ["http://h:8000", "http://h:8000/", "http://h:8000/v1", "http://h:8000/v1/"])
+def test_http_base_url_with_or_without_v1(url: str) -> None:
+    """A trailing /v1 is accepted and never doubled."""
+    assert normalise_base_url(url) == "http://h:8000"
+
+
+def test_http_base_url_must_be_http() -> None:
+    """A URL without a scheme is a ValueError naming base_url and an example."""
+    with pytest.raises(ValueError, match="base_url"):
+        SamplerClient("localhost:8000")
+
+
+@responses.activate
+def test_http_api_key_from_environment_is_sent_as_bearer(monkeypatch: Any) -> None:
+    """LORA_SAMPLER_API_KEY is used when api_key is not given; User-Agent and JSON are set."""
+    monkeypatch.setenv("LORA_SAMPLER_API_KEY", "env-key")
+    responses.add(responses.POST, "http://h/v1/completions", json=OK)
+    with SamplerClient("http://h/v1") as client:
+        client.sample([1], base_model="b")
+    headers = responses.calls[0].request.headers
+    assert headers["Authorization"] == "Bearer env-key"
+    assert headers["Content-Type"] == "application/json" and headers["User-Agent"].startswith("lora-sampler/")
+
+
+@responses.activate
+def test_http_explicit_key_wins_and_no_key_sends_no_header(monkeypatch: Any) -> None:
+    """api_key= overrides the environment; with neither, no Authorization header is sent."""
+    monkeypatch.setenv("LORA_SAMPLER_API_KEY", "env-key")
+    responses.add(responses.POST, "http://h/v1/completions", json=OK)
+    with SamplerClient("http://h", api_key="arg-key") as client:
+        client.sample([1], base_model="b")
+    monkeypatch.delenv("LORA_SAMPLER_API_KEY")
+    with SamplerClient("http://h") as client:
+        client.sample([1], base_model="b")
+    assert responses.calls[0].request.headers["Authorization"] == "Bearer arg-key"
+    assert "Authorization" not in responses.calls[1].request.headers
+
+
+def test_http_pool_is_sized_to_max_workers() -> None:
+    """The session's adapter keeps max_workers (+ headroom for loads) connections per host."""
+    with SamplerClient("http://h", max_workers=48) as client:
+        adapter = client._transport.session.get_adapter("http://h")
+        assert adapter._pool_maxsize == 48 + POOL_HEADROOM  # type: ignore[attr-defined]
+        assert adapter.max_retries.total == 0  # type: ignore[attr-defined]
+
+
+def test_http_closed_client_refuses_work() -> None:
+    """A closed client says so instead of failing obscurely."""
+    client = SamplerClient("http://h")
+    client.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        client.sample([1], base_model="b")
+    client.close()

@@ -1,0 +1,150 @@
+"""Value types: validation before any request, payloads, and reading vLLM answers."""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import pytest
+
+from lora_sampler import Adapter, SampleOutput, SampleRequest, SamplingParams
+from lora_sampler.types import is_checkpoint_path
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "names"),
+    [
+        ({"prompt": [1]}, ValueError, "adapter"),
+        ({"prompt": [1], "adapter": "a", "base_model": "b"}, ValueError, "base_model"),
+        ({"prompt": [1], "adapter": "a", "num_samples": 0}, ValueError, "num_samples"),
+        ({"prompt": [1], "adapter": "a", "num_samples": 1.5}, ValueError, "num_samples"),
+        ({"prompt": [1, "2"], "adapter": "a"}, TypeError, "token ids"),
+        ({"prompt": [1, 2.0], "adapter": "a"}, TypeError, "token ids"),
+        ({"prompt": [True], "adapter": "a"}, TypeError, "token ids"),
+        ({"prompt": [-1], "adapter": "a"}, ValueError, "token ids"),
+        ({"prompt": [], "adapter": "a"}, ValueError, "prompt"),
+        ({"prompt": "", "adapter": "a"}, ValueError, "prompt"),
+        ({"prompt": 5, "adapter": "a"}, TypeError, "prompt"),
+        ({"prompt": [1], "adapter": 5}, TypeError, "adapter"),
+        ({"prompt": [1], "adapter": "a", "sampling_params": {"max_tokens": 3}}, TypeError, "sampling_params"),
+        ({"prompt": [1], "adapter": "a", "topk_prompt_logprobs": -1}, ValueError, "topk_prompt_logprobs"),
+    ],
+)
+def test_types_bad_request_raises_naming_the_argument(kwargs: Any, error: type, names: str) -> None:
+    """Bad sample arguments raise ValueError/TypeError naming the argument."""
+    with pytest.raises(error, match=names):
+        SampleRequest(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "names"),
+    [
+        ({"max_tokens": -1}, ValueError, "max_tokens"),
+        ({"max_tokens": 0}, ValueError, "max_tokens"),
+        ({"temperature": -0.1}, ValueError, "temperature"),
+        ({"top_p": 0}, ValueError, "top_p"),
+        ({"top_k": -2}, ValueError, "top_k"),
+        ({"seed": "1"}, TypeError, "seed"),
+        ({"stop": 1.5}, TypeError, "stop"),
+        ({"stop": [b"x"]}, TypeError, "stop"),
+        ({"stop": {"a"}}, TypeError, "stop"),
+        ({"stop": [True]}, TypeError, "stop"),
+    ],
+)
+def test_types_bad_sampling_params_raise_naming_the_argument(kwargs: Any, error: type, names: str) -> None:
+    """Bad sampling parameters raise ValueError/TypeError naming the argument."""
+    with pytest.raises(error, match=names):
+        SamplingParams(**kwargs)
+
+
+def test_types_payload_carries_every_field() -> None:
+    """Everything the user set reaches the payload; stop strings and stop ids go to their own fields."""
+    params = SamplingParams(max_tokens=5, temperature=0.5, top_p=0.9, top_k=40, seed=7, stop=["\n", 2, "END"])
+    request = SampleRequest([1, 2], adapter="a", num_samples=3, sampling_params=params, topk_prompt_logprobs=2)
+    assert request.to_payload("a") == {
+        "model": "a",
+        "prompt": [1, 2],
+        "n": 3,
+        "max_tokens": 5,
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "top_k": 40,
+        "seed": 7,
+        "stop": ["\n", "END"],
+        "stop_token_ids": [2],
+        "logprobs": 1,
+        "return_token_ids": True,
+        "prompt_logprobs": 2,
+    }
+
+
+def test_types_payload_omits_prompt_logprobs_unless_asked() -> None:
+    """Text prompts pass through and prompt_logprobs is only sent when asked (0 = the tokens' own)."""
+    assert "prompt_logprobs" not in SampleRequest("hi", base_model="b").to_payload("b")
+    assert SampleRequest("hi", base_model="b", prompt_logprobs=True).to_payload("b")["prompt_logprobs"] == 0
+
+
+def test_types_output_reads_choices_and_trims_topk() -> None:
+    """Sequences come in index order; prompt logprobs pick the prompt token; top-k is trimmed to k."""
+    body = {
+        "model": "a",
+        "choices": [
+            {
+                "index": 1,
+                "text": "y",
+                "token_ids": [9],
+                "finish_reason": "stop",
+                "stop_reason": 9,
+                "logprobs": {"token_logprobs": [-2.0]},
+                "prompt_logprobs": None,
+                "prompt_token_ids": [5, 6],
+            },
+            {
+                "index": 0,
+                "text": "x",
+                "token_ids": [8],
+                "finish_reason": "length",
+                "stop_reason": None,
+                "logprobs": {"token_logprobs": [-1.0]},
+                "prompt_token_ids": [5, 6],
+                "prompt_logprobs": [
+                    None,
+                    {
+                        "6": {"logprob": -3.0, "rank": 3},
+                        "1": {"logprob": -0.1, "rank": 1},
+                        "2": {"logprob": -0.2, "rank": 2},
+                    },
+                ],
+            },
+        ],
+    }
+    request = SampleRequest([5, 6], adapter="a", prompt_logprobs=True, topk_prompt_logprobs=2)
+    output = SampleOutput.from_json(body, request)
+    assert [s.tokens for s in output.sequences] == [(8,), (9,)]
+    assert output.sequences[1].stop_reason == "stop" and output.sequences[1].matched_stop == 9
+    assert output.prompt_logprobs == (None, -3.0)
+    assert output.topk_prompt_logprobs == (None, ((1, -0.1), (2, -0.2)))
+
+
+def test_types_output_rejects_a_body_without_choices() -> None:
+    """A 200 that is not a completion is a clear error, not an empty result."""
+    with pytest.raises(ValueError, match="choices"):
+        SampleOutput.from_json({"detail": "hello"}, SampleRequest([1], base_model="b"))
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("step-400", False),
+        ("runs/step-400", True),
+        ("./step-1", True),
+        ("step.tar.gz", True),
+        ("a.tgz", True),
+        ("a.tar", True),
+        (pathlib.Path("step"), True),
+        (Adapter("x"), False),
+    ],
+)
+def test_types_checkpoint_paths_are_told_from_names(value: Any, expected: bool) -> None:
+    """Paths, PathLikes and archive names are checkpoints; bare words are adapter names."""
+    assert is_checkpoint_path(value) is expected
