@@ -9,8 +9,8 @@ import logging
 
 __version__ = "0.1.0"
 
-from lora_sampler.client import SamplerClient  # noqa: E402
-from lora_sampler.errors import (  # noqa: E402
+from lora_sampler.client import SamplerClient
+from lora_sampler.errors import (
     AdapterConfigError,
     AdapterNotReadyError,
     AuthenticationError,
@@ -25,8 +25,8 @@ from lora_sampler.errors import (  # noqa: E402
     PublishError,
     UnsafeArchiveError,
 )
-from lora_sampler.retry import RetryEvent, RetryHook, RetryPolicy  # noqa: E402
-from lora_sampler.types import Adapter, GeneratedSequence, SampleOutput, SampleRequest, SamplingParams  # noqa: E402
+from lora_sampler.retry import RetryEvent, RetryHook, RetryPolicy
+from lora_sampler.types import Adapter, GeneratedSequence, SampleOutput, SampleRequest, SamplingParams
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 

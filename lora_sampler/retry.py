@@ -12,7 +12,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Generator, Iterator, Optional, Tuple, TypeVar, Union
+from typing import Any, Callable, Generator, Iterator, Optional, Tuple, TypeVar, Union
 
 import backoff
 
