@@ -12,7 +12,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator, Iterator, Optional, Tuple, TypeVar, Union
+from typing import Any, Callable, Generator, Iterator, Optional, Sequence, Tuple, TypeVar, Union, cast
 
 import backoff
 
@@ -73,7 +73,8 @@ class RetryHook(Protocol):
     def __call__(self, event: RetryEvent) -> None: ...  # pragma: no cover
 
 
-HookSpec = Union[None, RetryHook, Callable[[RetryEvent], None], Tuple[Callable[[RetryEvent], None], ...]]
+#: One hook or several; ``RetryPolicy`` stores them as a tuple.
+Hooks = Union[Callable[[RetryEvent], None], Sequence[Callable[[RetryEvent], None]]]
 
 
 def _as_hooks(value: Any, field_name: str) -> Tuple[Callable[[RetryEvent], None], ...]:
@@ -108,8 +109,8 @@ class RetryPolicy:
     max_delay: float = DEFAULT_MAX_DELAY
     load_timeout: float = DEFAULT_LOAD_TIMEOUT
     retry_overloaded: bool = False
-    on_retry: Tuple[Callable[[RetryEvent], None], ...] = field(default=())
-    on_giveup: Tuple[Callable[[RetryEvent], None], ...] = field(default=())
+    on_retry: Hooks = field(default=())
+    on_giveup: Hooks = field(default=())
 
     def __post_init__(self) -> None:
         if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) or self.max_attempts < 1:
@@ -301,8 +302,8 @@ def _short_cause(error: BaseException) -> str:
     return type(error).__name__
 
 
-def _call_hooks(hooks: Tuple[Callable[[RetryEvent], None], ...], event: RetryEvent) -> None:
-    for hook in hooks:
+def _call_hooks(hooks: Hooks, event: RetryEvent) -> None:
+    for hook in cast(Tuple[Callable[[RetryEvent], None], ...], hooks):  # normalised by RetryPolicy
         try:
             hook(event)
         except Exception:  # a user's hook must never replace the engine error

@@ -1,0 +1,47 @@
+"""Plain public-API usage, type-checked by ``tox -e type`` (never run): the API's types must hold for users."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from typing import List
+
+import requests
+
+import lora_sampler
+from lora_sampler import (
+    Adapter,
+    GeneratedSequence,
+    RetryEvent,
+    RetryPolicy,
+    SampleOutput,
+    SamplerClient,
+    SampleRequest,
+    SamplingParams,
+)
+
+
+def on_retry(event: RetryEvent) -> None:
+    print(event.attempt, event.max_attempts, event.wait, event.model, event.adapter)
+
+
+def use_the_api() -> None:
+    policy = RetryPolicy(max_attempts=3, on_retry=on_retry)
+    with SamplerClient("http://127.0.0.1:8000/v1", api_key="k", lora_base_dir="/loras", retry=policy) as client:
+        adapter: Adapter = client.publish("runs/step-400.tar.gz", lineage="run-17")
+        output: SampleOutput = client.sample([1, 2, 3], adapter=adapter, sampling_params=SamplingParams(seed=1))
+        first: GeneratedSequence = output.sequences[0]
+        tokens: tuple[int, ...] = first.tokens
+        print(tokens, first.logprobs, first.stop_reason, first.text)
+        future: concurrent.futures.Future[SampleOutput] = client.submit("hello", base_model="m")
+        print(future.result().sequences)
+        many: List[object] = client.sample_many([SampleRequest([1], adapter="step-400")], return_exceptions=True)
+        print(many)
+        for index, result in client.imap_unordered([{"prompt": [1], "base_model": "m"}]):
+            print(index, result)
+        client.unload(adapter, delete_files=True)
+    try:
+        SamplerClient("http://h").sample([1], base_model="m")
+    except requests.HTTPError as error:  # engine status errors are requests.HTTPError
+        print(error.response)
+    except lora_sampler.LoraSamplerError as error:
+        print(error.attempts)
