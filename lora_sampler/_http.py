@@ -1,18 +1,35 @@
 """The transport: one HTTP request per call to the engine, and errors translated into lora_sampler's.
 
 Owns URL normalisation (``/v1`` never doubled), the ``requests.Session`` and its connection pool, the auth and
-routing headers, and the translation of ``requests`` exceptions (requests' adapter pattern). No retries (the
-pool's own are off, so retries happen in ``retry.py`` only) and no threads.
+routing headers, and the translation of transport exceptions (requests' adapter pattern). No retries (the pool's
+own are off, so retries happen in ``retry.py`` only) and no threads.
+
+Speed: ``Session.request`` re-reads the environment (proxies, CA bundle, netrc) and builds cookie jars and hook
+tables on every call, which more than doubles the client's CPU per request. The environment is read once per
+transport instead, and requests go straight to the session's own pooled ``HTTPAdapter`` connection pool, which is
+configured by requests itself (TLS verification, CA bundle, client certificate). The full ``Session`` path is kept
+whenever a proxy applies to the engine URL, or when a test library has patched requests' transport (``responses``,
+``requests-mock``), so those keep working exactly as with plain requests.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Tuple, Union, cast
 
 import requests
+import urllib3
 from requests.adapters import HTTPAdapter
+from requests.structures import CaseInsensitiveDict
+from urllib3.exceptions import (
+    ConnectTimeoutError,
+    NewConnectionError,
+    ProtocolError,
+    ProxyError,
+    ReadTimeoutError,
+    SSLError,
+)
 
 from lora_sampler import __version__
 from lora_sampler.errors import (
@@ -35,6 +52,10 @@ SESSION_HEADER = "X-Session-ID"
 POOL_HEADROOM = 4
 
 Timeout = Union[float, Tuple[float, float]]
+
+# The transport methods as requests ships them: when a test library patches them, take the full Session path.
+_PRISTINE_ADAPTER_SEND = HTTPAdapter.send
+_PRISTINE_GET_ADAPTER = requests.Session.get_adapter
 
 
 def normalise_base_url(base_url: str) -> str:
@@ -80,17 +101,47 @@ class EngineTransport:
         self.timeout = timeout
         self._api_key = api_key
         self.session = requests.Session()
-        self.session.verify = verify
-        adapter = HTTPAdapter(pool_connections=4, pool_maxsize=max_workers + POOL_HEADROOM, max_retries=0)
-        self.session.mount("http://", adapter)
-        self.session.mount("https://", adapter)
-        self.session.headers["User-Agent"] = f"lora-sampler/{__version__}"
+        self._adapter = HTTPAdapter(pool_connections=4, pool_maxsize=max_workers + POOL_HEADROOM, max_retries=0)
+        self.session.mount("http://", self._adapter)
+        self.session.mount("https://", self._adapter)
+        # The environment requests users rely on (HTTP(S)_PROXY, NO_PROXY, REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE,
+        # ~/.netrc) is read here, once, instead of on every request.
+        settings = self.session.merge_environment_settings(self.base_url, {}, None, verify, None)
+        self.session.trust_env = False
+        self.session.verify = settings["verify"]
+        self.session.proxies = settings["proxies"]
+        self._headers: Dict[str, str] = {"User-Agent": f"lora-sampler/{__version__}", "Accept": "*/*"}
         if api_key:
-            self.session.headers["Authorization"] = f"Bearer {api_key}"
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        else:
+            netrc = requests.utils.get_netrc_auth(self.base_url)
+            if netrc:
+                self._headers["Authorization"] = requests.auth._basic_auth_str(*netrc)
+        self.session.headers.update(self._headers)
         self._urls = {
             path: self.base_url + path
             for path in (COMPLETIONS_PATH, LOAD_ADAPTER_PATH, UNLOAD_ADAPTER_PATH, MODELS_PATH)
         }
+        self._pool = self._direct_pool()
+
+    def _direct_pool(self) -> Optional[urllib3.HTTPConnectionPool]:
+        """Return the adapter's pool for the engine, configured by requests, or None when a proxy applies."""
+        if requests.utils.select_proxy(self.base_url, self.session.proxies):
+            return None
+        probe = requests.Request("GET", self.base_url + "/").prepare()
+        if hasattr(self._adapter, "get_connection_with_tls_context"):  # requests >= 2.32.2
+            pool = self._adapter.get_connection_with_tls_context(probe, self.session.verify, None, None)
+        else:  # pragma: no cover - older requests
+            pool = self._adapter.get_connection(self.base_url, None)
+            self._adapter.cert_verify(pool, self.base_url, self.session.verify, None)  # type: ignore[no-untyped-call]
+        return cast(urllib3.HTTPConnectionPool, pool)
+
+    def _is_direct(self) -> bool:
+        return (
+            self._pool is not None
+            and HTTPAdapter.send is _PRISTINE_ADAPTER_SEND
+            and type(self.session).get_adapter is _PRISTINE_GET_ADAPTER
+        )
 
     def close(self) -> None:
         """Close pooled connections (avoids ResourceWarning on interpreter exit)."""
@@ -99,16 +150,31 @@ class EngineTransport:
     def complete(self, payload: Mapping[str, Any], *, model: str, adapter: bool, session_id: str) -> Dict[str, Any]:
         """Send one ``POST /v1/completions`` and return the JSON body of a 2xx answer.
 
+        This is the hot path: a successful answer is parsed from the pooled connection's bytes without building a
+        ``requests.Response``; one is built only for an error, so the error carries ``.response``.
+
         Raises:
             EngineError: a transport failure or an error status, classified for the retry table.
         """
-        response = self.post(COMPLETIONS_PATH, payload, model=model, adapter=adapter, session_id=session_id)
+        data, headers = _json_request(payload, session_id)
+        if self._is_direct():
+            answer = self._urlopen("POST", COMPLETIONS_PATH, data, headers, self.timeout, model, adapter)
+            if answer.status < 400:
+                return self._completion_body(answer.status, answer.data, model, adapter)
+            response = _as_response("POST", self._urls[COMPLETIONS_PATH], {**self._headers, **headers}, data, answer)
+        else:
+            response = self._session_request("POST", COMPLETIONS_PATH, data, headers, self.timeout, model, adapter)
+            if response.status_code < 400:
+                return self._completion_body(response.status_code, response.content, model, adapter)
+        raise self._status_error(response, model, adapter)
+
+    def _completion_body(self, status: int, content: bytes, model: str, adapter: bool) -> Dict[str, Any]:
         try:
-            body = response.json()
+            body = json.loads(content)
         except ValueError:
             raise EngineError(
-                f"the engine at {self.base_url} answered HTTP {response.status_code} to {COMPLETIONS_PATH} with a "
-                "body that is not JSON; check that base_url points at a vLLM server",
+                f"the engine at {self.base_url} answered HTTP {status} to {COMPLETIONS_PATH} with a body that is "
+                "not JSON; check that base_url points at a vLLM server",
                 model=model,
                 adapter=adapter,
             ) from None
@@ -132,15 +198,8 @@ class EngineTransport:
         Raises:
             EngineError: a transport failure, or (with ``raise_for_status``) an error status.
         """
-        headers = {"Content-Type": "application/json"}
-        if session_id:
-            headers[SESSION_HEADER] = session_id
-        data = json.dumps(payload, separators=(",", ":")).encode()
-        url = self._urls.get(path) or self.base_url + path
-        try:
-            response = self.session.post(url, data=data, headers=headers, timeout=timeout or self.timeout)
-        except requests.RequestException as exc:
-            raise self._translate(exc, "POST", path, model, adapter) from None
+        data, headers = _json_request(payload, session_id)
+        response = self._request("POST", path, data, headers, timeout or self.timeout, model, adapter)
         if raise_for_status and response.status_code >= 400:
             raise self._status_error(response, model, adapter)
         return response
@@ -151,13 +210,73 @@ class EngineTransport:
         Raises:
             EngineError: a transport failure or an error status.
         """
-        try:
-            response = self.session.get(self._urls.get(path) or self.base_url + path, timeout=self.timeout)
-        except requests.RequestException as exc:
-            raise self._translate(exc, "GET", path, None, False) from None
+        response = self._request("GET", path, None, {}, self.timeout, None, False)
         if response.status_code >= 400:
             raise self._status_error(response, None, False)
         return response
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        data: Optional[bytes],
+        headers: Dict[str, str],
+        timeout: Timeout,
+        model: Optional[str],
+        adapter: bool,
+    ) -> requests.Response:
+        if not self._is_direct():
+            return self._session_request(method, path, data, headers, timeout, model, adapter)
+        answer = self._urlopen(method, path, data, headers, timeout, model, adapter)
+        return _as_response(
+            method, self._urls.get(path) or self.base_url + path, {**self._headers, **headers}, data, answer
+        )
+
+    def _session_request(
+        self,
+        method: str,
+        path: str,
+        data: Optional[bytes],
+        headers: Dict[str, str],
+        timeout: Timeout,
+        model: Optional[str],
+        adapter: bool,
+    ) -> requests.Response:
+        """Send through ``Session.request``: the path for proxies and for patched (mocked) transports."""
+        try:
+            return self.session.request(
+                method, self._urls.get(path) or self.base_url + path, data=data, headers=headers, timeout=timeout
+            )
+        except requests.RequestException as exc:
+            raise self._translate(exc, method, path, model, adapter) from None
+
+    def _urlopen(
+        self,
+        method: str,
+        path: str,
+        data: Optional[bytes],
+        headers: Dict[str, str],
+        timeout: Timeout,
+        model: Optional[str],
+        adapter: bool,
+    ) -> urllib3.BaseHTTPResponse:
+        """Send on the adapter's own connection pool and read the whole answer (no retries, no redirects)."""
+        connect, read = timeout if isinstance(timeout, tuple) else (timeout, timeout)
+        assert self._pool is not None
+        try:
+            return self._pool.urlopen(
+                method,
+                path,
+                body=data,
+                headers={**self._headers, **headers},
+                timeout=urllib3.Timeout(connect=connect, read=read),
+                retries=False,
+                redirect=False,
+                assert_same_host=False,
+                preload_content=True,
+            )
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise self._translate(exc, method, path, model, adapter) from None
 
     def _status_error(self, response: requests.Response, model: Optional[str], adapter: bool) -> EngineStatusError:
         error = EngineStatusError.from_response(response, model=model, adapter=adapter)
@@ -166,18 +285,30 @@ class EngineTransport:
         error.args = (error.message,)
         return error
 
-    def _translate(
-        self, exc: requests.RequestException, method: str, path: str, model: Optional[str], adapter: bool
-    ) -> EngineError:
-        """Map a ``requests`` exception to the matching ``EngineError`` (the one place that does it)."""
+    def _translate(self, exc: Exception, method: str, path: str, model: Optional[str], adapter: bool) -> EngineError:
+        """Map a ``requests`` or ``urllib3`` exception to the matching ``EngineError`` (the one place that does it)."""
         what = f" for {'LoRA adapter' if adapter else 'base model'} {model!r}" if model else ""
         detail = redact(f"{type(exc).__name__}: {exc}", self._api_key)
         error_class: type[EngineError]
-        if isinstance(exc, requests.ConnectTimeout):
+        # urllib3's NewConnectionError subclasses ConnectTimeoutError for history's sake: a refusal is no timeout.
+        if isinstance(exc, requests.ConnectTimeout) or (
+            isinstance(exc, ConnectTimeoutError) and not isinstance(exc, NewConnectionError)
+        ):
             error_class, problem = EngineConnectTimeoutError, "did not accept a connection in time"
-        elif isinstance(exc, requests.Timeout):
+        elif isinstance(exc, (requests.Timeout, ReadTimeoutError)):
             error_class, problem = EngineTimeoutError, "did not answer within the read timeout"
-        elif isinstance(exc, (requests.ConnectionError, requests.exceptions.ChunkedEncodingError)):
+        elif isinstance(
+            exc,
+            (
+                requests.ConnectionError,
+                requests.exceptions.ChunkedEncodingError,
+                NewConnectionError,
+                ProtocolError,
+                ProxyError,
+                SSLError,
+                OSError,
+            ),
+        ):
             error_class, problem = EngineConnectionError, "could not be reached or dropped the connection"
         else:
             error_class, problem = EngineError, "request failed"
@@ -186,3 +317,28 @@ class EngineTransport:
             "check base_url, that the engine is running, and the timeout"
         )
         return error_class(message, model=model, adapter=adapter)
+
+
+def _json_request(payload: Mapping[str, Any], session_id: Optional[str]) -> Tuple[bytes, Dict[str, str]]:
+    headers = {"Content-Type": "application/json"}
+    if session_id:
+        headers[SESSION_HEADER] = session_id
+    return json.dumps(payload, separators=(",", ":")).encode(), headers
+
+
+def _as_response(
+    method: str, url: str, headers: Dict[str, str], body: Optional[bytes], answer: urllib3.BaseHTTPResponse
+) -> requests.Response:
+    """Wrap a urllib3 answer (already read) in a ``requests.Response``, as requests' adapter would."""
+    response = requests.Response()
+    response.status_code = answer.status
+    response.headers = CaseInsensitiveDict(answer.headers)
+    response._content = answer.data
+    response.reason = answer.reason or ""
+    response.url = url
+    response.encoding = requests.utils.get_encoding_from_headers(response.headers)
+    request = requests.PreparedRequest()
+    request.method, request.url, request.body = method, url, body
+    request.headers = CaseInsensitiveDict(headers)
+    response.request = request
+    return response
