@@ -14,8 +14,7 @@ from rawserver import RawServer, json_response
 
 import lora_sampler
 from lora_sampler import SamplerClient, SampleRequest, SamplingParams
-from lora_sampler.testing import FakeEngine
-from lora_sampler.testing._engine import write_adapter
+from lora_sampler.testing import FakeEngine, write_adapter
 
 COMPLETION = json.dumps(
     {

