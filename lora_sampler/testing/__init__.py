@@ -6,15 +6,10 @@ Stdlib only and never imports pytest; the ``lora_engine`` fixture lives in ``pyt
 from __future__ import annotations
 
 from lora_sampler.retry import set_testing
+from lora_sampler.testing._adapters import write_adapter
 from lora_sampler.testing._bodies import VLLM_BODIES, VllmBody
-from lora_sampler.testing._engine import (
-    FAULT_KINDS,
-    FakeEngine,
-    RequestRecord,
-    decode_token,
-    encode_text,
-    write_adapter,
-)
+from lora_sampler.testing._engine import FAULT_KINDS, FakeEngine, RequestRecord
+from lora_sampler.testing._sampling import decode_token, encode_text
 
 __all__ = [
     "FAULT_KINDS",

@@ -1,8 +1,8 @@
 """FakeEngine: a loopback stand-in for vLLM's OpenAI server with LoRA adapters (SPEC §7).
 
-Owns the HTTP server, the adapter table with its lazy filesystem resolver and "GPU" LRU, fault
-injection and the request log. Bodies come from ``_bodies``; tokens are pseudo-random (there is no
-model), and nothing is written to stderr. Stdlib only.
+Owns the engine state and logic: routing, the adapter table with its lazy resolver and "GPU" LRU, faults and the
+request log. It does not tokenize or sample (``_sampling``), read adapter files (``_adapters``) or speak HTTP on
+the wire (``_server``); bodies come from ``_bodies`` and nothing is written to stderr. Stdlib only.
 """
 
 from __future__ import annotations
@@ -10,20 +10,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import secrets
 import socket
-import struct
 import threading
 import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from lora_sampler.testing import _bodies as bodies
+from lora_sampler.testing._adapters import AdapterFiles, inspect_adapter
 from lora_sampler.testing._bodies import VllmBody
+from lora_sampler.testing._sampling import BYTE_OFFSET, Sampler, parse_request
+from lora_sampler.testing._server import Handler, Server, hang_up, read_body, send
 
 COMPLETIONS_PATH = "/v1/completions"
 LOAD_ADAPTER_PATH = "/v1/load_lora_adapter"
@@ -31,65 +31,7 @@ UNLOAD_ADAPTER_PATH = "/v1/unload_lora_adapter"
 MODELS_PATH = "/v1/models"
 #: The kinds accepted by ``FakeEngine.inject_fault``.
 FAULT_KINDS = frozenset({"refuse", "drop", "hang", "status", "503"})
-#: Ids 0-3 are the tiny tokenizer's specials (FINDINGS §2); byte ``b`` of UTF-8 text is id ``4 + b``.
-SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")
-BYTE_OFFSET = len(SPECIAL_TOKENS)
-#: Read by the filesystem resolver and the load endpoint (FINDINGS §2, §4c).
-CONFIG_NAME = "adapter_config.json"
-WEIGHT_NAMES = ("adapter_model.safetensors", "adapter_model.bin")
 _POLL_INTERVAL = 0.05  # how often serve_forever checks for shutdown: bounds how long stop() takes
-_NO_TENSORS = "{} doesn't contain tensors"  # the worker's error (FINDINGS §4c, §4d)
-_INCOMPLETE = "Error while deserializing header: incomplete metadata, file not fully covered"  # FINDINGS §4c
-
-
-def encode_text(text: str) -> list[int]:
-    """Tokenize ``text`` the fake's way: each UTF-8 byte ``b`` becomes token id ``4 + b`` (no BOS)."""
-    return [BYTE_OFFSET + b for b in text.encode("utf-8")]
-
-
-def decode_token(token_id: int) -> str:
-    """Return the text of one token: a special, a printable byte, ``<0xHH>``, or `` t<id>`` above the bytes."""
-    if token_id < BYTE_OFFSET:
-        return SPECIAL_TOKENS[token_id]
-    byte = token_id - BYTE_OFFSET
-    if byte < 256:
-        return chr(byte) if 32 <= byte < 127 else f"<0x{byte:02X}>"
-    return f" t{token_id}"
-
-
-def write_adapter(path: str | os.PathLike[str], base_model: str, *, rank: int = 8, peft_type: str = "LORA") -> str:
-    """Write a minimal adapter the fake engine accepts: ``adapter_config.json`` and a valid tiny safetensors file."""
-    path = os.fspath(path)
-    os.makedirs(path, exist_ok=True)
-    config = {"peft_type": peft_type, "base_model_name_or_path": base_model, "r": rank, "lora_alpha": 2 * rank}
-    config["target_modules"] = ["q_proj", "v_proj"]
-    with open(os.path.join(path, CONFIG_NAME), "w", encoding="utf-8") as handle:
-        json.dump(config, handle, indent=2)
-    tensor = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
-    header = json.dumps({tensor: {"dtype": "F32", "shape": [rank, 4], "data_offsets": [0, rank * 16]}}).encode()
-    header += b" " * (-len(header) % 8)
-    with open(os.path.join(path, WEIGHT_NAMES[0]), "wb") as handle:
-        handle.write(struct.pack("<Q", len(header)) + header + bytes(rank * 16))
-    return path
-
-
-def _safetensors_error(path: str) -> str | None:
-    """Return the loader's complaint about a safetensors file, or None when its data covers the header exactly."""
-    try:
-        with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            if size < 8:
-                return "Error while deserializing header: HeaderTooSmall"
-            (length,) = struct.unpack("<Q", handle.read(8))
-            if 8 + length > size:
-                return "Error while deserializing header: InvalidHeaderLength"
-            header = json.loads(handle.read(length))
-            ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
-    except (OSError, ValueError, LookupError, TypeError, AttributeError):
-        return "Error while deserializing header: InvalidHeaderDeserialization"
-    if not ends:
-        return _NO_TENSORS.format(os.path.dirname(path))
-    return None if 8 + length + max(ends) == size else _INCOMPLETE
 
 
 @dataclass(frozen=True)
@@ -125,50 +67,6 @@ class _Fault:
 class _Delay:
     deadline: float | None
     remaining: int | None
-
-
-@dataclass(frozen=True)
-class _Files:
-    """What the loader finds in an adapter directory: verdict in absent/json/rank/no_weights/bad_weights/ok."""
-
-    verdict: str
-    detail: str = ""
-    config: Any = None
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, address: tuple[str, int], engine: FakeEngine) -> None:
-        self.engine = engine
-        super().__init__(address, _Handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        # One daemon thread per connection, tracked by the engine so stop() joins them all (the stdlib's
-        # ThreadingMixIn does not track daemon threads).
-        self.engine._track(request, opened=True)
-        self.engine._spawn(self.process_request_thread, request, client_address)
-
-    def shutdown_request(self, request: Any) -> None:
-        self.engine._track(request, opened=False)
-        super().shutdown_request(request)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """Stay quiet: clients resetting or vanishing is routine here."""
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive, so clients reuse connections
-    server_version, sys_version = "uvicorn", ""  # vLLM's server header
-    server: _Server
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Stay quiet: no stderr line per request."""
-
-    def do_GET(self) -> None:
-        self.server.engine._serve(self)
-
-    do_POST = do_GET
 
 
 class FakeEngine:
@@ -217,7 +115,7 @@ class FakeEngine:
         self._runtime_updating = runtime_lora_updating
         self._lock = threading.Lock()
         self._wake = threading.Event()  # set on stop and on death: cuts every sleep short
-        self._server: _Server | None = None
+        self._server: Server | None = None
         self._threads: list[threading.Thread] = []
         self._started = self._dead = False
         self._registered: dict[str, str] = {}  # name -> path: the API server's table
@@ -239,7 +137,7 @@ class FakeEngine:
             if self._started:
                 raise RuntimeError("a FakeEngine starts once; create a new one")
             self._started = True
-        self._server = _Server((self.host, self._requested_port), self)
+        self._server = Server((self.host, self._requested_port), self)
         self._port = int(self._server.server_address[1])
         self._spawn(self._server.serve_forever, _POLL_INTERVAL)
         return self
@@ -282,7 +180,7 @@ class FakeEngine:
         return f"http://{self.host}:{self.port}"
 
     @staticmethod
-    def _close_listener(server: _Server) -> None:
+    def _close_listener(server: Server) -> None:
         server.shutdown()  # returns at once when serve_forever already ended
         server.socket.close()
 
@@ -331,7 +229,7 @@ class FakeEngine:
         if self._server is not None:
             self._spawn(self._bring_down, self._server)
 
-    def _bring_down(self, server: _Server) -> None:
+    def _bring_down(self, server: Server) -> None:
         self._close_listener(server)  # from here on, connections are refused
         deadline = time.monotonic() + 5.0
         while self._in_flight and time.monotonic() < deadline:
@@ -443,10 +341,10 @@ class FakeEngine:
 
     # -- HTTP plumbing ---------------------------------------------------------------------------------------------
 
-    def _serve(self, handler: _Handler) -> None:
+    def _serve(self, handler: Handler) -> None:
         started = time.monotonic()
         path = handler.path.split("?", 1)[0]
-        raw = self._read_body(handler)
+        raw = read_body(handler)
         payload: Any = None
         if raw:
             try:
@@ -468,28 +366,15 @@ class FakeEngine:
             status = answer.status if answer is not None else 0
             self._log(handler, path, model, status, started, fault.kind if fault else None)
             if answer is None:
-                self._hang_up(handler, reset=fault is not None and fault.kind == "refuse")
+                hang_up(handler, reset=fault is not None and fault.kind == "refuse")
             else:
-                self._send(handler, answer)
+                send(handler, answer)
         finally:
             with self._lock:
                 self._in_flight -= 1
 
-    @staticmethod
-    def _read_body(handler: _Handler) -> bytes:
-        if "chunked" in handler.headers.get("Transfer-Encoding", "").lower():
-            chunks: list[bytes] = []
-            while True:
-                size = int(handler.rfile.readline().split(b";")[0].strip() or b"0", 16)
-                chunk = handler.rfile.read(size + 2)[:size]
-                if not size:
-                    return b"".join(chunks)
-                chunks.append(chunk)
-        length = int(handler.headers.get("Content-Length") or 0)
-        return handler.rfile.read(length) if length else b""
-
     def _log(
-        self, handler: _Handler, path: str, model: str | None, status: int, started: float, fault: str | None
+        self, handler: Handler, path: str, model: str | None, status: int, started: float, fault: str | None
     ) -> None:
         record = RequestRecord(
             method=handler.command,
@@ -508,23 +393,6 @@ class FakeEngine:
             if path == COMPLETIONS_PATH and status and delay is not None and delay.remaining is not None:
                 delay.remaining -= 1
 
-    @staticmethod
-    def _send(handler: _Handler, answer: VllmBody) -> None:
-        handler.send_response(answer.status)
-        if answer.content_type:
-            handler.send_header("Content-Type", answer.content_type)
-        handler.send_header("Content-Length", str(len(answer.body)))
-        handler.end_headers()
-        handler.wfile.write(answer.body)
-
-    @staticmethod
-    def _hang_up(handler: _Handler, *, reset: bool) -> None:
-        handler.close_connection = True
-        if reset:  # SO_LINGER 0: close() sends RST, the client sees "connection reset by peer"
-            handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            handler.rfile.close()
-            handler.connection.close()
-
     def _take_fault(self, path: str, model: str | None) -> _Fault | None:
         for fault in self._faults:
             if fault.path == path and (fault.model is None or fault.model == model):
@@ -534,7 +402,7 @@ class FakeEngine:
                 return replace(fault)
         return None
 
-    def _apply_fault(self, handler: _Handler, fault: _Fault) -> VllmBody | None:
+    def _apply_fault(self, handler: Handler, fault: _Fault) -> VllmBody | None:
         if fault.kind == "status":
             message = fault.message or f"scripted {fault.status}"
             return bodies.error(fault.status, message, _error_type(fault.status), old_shape=self.old_error_shape)
@@ -544,7 +412,7 @@ class FakeEngine:
             self._sleep(fault.seconds)
         return None  # refuse, drop, hang: no answer
 
-    def _route(self, handler: _Handler, path: str, payload: Any) -> VllmBody:
+    def _route(self, handler: Handler, path: str, payload: Any) -> VllmBody:
         if path in ("/health", "/ping"):
             return VllmBody(503 if self._dead else 200, b"", None)
         if self.api_key is not None and path.startswith("/v1"):
@@ -588,30 +456,11 @@ class FakeEngine:
                 return True
             return False
 
-    def _inspect(self, path: str) -> _Files:
-        """Read an adapter directory the way vLLM's resolver and worker do (FINDINGS §4c, §4d)."""
-        config_path = os.path.join(path, CONFIG_NAME)
-        if not self._is_visible(path) or not os.path.isfile(config_path):
-            return _Files("absent")
-        try:
-            with open(config_path, encoding="utf-8", errors="replace") as handle:
-                text = handle.read()
-        except OSError:
-            return _Files("absent")
-        try:
-            config = json.loads(text)
-        except json.JSONDecodeError as exc:
-            return _Files("json", str(exc))
-        rank = config.get("r") if isinstance(config, dict) else None
-        if isinstance(rank, int) and rank > self.max_lora_rank:
-            return _Files("rank", f"LoRA rank {rank} is greater than max_lora_rank {self.max_lora_rank}.", config)
-        safetensors, binary = (os.path.join(path, name) for name in WEIGHT_NAMES)
-        if os.path.isfile(safetensors):
-            problem = _safetensors_error(safetensors)
-            return _Files("bad_weights", problem, config) if problem else _Files("ok", "", config)
-        if os.path.isfile(binary) and os.path.getsize(binary) > 0:
-            return _Files("ok", "", config)
-        return _Files("no_weights", _NO_TENSORS.format(path), config)
+    def _inspect(self, path: str) -> AdapterFiles:
+        """Read an adapter directory as vLLM does, unless a visibility delay still hides it (FINDINGS §4c, §4d)."""
+        if not self._is_visible(path):
+            return AdapterFiles("absent")
+        return inspect_adapter(path, self.max_lora_rank)
 
     def _name_lock(self, name: str) -> threading.Lock:
         with self._lock:
@@ -729,7 +578,7 @@ class FakeEngine:
         problem = self._check_model(name)  # before any length check (FINDINGS §4a)
         if problem is not None:
             return problem
-        request = _parse_request(payload)
+        request = parse_request(payload)
         if isinstance(request, str):
             return self._bad(request)
         if request.max_tokens > self.max_model_len:
@@ -748,7 +597,7 @@ class FakeEngine:
         self._pause("latency")
         if self._dead:  # in-flight requests share the death (FINDINGS §5)
             return bodies.engine_dead(old_shape=self.old_error_shape)
-        sampler = _Sampler(name, request, max_tokens, self.vocab_size)
+        sampler = Sampler(name, request, max_tokens, self.vocab_size)
         choices = [sampler.choice(index) for index in range(request.n)]
         generated = sum(len(sampler.token_ids[index]) for index in range(request.n))
         created = int(time.time())
@@ -760,165 +609,3 @@ class FakeEngine:
 def _error_type(status: int) -> str:
     names = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 429: "RateLimitError"}
     return names.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
-
-
-#: vLLM's default ``--max-logprobs`` (the limit message is vLLM's wording, not in FINDINGS).
-MAX_LOGPROBS = 20
-
-
-@dataclass(frozen=True)
-class _Request:
-    prompt: list[int]
-    n: int
-    max_tokens: int
-    temperature: float
-    seed: int | None
-    stop: tuple[str, ...]
-    stop_token_ids: frozenset[int]
-    logprobs: int | None
-    prompt_logprobs: int | None
-    return_token_ids: bool
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _parse_request(payload: dict[str, Any]) -> _Request | str:
-    """Return the completion parameters the fake honours, or a 400 message."""
-    prompt = payload.get("prompt")
-    if isinstance(prompt, str):
-        prompt = encode_text(prompt)
-    elif not (isinstance(prompt, list) and all(_is_int(t) for t in prompt)):
-        return "prompt must be a string or a list of token ids (the fake engine takes one prompt)"
-    if not prompt:
-        return "Either prompt or prompt_embeds must be provided and non-empty."
-    stop = payload.get("stop") or []
-    stop = [stop] if isinstance(stop, str) else stop
-    stop_ids = payload.get("stop_token_ids") or []
-    max_tokens = 16 if payload.get("max_tokens") is None else payload["max_tokens"]
-    n, seed, temperature = payload.get("n", 1), payload.get("seed"), payload.get("temperature")
-    logprobs, prompt_logprobs = payload.get("logprobs"), payload.get("prompt_logprobs")
-    if not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
-        return "stop must be a string or a list of strings"
-    if not (isinstance(stop_ids, list) and all(_is_int(t) for t in stop_ids)):
-        return "stop_token_ids must be a list of integers"
-    if not (_is_int(n) and n >= 1) or not (_is_int(max_tokens) and max_tokens >= 0):
-        return "n must be at least 1 and max_tokens at least 0"
-    if not (seed is None or _is_int(seed)) or not (temperature is None or isinstance(temperature, (int, float))):
-        return "seed must be an integer and temperature a number"
-    for kind, value in (("sample", logprobs), ("prompt", prompt_logprobs)):
-        if value is not None and not (_is_int(value) and 0 <= value <= MAX_LOGPROBS):
-            return f"Requested {kind} logprobs of {value}, which is greater than max allowed: {MAX_LOGPROBS}"
-    return _Request(
-        prompt=prompt,
-        n=n,
-        max_tokens=max_tokens,
-        temperature=1.0 if temperature is None else float(temperature),
-        seed=seed,
-        stop=tuple(stop),
-        stop_token_ids=frozenset(stop_ids),
-        logprobs=logprobs,
-        prompt_logprobs=prompt_logprobs,
-        return_token_ids=bool(payload.get("return_token_ids")),
-    )
-
-
-class _Sampler:
-    """Pseudo-random generation, deterministic in (seed, model, prompt, choice index) when seeded or greedy."""
-
-    def __init__(self, model: str, request: _Request, max_tokens: int, vocab_size: int) -> None:
-        self.request, self.max_tokens, self.vocab_size = request, max_tokens, vocab_size
-        prompt_key = f"{model}|{','.join(map(str, request.prompt))}"
-        self._greedy = request.temperature == 0  # greedy ignores the seed and gives n identical choices
-        if self._greedy:
-            self._material = f"greedy|{prompt_key}"
-        elif request.seed is not None:
-            self._material = f"{request.seed}|{prompt_key}"
-        else:
-            self._material = uuid.uuid4().hex
-        self.token_ids: dict[int, list[int]] = {}
-        self._prompt_logprobs: list[dict[str, Any] | None] | None = None
-        if request.prompt_logprobs is not None:
-            self._prompt_logprobs = self._make_prompt_logprobs(prompt_key, request.prompt_logprobs)
-
-    def choice(self, index: int) -> dict[str, Any]:
-        """Generate choice ``index``: stop on a stop token id or stop string, else run to ``max_tokens``."""
-        material = self._material if self._greedy else f"{self._material}|{index}"
-        rng = random.Random(material)
-        ids: list[int] = []
-        text, finish = "", "length"
-        reason: int | str | None = None
-        for _ in range(self.max_tokens):
-            token = rng.randrange(BYTE_OFFSET, self.vocab_size)  # never a special, so never EOS
-            ids.append(token)
-            if token in self.request.stop_token_ids:
-                finish, reason = "stop", token  # kept in token_ids, not detokenized
-                break
-            text += decode_token(token)
-            hits = [(text.find(stop), stop) for stop in self.request.stop if stop and stop in text]
-            if hits:
-                cut, stop = min(hits)
-                text, finish, reason = text[:cut], "stop", stop
-                break
-        self.token_ids[index] = ids
-        logprobs = None if self.request.logprobs is None else self._logprobs(material, ids, self.request.logprobs)
-        with_ids = self.request.return_token_ids
-        return bodies.completion_choice(
-            index,
-            text,
-            logprobs=logprobs,
-            finish_reason=finish,
-            stop_reason=reason,
-            token_ids=list(ids) if with_ids else None,
-            prompt_logprobs=self._prompt_logprobs,
-            prompt_token_ids=list(self.request.prompt) if with_ids else None,
-        )
-
-    def _logprobs(self, material: str, ids: list[int], k: int) -> dict[str, Any]:
-        """vLLM's completion logprobs; the sampled token is always rank 1, so each dict has max(k, 1) entries."""
-        offsets: list[int] = []
-        tokens: list[str] = []
-        values: list[float] = []
-        tops: list[dict[str, float]] = []
-        offset = 0
-        for step, token in enumerate(ids):
-            rng = random.Random(f"{material}|lp|{step}")  # per step, so k does not change other values
-            value = -rng.uniform(0.01, 1.0)
-            top = {decode_token(token): value}
-            alternative = value
-            while len(top) < k:
-                key = decode_token(rng.randrange(BYTE_OFFSET, self.vocab_size))
-                if key not in top:
-                    alternative -= rng.uniform(0.05, 1.0)
-                    top[key] = alternative
-            offsets.append(offset)
-            offset += len(decode_token(token))
-            tokens.append(decode_token(token))
-            values.append(value)
-            tops.append(top)
-        return {"text_offset": offsets, "token_logprobs": values, "tokens": tokens, "top_logprobs": tops}
-
-    def _make_prompt_logprobs(self, prompt_key: str, k: int) -> list[dict[str, Any] | None]:
-        """vLLM's prompt_logprobs: None first, then the top k plus the actual token (k or k+1 entries)."""
-        rng = random.Random(f"prompt|{prompt_key}")
-        out: list[dict[str, Any] | None] = [None]
-        for token in self.request.prompt[1:]:
-            rank = rng.randint(1, k + 2)
-            values = sorted((-rng.uniform(0.01, 8.0) for _ in range(max(k, rank))), reverse=True)
-            entries = {str(token): {"logprob": values[rank - 1], "rank": rank, "decoded_token": decode_token(token)}}
-            place = 1
-            while place <= k:
-                if place == rank:
-                    place += 1
-                    continue
-                other = rng.randrange(BYTE_OFFSET, self.vocab_size)
-                if str(other) not in entries:
-                    entries[str(other)] = {
-                        "logprob": values[place - 1],
-                        "rank": place,
-                        "decoded_token": decode_token(other),
-                    }
-                    place += 1
-            out.append(entries)
-        return out

@@ -1,0 +1,82 @@
+"""The HTTP layer under FakeEngine: the threaded loopback server, its quiet handler and the wire helpers.
+
+Owns reading request bodies and writing or dropping answers; every routing, fault and adapter decision is
+FakeEngine's (``_engine``), which this module only calls into. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+
+from lora_sampler.testing._bodies import VllmBody
+
+if TYPE_CHECKING:
+    from lora_sampler.testing._engine import FakeEngine
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], engine: FakeEngine) -> None:
+        self.engine = engine
+        super().__init__(address, Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # One daemon thread per connection, tracked by the engine so stop() joins them all (the stdlib's
+        # ThreadingMixIn does not track daemon threads).
+        self.engine._track(request, opened=True)
+        self.engine._spawn(self.process_request_thread, request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        self.engine._track(request, opened=False)
+        super().shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Stay quiet: clients resetting or vanishing is routine here."""
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, so clients reuse connections
+    server_version, sys_version = "uvicorn", ""  # vLLM's server header
+    server: Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Stay quiet: no stderr line per request."""
+
+    def do_GET(self) -> None:
+        self.server.engine._serve(self)
+
+    do_POST = do_GET
+
+
+def read_body(handler: Handler) -> bytes:
+    if "chunked" in handler.headers.get("Transfer-Encoding", "").lower():
+        chunks: list[bytes] = []
+        while True:
+            size = int(handler.rfile.readline().split(b";")[0].strip() or b"0", 16)
+            chunk = handler.rfile.read(size + 2)[:size]
+            if not size:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    length = int(handler.headers.get("Content-Length") or 0)
+    return handler.rfile.read(length) if length else b""
+
+
+def send(handler: Handler, answer: VllmBody) -> None:
+    handler.send_response(answer.status)
+    if answer.content_type:
+        handler.send_header("Content-Type", answer.content_type)
+    handler.send_header("Content-Length", str(len(answer.body)))
+    handler.end_headers()
+    handler.wfile.write(answer.body)
+
+
+def hang_up(handler: Handler, *, reset: bool) -> None:
+    handler.close_connection = True
+    if reset:  # SO_LINGER 0: close() sends RST, the client sees "connection reset by peer"
+        handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        handler.rfile.close()
+        handler.connection.close()
