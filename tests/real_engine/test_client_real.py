@@ -1,0 +1,186 @@
+"""``SamplerClient`` against the real vLLM engine: the adapter-load race and the errors that must not be retried.
+
+Every scenario uses a fresh adapter name (the engine never forgets a resolved name). Adapter directories are
+never deleted while the engine runs (FINDINGS §5).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from typing import TYPE_CHECKING, Callable, Iterator
+
+import pytest
+import requests
+
+from lora_sampler import (
+    AdapterNotReadyError,
+    EngineStatusError,
+    ModelNotFoundError,
+    RetryEvent,
+    RetryPolicy,
+    SampleOutput,
+    SamplerClient,
+    SampleRequest,
+    SamplingParams,
+)
+
+if TYPE_CHECKING:
+    from conftest import RealEngine
+
+#: Short completions keep the engine work per request tiny.
+PARAMS = SamplingParams(max_tokens=4)
+#: Seconds a background writer waits before it completes a publication.
+LAG = 1.0
+
+
+@pytest.fixture()
+def retries() -> list[RetryEvent]:
+    """Collects the client's retry events (the ``on_retry`` hook)."""
+    return []
+
+
+@pytest.fixture()
+def client(vllm_engine: RealEngine, retries: list[RetryEvent]) -> Iterator[SamplerClient]:
+    """A client for the real engine whose retries land in ``retries``."""
+    policy = RetryPolicy(on_retry=retries.append)
+    with SamplerClient(
+        vllm_engine.url, api_key=vllm_engine.api_key, lora_base_dir=vllm_engine.lora_dir, retry=policy, max_workers=32
+    ) as sampler:
+        yield sampler
+
+
+def _later(delay: float, action: Callable[[], object]) -> threading.Thread:
+    """Run ``action()`` on a thread after ``delay`` seconds; the caller joins it."""
+
+    def run() -> None:
+        time.sleep(delay)
+        action()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def _assert_sampled(output: SampleOutput, tokens: int = 4) -> None:
+    """Assert one sequence of ``tokens`` tokens with a logprob each."""
+    assert isinstance(output, SampleOutput)
+    assert len(output.sequences) == 1
+    sequence = output.sequences[0]
+    assert len(sequence.tokens) == tokens
+    assert len(sequence.logprobs) == tokens
+
+
+def test_published_adapter_samples_on_the_first_call(
+    vllm_engine: RealEngine, client: SamplerClient, retries: list[RetryEvent], adapter_name: str
+) -> None:
+    if hasattr(client, "publish"):
+        adapter = client.publish(vllm_engine.adapter_dir, name=adapter_name)
+        assert adapter.name == adapter_name
+    else:  # pragma: no cover - before the client grew publish()
+        vllm_engine.publish(adapter_name)
+    _assert_sampled(client.sample([1, 2, 3], adapter=adapter_name, sampling_params=PARAMS))
+    assert retries == []
+
+
+def test_archive_path_is_published_on_first_use(
+    vllm_engine: RealEngine, client: SamplerClient, retries: list[RetryEvent]
+) -> None:
+    output = client.sample([1, 2, 3], adapter=vllm_engine.adapter_archive, sampling_params=PARAMS)
+    _assert_sampled(output)
+    assert retries == []
+    assert output.model in os.listdir(vllm_engine.lora_dir)
+
+
+def test_visibility_lag_self_heals(
+    vllm_engine: RealEngine, client: SamplerClient, retries: list[RetryEvent], adapter_name: str
+) -> None:
+    staging = vllm_engine.lora_dir / f".staging-{adapter_name}"
+    shutil.copytree(vllm_engine.adapter_dir, staging)
+    writer = _later(LAG, lambda: os.rename(staging, vllm_engine.lora_dir / adapter_name))
+    started = time.monotonic()
+    try:
+        output = client.sample([1, 2, 3], adapter=adapter_name, sampling_params=PARAMS)
+    finally:
+        writer.join()
+    _assert_sampled(output)
+    assert time.monotonic() - started >= LAG
+    assert retries, "the adapter was not visible for 1 s, so the client must have retried"
+    assert all(isinstance(event.cause, ModelNotFoundError) for event in retries), retries
+
+
+def test_non_atomic_publication_self_heals_through_400s(
+    vllm_engine: RealEngine, client: SamplerClient, retries: list[RetryEvent], adapter_name: str
+) -> None:
+    target = vllm_engine.lora_dir / adapter_name
+    target.mkdir()
+    shutil.copy2(vllm_engine.adapter_dir / "adapter_config.json", target / "adapter_config.json")
+    weights = (vllm_engine.adapter_dir / "adapter_model.safetensors").read_bytes()
+    writer = _later(LAG, lambda: (target / "adapter_model.safetensors").write_bytes(weights))
+    try:
+        output = client.sample([1, 2, 3], adapter=adapter_name, sampling_params=PARAMS)
+    finally:
+        writer.join()
+    _assert_sampled(output)
+    assert retries, "the weights arrived 1 s late, so the client must have retried"
+    assert any(isinstance(event.cause, AdapterNotReadyError) for event in retries), retries
+    assert vllm_engine.complete(vllm_engine.model).status_code == 200  # the engine is still healthy
+
+
+def test_base_model_typo_raises_after_one_attempt(client: SamplerClient, retries: list[RetryEvent]) -> None:
+    started = time.monotonic()
+    with pytest.raises(ModelNotFoundError) as caught:
+        client.sample([1, 2, 3], base_model="typo", sampling_params=PARAMS)
+    error = caught.value
+    assert error.attempts == 1
+    assert error.status == 404
+    assert isinstance(error, requests.HTTPError)
+    assert "does not exist" in error.engine_message
+    assert retries == []
+    assert time.monotonic() - started < 2.0
+
+
+def test_over_length_prompt_raises_at_once(
+    vllm_engine: RealEngine, client: SamplerClient, retries: list[RetryEvent], adapter_name: str
+) -> None:
+    vllm_engine.publish(adapter_name)
+    for target in ({"base_model": vllm_engine.model}, {"adapter": adapter_name}):
+        with pytest.raises(EngineStatusError) as caught:
+            client.sample([5] * 300, sampling_params=PARAMS, **target)  # type: ignore[arg-type]
+        error = caught.value
+        assert not isinstance(error, (ModelNotFoundError, AdapterNotReadyError)), target
+        assert (error.status, error.attempts) == (400, 1), target
+        assert "maximum context length is 256 tokens" in error.engine_message, target
+    assert retries == []
+
+
+def test_32_concurrent_first_requests_all_succeed(
+    vllm_engine: RealEngine, client: SamplerClient, adapter_name: str
+) -> None:
+    if hasattr(client, "publish"):
+        client.publish(vllm_engine.adapter_dirs[1], name=adapter_name)
+    else:  # pragma: no cover - before the client grew publish()
+        vllm_engine.publish(adapter_name, vllm_engine.adapter_dirs[1])
+    batch = [SampleRequest([1, 2, 3 + i], adapter=adapter_name, sampling_params=PARAMS) for i in range(32)]
+    outputs = client.sample_many(batch)
+    assert len(outputs) == 32
+    for output in outputs:
+        _assert_sampled(output)
+
+
+def test_32_concurrent_first_requests_through_the_race(
+    vllm_engine: RealEngine, client: SamplerClient, retries: list[RetryEvent], adapter_name: str
+) -> None:
+    staging = vllm_engine.lora_dir / f".staging-{adapter_name}"
+    shutil.copytree(vllm_engine.adapter_dirs[1], staging)
+    writer = _later(0.5, lambda: os.rename(staging, vllm_engine.lora_dir / adapter_name))
+    batch = [SampleRequest([1, 2, 3 + i], adapter=adapter_name, sampling_params=PARAMS) for i in range(32)]
+    try:
+        outputs = client.sample_many(batch, return_exceptions=True)
+    finally:
+        writer.join()
+    failures = [output for output in outputs if not isinstance(output, SampleOutput)]
+    assert failures == []
+    assert retries  # they did race
