@@ -84,16 +84,17 @@ def engine(tmp_path: Any) -> Iterator[FakeEngine]:
         yield started
 
 
-def test_socket_race_sixteen_threads_share_one_load_in_flight(
-    engine: FakeEngine, tmp_path: Any, no_waits: None
-) -> None:
+def test_socket_race_sixteen_threads_share_one_load_in_flight(engine: FakeEngine, tmp_path: Any) -> None:
     """16 threads racing one hidden adapter all succeed, with at most one load call in flight at a time."""
     write_adapter(tmp_path / "loras" / "hidden", engine.model)
-    engine.set_visibility_delay("hidden", requests=40)
-    with SamplerClient(engine.url, lora_base_dir=tmp_path / "loras", max_workers=16) as client:
+    engine.set_visibility_delay("hidden", seconds=0.3)
+    # Waits of at least 0.575 s in all (jitter keeps half of 0.05+0.1+0.2+0.4+0.4), far beyond the 0.3 s lag.
+    policy = lora_sampler.RetryPolicy(base_delay=0.05, max_delay=0.4)
+    with SamplerClient(engine.url, lora_base_dir=tmp_path / "loras", max_workers=16, retry=policy) as client:
         outputs = client.sample_many([SampleRequest([1, 2, 3], adapter="hidden")] * 16)
     assert len(outputs) == 16 and all(o.sequences[0].tokens for o in outputs)
-    assert engine.max_loads_in_flight_for("hidden") <= 1
+    assert engine.calls("/v1/completions", model="hidden") > 16  # the race really happened
+    assert engine.max_loads_in_flight_for("hidden") == 1
     assert 1 <= engine.calls("/v1/load_lora_adapter") <= 5  # at most one per backoff round
 
 

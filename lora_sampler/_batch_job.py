@@ -1,0 +1,224 @@
+"""``BatchJob``: stream parsed input lines through ``SamplerClient.imap``/``imap_unordered`` into the output.
+
+The client bounds the requests in flight; one pump thread drives it, and the calling thread alone writes records,
+so a stop never tears a line. Parsing, resume and records live in ``batch``; the terminal (progress, signals) in
+``cli``.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import IO, Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Set, Union
+
+from lora_sampler.batch import InputLine, error_record, result_record, write_record
+from lora_sampler.client import SamplerClient
+from lora_sampler.errors import (
+    AdapterNotReadyError,
+    AuthenticationError,
+    BatchInputError,
+    EngineConnectionError,
+    EngineTimeoutError,
+    LoraSamplerError,
+    ModelNotFoundError,
+    PublishError,
+)
+from lora_sampler.types import SampleOutput, SampleRequest
+
+#: Stop the job after this many consecutive failures that no prompt can get past (dead engine, bad adapter).
+DEFAULT_FAIL_FAST = 8
+#: Seconds in-flight requests get to finish after a stop request before they are abandoned.
+DEFAULT_DRAIN_SECONDS = 5.0
+#: Errors that do not depend on the prompt: a run of them means the engine or the adapter is unusable.
+UNUSABLE_ERRORS = (
+    EngineConnectionError,
+    EngineTimeoutError,
+    AuthenticationError,
+    ModelNotFoundError,
+    AdapterNotReadyError,
+    PublishError,
+)
+
+
+@dataclass
+class BatchStats:
+    """Counts of one run."""
+
+    done: int = 0
+    failed: int = 0
+    skipped: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+_END = object()
+
+
+class _Abandoned(Exception):
+    """The calling thread stopped reading outcomes."""
+
+
+Event = Callable[[str, InputLine, Optional[Dict[str, Any]]], None]
+
+
+class BatchJob:
+    """Stream input lines through a client and write one record per line, as results arrive.
+
+    The client's ``imap``/``imap_unordered`` bound the requests in flight; a pump thread runs them and hands each
+    outcome to the calling thread, which alone writes the output (so a stop never tears a line).
+
+    Args:
+        client: The client (its ``max_workers`` is the concurrency).
+        lines: Parsed input lines (``read_input``).
+        output: Text stream the records go to.
+        done: Resume-set keys to skip.
+        ordered: Write records in input order (bad lines then wait for the requests before them).
+        model: The adapter or base-model name, for error records.
+        on_event: Called in the calling thread with ``("done"|"failed"|"skipped", line, record)``.
+        fail_fast: Consecutive prompt-independent failures after which the job stops.
+    """
+
+    def __init__(
+        self,
+        client: SamplerClient,
+        lines: Iterable[InputLine],
+        output: IO[str],
+        *,
+        done: Set[str],
+        ordered: bool = False,
+        model: Optional[str] = None,
+        on_event: Optional[Event] = None,
+        fail_fast: int = DEFAULT_FAIL_FAST,
+    ):
+        self._client, self._lines, self._output, self._done = client, iter(lines), output, done
+        self._ordered, self._model, self._on_event, self._fail_fast = ordered, model, on_event, fail_fast
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=64)
+        self._stopping = threading.Event()
+        self._deadline: Optional[float] = None
+        self.stats = BatchStats()
+        self.abandoned = False
+        #: Why the job stopped on its own (a duplicate id, an unusable engine), else None.
+        self.fatal: Optional[LoraSamplerError] = None
+        self._consecutive = 0
+
+    def stop(self, grace: float = DEFAULT_DRAIN_SECONDS) -> None:
+        """Take no new lines; abandon the requests in flight after ``grace`` seconds (0: at once)."""
+        self._stopping.set()
+        deadline = time.monotonic() + grace
+        self._deadline = deadline if self._deadline is None else min(self._deadline, deadline)
+
+    def run(self) -> BatchStats:
+        """Run to the end of the input, or to a stop; return the counts (see ``abandoned`` and ``fatal``)."""
+        pump = threading.Thread(target=self._pump, name="lora_sampler-batch", daemon=True)
+        pump.start()
+        while True:
+            try:
+                item = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                if self._deadline is not None and time.monotonic() >= self._deadline:
+                    self.abandoned = True  # in-flight requests are dropped; their ids run again on resume
+                    return self.stats
+                continue
+            if item is _END:
+                pump.join()
+                return self.stats
+            self._handle(*item)
+
+    def _handle(self, kind: str, line: InputLine, outcome: Any) -> None:
+        record: Optional[Dict[str, Any]] = None
+        if kind == "fatal":
+            self.fatal = self.fatal or outcome
+            return
+        if kind == "skipped":
+            self.stats.skipped += 1
+        elif isinstance(outcome, SampleOutput):
+            record = result_record(line, outcome)
+            self.stats.done += 1
+            self._consecutive = 0
+            kind = "done"
+        else:
+            record = error_record(line, outcome, None if isinstance(outcome, str) else self._model)
+            self.stats.failed += 1
+            kind = "failed"
+            self._note_failure(outcome)
+        if record is not None:
+            write_record(self._output, record)
+        if self._on_event is not None:
+            self._on_event(kind, line, record)
+
+    def _note_failure(self, error: Union[BaseException, str]) -> None:
+        self._consecutive = self._consecutive + 1 if isinstance(error, UNUSABLE_ERRORS) else 0
+        if self._consecutive >= self._fail_fast and self.fatal is None:
+            self.fatal = LoraSamplerError(
+                f"stopped after {self._consecutive} consecutive failures that do not depend on the prompt; the "
+                f"engine or the adapter is unusable. The last one: {error}"
+            )
+            self._stopping.set()  # no deadline: what is in flight fails or succeeds quickly, and is written
+
+    def _put(self, item: Any) -> None:
+        while True:  # never block forever: the calling thread may have abandoned the job
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                if self.abandoned:
+                    raise _Abandoned from None
+
+    def _pump(self) -> None:
+        try:
+            try:
+                if self._ordered:
+                    self._pump_ordered()
+                else:
+                    by_index: Dict[int, InputLine] = {}
+                    requests = self._requests(by_index.__setitem__, stop_at_bad=False)
+                    for index, outcome in self._client.imap_unordered(requests, return_exceptions=True):
+                        self._put(("result", by_index.pop(index), outcome))
+            except _Abandoned:
+                raise
+            except Exception as exc:  # a bug must surface in the calling thread, not die with this one
+                fatal = exc if isinstance(exc, LoraSamplerError) else LoraSamplerError(f"batch job failed: {exc!r}")
+                self._put(("fatal", None, fatal))
+            self._put(_END)
+        except _Abandoned:
+            return  # nobody is reading any more: end this daemon thread quietly
+
+    def _pump_ordered(self) -> None:
+        held: List[InputLine] = []
+        in_order: Deque[InputLine] = collections.deque()  # empty again after each segment
+        while True:
+            requests = self._requests(lambda n, line: in_order.append(line), stop_at_bad=True, held=held)
+            for outcome in self._client.imap(requests, return_exceptions=True):
+                self._put(("result", in_order.popleft(), outcome))
+            if not held:  # the input ended, or the job is stopping
+                return
+            bad = held.pop()
+            self._put(("result", bad, bad.error))  # every request before it has been written
+
+    def _requests(
+        self, track: Callable[[int, InputLine], None], *, stop_at_bad: bool, held: Optional[List[InputLine]] = None
+    ) -> Iterator[SampleRequest]:
+        """Yield the requests to send, reporting skipped and bad lines on the way (runs in the pump thread)."""
+        count = 0
+        while not self._stopping.is_set():
+            try:
+                line = next(self._lines, None)
+            except BatchInputError as exc:
+                self._put(("fatal", None, exc))
+                self._stopping.set()  # no deadline: what is in flight finishes and is written
+                return
+            if line is None:
+                return
+            if line.key in self._done:
+                self._put(("skipped", line, None))
+            elif line.request is None:
+                if stop_at_bad and held is not None:
+                    held.append(line)  # in order: written once the requests before it are
+                    return
+                self._put(("result", line, line.error))
+            else:
+                track(count, line)
+                count += 1
+                yield line.request

@@ -1,0 +1,94 @@
+"""``lora-sampler demo``: the batch job end to end on the built-in test engine, adapter-load race included.
+
+Starts a ``FakeEngine`` on a free loopback port, builds a small adapter archive, hides it from the engine for its
+first few requests (a lagging shared filesystem), samples a handful of prompts through ``lora-sampler sample``
+and prints what came back. No network, no arguments, a few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+import tempfile
+
+from lora_sampler.publish import default_adapter_name
+from lora_sampler.testing import FakeEngine, write_adapter
+
+#: Completions for the adapter the engine answers 404 before it sees the published folder.
+DEMO_LAG_REQUESTS = 3
+DEMO_PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    [1, 300, 301, 302, 303],
+    "Once upon a time",
+    "LoRA adapters are",
+    [1, 42, 43, 44],
+]
+
+
+def build_adapter_archive(path: str, base_model: str) -> str:
+    """Write a small LoRA adapter archive for ``base_model``: adapter_config.json plus safetensors weights."""
+    with tempfile.TemporaryDirectory() as folder:
+        write_adapter(folder, base_model, rank=4)
+        with tarfile.open(path, "w:gz") as tar:
+            for name in sorted(os.listdir(folder)):
+                tar.add(os.path.join(folder, name), arcname=name)
+    return path
+
+
+def run_demo() -> int:
+    """Run the demo; return the exit status of the batch."""
+    from lora_sampler.cli import build_parser, cmd_sample
+
+    with tempfile.TemporaryDirectory(prefix="lora-sampler-demo-") as root:
+        lora_dir = os.path.join(root, "loras")
+        os.mkdir(lora_dir)
+        prompts = os.path.join(root, "prompts.jsonl")
+        results = os.path.join(root, "results.jsonl")
+        with open(prompts, "w", encoding="utf-8") as f:
+            for number, prompt in enumerate(DEMO_PROMPTS, 1):
+                f.write(json.dumps({"id": f"p{number}", "prompt": prompt}) + "\n")
+        with FakeEngine(lora_dir=lora_dir, latency=0.01) as engine:
+            archive = build_adapter_archive(os.path.join(root, "step-100.tar.gz"), engine.model)
+            name = default_adapter_name(archive)
+            engine.set_visibility_delay(name, requests=DEMO_LAG_REQUESTS)
+            print(f"demo: test engine serving {engine.model!r} at {engine.url}")
+            print(f"demo: adapter {name}, hidden from the engine for its first {DEMO_LAG_REQUESTS} requests")
+            args = build_parser().parse_args(
+                [
+                    "sample",
+                    "--base-url",
+                    engine.url,
+                    "--lora-base-dir",
+                    lora_dir,
+                    "--adapter",
+                    archive,
+                    "--input",
+                    prompts,
+                    "--output",
+                    results,
+                    "--concurrency",
+                    "4",
+                    "--max-tokens",
+                    "8",
+                    "--seed",
+                    "0",
+                    "--ordered",
+                ]
+            )
+            status = cmd_sample(args)
+            failed_attempts = sum(
+                1 for r in engine.requests if r.path == "/v1/completions" and r.model == name and r.status != 200
+            )
+            loads = engine.calls("/v1/load_lora_adapter", name)
+        with open(results, encoding="utf-8") as f:
+            for line in f:
+                record = json.loads(line)
+                if "error" in record:
+                    print(f"{record['id']}: error: {record['error']['message']}")
+                else:
+                    text = record["sequences"][0]["text"]
+                    print(f"{record['id']}: {len(record['sequences'][0]['tokens'])} tokens: {text[:60]!r}")
+    print(f"demo: {len(DEMO_PROMPTS)} prompts, {failed_attempts} retries through the load race, {loads} load calls")
+    return status

@@ -1,0 +1,114 @@
+"""What the ``sample`` command shows and hears on the terminal: the progress bar, log lines above it, Ctrl-C.
+
+tqdm is imported only when stderr is a terminal (it is the optional ``cli`` extra). No batch logic here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any, Iterator, Optional
+
+from lora_sampler._batch_job import DEFAULT_DRAIN_SECONDS, BatchJob
+from lora_sampler.retry import RetryEvent
+
+#: The format of lora_sampler's log lines on stderr.
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+
+
+class RetryCounter:
+    """A thread-safe count of retries, fed by a ``RetryPolicy.on_retry`` hook."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self._lock = threading.Lock()
+
+    def hook(self, event: RetryEvent) -> None:
+        """Count one retry (called from worker threads)."""
+        with self._lock:
+            self.value += 1
+
+
+def progress_bar(total: Optional[int], quiet: bool) -> Any:
+    """Return a tqdm bar on stderr when it is a terminal (and not ``quiet``, and tqdm is installed), else None."""
+    if quiet or not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="line", file=sys.stderr, dynamic_ncols=True)
+
+
+def say(bar: Any, message: str) -> None:
+    """Print a line on stderr, above the progress bar when there is one."""
+    if bar is not None:
+        bar.write(message, file=sys.stderr)
+    else:
+        print(message, file=sys.stderr)
+
+
+class _BarHandler(logging.Handler):
+    def __init__(self, bar: Any) -> None:
+        super().__init__()
+        self._bar = bar
+
+    def emit(self, record: logging.LogRecord) -> None:
+        say(self._bar, self.format(record))
+
+
+@contextlib.contextmanager
+def logs_above(bar: Any) -> Iterator[None]:
+    """Route lora_sampler's stderr log lines above the progress bar while it is shown."""
+    package = logging.getLogger("lora_sampler")
+    if bar is None:
+        yield
+        return
+    handler = _BarHandler(bar)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    saved = [h for h in package.handlers if isinstance(h, logging.StreamHandler)]
+    for h in saved:
+        package.removeHandler(h)
+    package.addHandler(handler)
+    try:
+        yield
+    finally:
+        package.removeHandler(handler)
+        for h in saved:
+            package.addHandler(h)
+
+
+@dataclass
+class Interrupts:
+    """How many times Ctrl-C was pressed during the job."""
+
+    count: int = 0
+
+
+@contextlib.contextmanager
+def interrupts_stop(job: BatchJob) -> Iterator[Interrupts]:
+    """First Ctrl-C: take no new lines and give in-flight requests a few seconds; the second: stop now."""
+    state = Interrupts()
+    if threading.current_thread() is not threading.main_thread():
+        yield state  # signal handlers can only be set in the main thread
+        return
+
+    def handler(signum: int, frame: Optional[FrameType]) -> None:
+        state.count += 1
+        job.stop(grace=DEFAULT_DRAIN_SECONDS if state.count == 1 else 0.0)
+        if state.count == 1:
+            print(
+                "lora-sampler: interrupted; finishing the requests in flight (Ctrl-C again to stop now)",
+                file=sys.stderr,
+            )
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield state
+    finally:
+        signal.signal(signal.SIGINT, previous)

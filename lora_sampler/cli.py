@@ -1,0 +1,317 @@
+"""The ``lora-sampler`` command line: ``sample``, ``doctor``, ``demo``, ``publish``, ``unload``.
+
+Each subcommand parses its flags and calls one plain function; ``main`` alone turns failures into exit codes
+(0 ok, 1 some prompts failed or a doctor check failed, 2 usage, input or engine-unusable error, 130 interrupted).
+Batch mechanics live in ``batch``/``_batch_job``, the terminal in ``_terminal``, the checks in ``doctor``.
+``LORA_SAMPLER_TESTING=1`` in the environment turns every retry wait to 0 s; it exists for tests that run the CLI
+in a subprocess.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import logging
+import os
+import sys
+import time
+from typing import Any, Callable, Dict, Optional, Sequence, Union
+
+from lora_sampler import __version__
+from lora_sampler._batch_job import BatchJob
+from lora_sampler._terminal import LOG_FORMAT, RetryCounter, interrupts_stop, logs_above, progress_bar, say
+from lora_sampler.batch import InputLine, LineDefaults, count_lines, prepare_output, read_input
+from lora_sampler.client import API_KEY_ENV, SamplerClient
+from lora_sampler.errors import LoraSamplerError
+from lora_sampler.publish import check_adapter_config
+from lora_sampler.retry import DEFAULT_RETRY_POLICY, set_testing
+from lora_sampler.types import Adapter, SamplingParams, is_checkpoint_path
+
+logger = logging.getLogger(__name__)
+
+#: For tests that run the CLI in a subprocess: ``LORA_SAMPLER_TESTING=1`` makes every retry wait 0 s.
+TESTING_ENV = "LORA_SAMPLER_TESTING"
+#: Exit statuses.
+EXIT_OK, EXIT_FAILED, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class UsageError(LoraSamplerError):
+    """A flag combination or a path that cannot work; exit status 2."""
+
+
+class _Abandoned(Exception):
+    """Requests were still in flight when the grace period after Ctrl-C ended."""
+
+
+# -- parsing -----------------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the ``lora-sampler`` argument parser."""
+    epilog = (
+        f"Exit status: 0 ok, 1 some prompts failed (or a doctor check), 2 usage, input or engine error, 130 "
+        f"interrupted. Environment: {API_KEY_ENV} (the API key); {TESTING_ENV}=1 (tests only: retry waits are 0 s)"
+    )
+    parser = argparse.ArgumentParser(
+        prog="lora-sampler", description="Sample LoRA adapters from a vLLM engine.", epilog=epilog
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--log-level", help="DEBUG, INFO (shows every retry), WARNING (default; demo: INFO), ERROR")
+    engine = argparse.ArgumentParser(add_help=False)
+    engine.add_argument("--base-url", required=True, help="engine root URL, e.g. http://127.0.0.1:8000")
+    engine.add_argument("--api-key", help=f"engine API key (default: ${API_KEY_ENV}); never printed")
+    engine.add_argument(
+        "--lora-base-dir",
+        help="the engine's resolver folder (its VLLM_LORA_RESOLVER_CACHE_DIR) as this machine sees it",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, text: str, *parents: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=text, description=text, parents=[common, *parents])
+
+    sample = add("sample", "sample every prompt of a JSONL file (resumable)", engine)
+    sample.epilog = (
+        'Input lines: {"id": str|int (default: the line number), "prompt": [token ids] or "text"} plus optional '
+        "num_samples, max_tokens, temperature, top_p, top_k, seed, stop, session_id, prompt_logprobs. " + epilog
+    )
+    which = sample.add_mutually_exclusive_group(required=True)
+    which.add_argument("--adapter", help="checkpoint (archive or folder; published first) or adapter name")
+    which.add_argument("--base-model", help="sample the engine's base model by this name")
+    sample.add_argument("--input", required=True, help="JSONL prompts, one object a line; - reads stdin")
+    sample.add_argument(
+        "--output",
+        default="-",
+        help="JSONL results; running again with the same file resumes (default: stdout, no resume)",
+    )
+    for flag, kind, default, text in [
+        ("--concurrency", int, 16, "requests in flight"),
+        ("--num-samples", int, 1, "completions per prompt"),
+        ("--max-tokens", int, 16, "tokens per completion"),
+        ("--temperature", float, 1.0, "sampling temperature"),
+        ("--seed", int, None, "sampling seed"),
+    ]:
+        sample.add_argument(flag, type=kind, default=default, help=f"{text} (default: {default})")
+    for flag, text in [
+        ("--prompt-logprobs", "also return the prompt's logprobs"),
+        ("--ordered", "write results in input order (default: as they finish)"),
+        ("--no-retry-failed", "on resume, keep failed ids as they are instead of running them again"),
+        ("--quiet", "no progress bar and no summary"),
+    ]:
+        sample.add_argument(flag, action="store_true", help=text)
+
+    doctor = add("doctor", "check that the engine can serve adapters, and say what to fix", engine)
+    doctor.add_argument("--adapter", help="also check this checkpoint's (or adapter's) adapter_config.json")
+    add("demo", "run a small batch through the built-in test engine, load race included")
+    publish = add("publish", "publish a checkpoint into --lora-base-dir; print the adapter name", engine)
+    publish.add_argument("checkpoint", help="adapter archive (.tar.gz/.tgz/.tar) or folder")
+    publish.add_argument("--name", help="adapter name (default: derived from the checkpoint's content)")
+    unload = add("unload", "unload an adapter from the engine; print its name", engine)
+    unload.add_argument("name", help="adapter name")
+    unload.add_argument("--delete-files", action="store_true", help="then delete its folder (needs --lora-base-dir)")
+    return parser
+
+
+# -- subcommands -------------------------------------------------------------------------------------------------
+
+
+def _client(args: argparse.Namespace, **kwargs: Any) -> SamplerClient:
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    return SamplerClient(args.base_url, api_key=api_key, lora_base_dir=args.lora_base_dir, **kwargs)
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    """Publish a checkpoint and print the adapter name."""
+    if not args.lora_base_dir:
+        raise UsageError("publish needs --lora-base-dir (the engine's resolver folder)")
+    with _client(args) as client:
+        print(client.publish(args.checkpoint, name=args.name).name)
+    return EXIT_OK
+
+
+def cmd_unload(args: argparse.Namespace) -> int:
+    """Unload an adapter (and delete its folder) and print its name."""
+    if args.delete_files and not args.lora_base_dir:
+        raise UsageError("--delete-files needs --lora-base-dir (the folder to delete it from)")
+    with _client(args) as client:
+        client.unload(args.name, delete_files=args.delete_files)
+    print(args.name)
+    return EXIT_OK
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Run the doctor's checks and print each as ok, or as a problem with its fix."""
+    from lora_sampler.doctor import run_checks
+
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    findings = run_checks(args.base_url, api_key=api_key, lora_base_dir=args.lora_base_dir, adapter=args.adapter)
+    for finding in findings:
+        print(f"{'ok' if finding.ok else 'PROBLEM':8} {finding.check}: {finding.detail}")
+        if not finding.ok:
+            print(f"{'':8} fix: {finding.fix}")
+    return EXIT_OK if all(f.ok for f in findings) else EXIT_FAILED
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Run the demo on the built-in test engine."""
+    from lora_sampler._demo import run_demo
+
+    return run_demo()
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    """Preflight the engine and the adapter, then stream the input through the client into the output."""
+    if args.concurrency < 1:
+        raise UsageError(f"--concurrency must be >= 1, got {args.concurrency}")
+    if args.input != "-" and not os.path.isfile(args.input):
+        raise UsageError(f"--input {args.input} is not a file; pass a JSONL file, or - to read stdin")
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    retries = RetryCounter()
+    client = _client(
+        args, max_workers=args.concurrency, retry=dataclasses.replace(DEFAULT_RETRY_POLICY, on_retry=retries.hook)
+    )
+    abandoned = False
+    try:
+        model = _preflight(client, args)
+        defaults = LineDefaults(
+            adapter=model if args.adapter else None,
+            base_model=args.base_model,
+            num_samples=args.num_samples,
+            sampling_params=params,
+            prompt_logprobs=args.prompt_logprobs,
+        )
+        return run_batch(client, args, defaults, model.name if isinstance(model, Adapter) else model, retries)
+    except _Abandoned:
+        abandoned = True  # closing the client would wait for the requests still in flight
+        raise
+    finally:
+        if not abandoned:
+            client.close()
+
+
+def _preflight(client: SamplerClient, args: argparse.Namespace) -> Union[Adapter, str]:
+    """Fail at once on a dead engine, a refused key or an unusable adapter; return what to sample."""
+    engine_model = client.engine_model()  # one GET /v1/models
+    if args.base_model:
+        return str(args.base_model)
+    if is_checkpoint_path(args.adapter):
+        if not args.lora_base_dir:
+            raise UsageError("--adapter CKPT needs --lora-base-dir (the engine's resolver folder) to publish into")
+        return client.publish(args.adapter)  # checks adapter_config.json against the engine's model
+    folder = os.path.join(args.lora_base_dir or "", args.adapter)
+    if args.lora_base_dir and os.path.isdir(folder):
+        check_adapter_config(folder, engine_model)
+    return str(args.adapter)
+
+
+def run_batch(
+    client: SamplerClient, args: argparse.Namespace, defaults: LineDefaults, model: str, retries: RetryCounter
+) -> int:
+    """Stream ``args.input`` to ``args.output`` through ``client``; return the exit status."""
+    to_file = args.output != "-"
+    state = prepare_output(args.output, retry_failed=not args.no_retry_failed) if to_file else None
+    if state is not None and (state.dropped_errors or state.dropped_torn):
+        logger.warning(
+            "Resuming %s: %d ids answered, %d failed ids run again, %d torn lines repaired",
+            args.output,
+            len(state.done),
+            state.dropped_errors,
+            state.dropped_torn,
+        )
+    total = None if args.input == "-" else count_lines(args.input)  # cheap for a file; stdin cannot be counted
+    bar = progress_bar(total, args.quiet)
+    with contextlib.ExitStack() as stack:
+        if bar is not None:
+            stack.callback(bar.close)
+        source = sys.stdin.buffer if args.input == "-" else stack.enter_context(open(args.input, "rb"))
+        output = stack.enter_context(open(args.output, "a", encoding="utf-8")) if to_file else sys.stdout
+        lines = read_input(source, defaults, name="<stdin>" if args.input == "-" else args.input)
+
+        def on_event(kind: str, line: InputLine, record: Optional[Dict[str, Any]]) -> None:
+            if kind == "failed" and record is not None:
+                error = record["error"]
+                where = "" if error["type"] == "BatchInputError" else f"line {line.line_number} (id {line.id!r}): "
+                say(bar, f"lora-sampler: {where}{error['message']}")
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(retries=retries.value, failed=job.stats.failed, refresh=False)
+
+        job = BatchJob(
+            client,
+            lines,
+            output,
+            done=state.done if state else set(),
+            ordered=args.ordered,
+            model=model,
+            on_event=on_event,
+        )
+        with interrupts_stop(job) as interrupts, logs_above(bar):
+            stats = job.run()
+    wall = time.monotonic() - stats.started
+    if not args.quiet:
+        rate = (stats.done + stats.failed) / wall if wall > 0 else 0.0
+        print(
+            f"lora-sampler: {stats.done} done, {stats.failed} failed, {stats.skipped} skipped, {retries.value} "
+            f"retries in {wall:.1f} s ({rate:.1f} requests/s)",
+            file=sys.stderr,
+        )
+    if job.abandoned:
+        raise _Abandoned
+    if interrupts.count:
+        print(f"lora-sampler: interrupted; run again with --output {args.output} to resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if job.fatal is not None:
+        raise job.fatal
+    return EXIT_FAILED if stats.failed or (state is not None and state.kept_errors) else EXIT_OK
+
+
+# -- main --------------------------------------------------------------------------------------------------------
+
+COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
+    "sample": cmd_sample,
+    "doctor": cmd_doctor,
+    "demo": cmd_demo,
+    "publish": cmd_publish,
+    "unload": cmd_unload,
+}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the command line; return the exit status (the one place that maps errors to statuses)."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # argparse: --help and --version are 0, a usage error 2
+        return exc.code if isinstance(exc.code, int) else EXIT_ERROR
+    if os.environ.get(TESTING_ENV) == "1":
+        set_testing(True)
+    package = logging.getLogger("lora_sampler")
+    previous_level = package.level
+    try:
+        package.setLevel((args.log_level or ("INFO" if args.command == "demo" else "WARNING")).upper())
+    except ValueError:
+        print(f"lora-sampler: error: unknown --log-level {args.log_level!r}", file=sys.stderr)
+        return EXIT_ERROR
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    package.addHandler(handler)
+    try:
+        return COMMANDS[args.command](args)
+    except _Abandoned:
+        print(
+            "lora-sampler: stopped with requests in flight; run again with the same --output to resume", file=sys.stderr
+        )
+        if argv is None:  # a process of its own: in-flight HTTP requests cannot be cancelled, only left behind
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_INTERRUPTED)
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:
+        print("lora-sampler: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (LoraSamplerError, ValueError, TypeError, OSError) as exc:  # the message says what to fix
+        print(f"lora-sampler: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    finally:
+        package.removeHandler(handler)
+        package.setLevel(previous_level)

@@ -1,0 +1,197 @@
+"""``lora-sampler doctor``: checks that an engine can serve LoRA adapters the way lora_sampler needs.
+
+Each check returns ``Finding`` values (ok, or the problem and its fix); ``cli`` prints them. The checks talk to
+the engine through ``SamplerClient`` only, and write nothing but a probe folder that they remove again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import List, Optional
+
+from lora_sampler.client import SamplerClient
+from lora_sampler.errors import (
+    AdapterConfigError,
+    AdapterNotReadyError,
+    AuthenticationError,
+    EngineConnectionError,
+    EngineError,
+    EngineStatusError,
+    EngineTimeoutError,
+    ModelNotFoundError,
+)
+from lora_sampler.publish import CONFIG_FILE, check_adapter_config, remove_adapter_dir
+from lora_sampler.retry import RetryPolicy, is_testing
+from lora_sampler.types import is_checkpoint_path
+
+#: The probe adapter's name prefix; a random suffix keeps concurrent doctors apart.
+PROBE_PREFIX = "lora-sampler-doctor-"
+#: Seconds the probe waits for a lagging shared filesystem before it concludes the engine does not see it.
+DEFAULT_PROBE_WAIT = 2.0
+_RESOLVER_FIX = (
+    "start vLLM with VLLM_PLUGINS=lora_filesystem_resolver and VLLM_LORA_RESOLVER_CACHE_DIR set to this folder as "
+    "the engine sees it (with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora), and pass the same folder as "
+    "this machine sees it to --lora-base-dir"
+)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """The outcome of one check.
+
+    Attributes:
+        check: What was checked, e.g. ``"engine"``.
+        ok: Whether it passed.
+        detail: What was found.
+        fix: What to change when it failed ("" when ok).
+    """
+
+    check: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+def run_checks(
+    base_url: str, *, api_key: Optional[str] = None, lora_base_dir: Optional[str] = None, adapter: Optional[str] = None
+) -> List[Finding]:
+    """Run every check that applies and return the findings, in order; later checks need the earlier ones."""
+    findings: List[Finding] = []
+    once = RetryPolicy(max_attempts=1)  # each check reads the engine's first answer
+    with SamplerClient(
+        base_url, api_key=api_key, lora_base_dir=lora_base_dir, retry=once, timeout=(5.0, 30.0)
+    ) as client:
+        model = check_engine(client, api_key, findings)
+        if model is None:
+            return findings
+        findings.append(check_runtime_updating(client))
+        if lora_base_dir is not None:
+            findings.append(check_resolver_dir(client, lora_base_dir, model))
+        if adapter is not None:
+            findings.append(check_adapter(adapter, lora_base_dir, model))
+    return findings
+
+
+def check_engine(client: SamplerClient, api_key: Optional[str], findings: List[Finding]) -> Optional[str]:
+    """Check that the engine answers, accepts the key and serves a base model; return that model, or None."""
+    url = client.base_url
+    try:
+        model = client.engine_model()
+    except (EngineConnectionError, EngineTimeoutError) as exc:
+        fix = "start the engine, or pass its root URL (http://HOST:PORT) as --base-url"
+        findings.append(Finding("engine", False, f"no answer from {url}: {exc}", fix))
+        return None
+    except AuthenticationError as exc:
+        findings.append(Finding("engine", True, f"{url} answers"))
+        sent = "the API key given was refused" if api_key else "no API key was sent, and the engine wants one"
+        fix = "pass the engine's --api-key value as --api-key, or set LORA_SAMPLER_API_KEY"
+        findings.append(Finding("api key", False, f"{sent} (HTTP {exc.status})", fix))
+        return None
+    except EngineError as exc:
+        fix = "pass the vLLM server's root URL as --base-url"
+        findings.append(Finding("engine", False, f"{url} answered, but not like vLLM: {exc}", fix))
+        return None
+    findings.append(Finding("engine", True, f"{url} answers"))
+    findings.append(Finding("api key", True, "accepted" if api_key else "none needed"))
+    findings.append(Finding("base model", True, f"the engine serves {model!r}"))
+    return model
+
+
+def check_runtime_updating(client: SamplerClient) -> Finding:
+    """Check that the load/unload endpoints exist, by unloading a name nobody uses (FINDINGS §4d)."""
+    name = PROBE_PREFIX + secrets.token_hex(4)
+    fix = "start vLLM with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (and --enable-lora)"
+    try:
+        client.unload(name)  # 404 "cannot be found": the endpoint exists, so runtime updating is on
+    except EngineStatusError as exc:
+        if exc.status == 404:  # {"detail":"Not Found"}: the route is not registered
+            return Finding("runtime LoRA updating", False, "off: POST /v1/unload_lora_adapter is Not Found", fix)
+        return Finding("runtime LoRA updating", False, f"unclear: {exc}", fix)
+    except EngineError as exc:
+        return Finding("runtime LoRA updating", False, f"could not check: {exc}", fix)
+    return Finding("runtime LoRA updating", True, "on (the load/unload endpoints answer)")
+
+
+def check_resolver_dir(client: SamplerClient, lora_base_dir: str, model: str) -> Finding:
+    """Publish a weightless probe adapter and sample it by name: a 400 proves the engine sees the folder.
+
+    The probe holds only an ``adapter_config.json``, so the engine can never load it, and removing it is safe.
+    """
+    check = "resolver folder"
+    name = PROBE_PREFIX + secrets.token_hex(4)
+    try:
+        temp = os.path.join(lora_base_dir, f".tmp-{name}")  # dotted: the resolver never takes it for an adapter
+        os.mkdir(temp)  # the umask's mode, readable by the engine (mkdtemp's 0o700 may not be)
+        with open(os.path.join(temp, CONFIG_FILE), "w", encoding="utf-8") as f:
+            json.dump({"peft_type": "LORA", "base_model_name_or_path": model, "r": 1, "target_modules": ["q_proj"]}, f)
+        os.rename(temp, os.path.join(lora_base_dir, name))  # the engine sees it complete or not at all
+    except OSError as exc:
+        fix = "create the folder and make it writable by this user, or pass the right --lora-base-dir"
+        return Finding(check, False, f"cannot publish into {lora_base_dir}: {exc}", fix)
+    try:
+        return _probe(client, name, lora_base_dir)
+    finally:
+        remove_adapter_dir(lora_base_dir, name)
+
+
+def _probe(client: SamplerClient, name: str, lora_base_dir: str) -> Finding:
+    check = "resolver folder"
+    deadline = time.monotonic() + (0.0 if is_testing() else DEFAULT_PROBE_WAIT)
+    while True:
+        try:
+            client.sample([1, 2, 3], adapter=name, sampling_params=None)
+        except AdapterNotReadyError:  # "was found but could not be loaded": the resolver read our folder
+            return Finding(check, True, f"{lora_base_dir} is writable and the engine sees adapters published there")
+        except ModelNotFoundError:  # retried briefly: a shared filesystem may lag
+            if time.monotonic() < deadline:
+                time.sleep(0.25)
+                continue
+            detail = f"the engine does not see adapters published in {lora_base_dir} (a probe adapter got HTTP 404)"
+            return Finding(check, False, detail, _RESOLVER_FIX)
+        except EngineError as exc:
+            return Finding(check, False, f"sampling the probe adapter failed: {exc}", _RESOLVER_FIX)
+        return Finding(check, True, f"{lora_base_dir} is writable and the engine serves adapters published there")
+
+
+def check_adapter(adapter: str, lora_base_dir: Optional[str], model: str) -> Finding:
+    """Check that an adapter's ``adapter_config.json`` is a LoRA made for the engine's model (SPEC §5)."""
+    check = "adapter config"
+    path = adapter
+    if not is_checkpoint_path(adapter):
+        if lora_base_dir is None or not os.path.isdir(os.path.join(lora_base_dir, adapter)):
+            fix = "pass --lora-base-dir, or the checkpoint path (archive or folder) as --adapter"
+            return Finding(check, False, f"{adapter!r} is not a folder in --lora-base-dir; its config is unknown", fix)
+        path = os.path.join(lora_base_dir, adapter)
+    try:
+        if os.path.isdir(path):
+            check_adapter_config(path, model)
+        else:
+            _check_archive_config(path, model)
+    except (AdapterConfigError, OSError, tarfile.TarError) as exc:
+        return Finding(check, False, str(exc), "fix adapter_config.json as the message says, then publish again")
+    return Finding(check, True, f"{adapter}: a LoRA for {model!r}")
+
+
+def _check_archive_config(archive: str, model: str) -> None:
+    """Read ``adapter_config.json`` (at the root or in one top-level folder) from an archive, and check it."""
+    with tarfile.open(archive) as tar:
+        members = [m for m in tar.getmembers() if m.isfile() and os.path.basename(m.name) == CONFIG_FILE]
+        member = min(members, key=lambda m: m.name.count("/"), default=None)
+        if member is None or member.name.strip("./").count("/") > 1:
+            raise AdapterConfigError(f"{archive} holds no {CONFIG_FILE} at its root or in a single top-level folder")
+        data = tar.extractfile(member)
+        content = data.read() if data is not None else b""
+    with tempfile.TemporaryDirectory() as temp:
+        with open(os.path.join(temp, CONFIG_FILE), "wb") as f:
+            f.write(content)
+        try:
+            check_adapter_config(temp, model)
+        except AdapterConfigError as exc:
+            message = str(exc).replace(os.path.join(temp, CONFIG_FILE), f"{archive}:{member.name}")
+            raise AdapterConfigError(message) from None

@@ -1,0 +1,491 @@
+"""The ``lora-sampler`` command line end to end against a FakeEngine on loopback.
+
+Most cases call ``main([...])`` in process; the kill, SIGINT, stdin and demo cases run real subprocesses.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional
+
+import pytest
+
+from lora_sampler._demo import build_adapter_archive
+from lora_sampler.cli import main
+from lora_sampler.testing import FakeEngine
+
+REPO = Path(__file__).resolve().parents[2]
+COMPLETIONS = "/v1/completions"
+#: Upper bound on any wait for a subprocess (never reached when things work).
+WAIT_SECONDS = 60.0
+
+
+@pytest.fixture
+def lora_dir(tmp_path: Path) -> Path:
+    """The engine's resolver folder."""
+    folder = tmp_path / "loras"
+    folder.mkdir()
+    return folder
+
+
+@pytest.fixture
+def engine(lora_dir: Path) -> Iterator[FakeEngine]:
+    """A running FakeEngine whose resolver reads ``lora_dir``."""
+    with FakeEngine(lora_dir=lora_dir) as running:
+        yield running
+
+
+@pytest.fixture
+def archive(tmp_path: Path, engine: FakeEngine) -> str:
+    """An adapter archive made for the engine's model."""
+    return build_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
+
+
+def write_prompts(path: Path, count: int, *, extra: Optional[Dict[int, str]] = None) -> Path:
+    """Write ``count`` prompt lines with ids ``p1..pN``; ``extra`` replaces given line numbers by raw text."""
+    with path.open("w", encoding="utf-8") as f:
+        for number in range(1, count + 1):
+            if extra and number in extra:
+                f.write(extra[number] + "\n")
+            else:
+                f.write(json.dumps({"id": f"p{number}", "prompt": [5 + number % 200, 6, 7]}) + "\n")
+    return path
+
+
+def records(path: Path) -> List[Dict[str, Any]]:
+    """Read an output file; every line must be complete JSON."""
+    text = path.read_text(encoding="utf-8")
+    assert text == "" or text.endswith("\n")
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def ids(path: Path) -> List[Any]:
+    """The ids of an output file, in file order."""
+    return [r["id"] for r in records(path)]
+
+
+def sample_args(
+    engine: FakeEngine, lora_dir: Path, adapter: str, inp: Path, out: Path, *more: str, quiet: bool = True
+) -> List[str]:
+    """The argv of a ``sample`` run."""
+    return [
+        "sample",
+        "--base-url",
+        engine.url,
+        "--lora-base-dir",
+        str(lora_dir),
+        "--adapter",
+        adapter,
+        "--input",
+        str(inp),
+        "--output",
+        str(out),
+        *(["--quiet"] if quiet else []),
+        *more,
+    ]
+
+
+def subprocess_env(**extra: str) -> Dict[str, str]:
+    """The environment of a CLI subprocess: the repo importable, retry waits off."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["LORA_SAMPLER_TESTING"] = "1"
+    env.update(extra)
+    return env
+
+
+def start_cli(args: List[str], tmp_path: Path, **popen: Any) -> subprocess.Popen[bytes]:
+    """Start ``python -m lora_sampler ARGS`` with stdout/stderr in files (no pipe can fill up)."""
+    stdout = (tmp_path / "cli.stdout").open("wb")
+    stderr = (tmp_path / "cli.stderr").open("wb")
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "lora_sampler", *args],
+            stdout=stdout,
+            stderr=stderr,
+            env=subprocess_env(),
+            cwd=str(tmp_path),
+            **popen,
+        )
+    finally:
+        stdout.close()
+        stderr.close()
+
+
+def wait_for_lines(path: Path, count: int, proc: subprocess.Popen[bytes]) -> None:
+    """Wait (bounded) until ``path`` holds at least ``count`` lines."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_bytes().count(b"\n") >= count:
+            return
+        assert proc.poll() is None, "the CLI ended before writing enough lines"
+        time.sleep(0.02)
+    raise AssertionError(f"{path} never reached {count} lines")
+
+
+def test_cli_sample_runs_a_2000_line_batch(
+    engine: FakeEngine, lora_dir: Path, archive: str, tmp_path: Path, no_waits: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 2,000-line batch answers every id exactly once, exit 0, with a one-line summary."""
+    inp, out = write_prompts(tmp_path / "in.jsonl", 2000), tmp_path / "out.jsonl"
+    assert main(sample_args(engine, lora_dir, archive, inp, out, "--concurrency", "16", quiet=False)) == 0
+    got = records(out)
+    assert sorted(r["id"] for r in got) == sorted(f"p{n}" for n in range(1, 2001))
+    assert all("error" not in r and len(r["sequences"]) == 1 for r in got)
+    assert engine.calls(COMPLETIONS) == 2000
+    assert "2000 done, 0 failed, 0 skipped" in capsys.readouterr().err
+
+
+def test_cli_sample_resume_skips_answered_ids(engine: FakeEngine, lora_dir: Path, archive: str, tmp_path: Path) -> None:
+    """Running again with the same output sends nothing for ids already answered."""
+    inp, out = write_prompts(tmp_path / "in.jsonl", 30), tmp_path / "out.jsonl"
+    assert main(sample_args(engine, lora_dir, archive, inp, out)) == 0
+    before = engine.calls(COMPLETIONS)
+    assert main(sample_args(engine, lora_dir, archive, inp, out)) == 0
+    assert engine.calls(COMPLETIONS) == before
+    assert sorted(ids(out)) == sorted(f"p{n}" for n in range(1, 31))
+
+
+def test_cli_sample_retries_failed_ids_on_resume(
+    engine: FakeEngine, lora_dir: Path, archive: str, tmp_path: Path
+) -> None:
+    """Ids that failed run again on resume and their error lines go; --no-retry-failed keeps them."""
+    inp, out = write_prompts(tmp_path / "in.jsonl", 20), tmp_path / "out.jsonl"
+    engine.inject_fault("status", status=500, count=3, message="scripted engine failure")
+    assert main(sample_args(engine, lora_dir, archive, inp, out, "--concurrency", "1")) == 1
+    failed = [r for r in records(out) if "error" in r]
+    assert len(failed) == 3 and all(r["error"]["status"] == 500 for r in failed)
+    assert main(sample_args(engine, lora_dir, archive, inp, out, "--no-retry-failed")) == 1
+    assert len([r for r in records(out) if "error" in r]) == 3
+    before = engine.calls(COMPLETIONS)
+    assert main(sample_args(engine, lora_dir, archive, inp, out)) == 0
+    assert engine.calls(COMPLETIONS) - before == 3
+    got = records(out)
+    assert sorted(r["id"] for r in got) == sorted(f"p{n}" for n in range(1, 21))
+    assert all("error" not in r for r in got)
+
+
+def test_cli_sample_reports_malformed_lines(
+    engine: FakeEngine, lora_dir: Path, archive: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bad lines are reported with their numbers and recorded as errors; the rest runs; exit 1."""
+    bad = {3: "{not json", 5: json.dumps({"id": "noprompt"}), 8: json.dumps({"id": "neg", "prompt": [-1]})}
+    inp, out = write_prompts(tmp_path / "in.jsonl", 10, extra=bad), tmp_path / "out.jsonl"
+    assert main(sample_args(engine, lora_dir, archive, inp, out, "--ordered")) == 1
+    err = capsys.readouterr().err
+    assert "line 3" in err and "line 5" in err and "line 8" in err
+    got = records(out)
+    assert ids(out) == ["p1", "p2", 3, "p4", "noprompt", "p6", "p7", "neg", "p9", "p10"]  # --ordered
+    errors = {r["id"]: r["error"] for r in got if "error" in r}
+    assert set(errors) == {3, "noprompt", "neg"}
+    assert errors[3]["line"] == 3 and "not valid JSON" in errors[3]["message"]
+    assert engine.calls(COMPLETIONS) == 7
+
+
+def test_cli_sample_duplicate_id_is_an_input_error(
+    engine: FakeEngine, lora_dir: Path, archive: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A repeated id stops the job with exit 2 and names both line numbers; the output stays one line per id."""
+    inp, out = write_prompts(tmp_path / "in.jsonl", 6, extra={5: json.dumps({"id": "p2", "prompt": "x"})}), (
+        tmp_path / "out.jsonl"
+    )
+    assert main(sample_args(engine, lora_dir, archive, inp, out, "--concurrency", "1")) == 2
+    err = capsys.readouterr().err
+    assert "line 5" in err and "line 2" in err
+    assert len(ids(out)) == len(set(ids(out)))
+
+
+def test_cli_sample_dead_engine_exits_2_at_once(
+    lora_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With no engine listening, the preflight fails with one message and exit 2; nothing is written."""
+    with FakeEngine() as gone:
+        url = gone.url
+    inp, out = write_prompts(tmp_path / "in.jsonl", 500), tmp_path / "out.jsonl"
+    args = ["sample", "--base-url", url, "--base-model", "tiny-base", "--input", str(inp), "--output", str(out)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("lora-sampler: error:") == 1 and url in err
+    assert not out.exists() or records(out) == []
+
+
+def test_cli_sample_stops_early_on_an_unusable_adapter(
+    engine: FakeEngine, tmp_path: Path, no_waits: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An adapter the engine never finds stops the job after a few failures (exit 2), not after every line."""
+    inp, out = write_prompts(tmp_path / "in.jsonl", 300), tmp_path / "out.jsonl"
+    args = [
+        "sample",
+        "--base-url",
+        engine.url,
+        "--adapter",
+        "no-such-adapter",
+        "--input",
+        str(inp),
+        "--output",
+        str(out),
+        "--concurrency",
+        "2",
+    ]
+    assert main(args) == 2
+    assert "consecutive failures" in capsys.readouterr().err
+    assert len(records(out)) < 50
+
+
+def test_cli_sample_adapter_for_another_base_model_exits_2(
+    engine: FakeEngine, lora_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A checkpoint made for another model is refused before any completion is sent."""
+    wrong = build_adapter_archive(str(tmp_path / "wrong.tar.gz"), "other-model")
+    inp, out = write_prompts(tmp_path / "in.jsonl", 5), tmp_path / "out.jsonl"
+    assert main(sample_args(engine, lora_dir, wrong, inp, out)) == 2
+    err = capsys.readouterr().err
+    assert "base_model_name_or_path" in err and "other-model" in err
+    assert engine.calls(COMPLETIONS) == 0
+
+
+def test_cli_sample_api_key_from_env_is_never_echoed(
+    lora_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """LORA_SAMPLER_API_KEY is used; a wrong key exits 2; the key never reaches stdout, stderr or the output."""
+    secret = "sekrit-key-123"
+    inp, out = write_prompts(tmp_path / "in.jsonl", 3), tmp_path / "out.jsonl"
+    with FakeEngine(lora_dir=lora_dir, api_key=secret) as keyed:
+        args = [
+            "sample",
+            "--base-url",
+            keyed.url,
+            "--base-model",
+            keyed.model,
+            "--input",
+            str(inp),
+            "--output",
+            str(out),
+        ]
+        monkeypatch.setenv("LORA_SAMPLER_API_KEY", secret)
+        assert main(args) == 0
+        monkeypatch.setenv("LORA_SAMPLER_API_KEY", "wrong-" + secret)
+        assert main([*args[:-1], str(tmp_path / "out2.jsonl")]) == 2
+    captured = capsys.readouterr()
+    assert "401" in captured.err
+    assert secret not in captured.out + captured.err + out.read_text(encoding="utf-8")
+
+
+def test_cli_sample_reads_stdin_and_writes_stdout(engine: FakeEngine, tmp_path: Path) -> None:
+    """--input - reads the prompts from stdin; without --output the records go to stdout."""
+    data = "".join(json.dumps({"prompt": "hello", "max_tokens": 3}) + "\n" for _ in range(4))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lora_sampler",
+            "sample",
+            "--base-url",
+            engine.url,
+            "--base-model",
+            engine.model,
+            "--input",
+            "-",
+            "--ordered",
+        ],
+        input=data.encode(),
+        capture_output=True,
+        env=subprocess_env(),
+        timeout=WAIT_SECONDS,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    got = [json.loads(line) for line in proc.stdout.decode().splitlines()]
+    assert [r["id"] for r in got] == [1, 2, 3, 4]
+    assert all(len(r["sequences"][0]["tokens"]) == 3 for r in got)
+
+
+def test_cli_sample_stdin_in_process(engine: FakeEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In process too, --input - streams sys.stdin."""
+    data = b'{"id": "a", "prompt": "x"}\n{"id": "b", "prompt": [9, 9]}\n'
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    out = tmp_path / "out.jsonl"
+    args = ["sample", "--base-url", engine.url, "--base-model", engine.model, "--input", "-", "--output", str(out)]
+    assert main(args) == 0
+    assert sorted(ids(out)) == ["a", "b"]
+
+
+def test_cli_sample_killed_midway_resumes_every_id_once(lora_dir: Path, tmp_path: Path) -> None:
+    """A SIGKILLed job plus a torn last line resumes to exactly one answered line per id."""
+    count = 300
+    inp, out = write_prompts(tmp_path / "in.jsonl", count), tmp_path / "out.jsonl"
+    with FakeEngine(lora_dir=lora_dir, latency=0.05) as slow:
+        ckpt = build_adapter_archive(str(tmp_path / "step-1.tar.gz"), slow.model)
+        args = sample_args(slow, lora_dir, ckpt, inp, out, "--concurrency", "4")
+        proc = start_cli(args, tmp_path)
+        try:
+            wait_for_lines(out, 20, proc)
+            proc.kill()
+            proc.wait(timeout=WAIT_SECONDS)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert len(ids(out)) < count  # it really was mid-run
+        with out.open("a", encoding="utf-8") as f:
+            f.write('{"id": "p1", "model": "x", "sequ')  # a torn last line
+        slow.latency = 0.0
+        assert main(args) == 0
+    got = ids(out)
+    assert sorted(got) == sorted(f"p{n}" for n in range(1, count + 1))
+    assert all("error" not in r for r in records(out))
+
+
+def test_cli_sample_sigint_exits_130_and_resumes(lora_dir: Path, tmp_path: Path) -> None:
+    """SIGINT stops taking lines, exits 130, and leaves a file that resumes to every id once."""
+    count = 300
+    inp, out = write_prompts(tmp_path / "in.jsonl", count), tmp_path / "out.jsonl"
+    with FakeEngine(lora_dir=lora_dir, latency=0.05) as slow:
+        ckpt = build_adapter_archive(str(tmp_path / "step-1.tar.gz"), slow.model)
+        args = sample_args(slow, lora_dir, ckpt, inp, out, "--concurrency", "4")
+        proc = start_cli(args, tmp_path)
+        try:
+            wait_for_lines(out, 10, proc)
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=WAIT_SECONDS) == 130
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        partial = ids(out)
+        assert len(partial) < count and len(partial) == len(set(partial))
+        assert "interrupted" in (tmp_path / "cli.stderr").read_text()
+        slow.latency = 0.0
+        assert main(args) == 0
+    assert sorted(ids(out)) == sorted(f"p{n}" for n in range(1, count + 1))
+
+
+def test_cli_sample_second_sigint_abandons_hung_requests(lora_dir: Path, tmp_path: Path) -> None:
+    """A second SIGINT leaves requests the engine never answers behind: exit 130 at once, output still resumable."""
+    inp, out = write_prompts(tmp_path / "in.jsonl", 50), tmp_path / "out.jsonl"
+    with FakeEngine(lora_dir=lora_dir, latency=WAIT_SECONDS * 2) as hung:
+        ckpt = build_adapter_archive(str(tmp_path / "step-1.tar.gz"), hung.model)
+        args = sample_args(hung, lora_dir, ckpt, inp, out, "--concurrency", "2")
+        proc = start_cli(args, tmp_path)
+        try:
+            deadline = time.monotonic() + WAIT_SECONDS
+            while hung.requests_in_flight < 2 and time.monotonic() < deadline:
+                assert proc.poll() is None
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.1)
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=WAIT_SECONDS) == 130
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert records(out) == []
+        assert "resume" in (tmp_path / "cli.stderr").read_text()
+
+
+def test_cli_demo_exits_0(tmp_path: Path) -> None:
+    """The demo runs without arguments, shows retries in its log, and exits 0."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "lora_sampler", "demo"],
+        capture_output=True,
+        env={**subprocess_env(), "LORA_SAMPLER_TESTING": "0"},
+        timeout=WAIT_SECONDS,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert "Retrying LoRA adapter" in proc.stderr.decode()
+    assert "retries" in proc.stdout.decode()
+
+
+# -- doctor, publish, unload --------------------------------------------------------------------------------------
+
+
+def test_cli_doctor_all_ok(
+    engine: FakeEngine, lora_dir: Path, archive: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A healthy engine passes every check (exit 0), and the probe adapter is removed."""
+    args = ["doctor", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--adapter", archive]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "PROBLEM" not in out and "resolver folder" in out and "adapter config" in out
+    assert os.listdir(lora_dir) == []
+    assert engine.calls("/v1/load_lora_adapter") == 0  # the probe is never loaded
+
+
+def test_cli_doctor_missing_api_key(
+    lora_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An engine that wants a key the user did not give: a problem naming the fix."""
+    monkeypatch.delenv("LORA_SAMPLER_API_KEY", raising=False)
+    with FakeEngine(lora_dir=lora_dir, api_key="k") as keyed:
+        assert main(["doctor", "--base-url", keyed.url]) == 1
+    out = capsys.readouterr().out
+    assert "PROBLEM  api key: no API key was sent" in out and "LORA_SAMPLER_API_KEY" in out
+
+
+def test_cli_doctor_runtime_updating_off(
+    engine: FakeEngine, lora_dir: Path, no_waits: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Runtime LoRA updating off is reported with the environment variable to set."""
+    engine.set_runtime_lora_updating(False)
+    assert main(["doctor", "--base-url", engine.url, "--lora-base-dir", str(lora_dir)]) == 1
+    out = capsys.readouterr().out
+    assert "PROBLEM  runtime LoRA updating: off" in out
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True" in out
+    assert "PROBLEM  resolver folder" in out
+    assert os.listdir(lora_dir) == []
+
+
+def test_cli_doctor_base_model_mismatch(engine: FakeEngine, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An adapter made for another base model is reported with both names."""
+    wrong = build_adapter_archive(str(tmp_path / "wrong.tar.gz"), "other-model")
+    assert main(["doctor", "--base-url", engine.url, "--adapter", wrong]) == 1
+    out = capsys.readouterr().out
+    assert "PROBLEM  adapter config" in out and "other-model" in out and repr(engine.model) in out
+
+
+def test_cli_doctor_wrong_resolver_folder(
+    engine: FakeEngine, tmp_path: Path, no_waits: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A folder the engine does not read is reported (the probe gets a 404)."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    assert main(["doctor", "--base-url", engine.url, "--lora-base-dir", str(elsewhere)]) == 1
+    out = capsys.readouterr().out
+    assert "PROBLEM  resolver folder" in out and "VLLM_LORA_RESOLVER_CACHE_DIR" in out
+
+
+def test_cli_doctor_dead_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """No engine: one problem, with the fix."""
+    with FakeEngine() as gone:
+        url = gone.url
+    assert main(["doctor", "--base-url", url]) == 1
+    assert "PROBLEM  engine" in capsys.readouterr().out
+
+
+def test_cli_publish_and_unload_print_the_name(
+    engine: FakeEngine, lora_dir: Path, archive: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """publish prints the adapter name; unload --delete-files unloads it and removes its folder."""
+    assert main(["publish", archive, "--lora-base-dir", str(lora_dir), "--base-url", engine.url]) == 0
+    name = capsys.readouterr().out.strip()
+    assert (lora_dir / name / "adapter_config.json").is_file()
+    args = ["unload", name, "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--delete-files"]
+    assert main(args) == 0
+    assert capsys.readouterr().out.strip() == name
+    assert not (lora_dir / name).exists()
+
+
+def test_cli_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """Missing flags are usage errors (exit 2); --help exits 0 and names the API key variable."""
+    assert main(["sample", "--base-url", "http://127.0.0.1:1"]) == 2
+    assert main(["sample", "--help"]) == 0
+    assert "LORA_SAMPLER_API_KEY" in capsys.readouterr().out
