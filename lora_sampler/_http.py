@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Dict, Mapping, Optional, Tuple, Union, cast
+from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple, Union, cast
 
 import requests
 import urllib3
@@ -156,30 +156,30 @@ class EngineTransport:
         Raises:
             EngineError: a transport failure or an error status, classified for the retry table.
         """
-        data, headers = _json_request(payload, session_id)
+        exchange = _Exchange.post(COMPLETIONS_PATH, payload, session_id, self.timeout, model, adapter)
         if self._is_direct():
-            answer = self._urlopen("POST", COMPLETIONS_PATH, data, headers, self.timeout, model, adapter)
+            answer = self._urlopen(exchange)
             if answer.status < 400:
-                return self._completion_body(answer.status, answer.data, model, adapter)
-            response = _as_response("POST", self._urls[COMPLETIONS_PATH], {**self._headers, **headers}, data, answer)
+                return self._completion_body(answer.status, answer.data, exchange)
+            response = self._as_response(exchange, answer)
         else:
-            response = self._session_request("POST", COMPLETIONS_PATH, data, headers, self.timeout, model, adapter)
+            response = self._session_request(exchange)
             if response.status_code < 400:
-                return self._completion_body(response.status_code, response.content, model, adapter)
+                return self._completion_body(response.status_code, response.content, exchange)
         raise self._status_error(response, model, adapter)
 
-    def _completion_body(self, status: int, content: bytes, model: str, adapter: bool) -> Dict[str, Any]:
+    def _completion_body(self, status: int, content: bytes, exchange: _Exchange) -> Dict[str, Any]:
         try:
             body = json.loads(content)
         except ValueError:
             raise EngineError(
                 f"the engine at {self.base_url} answered HTTP {status} to {COMPLETIONS_PATH} with a body that is "
                 "not JSON; check that base_url points at a vLLM server",
-                model=model,
-                adapter=adapter,
+                model=exchange.model,
+                adapter=exchange.adapter,
             ) from None
         if not isinstance(body, dict):
-            raise EngineError(f"the engine answered a JSON {type(body).__name__}, not an object", model=model)
+            raise EngineError(f"the engine answered a JSON {type(body).__name__}, not an object", model=exchange.model)
         return body
 
     def post(
@@ -198,8 +198,7 @@ class EngineTransport:
         Raises:
             EngineError: a transport failure, or (with ``raise_for_status``) an error status.
         """
-        data, headers = _json_request(payload, session_id)
-        response = self._request("POST", path, data, headers, timeout or self.timeout, model, adapter)
+        response = self._request(_Exchange.post(path, payload, session_id, timeout or self.timeout, model, adapter))
         if raise_for_status and response.status_code >= 400:
             raise self._status_error(response, model, adapter)
         return response
@@ -210,65 +209,43 @@ class EngineTransport:
         Raises:
             EngineError: a transport failure or an error status.
         """
-        response = self._request("GET", path, None, {}, self.timeout, None, False)
+        response = self._request(_Exchange("GET", path, None, {}, self.timeout, None, False))
         if response.status_code >= 400:
             raise self._status_error(response, None, False)
         return response
 
-    def _request(
-        self,
-        method: str,
-        path: str,
-        data: Optional[bytes],
-        headers: Dict[str, str],
-        timeout: Timeout,
-        model: Optional[str],
-        adapter: bool,
-    ) -> requests.Response:
-        if not self._is_direct():
-            return self._session_request(method, path, data, headers, timeout, model, adapter)
-        answer = self._urlopen(method, path, data, headers, timeout, model, adapter)
-        return _as_response(
-            method, self._urls.get(path) or self.base_url + path, {**self._headers, **headers}, data, answer
-        )
+    def _url(self, path: str) -> str:
+        return self._urls.get(path) or self.base_url + path
 
-    def _session_request(
-        self,
-        method: str,
-        path: str,
-        data: Optional[bytes],
-        headers: Dict[str, str],
-        timeout: Timeout,
-        model: Optional[str],
-        adapter: bool,
-    ) -> requests.Response:
+    def _request(self, exchange: _Exchange) -> requests.Response:
+        if not self._is_direct():
+            return self._session_request(exchange)
+        return self._as_response(exchange, self._urlopen(exchange))
+
+    def _session_request(self, exchange: _Exchange) -> requests.Response:
         """Send through ``Session.request``: the path for proxies and for patched (mocked) transports."""
         try:
             return self.session.request(
-                method, self._urls.get(path) or self.base_url + path, data=data, headers=headers, timeout=timeout
+                exchange.method,
+                self._url(exchange.path),
+                data=exchange.data,
+                headers=exchange.headers,
+                timeout=exchange.timeout,
             )
         except requests.RequestException as exc:
-            raise self._translate(exc, method, path, model, adapter) from None
+            raise self._translate(exc, exchange) from None
 
-    def _urlopen(
-        self,
-        method: str,
-        path: str,
-        data: Optional[bytes],
-        headers: Dict[str, str],
-        timeout: Timeout,
-        model: Optional[str],
-        adapter: bool,
-    ) -> urllib3.BaseHTTPResponse:
+    def _urlopen(self, exchange: _Exchange) -> urllib3.BaseHTTPResponse:
         """Send on the adapter's own connection pool and read the whole answer (no retries, no redirects)."""
+        timeout = exchange.timeout
         connect, read = timeout if isinstance(timeout, tuple) else (timeout, timeout)
         assert self._pool is not None
         try:
             return self._pool.urlopen(
-                method,
-                path,
-                body=data,
-                headers={**self._headers, **headers},
+                exchange.method,
+                exchange.path,
+                body=exchange.data,
+                headers={**self._headers, **exchange.headers},
                 timeout=urllib3.Timeout(connect=connect, read=read),
                 retries=False,
                 redirect=False,
@@ -276,7 +253,23 @@ class EngineTransport:
                 preload_content=True,
             )
         except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise self._translate(exc, method, path, model, adapter) from None
+            raise self._translate(exc, exchange) from None
+
+    def _as_response(self, exchange: _Exchange, answer: urllib3.BaseHTTPResponse) -> requests.Response:
+        """Wrap a urllib3 answer (already read) in a ``requests.Response``, as requests' adapter would."""
+        url = self._url(exchange.path)
+        response = requests.Response()
+        response.status_code = answer.status
+        response.headers = CaseInsensitiveDict(answer.headers)
+        response._content = answer.data
+        response.reason = answer.reason or ""
+        response.url = url
+        response.encoding = requests.utils.get_encoding_from_headers(response.headers)
+        request = requests.PreparedRequest()
+        request.method, request.url, request.body = exchange.method, url, exchange.data
+        request.headers = CaseInsensitiveDict({**self._headers, **exchange.headers})
+        response.request = request
+        return response
 
     def _status_error(self, response: requests.Response, model: Optional[str], adapter: bool) -> EngineStatusError:
         error = EngineStatusError.from_response(response, model=model, adapter=adapter)
@@ -285,8 +278,9 @@ class EngineTransport:
         error.args = (error.message,)
         return error
 
-    def _translate(self, exc: Exception, method: str, path: str, model: Optional[str], adapter: bool) -> EngineError:
+    def _translate(self, exc: Exception, exchange: _Exchange) -> EngineError:
         """Map a ``requests`` or ``urllib3`` exception to the matching ``EngineError`` (the one place that does it)."""
+        model, adapter = exchange.model, exchange.adapter
         what = f" for {'LoRA adapter' if adapter else 'base model'} {model!r}" if model else ""
         detail = redact(f"{type(exc).__name__}: {exc}", self._api_key)
         error_class: type[EngineError]
@@ -313,32 +307,35 @@ class EngineTransport:
         else:
             error_class, problem = EngineError, "request failed"
         message = (
-            f"{method} {path}{what}: the engine at {self.base_url} {problem} ({detail}); "
+            f"{exchange.method} {exchange.path}{what}: the engine at {self.base_url} {problem} ({detail}); "
             "check base_url, that the engine is running, and the timeout"
         )
         return error_class(message, model=model, adapter=adapter)
 
 
-def _json_request(payload: Mapping[str, Any], session_id: Optional[str]) -> Tuple[bytes, Dict[str, str]]:
-    headers = {"Content-Type": "application/json"}
-    if session_id:
-        headers[SESSION_HEADER] = session_id
-    return json.dumps(payload, separators=(",", ":")).encode(), headers
+class _Exchange(NamedTuple):
+    """One request to send, and what the error translation needs to know about it."""
 
+    method: str
+    path: str
+    data: Optional[bytes]
+    headers: Dict[str, str]
+    timeout: Timeout
+    model: Optional[str]
+    adapter: bool
 
-def _as_response(
-    method: str, url: str, headers: Dict[str, str], body: Optional[bytes], answer: urllib3.BaseHTTPResponse
-) -> requests.Response:
-    """Wrap a urllib3 answer (already read) in a ``requests.Response``, as requests' adapter would."""
-    response = requests.Response()
-    response.status_code = answer.status
-    response.headers = CaseInsensitiveDict(answer.headers)
-    response._content = answer.data
-    response.reason = answer.reason or ""
-    response.url = url
-    response.encoding = requests.utils.get_encoding_from_headers(response.headers)
-    request = requests.PreparedRequest()
-    request.method, request.url, request.body = method, url, body
-    request.headers = CaseInsensitiveDict(headers)
-    response.request = request
-    return response
+    @classmethod
+    def post(
+        cls,
+        path: str,
+        payload: Mapping[str, Any],
+        session_id: Optional[str],
+        timeout: Timeout,
+        model: Optional[str],
+        adapter: bool,
+    ) -> _Exchange:
+        """Build a JSON POST, with the routing header when there is a session."""
+        headers = {"Content-Type": "application/json"}
+        if session_id:
+            headers[SESSION_HEADER] = session_id
+        return cls("POST", path, json.dumps(payload, separators=(",", ":")).encode(), headers, timeout, model, adapter)
