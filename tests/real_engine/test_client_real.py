@@ -1,7 +1,8 @@
 """``SamplerClient`` against the real vLLM engine: the adapter-load race and the errors that must not be retried.
 
 Every scenario uses a fresh adapter name (the engine never forgets a resolved name). Adapter directories are
-never deleted while the engine runs (FINDINGS §5).
+never deleted while the engine runs (FINDINGS §5), except by ``client.unload(delete_files=True)``, which unloads
+first; the unload-then-delete test checks exactly that the engine survives it.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import os
 import shutil
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
 import pytest
@@ -26,6 +28,7 @@ from lora_sampler import (
     SampleRequest,
     SamplingParams,
 )
+from lora_sampler.testing import FakeEngine, write_adapter
 
 if TYPE_CHECKING:
     from conftest import RealEngine
@@ -184,3 +187,58 @@ def test_32_concurrent_first_requests_through_the_race(
     failures = [output for output in outputs if not isinstance(output, SampleOutput)]
     assert failures == []
     assert retries  # they did race
+
+
+def _unload_then_delete(url: str, api_key: str, model: str, lora_dir: Path, source: Path, names: list[str]) -> None:
+    """Run FINDINGS §5's engine-killing sequence through the client's API, which must keep the engine healthy.
+
+    Publish and sample ``names[0]``, ``unload(delete_files=True)`` it, sample every other name (more than
+    ``--max-loras`` 4, so a still-registered ``names[0]`` would be evicted and reloaded from its deleted folder),
+    then ask for ``names[0]`` again: a 404 the client retries and gives up on, never the engine's death.
+    """
+    giveups: list[RetryEvent] = []
+    policy = RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.05, on_giveup=giveups.append)
+    first, others = names[0], names[1:]
+    assert len(others) > 4
+    with SamplerClient(url, api_key=api_key, lora_base_dir=lora_dir, retry=policy) as client:
+        adapter = client.publish(source, name=first)
+        _assert_sampled(client.sample([1, 2, 3], adapter=first, sampling_params=PARAMS))
+        client.unload(adapter, delete_files=True)
+        assert not (lora_dir / first).exists()
+        for name in others:
+            client.publish(source, name=name)
+            _assert_sampled(client.sample([1, 2, 3], adapter=name, sampling_params=PARAMS))
+
+        with pytest.raises(ModelNotFoundError) as caught:
+            client.sample([1, 2, 3], adapter=first, sampling_params=PARAMS)
+        assert (caught.value.status, caught.value.attempts) == (404, 3)
+        assert len(giveups) == 1
+
+        models = requests.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {api_key}"}, timeout=30)
+        assert models.status_code == 200
+        listed = {card["id"] for card in models.json()["data"]}
+        assert model in listed and first not in listed
+        assert set(others) <= listed
+        _assert_sampled(client.sample([1, 2, 3], base_model=model, sampling_params=PARAMS))
+
+
+def test_unload_then_delete_leaves_the_engine_healthy(vllm_engine: RealEngine, adapter_name: str) -> None:
+    """client.unload(delete_files=True) never reaches FINDINGS §5's engine-killing sequence on the real engine."""
+    names = [adapter_name] + [vllm_engine.fresh_name("after-unload") for _ in range(5)]
+    _unload_then_delete(
+        vllm_engine.url, vllm_engine.api_key, vllm_engine.model, vllm_engine.lora_dir, vllm_engine.adapter_dir, names
+    )
+    assert vllm_engine.process.poll() is None
+    assert "EngineDeadError" not in vllm_engine.log_text()
+
+
+def test_unload_then_delete_leaves_the_fake_engine_healthy(tmp_path: Path) -> None:
+    """The FakeEngine twin: the same sequence leaves the fake (which dies like vLLM, FINDINGS §5) alive."""
+    lora_dir = tmp_path / "loras"
+    lora_dir.mkdir()
+    source = Path(write_adapter(tmp_path / "source", "tiny-base"))
+    names = ["e1"] + [f"other-{index}" for index in range(5)]
+    with FakeEngine(model="tiny-base", lora_dir=lora_dir, api_key="fake-key", max_loras=4) as engine:
+        _unload_then_delete(engine.url, "fake-key", engine.model, lora_dir, source, names)
+        assert not engine.is_dead
+        assert "e1" not in engine.loaded_adapters

@@ -240,6 +240,7 @@ def test_completion_base_has_vllm_shape(engine: FakeEngine) -> None:
         "total_tokens": 8,
         "completion_tokens": 5,
         "prompt_tokens_details": None,
+        "completion_tokens_details": None,
     }
     (choice,) = body["choices"]
     assert (choice["index"], choice["finish_reason"], choice["stop_reason"]) == (0, "length", None)
@@ -448,6 +449,24 @@ def test_load_error_bodies_verbatim(engine: FakeEngine, tmp_path: Path) -> None:
     assert_body(only_name, _bodies.validation_error("lora_path", 1))
     assert_body(load(engine, BASE, noweights), _bodies.base_conflict(BASE))
     assert engine.loaded_adapters == []
+
+
+def test_load_error_paths_are_sanitized_like_vllm(make_engine: EngineFactory, tmp_path: Path) -> None:
+    """Paths under /tmp, /root, ... in error messages read <path>, and a following period goes with them."""
+    engine = make_engine(model="/root/models/tiny-model")
+    missing = "/tmp/no-such-dir/does-not-exist"
+    assert load(engine, "delta", missing).json()["error"]["message"] == (
+        "Loading lora delta failed: No adapter found for <path>"
+    )
+    not_found = complete(engine, "ghost").json()["error"]["message"]
+    assert not_found == "The model `ghost` does not exist. Valid aliases: <path>"
+    noweights = write_adapter(tmp_path / "noweights", BASE)
+    os.remove(os.path.join(noweights, "adapter_model.safetensors"))
+    message = load(engine, "nw", noweights).json()["error"]["message"]
+    if noweights.startswith(("/tmp/", "/root/", "/home/", "/var/")):
+        assert message.startswith("Call to add_lora method failed: Worker failed with error '<path> doesn't contain")
+    assert noweights not in message
+    assert _bodies.sanitize_message("see /work/a/b and /work/a/c.json.") == "see /work/a/b and <path>."
 
 
 def test_unload_removes_then_404(engine: FakeEngine, tmp_path: Path) -> None:

@@ -153,6 +153,8 @@ def test_publish_lineage_straggler_never_retires_the_newer(engine: FakeEngine, t
         old = client.publish(make_archive(tmp_path, "s1", engine.model), lineage="run")
         new = client.publish(make_archive(tmp_path, "s2", engine.model), lineage="run")
         client.sample([1], adapter=old)
+        while engine.requests_in_flight:  # the engine may still be finishing that answer
+            gate.wait(0.01)
         # The straggler's first attempt hangs for 1 s and is dropped; its retry then succeeds.
         engine.inject_fault("hang", model=old.name, seconds=1.0)
         straggler = client.submit([1], adapter=old)
