@@ -1,0 +1,231 @@
+"""Shared plumbing of the benchmarks: server processes in their own process group, tables, results, machine facts.
+
+No measurement logic lives here; each ``bench_*.py`` owns its own. Every server a benchmark starts goes through
+``ServerProcess``, which always stops the whole process group (SIGTERM, then SIGKILL after a grace period).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import selectors
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from typing import IO, Any, Dict, Optional, Sequence
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+#: Where each benchmark writes ``<name>.json``.
+RESULTS_DIR = os.path.join(HERE, "results")
+#: Seconds a server gets to print its URL line.
+START_TIMEOUT = 30.0
+#: Seconds between SIGTERM and SIGKILL of a server's process group.
+STOP_GRACE = 5.0
+
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)  # the checkout's lora_sampler, whatever is installed
+
+
+def machine() -> Dict[str, Any]:
+    """Return the facts a figure needs beside it: cores, CPU model, Python, library versions."""
+    cpu = "unknown"
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    versions = {}
+    for module in ("lora_sampler", "requests", "urllib3", "httpx", "openai"):
+        with contextlib.suppress(Exception):
+            versions[module] = __import__(module).__version__
+    return {
+        "nproc": os.cpu_count(),
+        "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "cpu_model": cpu,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "versions": versions,
+    }
+
+
+def describe_machine(info: Dict[str, Any]) -> str:
+    """Return a one-line description of ``machine()``."""
+    return f"{info['nproc']} cores ({info['cpu_model']}), Python {info['python']}, {info['platform']}"
+
+
+class ServerProcess:
+    """A server in its own process (and process group) that prints a JSON line with its URL, then serves.
+
+    It may also take JSON-line commands on its standard input and answer each with one JSON line (the fake
+    engine launcher does). Use it as a context manager: the group is always stopped on exit.
+
+    Args:
+        argv: The command line.
+        env: Extra environment variables.
+    """
+
+    def __init__(self, argv: Sequence[str], env: Optional[Dict[str, str]] = None):
+        self.argv = list(argv)
+        self.env = dict(os.environ, **(env or {}))
+        self.process: Optional[subprocess.Popen[str]] = None
+        self.info: Dict[str, Any] = {}
+
+    @property
+    def url(self) -> str:
+        """The server's root URL."""
+        return str(self.info["url"])
+
+    def start(self) -> ServerProcess:
+        """Start the process and wait for its URL line."""
+        self.process = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=self.env,
+            start_new_session=True,  # its own process group, so stop() reaches every child
+        )
+        line = self._read_line(START_TIMEOUT)
+        if not line:
+            self.stop()
+            raise RuntimeError(f"{self.argv[1] if len(self.argv) > 1 else self.argv[0]} printed no URL line")
+        self.info = json.loads(line)
+        return self
+
+    def _read_line(self, timeout: float) -> str:
+        assert self.process is not None and self.process.stdout is not None
+        stdout: IO[str] = self.process.stdout
+        with selectors.DefaultSelector() as selector:
+            selector.register(stdout, selectors.EVENT_READ)
+            if not selector.select(timeout):
+                return ""
+        return stdout.readline()
+
+    def command(self, timeout: float = 30.0, **fields: Any) -> Dict[str, Any]:
+        """Send one JSON command line and return the server's JSON answer line."""
+        assert self.process is not None and self.process.stdin is not None
+        self.process.stdin.write(json.dumps(fields) + "\n")
+        self.process.stdin.flush()
+        line = self._read_line(timeout)
+        if not line:
+            raise RuntimeError(f"no answer to {fields.get('op')!r} within {timeout} s")
+        answer: Dict[str, Any] = json.loads(line)
+        if "error" in answer:
+            raise RuntimeError(f"server error on {fields.get('op')!r}: {answer['error']}")
+        return answer
+
+    def stop(self) -> None:
+        """Stop the whole process group: close stdin, SIGTERM, wait, then SIGKILL. Idempotent."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        with contextlib.suppress(OSError):
+            if process.stdin is not None:
+                process.stdin.close()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=STOP_GRACE)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)  # stragglers of the group, if any
+        if process.stdout is not None:
+            process.stdout.close()
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def canned_engine(latency_ms: float) -> ServerProcess:
+    """Return (not started) the canned asyncio engine with a fixed service latency."""
+    return ServerProcess([sys.executable, os.path.join(HERE, "_canned_engine.py"), "--latency-ms", str(latency_ms)])
+
+
+def median(values: Sequence[float]) -> float:
+    """Return the median (NaN for no values)."""
+    return statistics.median(values) if values else float("nan")
+
+
+def verdict(ok: Optional[bool]) -> str:
+    """Return PASS, MISS, or n/a for a target that could not be judged."""
+    return "n/a" if ok is None else ("PASS" if ok else "MISS")
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Return a plain text table, numbers right-aligned."""
+    cells = [[str(h) for h in headers]] + [[_cell(value) for value in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    numeric = [all(_is_number(row[i]) for row in rows) for i in range(len(headers))]
+    lines = []
+    for index, row in enumerate(cells):
+        padded = [text.rjust(w) if numeric[i] else text.ljust(w) for i, (text, w) in enumerate(zip(row, widths))]
+        lines.append("  ".join(padded).rstrip())
+        if index == 0:
+            lines.append("  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Return the same table in Markdown."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
+    lines += ["| " + " | ".join(_cell(value) for value in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        if value != value:  # NaN
+            return "-"
+        if abs(value) >= 100:
+            return f"{value:,.0f}"
+        return f"{value:.2f}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
+
+
+def write_results(name: str, payload: Dict[str, Any]) -> str:
+    """Write ``payload`` to ``benchmarks/results/<name>.json`` atomically and return the path."""
+    os.makedirs(RESULTS_DIR, exist_ok=True)
+    path = os.path.join(RESULTS_DIR, f"{name}.json")
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as handle:
+        json.dump(payload, handle, indent=2, sort_keys=False)
+        handle.write("\n")
+    os.replace(tmp, path)
+    return path
+
+
+def stamp() -> str:
+    """Return the current UTC time, ISO 8601."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def rss_bytes(pid: str = "self") -> int:
+    """Return the resident set size (VmRSS) of a process from ``/proc``, in bytes."""
+    with open(f"/proc/{pid}/status") as handle:
+        for line in handle:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def cpu_times() -> float:
+    """Return this process's CPU time (user + system, all threads), in seconds."""
+    return time.process_time()
