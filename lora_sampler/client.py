@@ -325,14 +325,26 @@ class SamplerClient:
         """
         return self._registry.publish(checkpoint, name=name, lineage=lineage)
 
-    def unload(self, adapter: Union[Adapter, str], *, delete_files: bool = False) -> None:
+    def unload(
+        self, adapter: Union[Adapter, str], *, delete_files: bool = False, session_id: Optional[str] = None
+    ) -> None:
         """Ask the engine to unload an adapter; delete its folder only once the engine has let go of it.
 
         Deleting a folder the engine may still reload from disk can crash the engine (FINDINGS §5), so files
         are removed only after the engine answered 200, or 404 "cannot be found".
+
+        Args:
+            adapter: The adapter or its name.
+            delete_files: Also delete its folder in ``lora_base_dir`` once the engine confirmed the unload.
+            session_id: Sent as ``X-Session-ID``: behind vllm-router, the unload reaches the one replica that
+                session maps to (use the session that sampled the adapter). To unload from every replica, use one
+                client per replica URL.
+
+        Raises:
+            EngineError: the engine did not confirm the unload; the files are left in place.
         """
         name = adapter.name if isinstance(adapter, Adapter) else adapter
-        self._registry.unload(name, delete_files=delete_files)
+        self._registry.unload(name, delete_files=delete_files, session_id=session_id)
         self._loads.forget(name)
 
     def engine_model(self) -> str:

@@ -1,0 +1,373 @@
+"""Batch jobs on Ray Data: sample every row of a dataset through one ``SamplerClient`` per actor.
+
+Owns the picklable client settings, the ``map_batches`` callable and the file-to-file helper. It holds no API key
+(only the name of the environment variable the worker reads it from) and never raises for a row: failures become
+the row's error columns. Ray, pyarrow and pandas are imported lazily, so ``lora_sampler`` imports without them
+(``pip install 'lora_sampler[ray]'``). Named ``ray_data`` rather than ``ray`` so that ``from lora_sampler import
+ray_data`` never shadows a user's ``import ray``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+
+from lora_sampler.client import API_KEY_ENV, SamplerClient
+from lora_sampler.errors import EngineStatusError
+from lora_sampler.retry import DEFAULT_RETRY_POLICY, RetryPolicy
+from lora_sampler.types import SampleOutput, SampleRequest, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+#: Columns ``SampleBatches`` adds, one value per row; each sequence column holds one entry per sample.
+RESULT_COLUMNS = ("tokens", "logprobs", "text", "stop_reason", "error", "error_type", "error_status")
+#: Rows per ``map_batches`` batch: enough to keep ``max_workers`` requests in flight, small enough to stream.
+DEFAULT_BATCH_SIZE = 256
+#: CPUs reserved per sampling actor: it mostly waits on the network, so it should not starve Ray's read tasks.
+DEFAULT_ACTOR_CPUS = 0.25
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """What a Ray worker needs to build its own ``SamplerClient``: plain, picklable values, never a live session.
+
+    The API key is not a field: the worker reads it from the environment variable ``api_key_env`` (or the file
+    ``api_key_file``), so it never lands in a pickled task, a Ray object or a log.
+
+    Args:
+        base_url: The engine or router root, e.g. ``http://127.0.0.1:8000``.
+        api_key_env: Name of the environment variable holding the key on the workers (not the key itself).
+        api_key_file: A file holding the key on the workers (e.g. a mounted secret); read when the variable is unset.
+        lora_base_dir: The resolver directory as the workers see it.
+        engine_lora_base_dir: The same directory as the engine sees it; defaults to ``lora_base_dir``.
+        max_workers: Threads (and requests in flight) per actor.
+        timeout: ``(connect, read)`` seconds per request.
+        retry: The ``RetryPolicy``; its hooks must be picklable.
+        verify: TLS verification: True, False, or a CA bundle path on the workers.
+    """
+
+    base_url: str
+    api_key_env: Optional[str] = API_KEY_ENV
+    api_key_file: Optional[str] = None
+    lora_base_dir: Optional[str] = None
+    engine_lora_base_dir: Optional[str] = None
+    max_workers: int = 16
+    timeout: Tuple[float, float] = (10.0, 300.0)
+    retry: RetryPolicy = field(default=DEFAULT_RETRY_POLICY)
+    verify: Union[bool, str] = True
+
+    def __post_init__(self) -> None:
+        if self.api_key_env is not None and not _ENV_NAME.match(self.api_key_env):
+            raise ValueError(
+                "api_key_env must name an environment variable (letters, digits, _), not hold the key; "
+                "set the key in that variable on the workers instead"
+            )
+        if isinstance(self.max_workers, bool) or not isinstance(self.max_workers, int) or self.max_workers < 1:
+            raise ValueError(f"max_workers must be an int >= 1, got {self.max_workers!r}")
+
+    def read_api_key(self) -> Optional[str]:
+        """Return the key from ``api_key_env`` or ``api_key_file`` on this machine, or None."""
+        if self.api_key_env and os.environ.get(self.api_key_env):
+            return os.environ[self.api_key_env]
+        if self.api_key_file:
+            with open(self.api_key_file, encoding="utf-8") as handle:
+                return handle.read().strip() or None
+        return None
+
+    def build(self) -> SamplerClient:
+        """Build a ``SamplerClient`` from these settings (on the worker that will use it)."""
+        return SamplerClient(
+            self.base_url,
+            api_key=self.read_api_key(),
+            lora_base_dir=self.lora_base_dir,
+            engine_lora_base_dir=self.engine_lora_base_dir,
+            timeout=self.timeout,
+            retry=self.retry,
+            max_workers=self.max_workers,
+            verify=self.verify,
+        )
+
+
+class SampleBatches:
+    """A ``Dataset.map_batches`` callable class: samples each row's prompt and adds the result columns.
+
+    Ray builds one instance per actor, and the instance builds its ``SamplerClient`` on first use, so a pickled
+    instance carries settings only. Each batch runs through ``sample_many(return_exceptions=True)``: a failed row
+    gets ``error`` (the message), ``error_type`` and ``error_status`` (the HTTP status, or None) and empty
+    sequence columns; an answered row gets ``tokens``, ``logprobs``, ``text`` and ``stop_reason`` as lists with
+    one entry per sample, and ``error`` None. Input columns are kept.
+
+    Args:
+        settings: The ``ClientSettings``.
+        adapter: The adapter name (or checkpoint path, published by each actor; publishing is idempotent).
+        base_model: Sample the base model instead; exclusive with ``adapter``.
+        num_samples: Completions per prompt.
+        sampling_params: ``SamplingParams``; None means the defaults.
+        prompt_column: The column holding prompts (text, or lists of token ids).
+        session_column: A column holding ``X-Session-ID`` values, if any (router affinity per row).
+    """
+
+    def __init__(
+        self,
+        settings: ClientSettings,
+        *,
+        adapter: Optional[str] = None,
+        base_model: Optional[str] = None,
+        num_samples: int = 1,
+        sampling_params: Optional[SamplingParams] = None,
+        prompt_column: str = "prompt",
+        session_column: Optional[str] = None,
+    ):
+        if not isinstance(settings, ClientSettings):
+            raise TypeError(f"settings must be a ClientSettings, got {type(settings).__name__}")
+        SampleRequest("probe", adapter=adapter, base_model=base_model, num_samples=num_samples)  # validates
+        self.settings = settings
+        self.adapter, self.base_model, self.num_samples = adapter, base_model, num_samples
+        self.sampling_params = sampling_params
+        self.prompt_column, self.session_column = prompt_column, session_column
+        self._client: Optional[SamplerClient] = None
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # Never pickle the live client: its session holds the Authorization header.
+        state = dict(self.__dict__)
+        state["_client"] = None
+        return state
+
+    def __repr__(self) -> str:
+        what = f"adapter={self.adapter!r}" if self.adapter is not None else f"base_model={self.base_model!r}"
+        return f"SampleBatches({self.settings.base_url!r}, {what})"
+
+    @property
+    def client(self) -> SamplerClient:
+        """This actor's client, built on first use."""
+        if self._client is None:
+            self._client = self.settings.build()
+        return self._client
+
+    def close(self) -> None:
+        """Close the client (threads and pooled connections)."""
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+    def __call__(self, batch: Any) -> Any:
+        """Sample one batch (``pyarrow.Table``, ``pandas.DataFrame`` or dict of columns); return it with results."""
+        import pyarrow as pa
+
+        kind = "arrow" if isinstance(batch, pa.Table) else "dict" if isinstance(batch, dict) else "pandas"
+        table = batch if kind == "arrow" else _to_table(batch, kind)
+        prompts = table.column(self.prompt_column).to_pylist()
+        sessions = table.column(self.session_column).to_pylist() if self.session_column else [None] * len(prompts)
+        columns = self.sample_rows(prompts, sessions)
+        for name in RESULT_COLUMNS:
+            column = pa.array(columns[name], type=_result_types()[name])
+            index = table.schema.get_field_index(name)
+            table = table.set_column(index, name, column) if index >= 0 else table.append_column(name, column)
+        if kind == "arrow":
+            return table
+        return (
+            table.to_pandas()
+            if kind == "pandas"
+            else {name: table.column(name).to_pylist() for name in table.column_names}
+        )
+
+    def sample_rows(self, prompts: List[Any], sessions: List[Optional[str]]) -> Dict[str, List[Any]]:
+        """Sample ``prompts`` (plain Python values) and return the result columns, one value per row."""
+        columns: Dict[str, List[Any]] = {name: [] for name in RESULT_COLUMNS}
+        outcomes: List[Any] = [None] * len(prompts)
+        requests: List[SampleRequest] = []
+        positions: List[int] = []
+        for position, (prompt, session) in enumerate(zip(prompts, sessions)):
+            try:
+                requests.append(
+                    SampleRequest(
+                        _plain_prompt(prompt),
+                        adapter=self.adapter,
+                        base_model=self.base_model,
+                        num_samples=self.num_samples,
+                        sampling_params=self.sampling_params,
+                        session_id=None if session is None else str(session),
+                    )
+                )
+                positions.append(position)
+            except (TypeError, ValueError) as exc:
+                outcomes[position] = exc  # a bad row is that row's error, not the batch's
+        for position, outcome in zip(positions, self.client.sample_many(requests, return_exceptions=True)):
+            outcomes[position] = outcome
+        for outcome in outcomes:
+            _add_row(columns, outcome)
+        return columns
+
+
+def _plain_prompt(prompt: Any) -> Any:
+    """Turn a prompt cell into a str or a list of Python ints (Arrow and NumPy hand over their own types)."""
+    if isinstance(prompt, str) or prompt is None:
+        return prompt
+    if hasattr(prompt, "tolist"):
+        prompt = prompt.tolist()
+    if isinstance(prompt, (list, tuple)):
+        return [int(t) if hasattr(t, "__index__") and not isinstance(t, bool) else t for t in prompt]
+    return prompt
+
+
+def _add_row(columns: Dict[str, List[Any]], outcome: Any) -> None:
+    if isinstance(outcome, SampleOutput):
+        columns["tokens"].append([list(s.tokens) for s in outcome.sequences])
+        columns["logprobs"].append([[None if lp != lp else lp for lp in s.logprobs] for s in outcome.sequences])
+        columns["text"].append([s.text for s in outcome.sequences])
+        columns["stop_reason"].append([s.stop_reason for s in outcome.sequences])
+        columns["error"].append(None)
+        columns["error_type"].append(None)
+        columns["error_status"].append(None)
+        return
+    columns["tokens"].append([])
+    columns["logprobs"].append([])
+    columns["text"].append([])
+    columns["stop_reason"].append([])
+    columns["error"].append(str(outcome) or repr(outcome))  # our messages are redacted; no response is kept
+    columns["error_type"].append(type(outcome).__name__)
+    columns["error_status"].append(outcome.status if isinstance(outcome, EngineStatusError) else None)
+
+
+def _result_types() -> Dict[str, Any]:
+    """Return the Arrow type of each result column (built lazily: pyarrow is optional)."""
+    import pyarrow as pa
+
+    return {
+        "tokens": pa.list_(pa.list_(pa.int64())),
+        "logprobs": pa.list_(pa.list_(pa.float64())),
+        "text": pa.list_(pa.string()),
+        "stop_reason": pa.list_(pa.string()),
+        "error": pa.string(),
+        "error_type": pa.string(),
+        "error_status": pa.int64(),
+    }
+
+
+def _to_table(batch: Any, kind: str) -> Any:
+    import pyarrow as pa
+
+    if kind == "dict":
+        return pa.table({name: [_plain_prompt(v) for v in values] for name, values in batch.items()})
+    return pa.Table.from_pandas(batch, preserve_index=False)
+
+
+def sample_dataset(
+    dataset: Any,
+    settings: ClientSettings,
+    *,
+    adapter: Optional[str] = None,
+    base_model: Optional[str] = None,
+    num_samples: int = 1,
+    sampling_params: Optional[SamplingParams] = None,
+    prompt_column: str = "prompt",
+    session_column: Optional[str] = None,
+    actors: int = 2,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    num_cpus: float = DEFAULT_ACTOR_CPUS,
+) -> Any:
+    """Return ``dataset`` with the result columns added, sampled by ``actors`` actors (lazy, as Ray Data is).
+
+    Args:
+        dataset: A ``ray.data.Dataset`` with a prompt column.
+        settings: The ``ClientSettings`` each actor builds its client from.
+        actors: Sampling actors; each keeps ``settings.max_workers`` requests in flight.
+        batch_size: Rows per batch.
+        num_cpus: CPUs reserved per actor.
+
+    The other arguments are ``SampleBatches``'.
+    """
+    import ray.data
+
+    return dataset.map_batches(
+        SampleBatches,
+        fn_constructor_args=(settings,),
+        fn_constructor_kwargs={
+            "adapter": adapter,
+            "base_model": base_model,
+            "num_samples": num_samples,
+            "sampling_params": sampling_params,
+            "prompt_column": prompt_column,
+            "session_column": session_column,
+        },
+        batch_format="pyarrow",
+        batch_size=batch_size,
+        compute=ray.data.ActorPoolStrategy(size=actors),
+        num_cpus=num_cpus,
+    )
+
+
+def run_file(input_path: str, output_path: str, settings: ClientSettings, **kwargs: Any) -> Dict[str, int]:
+    """Sample every row of a JSONL or Parquet file of prompts and write the rows with their results.
+
+    The output keeps the input's row order. A ``.jsonl``/``.json`` output is one JSON Lines file, written by the
+    driver as rows stream in, to a temporary name then renamed; a ``.parquet`` output is a folder of Parquet files
+    written by Ray. Row failures are recorded in the ``error`` columns, never raised.
+
+    Args:
+        input_path: ``.jsonl``/``.json`` (one object a line, with a prompt column) or ``.parquet`` (file or folder).
+        output_path: ``.jsonl``/``.json`` file, or ``.parquet`` folder.
+        settings: The ``ClientSettings``.
+        **kwargs: Passed to ``sample_dataset`` (``adapter``, ``base_model``, ``actors``, ...).
+
+    Returns:
+        ``{"rows": N, "failed": F}``.
+    """
+    import ray.data
+
+    context = ray.data.DataContext.get_current()
+    previous = context.execution_options.preserve_order
+    context.execution_options.preserve_order = True  # rows come out in input order
+    try:
+        if _suffix(input_path) == ".parquet":
+            dataset = ray.data.read_parquet(input_path)
+        else:
+            dataset = ray.data.read_json(input_path, lines=True)
+        sampled = sample_dataset(dataset, settings, **kwargs)
+        if _suffix(output_path) == ".parquet":
+            sampled = sampled.materialize()
+            sampled.write_parquet(output_path)
+            failed = sum(
+                table.num_rows - table.column("error").null_count
+                for table in sampled.select_columns(["error"]).iter_batches(batch_format="pyarrow", batch_size=None)
+            )
+            return {"rows": sampled.count(), "failed": failed}
+        return _write_jsonl(sampled.iter_batches(batch_format="pyarrow", batch_size=None), output_path)
+    finally:
+        context.execution_options.preserve_order = previous
+
+
+def _suffix(path: str) -> str:
+    name = path.rstrip("/").lower()
+    return ".parquet" if name.endswith((".parquet", ".pq")) else os.path.splitext(name)[1]
+
+
+def _write_jsonl(batches: Iterator[Any], output_path: str) -> Dict[str, int]:
+    import json
+
+    rows = failed = 0
+    temp = f"{output_path}.{os.getpid()}.tmp"
+    try:
+        with open(temp, "w", encoding="utf-8") as out:
+            for table in batches:
+                for row in table.to_pylist():
+                    rows += 1
+                    failed += row.get("error") is not None
+                    out.write(json.dumps(row, ensure_ascii=False, separators=(",", ":"), default=str) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temp, output_path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    return {"rows": rows, "failed": failed}
