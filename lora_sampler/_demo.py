@@ -90,5 +90,8 @@ def run_demo() -> int:
                 else:
                     text = record["sequences"][0]["text"]
                     print(f"{record['id']}: {len(record['sequences'][0]['tokens'])} tokens: {text[:60]!r}")
-    print(f"demo: {len(DEMO_PROMPTS)} prompts, {failed_attempts} retries through the load race, {loads} load calls")
+    print(
+        f"demo: {len(DEMO_PROMPTS)} prompts, {failed_attempts} retries through the load race, "
+        f"{loads} load call{'s' if loads != 1 else ''}"
+    )
     return status
