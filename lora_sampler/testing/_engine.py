@@ -1,8 +1,8 @@
 """FakeEngine: a loopback stand-in for vLLM's OpenAI server with LoRA adapters (SPEC §7).
 
-Owns the engine state and logic: routing, the adapter table with its lazy resolver and "GPU" LRU, faults and the
-request log. It does not tokenize or sample (``_sampling``), read adapter files (``_adapters``) or speak HTTP on
-the wire (``_server``); bodies come from ``_bodies`` and nothing is written to stderr. Stdlib only.
+Owns the lifecycle (threads, connections, engine death), routing, completions and the public controls; it delegates
+the adapter table (``_adapter_table``), faults (``_faults``) and the request log (``_observability``). It does not
+tokenize or sample (``_sampling``), read adapter files (``_adapters``) or speak HTTP (``_server``). Stdlib only.
 """
 
 from __future__ import annotations
@@ -15,13 +15,15 @@ import socket
 import threading
 import time
 import uuid
-from collections import OrderedDict
-from dataclasses import dataclass, replace
 from typing import Any
 
 from lora_sampler.testing import _bodies as bodies
-from lora_sampler.testing._adapters import AdapterFiles, inspect_adapter
+from lora_sampler.testing._adapter_table import AdapterTable
 from lora_sampler.testing._bodies import VllmBody
+from lora_sampler.testing._faults import FAULT_KINDS as FAULT_KINDS  # re-exported: the public home is here
+from lora_sampler.testing._faults import FaultScript, fault_answer
+from lora_sampler.testing._observability import EngineStats, new_record
+from lora_sampler.testing._observability import RequestRecord as RequestRecord  # re-exported, as FAULT_KINDS
 from lora_sampler.testing._sampling import BYTE_OFFSET, Sampler, parse_request
 from lora_sampler.testing._server import Handler, Server, hang_up, read_body, send
 
@@ -29,44 +31,7 @@ COMPLETIONS_PATH = "/v1/completions"
 LOAD_ADAPTER_PATH = "/v1/load_lora_adapter"
 UNLOAD_ADAPTER_PATH = "/v1/unload_lora_adapter"
 MODELS_PATH = "/v1/models"
-#: The kinds accepted by ``FakeEngine.inject_fault``.
-FAULT_KINDS = frozenset({"refuse", "drop", "hang", "status", "503"})
 _POLL_INTERVAL = 0.05  # how often serve_forever checks for shutdown: bounds how long stop() takes
-
-
-@dataclass(frozen=True)
-class RequestRecord:
-    """One request as the engine saw it; ``status`` is 0 when a fault answered nothing.
-
-    ``model`` is the body's ``model`` (``lora_name`` for load/unload). The Authorization value is never kept.
-    """
-
-    method: str
-    path: str
-    model: str | None
-    status: int
-    session_id: str | None
-    has_auth: bool
-    started: float
-    finished: float
-    fault: str | None = None
-
-
-@dataclass
-class _Fault:
-    kind: str
-    model: str | None
-    path: str
-    remaining: int
-    status: int
-    seconds: float
-    message: str | None
-
-
-@dataclass
-class _Delay:
-    deadline: float | None
-    remaining: int | None
 
 
 class FakeEngine:
@@ -115,24 +80,17 @@ class FakeEngine:
         self.latency, self.load_latency, self.host = latency, load_latency, host
         self._requested_port = port
         self._port: int | None = None
-        self._runtime_updating = runtime_lora_updating
         settings = {"model": model, "max_model_len": max_model_len, "max_loras": max_loras, "rank": max_lora_rank}
         self.system_fingerprint = bodies.system_fingerprint(settings)  # vLLM's default is on (fingerprint-mode full)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the one lock: shared by the adapter table, the fault script and the stats
         self._wake = threading.Event()  # set on stop and on death: cuts every sleep short
         self._server: Server | None = None
         self._threads: list[threading.Thread] = []
         self._started = self._dead = False
-        self._registered: dict[str, str] = {}  # name -> path: the API server's table
-        self._cache: OrderedDict[str, str] = OrderedDict()  # the engine's LRU of loaded adapters
-        self._name_locks: dict[str, threading.Lock] = {}
-        self._delays: dict[str, _Delay] = {}
-        self._faults: list[_Fault] = []
         self._connections: set[socket.socket] = set()
-        self._records: list[RequestRecord] = []
-        self._in_flight = self._opened = self._loads = self._max_loads = self._lazy_loads = 0
-        self._loads_by_name: dict[str, int] = {}
-        self._max_loads_by_name: dict[str, int] = {}
+        self._stats = EngineStats(self._lock)
+        self._faults = FaultScript()
+        self._adapters = AdapterTable(self, self._lock, self._stats, runtime_updating=runtime_lora_updating)
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
 
@@ -199,7 +157,7 @@ class FakeEngine:
     def _track(self, sock: socket.socket, *, opened: bool) -> None:
         with self._lock:
             if opened:
-                self._opened += 1
+                self._stats.opened += 1
                 self._connections.add(sock)
             else:
                 self._connections.discard(sock)
@@ -237,7 +195,7 @@ class FakeEngine:
     def _bring_down(self, server: Server) -> None:
         self._close_listener(server)  # from here on, connections are refused
         deadline = time.monotonic() + 5.0
-        while self._in_flight and time.monotonic() < deadline:
+        while self._stats.in_flight and time.monotonic() < deadline:
             time.sleep(0.005)  # let in-flight requests send their 500s first
         self._close_connections()
 
@@ -245,15 +203,11 @@ class FakeEngine:
 
     def set_runtime_lora_updating(self, on: bool) -> None:
         """Flip ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``: off hides load/unload and the resolver (FINDINGS §3, §4d)."""
-        self._runtime_updating = bool(on)
+        self._adapters.runtime_updating = bool(on)
 
     def set_visibility_delay(self, name: str, *, seconds: float | None = None, requests: int | None = None) -> None:
         """Hide ``lora_dir/name`` until ``seconds`` pass or ``requests`` completions for ``name`` were answered."""
-        if seconds is None and requests is None:
-            raise ValueError("give seconds= or requests=")
-        deadline = None if seconds is None else time.monotonic() + seconds
-        with self._lock:
-            self._delays[name] = _Delay(deadline, requests)
+        self._adapters.set_visibility_delay(name, seconds, requests)
 
     def inject_fault(
         self,
@@ -267,12 +221,9 @@ class FakeEngine:
         message: str | None = None,
     ) -> None:
         """Script the next ``count`` requests on ``path`` (for ``model``, None = any) to fail as ``kind``."""
-        if kind not in FAULT_KINDS:
-            raise ValueError(f"kind must be one of {sorted(FAULT_KINDS)}, not {kind!r}")
-        if count < 1:
-            raise ValueError("count must be at least 1")
+        fault = FaultScript.make(kind, model, path, count, status, seconds, message)
         with self._lock:
-            self._faults.append(_Fault(kind, model, path, count, status, seconds, message))
+            self._faults.add(fault)
 
     def clear_faults(self) -> None:
         """Drop every scripted fault."""
@@ -282,62 +233,54 @@ class FakeEngine:
     @property
     def requests(self) -> list[RequestRecord]:
         """A copy of the request log, in the order answers were decided."""
-        with self._lock:
-            return list(self._records)
+        return self._stats.requests()
 
     def calls(self, path: str, model: str | None = None) -> int:
         """Count logged requests on ``path`` (and for ``model``, when given)."""
-        with self._lock:
-            return sum(1 for r in self._records if r.path == path and (model is None or r.model == model))
+        return self._stats.calls(path, model)
 
     def reset_log(self) -> None:
         """Clear the request log, the connection count and the load peaks."""
-        with self._lock:
-            self._records.clear()
-            self._opened = self._max_loads = self._lazy_loads = 0
-            self._max_loads_by_name.clear()
+        self._stats.reset()
 
     @property
     def connections_opened(self) -> int:
         """TCP connections accepted (since start or ``reset_log``)."""
-        return self._opened
+        return self._stats.opened
 
     @property
     def loads_in_flight(self) -> int:
         """``/v1/load_lora_adapter`` requests being handled now."""
-        return self._loads
+        return self._stats.loads
 
     @property
     def max_loads_in_flight(self) -> int:
         """Peak of ``loads_in_flight`` over all names."""
-        return self._max_loads
+        return self._stats.max_loads
 
     def max_loads_in_flight_for(self, name: str) -> int:
         """Peak number of concurrent ``/v1/load_lora_adapter`` requests for ``name``."""
-        with self._lock:
-            return self._max_loads_by_name.get(name, 0)
+        return self._stats.max_loads_for(name)
 
     @property
     def resolver_loads(self) -> int:
         """Adapters loaded lazily by the filesystem resolver (failed resolutions are not counted)."""
-        return self._lazy_loads
+        return self._stats.lazy_loads
 
     @property
     def requests_in_flight(self) -> int:
         """Requests read but not yet answered."""
-        return self._in_flight
+        return self._stats.in_flight
 
     @property
     def loaded_adapters(self) -> list[str]:
         """Registered adapter names (the API table, which keeps names evicted from the LRU)."""
-        with self._lock:
-            return list(self._registered)
+        return self._adapters.names()
 
     @property
     def cached_adapters(self) -> list[str]:
         """Adapters in the engine's LRU, least recently used first."""
-        with self._lock:
-            return list(self._cache)
+        return self._adapters.cached()
 
     @property
     def is_dead(self) -> bool:
@@ -361,11 +304,14 @@ class FakeEngine:
             value = payload.get("lora_name" if path in (LOAD_ADAPTER_PATH, UNLOAD_ADAPTER_PATH) else "model")
             model = value if isinstance(value, str) else None
         with self._lock:
-            self._in_flight += 1
-            fault = self._take_fault(path, model)
+            self._stats.in_flight += 1
+            fault = self._faults.take(path, model)
         try:
             try:
-                answer = self._apply_fault(handler, fault) if fault else self._route(handler, path, payload)
+                if fault is not None:
+                    answer = fault_answer(fault, old_shape=self.old_error_shape, sleep=self._sleep)
+                else:
+                    answer = self._route(handler, path, payload)
             except Exception as exc:  # a bug in the fake: answer it like vLLM's generic handler, visibly
                 answer = bodies.error(500, f"FakeEngine internal error: {exc!r}", "InternalServerError")
             status = answer.status if answer is not None else 0
@@ -376,46 +322,16 @@ class FakeEngine:
                 send(handler, answer)
         finally:
             with self._lock:
-                self._in_flight -= 1
+                self._stats.in_flight -= 1
 
     def _log(
         self, handler: Handler, path: str, model: str | None, status: int, started: float, fault: str | None
     ) -> None:
-        record = RequestRecord(
-            method=handler.command,
-            path=path,
-            model=model,
-            status=status,
-            session_id=handler.headers.get("X-Session-ID"),
-            has_auth="Authorization" in handler.headers,
-            started=started,
-            finished=time.monotonic(),
-            fault=fault,
-        )
+        record = new_record(handler, path, model, status, started, fault)
         with self._lock:  # logged before the answer leaves, so a client never sees it first
-            self._records.append(record)
-            delay = self._delays.get(model or "")
-            if path == COMPLETIONS_PATH and status and delay is not None and delay.remaining is not None:
-                delay.remaining -= 1
-
-    def _take_fault(self, path: str, model: str | None) -> _Fault | None:
-        for fault in self._faults:
-            if fault.path == path and (fault.model is None or fault.model == model):
-                fault.remaining -= 1
-                if not fault.remaining:
-                    self._faults.remove(fault)
-                return replace(fault)
-        return None
-
-    def _apply_fault(self, handler: Handler, fault: _Fault) -> VllmBody | None:
-        if fault.kind == "status":
-            message = fault.message or f"scripted {fault.status}"
-            return bodies.error(fault.status, message, _error_type(fault.status), old_shape=self.old_error_shape)
-        if fault.kind == "503":
-            return bodies.retry_later(old_shape=self.old_error_shape)
-        if fault.kind == "hang":
-            self._sleep(fault.seconds)
-        return None  # refuse, drop, hang: no answer
+            self._stats.records.append(record)
+            if path == COMPLETIONS_PATH and status:
+                self._adapters.completion_answered_locked(model)
 
     def _route(self, handler: Handler, path: str, payload: Any) -> VllmBody:
         if path in ("/health", "/ping"):
@@ -426,12 +342,13 @@ class FakeEngine:
             if not secrets.compare_digest(got, expected.encode("utf-8", "replace")):
                 return bodies.unauthorized()
         routes = {
-            MODELS_PATH: ("GET", self._models),
+            MODELS_PATH: ("GET", self._adapters.models),
             COMPLETIONS_PATH: ("POST", self._complete),
-            LOAD_ADAPTER_PATH: ("POST", self._load),
-            UNLOAD_ADAPTER_PATH: ("POST", self._unload),
+            LOAD_ADAPTER_PATH: ("POST", self._adapters.load),
+            UNLOAD_ADAPTER_PATH: ("POST", self._adapters.unload),
         }
-        if path not in routes or (path in (LOAD_ADAPTER_PATH, UNLOAD_ADAPTER_PATH) and not self._runtime_updating):
+        updating = self._adapters.runtime_updating
+        if path not in routes or (path in (LOAD_ADAPTER_PATH, UNLOAD_ADAPTER_PATH) and not updating):
             return bodies.route_not_found()  # the load/unload routes are not registered (FINDINGS §4d)
         method, serve = routes[path]
         if handler.command != method:
@@ -445,142 +362,13 @@ class FakeEngine:
     def _bad(self, message: str, param: str | None = None) -> VllmBody:
         return bodies.bad_request(message, param, old_shape=self.old_error_shape)
 
-    # -- adapters ----------------------------------------------------------------------------------------------------
-
-    def _is_visible(self, path: str) -> bool:
-        if self.lora_dir is None:
-            return True
-        name = os.path.relpath(os.path.abspath(path), os.path.abspath(self.lora_dir))
-        with self._lock:
-            delay = self._delays.get(name)
-            if delay is None:
-                return True
-            due = delay.deadline is not None and time.monotonic() >= delay.deadline
-            if due or (delay.remaining is not None and delay.remaining <= 0):
-                del self._delays[name]
-                return True
-            return False
-
-    def _inspect(self, path: str) -> AdapterFiles:
-        """Read an adapter directory as vLLM does, unless a visibility delay still hides it (FINDINGS §4c, §4d)."""
-        if not self._is_visible(path):
-            return AdapterFiles("absent")
-        return inspect_adapter(path, self.max_lora_rank)
-
-    def _name_lock(self, name: str) -> threading.Lock:
-        with self._lock:
-            return self._name_locks.setdefault(name, threading.Lock())
-
-    def _register(self, name: str, path: str) -> None:
-        with self._lock:
-            self._registered[name] = path
-            self._cache[name] = path
-            self._cache.move_to_end(name)
-            while len(self._cache) > self.max_loras:
-                self._cache.popitem(last=False)
-
-    def _check_model(self, name: str) -> VllmBody | None:
-        """Accept the base or a registered adapter, else try the lazy filesystem resolver (FINDINGS §4a-c)."""
-        with self._lock:
-            if name == self.model or name in self._registered:
-                return None
-        missing = bodies.model_not_found(name, self.model, old_shape=self.old_error_shape)
-        if not self._runtime_updating or self.lora_dir is None:
-            return missing  # without runtime updating the resolver is never consulted (FINDINGS §3)
-        with self._name_lock(name):  # vLLM serializes resolution per name, so racing requests load once
-            with self._lock:
-                if name in self._registered:
-                    return None
-            path = os.path.join(self.lora_dir, name)
-            files = self._inspect(path)
-            if files.verdict == "absent":
-                return missing
-            if files.verdict == "json":
-                return bodies.error(400, files.detail, "BadRequestError", old_shape=self.old_error_shape)
-            config = files.config if isinstance(files.config, dict) else {}
-            if config.get("peft_type") != "LORA" or config.get("base_model_name_or_path") != self.model:
-                return missing  # silently ignored by the resolver (FINDINGS §2)
-            if files.verdict != "ok":
-                return bodies.adapter_not_loadable(name, old_shape=self.old_error_shape)
-            self._pause("load_latency")
-            self._register(name, path)
-            with self._lock:
-                self._lazy_loads += 1
-            return None
-
-    def _touch(self, name: str) -> VllmBody | None:
-        """Use an adapter: reload it from disk when evicted; a failed reload kills the engine (FINDINGS §5)."""
-        with self._lock:
-            if name == self.model:
-                return None
-            path = self._registered.get(name)
-            if path is None:
-                return bodies.model_not_found(name, self.model, old_shape=self.old_error_shape)
-            if name in self._cache:
-                self._cache.move_to_end(name)
-                return None
-        if self._inspect(path).verdict != "ok":
-            self._die()
-            return bodies.engine_dead(old_shape=self.old_error_shape)
-        self._pause("load_latency")
-        self._register(name, path)
-        return None
-
-    def _load(self, payload: dict[str, Any]) -> VllmBody:
-        name, path = payload.get("lora_name"), payload.get("lora_path")
-        if not isinstance(name, str) or not isinstance(path, str):
-            field = "lora_path" if isinstance(name, str) else "lora_name"
-            return bodies.validation_error(field, len(payload), old_shape=self.old_error_shape)
-        if name == self.model:
-            return bodies.base_conflict(name, old_shape=self.old_error_shape)
-        with self._lock:
-            if name in self._registered and not payload.get("load_inplace"):
-                return bodies.already_loaded(name, old_shape=self.old_error_shape)
-            self._loads += 1
-            self._loads_by_name[name] = self._loads_by_name.get(name, 0) + 1
-            self._max_loads = max(self._max_loads, self._loads)
-            self._max_loads_by_name[name] = max(self._max_loads_by_name.get(name, 0), self._loads_by_name[name])
-        try:
-            self._pause("load_latency")
-            files = self._inspect(path)
-        finally:
-            with self._lock:
-                self._loads -= 1
-                self._loads_by_name[name] -= 1
-        if files.verdict == "absent":
-            return bodies.load_no_adapter(name, path, old_shape=self.old_error_shape)
-        if files.verdict == "no_weights":
-            return bodies.load_no_weights(path, old_shape=self.old_error_shape)
-        if files.verdict != "ok":
-            return bodies.worker_failed(files.detail, old_shape=self.old_error_shape)
-        self._register(name, path)
-        return bodies.load_success(name)
-
-    def _unload(self, payload: dict[str, Any]) -> VllmBody:
-        name = payload.get("lora_name")
-        if not isinstance(name, str):
-            return bodies.validation_error("lora_name", len(payload), old_shape=self.old_error_shape)
-        with self._lock:
-            if self._registered.pop(name, None) is None:
-                return bodies.unload_not_found(name, old_shape=self.old_error_shape)
-            self._cache.pop(name, None)
-        return bodies.unload_success(name)
-
-    def _models(self, payload: dict[str, Any]) -> VllmBody:
-        created = int(time.time())
-        with self._lock:
-            adapters = list(self._registered.items())
-        cards = [bodies.model_card(self.model, self.model, None, self.max_model_len, created)]
-        cards += [bodies.model_card(name, path, self.model, None, created) for name, path in adapters]
-        return bodies.json_body(200, {"object": "list", "data": cards})
-
     # -- completions -------------------------------------------------------------------------------------------------
 
     def _complete(self, payload: dict[str, Any]) -> VllmBody:
         name = payload.get("model") or self.model  # vLLM serves the base when model is omitted
         if not isinstance(name, str):
             return self._bad("model must be a string", "model")
-        problem = self._check_model(name)  # before any length check (FINDINGS §4a)
+        problem = self._adapters.check_model(name)  # before any length check (FINDINGS §4a)
         if problem is not None:
             return problem
         request = parse_request(payload)
@@ -596,7 +384,7 @@ class FakeEngine:
         for token_id in request.prompt:
             if not 0 <= token_id < self.vocab_size:
                 return bodies.token_out_of_vocab(token_id, old_shape=self.old_error_shape)
-        problem = self._touch(name)
+        problem = self._adapters.touch(name)
         if problem is not None:
             return problem
         self._pause("latency")
@@ -607,16 +395,5 @@ class FakeEngine:
         generated = sum(len(sampler.token_ids[index]) for index in range(request.n))
         created = int(time.time())
         return bodies.completion_response(
-            f"cmpl-{uuid.uuid4().hex}",
-            created,
-            name,
-            choices,
-            len(request.prompt),
-            generated,
-            self.system_fingerprint,
+            f"cmpl-{uuid.uuid4().hex}", created, name, choices, len(request.prompt), generated, self.system_fingerprint
         )
-
-
-def _error_type(status: int) -> str:
-    names = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 429: "RateLimitError"}
-    return names.get(status, "InternalServerError" if status >= 500 else "BadRequestError")

@@ -1,0 +1,199 @@
+"""FakeEngine's adapter table: registered names, the "GPU" LRU of ``max_loras``, the lazy filesystem resolver,
+visibility delays, load/unload and the reload whose failure kills the engine (FINDINGS §2-§5).
+
+It does not route, log, script faults or own the engine's lifecycle (``_engine``), nor read adapter files itself
+(``_adapters``); it reads the engine's settings live and shares the engine's lock. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from lora_sampler.testing import _bodies as bodies
+from lora_sampler.testing._adapters import AdapterFiles, inspect_adapter
+from lora_sampler.testing._bodies import VllmBody
+from lora_sampler.testing._observability import EngineStats
+
+if TYPE_CHECKING:
+    from lora_sampler.testing._engine import FakeEngine
+
+
+@dataclass
+class _Delay:
+    deadline: float | None
+    remaining: int | None
+
+
+class AdapterTable:
+    """The API server's name table plus the engine's LRU. ``runtime_updating`` is the
+    ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` flag; ``engine`` supplies the settings, ``_pause`` and ``_die``.
+    """
+
+    def __init__(self, engine: FakeEngine, lock: threading.Lock, stats: EngineStats, *, runtime_updating: bool) -> None:
+        self._engine, self._lock, self._stats = engine, lock, stats
+        self.runtime_updating = runtime_updating
+        self._registered: dict[str, str] = {}  # name -> path: the API server's table
+        self._cache: OrderedDict[str, str] = OrderedDict()  # the engine's LRU of loaded adapters
+        self._name_locks: dict[str, threading.Lock] = {}
+        self._delays: dict[str, _Delay] = {}
+
+    # -- queries and controls ----------------------------------------------------------------------------------------
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return list(self._registered)
+
+    def cached(self) -> list[str]:
+        with self._lock:
+            return list(self._cache)
+
+    def set_visibility_delay(self, name: str, seconds: float | None, requests: int | None) -> None:
+        if seconds is None and requests is None:
+            raise ValueError("give seconds= or requests=")
+        deadline = None if seconds is None else time.monotonic() + seconds
+        with self._lock:
+            self._delays[name] = _Delay(deadline, requests)
+
+    def completion_answered_locked(self, model: str | None) -> None:
+        """Count an answered completion against ``model``'s request-count delay; the caller holds the lock."""
+        delay = self._delays.get(model or "")
+        if delay is not None and delay.remaining is not None:
+            delay.remaining -= 1
+
+    # -- files ---------------------------------------------------------------------------------------------------------
+
+    def _is_visible(self, path: str) -> bool:
+        lora_dir = self._engine.lora_dir
+        if lora_dir is None:
+            return True
+        name = os.path.relpath(os.path.abspath(path), os.path.abspath(lora_dir))
+        with self._lock:
+            delay = self._delays.get(name)
+            if delay is None:
+                return True
+            due = delay.deadline is not None and time.monotonic() >= delay.deadline
+            if due or (delay.remaining is not None and delay.remaining <= 0):
+                del self._delays[name]
+                return True
+            return False
+
+    def _inspect(self, path: str) -> AdapterFiles:
+        """Read an adapter directory as vLLM does, unless a visibility delay still hides it (FINDINGS §4c, §4d)."""
+        if not self._is_visible(path):
+            return AdapterFiles("absent")
+        return inspect_adapter(path, self._engine.max_lora_rank)
+
+    def _name_lock(self, name: str) -> threading.Lock:
+        with self._lock:
+            return self._name_locks.setdefault(name, threading.Lock())
+
+    def _register(self, name: str, path: str) -> None:
+        with self._lock:
+            self._registered[name] = path
+            self._cache[name] = path
+            self._cache.move_to_end(name)
+            while len(self._cache) > self._engine.max_loras:
+                self._cache.popitem(last=False)
+
+    # -- serving -------------------------------------------------------------------------------------------------------
+
+    def check_model(self, name: str) -> VllmBody | None:
+        """Accept the base or a registered adapter, else try the lazy filesystem resolver (FINDINGS §4a-c)."""
+        engine = self._engine
+        with self._lock:
+            if name == engine.model or name in self._registered:
+                return None
+        missing = bodies.model_not_found(name, engine.model, old_shape=engine.old_error_shape)
+        if not self.runtime_updating or engine.lora_dir is None:
+            return missing  # without runtime updating the resolver is never consulted (FINDINGS §3)
+        with self._name_lock(name):  # vLLM serializes resolution per name, so racing requests load once
+            with self._lock:
+                if name in self._registered:
+                    return None
+            path = os.path.join(engine.lora_dir, name)
+            files = self._inspect(path)
+            if files.verdict == "absent":
+                return missing
+            if files.verdict == "json":
+                return bodies.error(400, files.detail, "BadRequestError", old_shape=engine.old_error_shape)
+            config = files.config if isinstance(files.config, dict) else {}
+            if config.get("peft_type") != "LORA" or config.get("base_model_name_or_path") != engine.model:
+                return missing  # silently ignored by the resolver (FINDINGS §2)
+            if files.verdict != "ok":
+                return bodies.adapter_not_loadable(name, old_shape=engine.old_error_shape)
+            engine._pause("load_latency")
+            self._register(name, path)
+            with self._lock:
+                self._stats.lazy_loads += 1
+            return None
+
+    def touch(self, name: str) -> VllmBody | None:
+        """Use an adapter: reload it from disk when evicted; a failed reload kills the engine (FINDINGS §5)."""
+        engine = self._engine
+        with self._lock:
+            if name == engine.model:
+                return None
+            path = self._registered.get(name)
+            if path is None:
+                return bodies.model_not_found(name, engine.model, old_shape=engine.old_error_shape)
+            if name in self._cache:
+                self._cache.move_to_end(name)
+                return None
+        if self._inspect(path).verdict != "ok":
+            engine._die()
+            return bodies.engine_dead(old_shape=engine.old_error_shape)
+        engine._pause("load_latency")
+        self._register(name, path)
+        return None
+
+    def load(self, payload: dict[str, Any]) -> VllmBody:
+        engine = self._engine
+        name, path = payload.get("lora_name"), payload.get("lora_path")
+        if not isinstance(name, str) or not isinstance(path, str):
+            field = "lora_path" if isinstance(name, str) else "lora_name"
+            return bodies.validation_error(field, len(payload), old_shape=engine.old_error_shape)
+        if name == engine.model:
+            return bodies.base_conflict(name, old_shape=engine.old_error_shape)
+        with self._lock:
+            if name in self._registered and not payload.get("load_inplace"):
+                return bodies.already_loaded(name, old_shape=engine.old_error_shape)
+            self._stats.load_started_locked(name)
+        try:
+            engine._pause("load_latency")
+            files = self._inspect(path)
+        finally:
+            with self._lock:
+                self._stats.load_finished_locked(name)
+        if files.verdict == "absent":
+            return bodies.load_no_adapter(name, path, old_shape=engine.old_error_shape)
+        if files.verdict == "no_weights":
+            return bodies.load_no_weights(path, old_shape=engine.old_error_shape)
+        if files.verdict != "ok":
+            return bodies.worker_failed(files.detail, old_shape=engine.old_error_shape)
+        self._register(name, path)
+        return bodies.load_success(name)
+
+    def unload(self, payload: dict[str, Any]) -> VllmBody:
+        name = payload.get("lora_name")
+        if not isinstance(name, str):
+            return bodies.validation_error("lora_name", len(payload), old_shape=self._engine.old_error_shape)
+        with self._lock:
+            if self._registered.pop(name, None) is None:
+                return bodies.unload_not_found(name, old_shape=self._engine.old_error_shape)
+            self._cache.pop(name, None)
+        return bodies.unload_success(name)
+
+    def models(self, payload: dict[str, Any]) -> VllmBody:
+        """``GET /v1/models``: the base model's card, then one per registered adapter."""
+        engine = self._engine
+        created = int(time.time())
+        with self._lock:
+            adapters = list(self._registered.items())
+        cards = [bodies.model_card(engine.model, engine.model, None, engine.max_model_len, created)]
+        cards += [bodies.model_card(name, path, engine.model, None, created) for name, path in adapters]
+        return bodies.json_body(200, {"object": "list", "data": cards})

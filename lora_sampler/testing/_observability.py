@@ -1,0 +1,92 @@
+"""What FakeEngine lets a test observe: the request log (``RequestRecord``) and the connection and load counters.
+
+Owns the records and counters and their locked queries; it decides nothing about answers, faults or adapters
+(``_engine``, ``_faults``, ``_adapter_table``) and holds no lock of its own: it shares the engine's. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lora_sampler.testing._server import Handler
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request as the engine saw it; ``status`` is 0 when a fault answered nothing.
+
+    ``model`` is the body's ``model`` (``lora_name`` for load/unload). The Authorization value is never kept.
+    """
+
+    method: str
+    path: str
+    model: str | None
+    status: int
+    session_id: str | None
+    has_auth: bool
+    started: float
+    finished: float
+    fault: str | None = None
+
+
+def new_record(
+    handler: Handler, path: str, model: str | None, status: int, started: float, fault: str | None
+) -> RequestRecord:
+    """The record of a request answered now (the Authorization header's value is not kept)."""
+    return RequestRecord(
+        method=handler.command,
+        path=path,
+        model=model,
+        status=status,
+        session_id=handler.headers.get("X-Session-ID"),
+        has_auth="Authorization" in handler.headers,
+        started=started,
+        finished=time.monotonic(),
+        fault=fault,
+    )
+
+
+class EngineStats:
+    """The request log and counters. Plain attributes and ``*_locked`` methods expect the caller to hold ``lock``;
+    the other methods take it themselves. Unlocked reads of a single counter are fine (ints are replaced whole).
+    """
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self._lock = lock
+        self.records: list[RequestRecord] = []
+        self.in_flight = self.opened = self.loads = self.max_loads = self.lazy_loads = 0
+        self._loads_by_name: dict[str, int] = {}
+        self._max_loads_by_name: dict[str, int] = {}
+
+    def requests(self) -> list[RequestRecord]:
+        with self._lock:
+            return list(self.records)
+
+    def calls(self, path: str, model: str | None = None) -> int:
+        with self._lock:
+            return sum(1 for r in self.records if r.path == path and (model is None or r.model == model))
+
+    def reset(self) -> None:
+        """Clear the log, the connection count and the load peaks (not the loads in flight)."""
+        with self._lock:
+            self.records.clear()
+            self.opened = self.max_loads = self.lazy_loads = 0
+            self._max_loads_by_name.clear()
+
+    def max_loads_for(self, name: str) -> int:
+        with self._lock:
+            return self._max_loads_by_name.get(name, 0)
+
+    def load_started_locked(self, name: str) -> None:
+        self.loads += 1
+        self._loads_by_name[name] = self._loads_by_name.get(name, 0) + 1
+        self.max_loads = max(self.max_loads, self.loads)
+        self._max_loads_by_name[name] = max(self._max_loads_by_name.get(name, 0), self._loads_by_name[name])
+
+    def load_finished_locked(self, name: str) -> None:
+        self.loads -= 1
+        self._loads_by_name[name] -= 1
