@@ -42,7 +42,7 @@ class AdapterRegistry:
         self._key_locks: Dict[str, threading.Lock] = {}
         self._published: Dict[str, Adapter] = {}
         self._checked: Set[str] = set()
-        self._engine_model: Optional[str] = None
+        self._base: Optional[List[Tuple[str, str]]] = None
         self._in_flight: Counter[str] = collections.Counter()
         self._lineage_of: Dict[str, Tuple[str, bool]] = {}
         self._lineages: Dict[str, List[str]] = {}
@@ -125,13 +125,20 @@ class AdapterRegistry:
 
     def engine_model(self) -> str:
         """Return the engine's base model: the ``root`` of the base card in ``GET /v1/models`` (cached)."""
-        if self._engine_model is None:
+        return self._base_cards()[0][1]
+
+    def served_base_models(self) -> Tuple[str, ...]:
+        """Return the names the engine serves its base model under (the ids of its base cards; cached)."""
+        return tuple(name for name, _ in self._base_cards())
+
+    def _base_cards(self) -> List[Tuple[str, str]]:
+        if self._base is None:
             cards = self._transport.get(MODELS_PATH).json().get("data") or []
-            base = [card for card in cards if not card.get("parent")]
+            base = [(str(card["id"]), str(card.get("root") or card["id"])) for card in cards if not card.get("parent")]
             if not base:
                 raise LoraSamplerError("GET /v1/models lists no base model; is base_url a vLLM server?")
-            self._engine_model = str(base[0].get("root") or base[0]["id"])
-        return self._engine_model
+            self._base = base
+        return self._base
 
     # -- unloading and lineages -----------------------------------------------------------------------------
 

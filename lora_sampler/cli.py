@@ -194,6 +194,12 @@ def _preflight(client: SamplerClient, args: argparse.Namespace) -> Union[Adapter
     """Fail at once on a dead engine, a refused key or an unusable adapter; return what to sample."""
     engine_model = client.engine_model()  # one GET /v1/models
     if args.base_model:
+        served = client.served_base_models()
+        if args.base_model not in served:
+            raise UsageError(
+                f"--base-model {args.base_model!r} is not served by the engine at {client.base_url}; it serves "
+                f"{', '.join(map(repr, served))}. Pass one of those, or --adapter for a LoRA adapter"
+            )
         return str(args.base_model)
     if is_checkpoint_path(args.adapter):
         if not args.lora_base_dir:

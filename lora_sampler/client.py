@@ -348,8 +348,18 @@ class SamplerClient:
         self._loads.forget(name)
 
     def engine_model(self) -> str:
-        """Return the engine's base model (the ``root`` of the base card in ``GET /v1/models``; cached)."""
+        """Return the engine's base model (the ``root`` of the base card in ``GET /v1/models``; cached).
+
+        This is the string an adapter's ``base_model_name_or_path`` must equal.
+        """
         return self._registry.engine_model()
+
+    def served_base_models(self) -> Tuple[str, ...]:
+        """Return the names ``base_model=`` may take: the ids of the base cards in ``GET /v1/models`` (cached).
+
+        They differ from ``engine_model()`` when the engine runs with ``--served-model-name``.
+        """
+        return self._registry.served_base_models()
 
 
 def _as_request(item: RequestLike) -> SampleRequest:

@@ -251,6 +251,18 @@ def test_cli_sample_adapter_for_another_base_model_exits_2(
     assert engine.calls(COMPLETIONS) == 0
 
 
+def test_cli_sample_unknown_base_model_exits_2(
+    engine: FakeEngine, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A --base-model the engine does not serve is refused, naming the served model, before any completion."""
+    inp, out = write_prompts(tmp_path / "in.jsonl", 5), tmp_path / "out.jsonl"
+    argv = ["sample", "--base-url", engine.url, "--base-model", "tiny-bsae", "--input", str(inp), "--output", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "'tiny-bsae' is not served" in err and repr(engine.model) in err
+    assert engine.calls(COMPLETIONS) == 0
+
+
 def test_cli_sample_api_key_from_env_is_never_echoed(
     lora_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
