@@ -32,7 +32,8 @@ def use_the_api() -> None:
         first: GeneratedSequence = output.sequences[0]
         tokens: tuple[int, ...] = first.tokens
         print(tokens, first.logprobs, first.stop_reason, first.text)
-        future: concurrent.futures.Future[SampleOutput] = client.submit("hello", base_model="m")
+        served: tuple[str, ...] = client.served_base_models()
+        future: concurrent.futures.Future[SampleOutput] = client.submit("hello", base_model=served[0])
         print(future.result().sequences)
         many: List[object] = client.sample_many([SampleRequest([1], adapter="step-400")], return_exceptions=True)
         print(many)
