@@ -5,6 +5,7 @@ Most cases call ``main([...])`` in process; the kill, SIGINT, stdin and demo cas
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -117,6 +118,18 @@ def start_cli(args: List[str], tmp_path: Path, **popen: Any) -> subprocess.Popen
     finally:
         stdout.close()
         stderr.close()
+
+
+@contextlib.contextmanager
+def running_cli(args: List[str], tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """Run the CLI in a subprocess for the block; it is always killed and reaped afterwards."""
+    proc = start_cli(args, tmp_path)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def wait_for_lines(path: Path, count: int, proc: subprocess.Popen[bytes]) -> None:
@@ -336,15 +349,10 @@ def test_cli_sample_killed_midway_resumes_every_id_once(lora_dir: Path, tmp_path
     with FakeEngine(lora_dir=lora_dir, latency=0.05) as slow:
         ckpt = build_adapter_archive(str(tmp_path / "step-1.tar.gz"), slow.model)
         args = sample_args(slow, lora_dir, ckpt, inp, out, "--concurrency", "4")
-        proc = start_cli(args, tmp_path)
-        try:
+        with running_cli(args, tmp_path) as proc:
             wait_for_lines(out, 20, proc)
             proc.kill()
             proc.wait(timeout=WAIT_SECONDS)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
         assert len(ids(out)) < count  # it really was mid-run
         with out.open("a", encoding="utf-8") as f:
             f.write('{"id": "p1", "model": "x", "sequ')  # a torn last line
@@ -362,15 +370,10 @@ def test_cli_sample_sigint_exits_130_and_resumes(lora_dir: Path, tmp_path: Path)
     with FakeEngine(lora_dir=lora_dir, latency=0.05) as slow:
         ckpt = build_adapter_archive(str(tmp_path / "step-1.tar.gz"), slow.model)
         args = sample_args(slow, lora_dir, ckpt, inp, out, "--concurrency", "4")
-        proc = start_cli(args, tmp_path)
-        try:
+        with running_cli(args, tmp_path) as proc:
             wait_for_lines(out, 10, proc)
             proc.send_signal(signal.SIGINT)
             assert proc.wait(timeout=WAIT_SECONDS) == 130
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
         partial = ids(out)
         assert len(partial) < count and len(partial) == len(set(partial))
         assert "interrupted" in (tmp_path / "cli.stderr").read_text()
@@ -385,8 +388,7 @@ def test_cli_sample_second_sigint_abandons_hung_requests(lora_dir: Path, tmp_pat
     with FakeEngine(lora_dir=lora_dir, latency=WAIT_SECONDS * 2) as hung:
         ckpt = build_adapter_archive(str(tmp_path / "step-1.tar.gz"), hung.model)
         args = sample_args(hung, lora_dir, ckpt, inp, out, "--concurrency", "2")
-        proc = start_cli(args, tmp_path)
-        try:
+        with running_cli(args, tmp_path) as proc:
             deadline = time.monotonic() + WAIT_SECONDS
             while hung.requests_in_flight < 2 and time.monotonic() < deadline:
                 assert proc.poll() is None
@@ -395,10 +397,6 @@ def test_cli_sample_second_sigint_abandons_hung_requests(lora_dir: Path, tmp_pat
             time.sleep(0.1)
             proc.send_signal(signal.SIGINT)
             assert proc.wait(timeout=WAIT_SECONDS) == 130
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
         assert records(out) == []
         assert "resume" in (tmp_path / "cli.stderr").read_text()
 
