@@ -124,6 +124,11 @@ class EngineTransport:
         }
         self._pool = self._direct_pool()
 
+    @property
+    def has_api_key(self) -> bool:
+        """Whether requests carry ``Authorization: Bearer`` (the key itself is never exposed)."""
+        return bool(self._api_key)
+
     def _direct_pool(self) -> Optional[urllib3.HTTPConnectionPool]:
         """Return the adapter's pool for the engine, configured by requests, or None when a proxy applies."""
         if requests.utils.select_proxy(self.base_url, self.session.proxies):

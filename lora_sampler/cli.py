@@ -117,8 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _client(args: argparse.Namespace, **kwargs: Any) -> SamplerClient:
-    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
-    return SamplerClient(args.base_url, api_key=api_key, lora_base_dir=args.lora_base_dir, **kwargs)
+    # SamplerClient falls back to $LORA_SAMPLER_API_KEY itself.
+    return SamplerClient(args.base_url, api_key=args.api_key, lora_base_dir=args.lora_base_dir, **kwargs)
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
@@ -144,8 +144,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     """Run the doctor's checks and print each as ok, or as a problem with its fix."""
     from lora_sampler.doctor import run_checks
 
-    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
-    findings = run_checks(args.base_url, api_key=api_key, lora_base_dir=args.lora_base_dir, adapter=args.adapter)
+    findings = run_checks(args.base_url, api_key=args.api_key, lora_base_dir=args.lora_base_dir, adapter=args.adapter)
     for finding in findings:
         print(f"{'ok' if finding.ok else 'PROBLEM':8} {finding.check}: {finding.detail}")
         if not finding.ok:

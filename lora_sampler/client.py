@@ -100,6 +100,11 @@ class SamplerClient:
         """The engine root URL (without ``/v1``)."""
         return self._transport.base_url
 
+    @property
+    def has_api_key(self) -> bool:
+        """Whether an API key is sent (from ``api_key`` or ``$LORA_SAMPLER_API_KEY``); the key is never exposed."""
+        return self._transport.has_api_key
+
     def __repr__(self) -> str:
         return f"SamplerClient({self.base_url!r}, max_workers={self.max_workers})"
 

@@ -67,7 +67,7 @@ def run_checks(
     with SamplerClient(
         base_url, api_key=api_key, lora_base_dir=lora_base_dir, retry=once, timeout=(5.0, 30.0)
     ) as client:
-        model = check_engine(client, api_key, findings)
+        model = check_engine(client, findings)
         if model is None:
             return findings
         findings.append(check_runtime_updating(client))
@@ -78,7 +78,7 @@ def run_checks(
     return findings
 
 
-def check_engine(client: SamplerClient, api_key: Optional[str], findings: List[Finding]) -> Optional[str]:
+def check_engine(client: SamplerClient, findings: List[Finding]) -> Optional[str]:
     """Check that the engine answers, accepts the key and serves a base model; return that model, or None."""
     url = client.base_url
     try:
@@ -89,7 +89,9 @@ def check_engine(client: SamplerClient, api_key: Optional[str], findings: List[F
         return None
     except AuthenticationError as exc:
         findings.append(Finding("engine", True, f"{url} answers"))
-        sent = "the API key given was refused" if api_key else "no API key was sent, and the engine wants one"
+        sent = (
+            "the API key given was refused" if client.has_api_key else "no API key was sent, and the engine wants one"
+        )
         fix = "pass the engine's --api-key value as --api-key, or set LORA_SAMPLER_API_KEY"
         findings.append(Finding("api key", False, f"{sent} (HTTP {exc.status})", fix))
         return None
@@ -98,7 +100,7 @@ def check_engine(client: SamplerClient, api_key: Optional[str], findings: List[F
         findings.append(Finding("engine", False, f"{url} answered, but not like vLLM: {exc}", fix))
         return None
     findings.append(Finding("engine", True, f"{url} answers"))
-    findings.append(Finding("api key", True, "accepted" if api_key else "none needed"))
+    findings.append(Finding("api key", True, "accepted" if client.has_api_key else "none needed"))
     findings.append(Finding("base model", True, f"the engine serves {model!r}"))
     return model
 

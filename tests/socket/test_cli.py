@@ -441,6 +441,20 @@ def test_cli_doctor_missing_api_key(
     assert "PROBLEM  api key: no API key was sent" in out and "LORA_SAMPLER_API_KEY" in out
 
 
+def test_cli_doctor_key_from_environment(
+    lora_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A key from LORA_SAMPLER_API_KEY is used and reported as sent: accepted, or refused when wrong."""
+    with FakeEngine(lora_dir=lora_dir, api_key="k") as keyed:
+        monkeypatch.setenv("LORA_SAMPLER_API_KEY", "k")
+        main(["doctor", "--base-url", keyed.url])
+        monkeypatch.setenv("LORA_SAMPLER_API_KEY", "sk-env-wrong-123")
+        assert main(["doctor", "--base-url", keyed.url]) == 1
+    out = capsys.readouterr().out
+    assert "ok       api key: accepted" in out and "PROBLEM  api key: the API key given was refused" in out
+    assert "sk-env-wrong-123" not in out
+
+
 def test_cli_doctor_runtime_updating_off(
     engine: FakeEngine, lora_dir: Path, no_waits: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
