@@ -48,6 +48,7 @@ class AdapterRegistry:
         self._lineages: Dict[str, List[str]] = {}
         self._newest_served: Dict[str, int] = {}
         self._retired: Set[str] = set()
+        self._named: Dict[str, Adapter] = {}
 
     # -- resolution -----------------------------------------------------------------------------------------
 
@@ -58,11 +59,16 @@ class AdapterRegistry:
         elif is_checkpoint_path(spec):
             adapter = self._publish_once(spec)
         else:
-            name = str(spec)
-            local = os.path.join(self.lora_base_dir, name) if self.lora_base_dir else None
-            adapter = Adapter(name, local if local and os.path.isdir(local) else None)
+            adapter = self._named.get(str(spec)) or self._resolve_name(str(spec))
         if adapter.path is not None and adapter.name not in self._checked:
             self._preflight(adapter)
+        return adapter
+
+    def _resolve_name(self, name: str) -> Adapter:
+        # Looked up once per name: lora_base_dir is often a network mount, where a stat per request costs.
+        local = os.path.join(self.lora_base_dir, name) if self.lora_base_dir else None
+        adapter = Adapter(name, local if local and os.path.isdir(local) else None)
+        self._named[name] = adapter
         return adapter
 
     def engine_path(self, adapter: Adapter) -> Optional[str]:
@@ -169,6 +175,7 @@ class AdapterRegistry:
         with self._lock:
             self._checked.discard(name)
             self._published = {k: v for k, v in self._published.items() if v.name != name}
+            self._named.pop(name, None)
         if delete_files:
             if self.lora_base_dir is None:
                 raise ValueError("delete_files=True needs lora_base_dir=")
