@@ -15,6 +15,7 @@ from typing import Counter, Dict, List, Optional, Set, Tuple, Union
 
 from lora_sampler._http import MODELS_PATH, UNLOAD_ADAPTER_PATH, EngineTransport
 from lora_sampler.errors import EngineError, EngineStatusError, LoraSamplerError
+from lora_sampler.names import validate_adapter_name
 from lora_sampler.types import Adapter, AdapterSpec, is_checkpoint_path
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ class AdapterRegistry:
         return adapter
 
     def _resolve_name(self, name: str) -> Adapter:
+        validate_adapter_name(name, argument="adapter")  # before the engine or lora_base_dir ever sees it
         # Looked up once per name: lora_base_dir is often a network mount, where a stat per request costs.
         local = os.path.join(self.lora_base_dir, name) if self.lora_base_dir else None
         adapter = Adapter(name, local if local and os.path.isdir(local) else None)
@@ -156,6 +158,7 @@ class AdapterRegistry:
         """
         from lora_sampler.publish import remove_adapter_dir
 
+        validate_adapter_name(name, argument="adapter")
         response = self._transport.post(
             UNLOAD_ADAPTER_PATH,
             {"lora_name": name},

@@ -28,7 +28,8 @@ from ._archive import (
     make_temp_folder,
 )
 from .errors import AdapterConfigError, PublishError
-from .types import ARCHIVE_SUFFIXES, Adapter
+from .names import validate_adapter_name
+from .types import Adapter
 
 __all__ = [
     "CONFIG_FILE",
@@ -46,8 +47,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Longest adapter name accepted (the folder name, and the ``model`` field of every request).
-MAX_NAME_LENGTH = 200
 #: Longest readable part of a default name, before ``-<digest>``.
 DEFAULT_STEM_LENGTH = 64
 #: Hex digits of the sha256 that end a default name.
@@ -60,46 +59,6 @@ CONFIG_FILE = "adapter_config.json"
 _STRIPPED_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar")
 _UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 _publish_locks = KeyedLocks()
-
-
-def validate_adapter_name(name: str, *, argument: str = "name") -> str:
-    """Return ``name`` if it is safe as an adapter name (one path component inside ``lora_base_dir``).
-
-    Args:
-        name: The proposed name.
-        argument: The argument name to cite in the error.
-
-    Raises:
-        TypeError: ``name`` is not a str.
-        ValueError: it is empty, too long, contains ``/``, ``\\``, ``..`` or a control character, starts with a dot
-            (hidden; lora_sampler's temporary folders start with one), or ends in ``.tar``/``.tgz``/``.tar.gz``
-            (which ``sample(adapter=...)`` reads as a checkpoint path).
-    """
-    if not isinstance(name, str):
-        raise TypeError(f"{argument} must be a str, got {type(name).__name__}")
-    problem = ""
-    if not name:
-        problem = "is empty"
-    elif len(name) > MAX_NAME_LENGTH:
-        problem = f"is longer than {MAX_NAME_LENGTH} characters"
-    elif "/" in name or "\\" in name:
-        problem = "contains a path separator"
-    elif name.startswith("."):
-        problem = "starts with a dot"
-    elif ".." in name:
-        problem = "contains '..'"
-    elif any(ord(char) < 32 or ord(char) == 127 for char in name):
-        problem = "contains a control character"
-    elif len(name.encode("utf-8", "surrogateescape")) > 255:
-        problem = "is longer than 255 bytes, too long for a folder name"
-    elif name.lower().endswith(ARCHIVE_SUFFIXES):
-        problem = "ends like an archive, so sample(adapter=...) would read it as a checkpoint path"
-    if problem:
-        raise ValueError(
-            f"{argument}={name!r} is not a valid adapter name: it {problem}. Use letters, digits, '.', '_' and '-' "
-            f"(e.g. 'step-400'), at most {MAX_NAME_LENGTH} characters"
-        )
-    return name
 
 
 def default_adapter_name(checkpoint: StrPath, digest: Optional[str] = None) -> str:

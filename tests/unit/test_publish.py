@@ -17,6 +17,7 @@ import pytest
 
 from lora_sampler import _archive, publish
 from lora_sampler.errors import AdapterConfigError, PublishError, UnsafeArchiveError
+from lora_sampler.names import NAME_RULE
 from lora_sampler.publish import (
     MARKER_FILE,
     check_adapter_config,
@@ -360,11 +361,16 @@ def test_default_adapter_name_is_a_safe_component(tmp_path: pathlib.Path, filena
         ("a/b", "path separator"),
         ("a\\b", "path separator"),
         ("../x", "path separator"),
+        (".", "starts with a dot"),
         ("..", "starts with a dot"),
         (".hidden", "starts with a dot"),
-        ("a..b", "contains '..'"),
         ("x" * 201, "longer than 200"),
-        ("tab\there", "control character"),
+        ("tab\there", "U+0009"),
+        ("bell\x07", "U+0007"),
+        ("evil\u202egpj.exe", "U+202E"),
+        ("lone\udcff", "U+DCFF"),
+        ("caf\u00e9", "U+00E9"),
+        ("sp ace", "U+0020"),
         ("step.tar.gz", "ends like an archive"),
     ],
 )
@@ -373,8 +379,16 @@ def test_validate_adapter_name_refuses_unsafe_names(name: str, problem: str) -> 
     with pytest.raises(ValueError, match="name=") as caught:
         validate_adapter_name(name)
     assert problem in str(caught.value)
+    assert NAME_RULE in str(caught.value)
+    str(caught.value).encode("ascii")  # the message itself never carries the hostile characters
     with pytest.raises(TypeError, match="name must be a str"):
         validate_adapter_name(5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["a..b", "step-400", "A_b.c-9", "x" * 200])
+def test_validate_adapter_name_accepts_exactly_the_stated_rule(name: str) -> None:
+    """Every name the rule allows passes (``a..b`` is one path component, not a parent reference)."""
+    assert validate_adapter_name(name) == name
 
 
 def test_publish_explicit_bad_name_raises_before_io(tmp_path: pathlib.Path) -> None:
