@@ -106,7 +106,8 @@ class EngineStatusError(EngineError, requests.HTTPError):
         message += f" failed with HTTP {status}: {engine_message}"
         hint = error_class.hint(adapter)
         if hint:
-            message += f". {hint}"
+            # The engine's sentence usually ends with its own period ("Valid aliases: tiny-base."): end it once.
+            message += f" {hint}" if engine_message.endswith((".", "!", "?")) else f". {hint}"
         return error_class(
             message, status=status, engine_message=engine_message, response=response, model=model, adapter=adapter
         )

@@ -104,3 +104,13 @@ def test_errors_attempts_appear_in_the_message() -> None:
     """An error stamped with several attempts says so."""
     error = errors.ModelNotFoundError("no such model", model="m", attempts=6)
     assert str(error) == "no such model (gave up after 6 attempts)"
+
+
+@pytest.mark.parametrize("base", ["tiny-base", "/root/.cache/lora_sampler/tiny-model"])
+def test_errors_hint_follows_the_engine_sentence_with_one_period(base: str) -> None:
+    """vLLM's 404 ends its sentence with a period (or, for a path alias, with none): the hint adds exactly one."""
+    body = _bodies.model_not_found("step-1", base)
+    error = errors.EngineStatusError.from_response(fake_response(body), model="step-1", adapter=True)
+    assert ".." not in str(error)
+    expected_alias = "tiny-base." if base == "tiny-base" else "<path>."
+    assert f"Valid aliases: {expected_alias} Check that the adapter is published" in str(error)
