@@ -13,6 +13,7 @@ import os
 import threading
 from typing import Counter, Dict, List, Optional, Set, Tuple, Union
 
+from lora_sampler._archive import PublishLimits
 from lora_sampler._http import MODELS_PATH, UNLOAD_ADAPTER_PATH, EngineTransport
 from lora_sampler.errors import EngineError, EngineStatusError, LoraSamplerError
 from lora_sampler.names import validate_adapter_name
@@ -30,12 +31,18 @@ class AdapterRegistry:
         transport: The engine transport (for ``GET /v1/models`` and unloads).
         lora_base_dir: The resolver directory as this machine sees it, or None.
         engine_lora_base_dir: The same directory as the engine sees it; defaults to ``lora_base_dir``.
+        publish_limits: Bounds for every publish (``publish.PublishLimits``); None for the defaults.
     """
 
     def __init__(
-        self, transport: EngineTransport, lora_base_dir: Optional[PathLike], engine_lora_base_dir: Optional[PathLike]
+        self,
+        transport: EngineTransport,
+        lora_base_dir: Optional[PathLike],
+        engine_lora_base_dir: Optional[PathLike],
+        publish_limits: Optional[PublishLimits] = None,
     ):
         self._transport = transport
+        self.publish_limits = publish_limits if publish_limits is not None else PublishLimits()
         self.lora_base_dir = os.path.abspath(os.fspath(lora_base_dir)) if lora_base_dir is not None else None
         engine_dir = engine_lora_base_dir if engine_lora_base_dir is not None else self.lora_base_dir
         self.engine_lora_base_dir = os.fspath(engine_dir) if engine_dir is not None else None
@@ -105,7 +112,7 @@ class AdapterRegistry:
 
         if self.lora_base_dir is None:
             raise ValueError("publishing a checkpoint needs lora_base_dir= (the engine's resolver directory)")
-        adapter = publish_checkpoint(checkpoint, self.lora_base_dir, name=name)
+        adapter = publish_checkpoint(checkpoint, self.lora_base_dir, name=name, limits=self.publish_limits)
         self._preflight(adapter)
         if lineage is not None:
             with self._lock:

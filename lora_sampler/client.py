@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Deque, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
 from lora_sampler._adapter_loads import AdapterLoadCoordinator
+from lora_sampler._archive import PublishLimits
 from lora_sampler._http import LOAD_ADAPTER_PATH, EngineTransport, Timeout
 from lora_sampler._registry import AdapterRegistry
 from lora_sampler.errors import EngineError
@@ -61,6 +62,7 @@ class SamplerClient:
         retry: The ``RetryPolicy``.
         max_workers: Threads for ``submit``/``imap``/``sample_many``; also the connection pool size.
         verify: TLS verification: True, False, or a CA bundle path (``REQUESTS_CA_BUNDLE`` keeps working).
+        publish_limits: Bounds on each checkpoint published (``PublishLimits``: extracted size, members, names).
     """
 
     def __init__(
@@ -74,6 +76,7 @@ class SamplerClient:
         retry: RetryPolicy = DEFAULT_RETRY_POLICY,
         max_workers: int = 16,
         verify: Union[bool, str] = True,
+        publish_limits: Optional[PublishLimits] = None,
     ):
         if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
             raise ValueError(f"max_workers must be an int >= 1, got {max_workers!r}")
@@ -88,7 +91,7 @@ class SamplerClient:
             max_workers=max_workers,
             verify=verify,
         )
-        self._registry = AdapterRegistry(self._transport, lora_base_dir, engine_lora_base_dir)
+        self._registry = AdapterRegistry(self._transport, lora_base_dir, engine_lora_base_dir, publish_limits)
         self._loads = AdapterLoadCoordinator(episode_gap=2 * retry.max_delay + retry.load_timeout)
         self._retrying = make_retrying(retry, self._attempt, self._before_retry)
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None

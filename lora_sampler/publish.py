@@ -13,18 +13,22 @@ import logging
 import os
 import re
 import shutil
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 from ._archive import (
+    DEFAULT_LIMITS,
     MARKER_FILE,
     KeyedLocks,
+    PublishLimits,
     StrPath,
+    cached_digest,
     checkpoint_digest,
     clean_stale_temporaries,
     clear_digest_cache,
     copy_folder,
     extract_archive,
     fsync_folders,
+    hashing_in_one_pass,
     make_temp_folder,
 )
 from .errors import AdapterConfigError, PublishError
@@ -34,6 +38,7 @@ from .types import Adapter
 __all__ = [
     "CONFIG_FILE",
     "MARKER_FILE",
+    "PublishLimits",
     "check_adapter_config",
     "checkpoint_digest",
     "clean_stale_temporaries",
@@ -64,49 +69,66 @@ _publish_locks = KeyedLocks()
 def default_adapter_name(checkpoint: StrPath, digest: Optional[str] = None) -> str:
     """Return the content-derived name of a checkpoint: ``<readable stem>-<12 hex of its sha256>``.
 
-    Changed weights give a new name, so the engine never serves a stale cached adapter under an old one.
+    Changed weights give a new name, so the engine never serves a stale cached adapter under an old one. The stem
+    is the file name made to follow the adapter-name rule (``names.NAME_RULE``), and the result is checked by that
+    same rule.
 
     Args:
         checkpoint: An archive or adapter folder.
         digest: Its ``checkpoint_digest``, if already known.
     """
     path = os.path.abspath(os.fspath(checkpoint))
+    return validate_adapter_name(f"{_name_stem(path)}-{(digest or checkpoint_digest(path))[:DEFAULT_DIGEST_CHARS]}")
+
+
+def _name_stem(path: str) -> str:
+    """The readable part of a default name: the file name without its archive suffix, in the rule's characters."""
     stem = os.path.basename(path)
     if not os.path.isdir(path):
         stem = next((stem[: -len(s)] for s in _STRIPPED_SUFFIXES if stem.lower().endswith(s)), stem)
     stem = re.sub(r"\.{2,}", ".", _UNSAFE_NAME_CHARS.sub("-", stem))
-    stem = stem.lstrip(".-")[:DEFAULT_STEM_LENGTH].rstrip(".-") or "adapter"
-    return f"{stem}-{(digest or checkpoint_digest(path))[:DEFAULT_DIGEST_CHARS]}"
+    return stem.lstrip(".-")[:DEFAULT_STEM_LENGTH].rstrip(".-") or "adapter"
 
 
-def publish_checkpoint(checkpoint: StrPath, lora_base_dir: StrPath, *, name: Optional[str] = None) -> Adapter:
+def publish_checkpoint(
+    checkpoint: StrPath,
+    lora_base_dir: StrPath,
+    *,
+    name: Optional[str] = None,
+    limits: PublishLimits = DEFAULT_LIMITS,
+) -> Adapter:
     """Publish a checkpoint as ``<lora_base_dir>/<name>``, complete or not at all.
 
     The checkpoint is extracted (or copied) into a dotted temporary folder inside ``lora_base_dir`` (same
     filesystem; the resolver never takes a dotted name for an adapter), checked, fsynced, and moved into place with
     one ``os.rename``. Any number of threads and processes publishing the same checkpoint all succeed and leave one
     folder: a rename failing with ``EEXIST``/``ENOTEMPTY`` means another publisher won, and its digest is verified.
-    A folder already holding the same digest is returned at once, without extracting.
+    A folder already holding the same digest is returned at once, without extracting. An archive nothing can have
+    published yet is read once: hashed while it is extracted, its compressed stream verified to the end.
 
     Args:
-        checkpoint: A ``.tar.gz``/``.tgz``/``.tar`` archive of an adapter folder (files at its root or inside one
-            top-level folder), or the adapter folder itself.
+        checkpoint: A ``.tar.gz``/``.tgz``/``.tar`` (or bzip2/xz) archive of an adapter folder (files at its root
+            or inside one top-level folder), or the adapter folder itself.
         lora_base_dir: The engine resolver's folder (``VLLM_LORA_RESOLVER_CACHE_DIR``) as this machine sees it.
         name: The adapter name; default ``default_adapter_name(checkpoint)``.
+        limits: Bounds on the extracted size, the member count and the member name length (``PublishLimits``).
 
     Returns:
         The published ``Adapter`` (name, folder, sha256 digest of the checkpoint, checkpoint path).
 
     Raises:
-        PublishError: the checkpoint or ``lora_base_dir`` is missing or unreadable, or ``name`` already holds other
-            content (the message names both digests).
-        UnsafeArchiveError: an archive member is hostile (absolute, ``..``, link, device, FIFO) or the archive is
-            too large.
+        PublishError: the checkpoint or ``lora_base_dir`` is missing or unreadable, the archive is corrupted or
+            truncated, the disk is full, or ``name`` already holds other content (the message names both digests).
+            Nothing is published and no temporary folder is left.
+        UnsafeArchiveError: an archive member is hostile (absolute, ``..``, link, device, FIFO) or the checkpoint
+            exceeds one of ``limits``.
         AdapterConfigError: ``adapter_config.json`` is missing, invalid JSON, or not a LoRA.
         ValueError: ``name`` is not a valid adapter name.
     """
     if name is not None:
         validate_adapter_name(name)
+    if not isinstance(limits, PublishLimits):
+        raise TypeError(f"limits must be a PublishLimits, got {type(limits).__name__}")
     source = os.path.abspath(os.fspath(checkpoint))
     base = os.path.abspath(os.fspath(lora_base_dir))
     if not os.path.isdir(base):
@@ -116,43 +138,81 @@ def publish_checkpoint(checkpoint: StrPath, lora_base_dir: StrPath, *, name: Opt
         )
     if not os.path.exists(source):
         raise PublishError(f"checkpoint {source} does not exist; pass an adapter archive or folder")
+    if not os.path.isdir(source) and cached_digest(source) is None and not _may_be_published(source, base, name):
+        with hashing_in_one_pass(source) as remember:
+            if cached_digest(source) is None:  # another thread of this process may have published it meanwhile
+                return _publish_cold(source, base, name, None, limits, remember)
     digest = checkpoint_digest(source)
     name = name or default_adapter_name(source, digest)
-    target = os.path.join(base, name)
     with _publish_locks.hold((os.path.realpath(base), name)):  # threads of this process extract once
-        existing = _published_adapter(target, name, digest, source)
+        existing = _published_adapter(os.path.join(base, name), name, digest, source)
         if existing is not None:
             return existing
-        clean_stale_temporaries(base)
-        return _publish_cold(source, base, target, name, digest)
+        return _publish_cold(source, base, name, digest, limits, None)
 
 
-def _publish_cold(source: str, base: str, target: str, name: str, digest: str) -> Adapter:
-    temp = make_temp_folder(base, "tmp", name)
+def _may_be_published(source: str, base: str, name: Optional[str]) -> bool:
+    """Whether ``base`` may already hold this checkpoint (then hashing first can spare an extraction)."""
+    if name is not None:
+        return os.path.lexists(os.path.join(base, name))
+    default = re.compile(re.escape(_name_stem(source)) + "-[0-9a-f]{%d}" % DEFAULT_DIGEST_CHARS)
+    return any(default.fullmatch(entry) for entry in os.listdir(base))
+
+
+def _publish_cold(
+    source: str,
+    base: str,
+    name: Optional[str],
+    digest: Optional[str],
+    limits: PublishLimits,
+    remember: Optional[Callable[[str], None]],
+) -> Adapter:
+    """Fill a temporary folder, check it, and rename it into place; the temporary folder never outlives the call.
+
+    ``digest`` None means it is computed in the same pass as the extraction (and ``remember`` caches it).
+    """
+    clean_stale_temporaries(base)
+    temp = make_temp_folder(base, "tmp", name or _name_stem(source))
     try:
         if os.path.isdir(source):
-            copy_folder(source, temp, durable=DEFAULT_DURABLE)
+            copy_folder(source, temp, limits=limits, durable=DEFAULT_DURABLE)
         else:
-            extract_archive(source, temp, durable=DEFAULT_DURABLE)
-        root = _adapter_root(temp, source)
-        check_adapter_config(root, None)
-        _write_marker(root, digest, source)
-        try:
-            os.rename(root, target)
-        except OSError as error:
-            if error.errno not in (errno.EEXIST, errno.ENOTEMPTY):
-                raise
-            winner = _published_adapter(target, name, digest, source)
-            if winner is None:  # pragma: no cover - the winner vanished between rename and look-up
-                raise PublishError(f"could not publish {source} as {target}: {error}; try again") from error
-            logger.debug("another publisher of %s won the rename to %s", source, target)
-            return winner
-        if DEFAULT_DURABLE:
-            fsync_folders([base])
-        logger.info("published %s as %s", source, target)
-        return Adapter(name=name, path=target, digest=digest, source=source)
+            read = extract_archive(source, temp, limits=limits, durable=DEFAULT_DURABLE)
+            if digest is not None and read != digest:
+                raise PublishError(f"checkpoint {source} changed while it was being published; publish it again")
+            if remember is not None:
+                remember(read)
+            digest = read
+        assert digest is not None
+        name = name or default_adapter_name(source, digest)
+        target = os.path.join(base, name)
+        with _publish_locks.hold((os.path.realpath(base), name)):
+            existing = _published_adapter(target, name, digest, source)
+            if existing is not None:  # published by another process before this one looked
+                return existing
+            return _rename_into_place(temp, source, base, target, name, digest)
     finally:
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def _rename_into_place(temp: str, source: str, base: str, target: str, name: str, digest: str) -> Adapter:
+    root = _adapter_root(temp, source)
+    check_adapter_config(root, None)
+    _write_marker(root, digest, source)
+    try:
+        os.rename(root, target)
+    except OSError as error:
+        if error.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+            raise
+        winner = _published_adapter(target, name, digest, source)
+        if winner is None:  # pragma: no cover - the winner vanished between rename and look-up
+            raise PublishError(f"could not publish {source} as {target}: {error}; try again") from error
+        logger.debug("another publisher of %s won the rename to %s", source, target)
+        return winner
+    if DEFAULT_DURABLE:
+        fsync_folders([base])
+    logger.info("published %s as %s", source, target)
+    return Adapter(name=name, path=target, digest=digest, source=source)
 
 
 def _published_adapter(target: str, name: str, digest: str, source: str) -> Optional[Adapter]:

@@ -20,6 +20,7 @@ from lora_sampler.errors import AdapterConfigError, PublishError, UnsafeArchiveE
 from lora_sampler.names import NAME_RULE
 from lora_sampler.publish import (
     MARKER_FILE,
+    PublishLimits,
     check_adapter_config,
     clean_stale_temporaries,
     default_adapter_name,
@@ -178,22 +179,26 @@ def test_publish_ambiguous_layout_is_refused(tmp_path: pathlib.Path, base: pathl
     assert os.listdir(base) == []
 
 
-def test_publish_member_count_cap(tmp_path: pathlib.Path, base: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An archive with more members than the cap is refused with a clear error."""
-    monkeypatch.setattr(_archive, "DEFAULT_MAX_ARCHIVE_MEMBERS", 3)
+def test_publish_member_count_cap(tmp_path: pathlib.Path, base: pathlib.Path) -> None:
+    """An archive with more members than max_members is refused, naming the bound, the member and how to raise it."""
     members = adapter_members() + [file_member(f"extra-{i}.txt", b"x") for i in range(5)]
     archive = write_archive(tmp_path / "many.tgz", members)
-    with pytest.raises(UnsafeArchiveError, match="more than 3 members"):
-        publish_checkpoint(archive, base)
+    with pytest.raises(UnsafeArchiveError) as caught:
+        publish_checkpoint(archive, base, limits=PublishLimits(max_members=3))
+    message = str(caught.value)
+    assert "more than max_members=3 members (member 'extra-1.txt')" in message
+    assert "PublishLimits(max_members=...)" in message and "publish_limits=" in message
     assert os.listdir(base) == []
 
 
-def test_publish_total_size_cap(tmp_path: pathlib.Path, base: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An archive whose members add up to more than the size cap (a gzip bomb) is refused."""
-    monkeypatch.setattr(_archive, "DEFAULT_MAX_ARCHIVE_BYTES", 1000)
+def test_publish_total_size_cap(tmp_path: pathlib.Path, base: pathlib.Path) -> None:
+    """An archive whose members add up to more than max_total_bytes (a gzip bomb) is refused before writing it."""
     archive = write_archive(tmp_path / "bomb.tgz", adapter_members(weights=bytes(100_000)))
-    with pytest.raises(UnsafeArchiveError, match="more than 1000 bytes"):
-        publish_checkpoint(archive, base)
+    with pytest.raises(UnsafeArchiveError) as caught:
+        publish_checkpoint(archive, base, limits=PublishLimits(max_total_bytes=1000))
+    message = str(caught.value)
+    assert "member 'adapter_model.safetensors' (100000 bytes) brings the extracted size past" in message
+    assert "max_total_bytes=1000" in message and "PublishLimits(max_total_bytes=...)" in message
     assert os.listdir(base) == []
 
 
@@ -201,7 +206,7 @@ def test_publish_not_a_tar_archive(tmp_path: pathlib.Path, base: pathlib.Path) -
     """A file that is not a tar archive gives a PublishError saying what to pass instead."""
     bogus = tmp_path / "step.tar.gz"
     bogus.write_bytes(b"definitely not a tar archive" * 100)
-    with pytest.raises(PublishError, match=r"cannot read .* as a tar archive"):
+    with pytest.raises(PublishError, match=r"cannot read .*step\.tar\.gz: .*not a tar archive"):
         publish_checkpoint(bogus, base)
     assert os.listdir(base) == []
 
@@ -398,7 +403,7 @@ def test_publish_explicit_bad_name_raises_before_io(tmp_path: pathlib.Path) -> N
 
 
 def test_publish_digest_is_cached(tmp_path: pathlib.Path, base: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Repeated publishes of an unchanged archive hash it once; touching the file hashes it again."""
+    """An archive is hashed once, while it is extracted; repeats are cached; touching the file hashes it again."""
     calls: List[str] = []
     real_hash = _archive._sha256_file
 
@@ -414,11 +419,12 @@ def test_publish_digest_is_cached(tmp_path: pathlib.Path, base: pathlib.Path, mo
     assert publish_checkpoint(archive, base) == first
     assert publish_checkpoint(archive, other_base).name == first.name
     assert default_adapter_name(archive) == first.name
-    assert len(calls) == 1
+    assert first.digest == real_hash(str(archive))
+    assert len(calls) == 0  # the cold publish hashed the bytes it extracted
     stat = os.stat(archive)
     os.utime(archive, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
     assert publish.checkpoint_digest(archive) == first.digest
-    assert len(calls) == 2
+    assert len(calls) == 1
 
 
 def test_publish_fast_path_does_not_extract(
