@@ -11,10 +11,17 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import IO, Any, Dict, Iterable, Iterator, Optional, Set, Tuple, Union
+from typing import IO, Any, Dict, Iterable, Iterator, List, Optional, Set, Tuple, Union
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no locks, so stale temporaries are left alone
+    fcntl = None  # type: ignore[assignment]
 
 from lora_sampler.errors import (
     BatchInputError,
@@ -144,6 +151,7 @@ class ResumeState:
         dropped_errors: Error lines dropped so their ids run again.
         dropped_torn: Torn or unreadable lines dropped (a kill mid-write leaves at most one).
         rewritten: Whether the file was rewritten (atomically).
+        removed_temporaries: Leftover temporary files of earlier killed rewrites that were removed.
     """
 
     done: Set[str] = field(default_factory=set)
@@ -151,6 +159,7 @@ class ResumeState:
     dropped_errors: int = 0
     dropped_torn: int = 0
     rewritten: bool = False
+    removed_temporaries: List[str] = field(default_factory=list)
 
 
 def _scan(lines: Iterable[bytes], retry_failed: bool, state: ResumeState) -> Iterator[Tuple[bytes, bool]]:
@@ -184,8 +193,12 @@ def prepare_output(path: str, *, retry_failed: bool = True) -> ResumeState:
     """Read an existing output file into a resume set, dropping torn lines and (by default) error lines.
 
     The file is read twice, streaming (only ids are kept in memory). When lines must go, the kept ones are copied
-    to a temporary file beside it, fsynced, and moved over it with ``os.replace``, so a crash leaves the old file or
-    the new one, never a mix. Duplicate ids keep their first line.
+    to a temporary file beside it (``.<name>.<8 random>.tmp``), fsynced, and moved over it with ``os.replace``, so a
+    crash leaves the old file or the new one, never a mix. Duplicate ids keep their first line.
+
+    All of this runs under an exclusive lock on the output file (``flock``; another run preparing the same output
+    waits a moment), so the temporaries of that pattern found meanwhile belong to earlier runs that were killed
+    mid-rewrite: they are removed. Without ``fcntl`` (Windows) nothing is locked and no temporary is removed.
 
     Args:
         path: The output file; a missing file gives an empty state.
@@ -194,26 +207,86 @@ def prepare_output(path: str, *, retry_failed: bool = True) -> ResumeState:
     state = ResumeState()
     if not os.path.exists(path):
         return state
-    with open(path, "rb") as f:
-        needs_rewrite = sum(not keep for _, keep in _scan(f, retry_failed, state)) > 0  # reads every line
-    if not needs_rewrite:
-        return state
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, temp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as out, open(path, "rb") as f:
-            for raw, keep in _scan(f, retry_failed, ResumeState()):
-                if keep:
-                    out.write(raw)
-            out.flush()
-            os.fsync(out.fileno())
-        shutil.copymode(path, temp)
-        os.replace(temp, path)
-    except BaseException:
-        os.unlink(temp)
-        raise
+    with _hold_output(path) as held:
+        if held:
+            state.removed_temporaries = _remove_stale_temporaries(path)
+        with open(path, "rb") as f:
+            needs_rewrite = sum(not keep for _, keep in _scan(f, retry_failed, state)) > 0  # reads every line
+        if not needs_rewrite:
+            return state
+        directory = os.path.dirname(os.path.abspath(path))
+        fd, temp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=_TEMP_SUFFIX, dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as out, open(path, "rb") as f:
+                for raw, keep in _scan(f, retry_failed, ResumeState()):
+                    if keep:
+                        out.write(raw)
+                out.flush()
+                os.fsync(out.fileno())
+            shutil.copymode(path, temp)
+            os.replace(temp, path)
+        except BaseException:
+            os.unlink(temp)
+            raise
     state.rewritten = True
     return state
+
+
+_TEMP_SUFFIX = ".tmp"
+# tempfile.mkstemp's random part: 8 characters of this alphabet (stable since Python 3.0).
+_TEMP_RANDOM = "[a-z0-9_]{8}"
+
+
+def _temp_prefix(path: str) -> str:
+    return f".{os.path.basename(path)}."
+
+
+@contextmanager
+def _hold_output(path: str) -> Iterator[bool]:
+    """Hold an exclusive ``flock`` on the file at ``path``; yield whether it is held (False where locks fail).
+
+    A run that waited may find the file replaced by the run it waited for: it then locks the new file.
+    """
+    if fcntl is None:  # pragma: no cover - Windows
+        yield False
+        return
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR)  # NFS grants an exclusive lock only on a file open for writing
+        except PermissionError:
+            fd = os.open(path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if os.path.samestat(os.fstat(fd), os.stat(path)):
+                break
+        except OSError as error:  # a filesystem without locks: go on unlocked, remove nothing
+            os.close(fd)
+            logger.debug("cannot lock %s (%s); stale temporaries are left alone", path, error)
+            yield False
+            return
+        os.close(fd)
+    try:
+        yield True
+    finally:
+        os.close(fd)
+
+
+def _remove_stale_temporaries(path: str) -> List[str]:
+    """Remove the rewrite temporaries of ``path`` (own pattern, regular files only); the caller holds the lock."""
+    directory = os.path.dirname(os.path.abspath(path))
+    pattern = re.compile(re.escape(_temp_prefix(path)) + _TEMP_RANDOM + re.escape(_TEMP_SUFFIX))
+    removed: List[str] = []
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if not pattern.fullmatch(entry.name) or not entry.is_file(follow_symlinks=False):
+                continue
+            try:
+                os.unlink(entry.path)
+            except FileNotFoundError:
+                continue
+            logger.warning("removed %s, left by an earlier run of this output that was killed mid-rewrite", entry.path)
+            removed.append(entry.path)
+    return removed
 
 
 # -- records -----------------------------------------------------------------------------------------------------
