@@ -24,10 +24,10 @@ import tarfile
 import threading
 import time
 import zlib
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import partial
-from typing import IO, Any, BinaryIO, Callable, Dict, Hashable, Iterable, Iterator, List, Optional, Tuple, Union, cast
+from typing import IO, Any, Callable, Dict, Hashable, Iterable, Iterator, List, Optional, Tuple, Union, cast
 
 from .errors import PublishError, UnsafeArchiveError
 
@@ -131,10 +131,7 @@ def checkpoint_digest(path: StrPath) -> str:
         cached = _cached(key)
         if cached is not None:
             return cached
-        if os.path.isdir(real):
-            digest = _sha256_folder(list_folder_files(real))
-        else:
-            digest = _sha256_file(real)
+        digest = _sha256_folder(list_folder_files(real)) if os.path.isdir(real) else _sha256_file(real)
         _remember(key, digest)
     return digest
 
@@ -261,7 +258,8 @@ def copy_folder(source: str, dest: str, *, limits: PublishLimits = DEFAULT_LIMIT
         largest = max(range(len(files)), key=sizes.__getitem__)
         raise UnsafeArchiveError(
             f"refusing checkpoint {source}: its files add up to {total} bytes (largest: {files[largest][0]!r}, "
-            f"{sizes[largest]} bytes), more than max_total_bytes={limits.max_total_bytes}; {_raise_hint('max_total_bytes')}"
+            f"{sizes[largest]} bytes), more than max_total_bytes={limits.max_total_bytes}; "
+            + _raise_hint("max_total_bytes")
         )
     writer = _Writer(source, dest, durable)
     writer.check_free_space(total, files[0][0] if files else "")
@@ -360,7 +358,7 @@ class _HashingReader(io.RawIOBase):
     and ``close`` in any case (it stops the thread).
     """
 
-    def __init__(self, file: BinaryIO) -> None:
+    def __init__(self, file: io.FileIO) -> None:
         super().__init__()
         self._file = file
         self._sha256 = hashlib.sha256()
@@ -393,11 +391,11 @@ class _HashingReader(io.RawIOBase):
         super().close()
 
 
-def _decompressor(compressed: io.BufferedReader) -> IO[bytes]:
+def _decompressor(compressed: io.BufferedReader[_HashingReader]) -> IO[bytes]:
     """Return a reader of the decompressed stream, chosen by the file's magic bytes (a plain tar is its own)."""
     magic = compressed.peek(6)[:6]
     if magic.startswith(b"\x1f\x8b"):
-        return gzip.GzipFile(fileobj=compressed, mode="rb")
+        return cast(IO[bytes], gzip.GzipFile(fileobj=compressed, mode="rb"))
     if magic.startswith(b"BZh"):
         return bz2.BZ2File(compressed)
     if magic.startswith(b"\xfd7zXZ\x00"):
@@ -519,7 +517,9 @@ class _Writer:
             raise self._write_error(error, rel, size) from error
         try:
             written = 0
-            for chunk in iter(partial(src.read, COPY_CHUNK_SIZE), b""):  # read errors are the archive's: not caught here
+            for chunk in iter(
+                partial(src.read, COPY_CHUNK_SIZE), b""
+            ):  # read errors are the archive's: not caught here
                 try:
                     _write_all(fd, chunk)
                 except OSError as error:
@@ -541,7 +541,7 @@ class _Writer:
             free = _free_bytes(self.dest)
             return PublishError(
                 f"no space left in {self.folder} while publishing {self.source}: writing {what!r} ({size} bytes) "
-                f"needs at least {self.total + size} bytes in all, {free if free is not None else 'an unknown number of'} "
+                f"needs at least {self.total + size} bytes in all, {'an unknown number of' if free is None else free} "
                 f"bytes are free ({error.strerror}). Nothing was published; free space there, or publish into a "
                 "folder on a larger filesystem"
             )
@@ -565,10 +565,8 @@ def _start_writeback(fd: int, offset: int, length: int) -> None:
     is harmless: the fsync still makes the file durable.
     """
     if _FADV_DONTNEED is not None:
-        try:
+        with suppress(OSError):  # a filesystem without fadvise
             os.posix_fadvise(fd, offset, length, _FADV_DONTNEED)
-        except OSError:  # pragma: no cover - a filesystem without fadvise
-            pass
 
 
 def _write_all(fd: int, data: bytes) -> None:

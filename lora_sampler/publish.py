@@ -155,7 +155,7 @@ def _may_be_published(source: str, base: str, name: Optional[str]) -> bool:
     """Whether ``base`` may already hold this checkpoint (then hashing first can spare an extraction)."""
     if name is not None:
         return os.path.lexists(os.path.join(base, name))
-    default = re.compile(re.escape(_name_stem(source)) + "-[0-9a-f]{%d}" % DEFAULT_DIGEST_CHARS)
+    default = re.compile(re.escape(_name_stem(source)) + f"-[0-9a-f]{{{DEFAULT_DIGEST_CHARS}}}")
     return any(default.fullmatch(entry) for entry in os.listdir(base))
 
 

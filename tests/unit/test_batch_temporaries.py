@@ -94,6 +94,6 @@ def test_temporary_of_a_run_holding_the_output_is_left_alone(tmp_path: Path) -> 
     waiter.join(timeout=30)
     assert not waiter.is_alive()
     (state,) = states
-    assert getattr(state, "removed_temporaries") == []
-    assert not getattr(state, "rewritten") and len(getattr(state, "done")) == 5
+    assert state.removed_temporaries == []
+    assert not state.rewritten and len(state.done) == 5
     assert temporaries(tmp_path) == []

@@ -150,7 +150,7 @@ def test_publish_gzip_crc_error_is_refused(tmp_path: pathlib.Path, base: pathlib
 
 @pytest.mark.parametrize("cut", [8, 4, 1], ids=["trailer", "length", "last byte"])
 def test_publish_cut_gzip_trailer_is_refused(tmp_path: pathlib.Path, base: pathlib.Path, cut: int) -> None:
-    """A .tar.gz missing (part of) its 8-byte CRC/length trailer is refused: the tar inside is complete, the file not."""
+    """A .tar.gz missing (part of) its 8-byte CRC/length trailer is refused: the tar inside is whole, the file not."""
     data = gzip.compress(tar_bytes(adapter_files(os.urandom(50_000))))
     archive = write(tmp_path / "cut.tar.gz", data[:-cut])
     with pytest.raises(PublishError, match="truncated") as caught:
@@ -185,7 +185,7 @@ def test_publish_corrupted_bz2_xz_is_refused(
 
 def test_publish_plain_tar_cut_at_a_member_boundary_is_refused(tmp_path: pathlib.Path, base: pathlib.Path) -> None:
     """A plain .tar cut right after a member (no end-of-archive marker) is refused, not published without the rest."""
-    files = adapter_files(b"w" * 1024) + [("tokenizer.json", b"{}" * 300)]
+    files = [*adapter_files(b"w" * 1024), ("tokenizer.json", b"{}" * 300)]
     data = tar_bytes(files)
     end = data.index(b"tokenizer.json")  # the third member's header starts with its name
     archive = write(tmp_path / "cut.tar", data[:end])
@@ -196,7 +196,7 @@ def test_publish_plain_tar_cut_at_a_member_boundary_is_refused(tmp_path: pathlib
 
 def test_publish_damaged_member_header_is_refused(tmp_path: pathlib.Path, base: pathlib.Path) -> None:
     """A damaged header mid-archive (tarfile silently ends its listing there) is refused, not a partial publish."""
-    files = adapter_files(b"w" * 1024) + [("tokenizer.json", b"{}" * 300)]
+    files = [*adapter_files(b"w" * 1024), ("tokenizer.json", b"{}" * 300)]
     data = bytearray(tar_bytes(files))
     header = data.index(b"tokenizer.json")
     data[header + 148 : header + 156] = b"9999999\0"  # a wrong header checksum
@@ -220,7 +220,7 @@ def test_publish_limits_default_fits_lora_adapters() -> None:
 def test_publish_member_path_over_max_name_bytes(tmp_path: pathlib.Path, base: pathlib.Path) -> None:
     """A member path longer than max_name_bytes is refused naming the bound and how to raise it."""
     deep = "/".join(["d" * 50] * 30) + "/x.bin"
-    archive = write(tmp_path / "deep.tar", tar_bytes(adapter_files() + [(deep, b"x")]))
+    archive = write(tmp_path / "deep.tar", tar_bytes([*adapter_files(), (deep, b"x")]))
     with pytest.raises(UnsafeArchiveError) as caught:
         publish_checkpoint(archive, base)
     message = str(caught.value)
@@ -232,7 +232,7 @@ def test_publish_member_path_over_max_name_bytes(tmp_path: pathlib.Path, base: p
 def test_publish_name_component_over_255_bytes(tmp_path: pathlib.Path, base: pathlib.Path) -> None:
     """A member name over 255 bytes is a PublishError naming it (it was a raw OSError [Errno 36])."""
     long_name = "é" * 130  # 260 bytes of UTF-8
-    archive = write(tmp_path / "long.tar.gz", gzip.compress(tar_bytes(adapter_files() + [(long_name, b"x")])))
+    archive = write(tmp_path / "long.tar.gz", gzip.compress(tar_bytes([*adapter_files(), (long_name, b"x")])))
     with pytest.raises(PublishError) as caught:
         publish_checkpoint(archive, base)
     assert not isinstance(caught.value, OSError)
@@ -243,9 +243,7 @@ def test_publish_name_component_over_255_bytes(tmp_path: pathlib.Path, base: pat
 def test_publish_marker_folder_member_is_refused(tmp_path: pathlib.Path, base: pathlib.Path) -> None:
     """A ``.lora_sampler.json`` folder member is a PublishError (it was an IsADirectoryError)."""
     for prefix in ("", "step/"):
-        archive = write(
-            tmp_path / "marker.tar", tar_bytes(adapter_files(prefix=prefix), dirs=(prefix + MARKER_FILE,))
-        )
+        archive = write(tmp_path / "marker.tar", tar_bytes(adapter_files(prefix=prefix), dirs=(prefix + MARKER_FILE,)))
         with pytest.raises(UnsafeArchiveError, match=f"a folder named {MARKER_FILE}"):
             publish_checkpoint(archive, base)
         assert_nothing_published(base)
@@ -382,4 +380,3 @@ def test_cli_publish_name_follows_the_rule(
     assert cli_main(argv) == 2
     assert NAME_RULE in capsys.readouterr().err
     assert_nothing_published(base)
-
