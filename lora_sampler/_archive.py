@@ -274,12 +274,12 @@ def extract_archive(archive: str, dest: str, *, limits: PublishLimits = DEFAULT_
 
     One front-to-back pass over the file: its raw bytes are hashed as they are read (the digest returned is
     ``checkpoint_digest`` of the archive), the standard library's buffered decompressor (``gzip``/``bz2``/``lzma``)
-    unpacks them, and tarfile reads the *uncompressed* stream. Handing tarfile the compressed file instead
-    re-slices its decompression buffer on every read, which is quadratic when a block expands to megabytes (a
-    64 MiB file of zeros took 22 s instead of 0.3 s); tarfile reads the stream in ``r:`` mode, which only ever seeks
-    it forward. The stream is read to its very end, so the gzip CRC and
-    length (bzip2's and xz's checks alike) are verified, and whatever follows the tar end-of-archive marker must be
-    zero padding: a damaged member header would otherwise end the archive early and silently drop what follows.
+    unpacks them, and tarfile reads the *uncompressed* stream, in ``r:`` mode, which only ever seeks it forward.
+    Handing tarfile the compressed file instead (``r|*``) re-slices its decompression buffer on every read, which is
+    quadratic when a block expands to megabytes (a 64 MiB file of zeros took 22 s instead of 0.3 s). The stream is
+    read to its very end, so the gzip CRC and length (bzip2's and xz's checks alike) are verified, and whatever
+    follows the tar end-of-archive marker must be zero padding: a damaged member header would otherwise end the
+    archive early and silently drop what follows.
 
     Each member is checked before it is written: only regular files and folders with relative paths and no ``..``
     are accepted; every link, device and FIFO is refused, as are duplicates. Files are created with
@@ -589,20 +589,24 @@ def _raise_hint(bound: str) -> str:
     )
 
 
+def _shortened(name: str) -> str:
+    return name if len(name) <= 200 else f"{name[:100]}...{name[-100:]}"
+
+
 def _check_name(rel: str, member: tarfile.TarInfo, archive: str, limits: PublishLimits, name_max: int) -> None:
     """Refuse member paths the bound or the filesystem cannot take, and a folder where our record file goes."""
     encoded = rel.encode("utf-8", "surrogateescape")
     if len(encoded) > limits.max_name_bytes:
         raise UnsafeArchiveError(
-            f"refusing archive {archive}: member {member.name[:200]!r}... has a path of {len(encoded)} bytes, more "
-            f"than max_name_bytes={limits.max_name_bytes}. " + _raise_hint("max_name_bytes")
+            f"refusing archive {archive}: member {_shortened(member.name)!r} has a path of {len(encoded)} bytes, "
+            f"more than max_name_bytes={limits.max_name_bytes}. " + _raise_hint("max_name_bytes")
         )
     for part in rel.split("/"):
         size = len(part.encode("utf-8", "surrogateescape"))
         if size > name_max:
             raise UnsafeArchiveError(
-                f"refusing archive {archive}: member {member.name!r} has a name component of {size} bytes, and the "
-                f"filesystem allows {name_max} (no argument can raise that); rename that file in the checkpoint"
+                f"refusing archive {archive}: member {_shortened(member.name)!r} has a name component of {size} bytes, "
+                f"and the filesystem allows {name_max} (no argument can raise that); rename that file in the checkpoint"
             )
     parts = rel.split("/")
     if member.isdir() and parts[-1] == MARKER_FILE and len(parts) <= 2:
