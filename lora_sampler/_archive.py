@@ -517,9 +517,8 @@ class _Writer:
             raise self._write_error(error, rel, size) from error
         try:
             written = 0
-            for chunk in iter(
-                partial(src.read, COPY_CHUNK_SIZE), b""
-            ):  # read errors are the archive's: not caught here
+            # Read errors are the archive's (corruption, truncation): they are not caught here.
+            for chunk in iter(partial(src.read, COPY_CHUNK_SIZE), b""):
                 try:
                     _write_all(fd, chunk)
                 except OSError as error:
