@@ -560,8 +560,9 @@ def _start_writeback(fd: int, offset: int, length: int) -> None:
     """Ask the kernel to start writing a just-written range to disk now, so the final fsync has little left to wait.
 
     On Linux ``POSIX_FADV_DONTNEED`` starts asynchronous writeback of dirty pages (like ``sync_file_range``, which
-    Python does not expose) and leaves pages under writeback in the cache. Elsewhere it does nothing useful, and
-    is harmless: the fsync still makes the file durable.
+    Python does not expose) and keeps dirty pages and pages under writeback in the cache (a page whose writeback
+    already finished may leave it). Elsewhere it does nothing useful, and is harmless: the fsync still makes the
+    file durable.
     """
     if _FADV_DONTNEED is not None:
         with suppress(OSError):  # a filesystem without fadvise

@@ -391,3 +391,24 @@ def test_cli_publish_name_follows_the_rule(
     assert cli_main(argv) == 2
     assert NAME_RULE in capsys.readouterr().err
     assert_nothing_published(base)
+
+
+def test_publish_in_a_new_process_hashes_before_extracting_what_is_there(
+    tmp_path: pathlib.Path, base: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no digest cached (a new process), an archive whose name is already in lora_base_dir is hashed, not
+    extracted again; one nothing can have published is extracted and hashed in one pass (read once)."""
+    archive = write(tmp_path / "step.tar.gz", gzip.compress(tar_bytes(adapter_files())))
+    hashed: List[str] = []
+    real_hash = _archive._sha256_file
+    monkeypatch.setattr(_archive, "_sha256_file", lambda path: hashed.append(path) or real_hash(path))
+    first = publish_checkpoint(archive, base)
+    assert hashed == []  # hashed while extracted
+    publish.clear_digest_cache()
+
+    def no_extract(*args: object, **kwargs: object) -> str:
+        raise AssertionError("extracted again")
+
+    monkeypatch.setattr(publish, "extract_archive", no_extract)
+    assert publish_checkpoint(archive, base) == first
+    assert hashed == [str(archive)]
