@@ -9,7 +9,7 @@ import logging
 
 __version__ = "0.1.0"
 
-from lora_sampler._archive import PublishLimits
+from lora_sampler._extract import PublishLimits
 from lora_sampler.client import SamplerClient
 from lora_sampler.errors import (
     AdapterConfigError,

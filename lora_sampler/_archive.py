@@ -1,20 +1,15 @@
-"""Filesystem mechanics for ``publish.py``: content digests (cached), safe extraction and copies, temporary folders.
+"""Filesystem mechanics for ``publish.py``: content digests (cached), archive member rules, temporary folders.
 
-Writes only inside the folder it is handed, never renames into place and never publishes. Archive members are
-checked by our own rules on every Python version; tarfile's ``data`` filter runs as a second line where it exists.
+Never renames into place and never publishes. Archive members are checked by our own rules on every Python version
+(``check_member``, ``check_layout``); tarfile's ``data`` filter runs as a second line where it exists. The
+extraction itself is ``_extract``.
 """
 
 from __future__ import annotations
 
-import bz2
-import errno
-import gzip
 import hashlib
-import io
 import logging
-import lzma
 import os
-import queue
 import re
 import secrets
 import shutil
@@ -23,11 +18,8 @@ import stat
 import tarfile
 import threading
 import time
-import zlib
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass
-from functools import partial
-from typing import IO, Any, Callable, Dict, Hashable, Iterable, Iterator, List, Optional, Tuple, Union, cast
+from contextlib import contextmanager
+from typing import Callable, Dict, Hashable, Iterable, Iterator, List, Optional, Tuple, Union
 
 from .errors import PublishError, UnsafeArchiveError
 
@@ -35,14 +27,6 @@ logger = logging.getLogger(__name__)
 
 #: Bytes read per step when hashing a checkpoint on its own.
 CHUNK_SIZE = 1 << 20
-#: Bytes per step when extracting or copying: measured faster than 64 KiB and 1 MiB on a 64 MiB payload.
-COPY_CHUNK_SIZE = 1 << 18
-#: Chunks read ahead of the hashing thread, at most (bounds its memory to 4 MiB).
-HASH_QUEUE_CHUNKS = 16
-#: Most bytes of zero padding read after a tar end-of-archive marker (tar's largest blocking factor is 1 MiB).
-MAX_TAR_PADDING = 16 << 20
-#: Longest file name component when the filesystem does not say (``NAME_MAX`` on Linux and macOS).
-DEFAULT_NAME_MAX = 255
 #: Name of the record lora_sampler leaves in each published folder (vLLM ignores extra files).
 MARKER_FILE = ".lora_sampler.json"
 #: Most digests remembered by the process-wide cache.
@@ -53,44 +37,8 @@ DEFAULT_STALE_AFTER = 3600.0
 StrPath = Union[str, "os.PathLike[str]"]
 Signature = Tuple[int, int, int, int]
 
-
-@dataclass(frozen=True)
-class PublishLimits:
-    """Bounds on what one publish may write into the shared adapter folder (a small archive can expand hugely).
-
-    Every refusal is an ``UnsafeArchiveError`` naming the bound, the member and this class.
-
-    Attributes:
-        max_total_bytes: Most bytes the checkpoint's files may add up to once extracted. Default 16 GiB: a LoRA
-            of a 70B model (Llama-3-70B, all seven linear modules of 80 layers) holds about 13 M parameters per
-            unit of rank, so rank 256 is 6.6 GB in bf16 (13 GB in fp32), rank 64 is 1.7 GB; saved embeddings
-            (``modules_to_save``) add about 4 GB. Anything larger is not an adapter, or is a bomb.
-        max_members: Most archive members (files and folders); an adapter holds a handful. Default 10,000.
-        max_name_bytes: Longest member path below the adapter folder, in UTF-8 bytes. Default 1024. Each path
-            component must also fit the filesystem's own limit (255 bytes on common ones), which no bound raises.
-    """
-
-    max_total_bytes: int = 16 << 30
-    max_members: int = 10_000
-    max_name_bytes: int = 1024
-
-    def __post_init__(self) -> None:
-        for bound in ("max_total_bytes", "max_members", "max_name_bytes"):
-            value = getattr(self, bound)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"PublishLimits({bound}=...) must be an int >= 1, got {value!r}")
-
-
-#: The bounds every publish uses unless told otherwise.
-DEFAULT_LIMITS = PublishLimits()
-
-_ARCHIVE_FIX = "re-create it from the adapter folder with plain files only, e.g. tar -czf step.tar.gz -C parent step"
-# Read side only: write errors become PublishError before they get here (PublishError is no OSError).
-_READ_ERRORS = (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, OSError)
-_NO_SPACE = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_FADV_DONTNEED: Optional[int] = getattr(os, "POSIX_FADV_DONTNEED", None) if hasattr(os, "posix_fadvise") else None
-_O_BINARY = getattr(os, "O_BINARY", 0)
+#: The fix every refusal of a hostile member suggests.
+ARCHIVE_FIX = "re-create it from the adapter folder with plain files only, e.g. tar -czf step.tar.gz -C parent step"
 # Temporary folders: ".tmp-<name>-<host tag>-<pid>-<random>" while publishing, ".del-..." while removing.
 _TEMP_NAME = re.compile(r"^\.(?:tmp|del)-.*-(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]+)-[0-9a-f]{8}$")
 
@@ -242,380 +190,6 @@ def list_folder_files(root: str) -> List[Tuple[str, str]]:
     return sorted(found)
 
 
-def copy_folder(source: str, dest: str, *, limits: PublishLimits = DEFAULT_LIMITS, durable: bool = True) -> None:
-    """Copy a checkpoint folder's files into the existing, empty folder ``dest``, as plain files.
-
-    The sizes are known up front, so ``limits.max_total_bytes`` and the free space of ``dest``'s filesystem are
-    checked before the first byte is written.
-
-    Raises:
-        PublishError: the folder is larger than ``limits.max_total_bytes``, or there is not enough free space.
-    """
-    files = list_folder_files(source)
-    sizes = [os.path.getsize(full) for _, full in files]
-    total = sum(sizes)
-    if total > limits.max_total_bytes:
-        largest = max(range(len(files)), key=sizes.__getitem__)
-        raise UnsafeArchiveError(
-            f"refusing checkpoint {source}: its files add up to {total} bytes (largest: {files[largest][0]!r}, "
-            f"{sizes[largest]} bytes), more than max_total_bytes={limits.max_total_bytes}; "
-            + _raise_hint("max_total_bytes")
-        )
-    writer = _Writer(source, dest, durable)
-    writer.check_free_space(total, files[0][0] if files else "")
-    for (rel, full), size in zip(files, sizes):
-        with open(full, "rb") as src:
-            writer.write_file(rel, src, size)
-    writer.finish()
-
-
-def extract_archive(archive: str, dest: str, *, limits: PublishLimits = DEFAULT_LIMITS, durable: bool = True) -> str:
-    """Extract a tar archive (plain, gzip, bzip2 or xz) into the existing, empty folder ``dest``; return its sha256.
-
-    One front-to-back pass over the file: its raw bytes are hashed as they are read (the digest returned is
-    ``checkpoint_digest`` of the archive), the standard library's buffered decompressor (``gzip``/``bz2``/``lzma``)
-    unpacks them, and tarfile reads the *uncompressed* stream, in ``r:`` mode, which only ever seeks it forward.
-    Handing tarfile the compressed file instead (``r|*``) re-slices its decompression buffer on every read, which is
-    quadratic when a block expands to megabytes (a 64 MiB file of zeros took 22 s instead of 0.3 s). The stream is
-    read to its very end, so the gzip CRC and length (bzip2's and xz's checks alike) are verified, and whatever
-    follows the tar end-of-archive marker must be zero padding: a damaged member header would otherwise end the
-    archive early and silently drop what follows.
-
-    Each member is checked before it is written: only regular files and folders with relative paths and no ``..``
-    are accepted; every link, device and FIFO is refused, as are duplicates. Files are created with
-    ``O_EXCL | O_NOFOLLOW``, and since no link is ever created, nothing can be written outside ``dest``. A refusal
-    mid-archive leaves partial files in ``dest``, which the caller removes.
-
-    Args:
-        archive: The archive file.
-        dest: An existing, empty folder on the target filesystem.
-        limits: Bounds on the total size, the member count and the member name length.
-        durable: fsync every file and folder written.
-
-    Raises:
-        UnsafeArchiveError: a member is hostile, or the archive exceeds one of ``limits``.
-        PublishError: the file is not a readable tar archive, is corrupted or truncated, or the disk is full.
-    """
-    data_filter = getattr(tarfile, "data_filter", None)
-    kinds: Dict[str, bool] = {}  # relative path -> is a folder
-    writer = _Writer(archive, dest, durable)
-    count = 0
-    try:
-        with open(archive, "rb", buffering=0) as file, _HashingReader(file) as raw:
-            compressed = io.BufferedReader(raw, buffer_size=COPY_CHUNK_SIZE)
-            stream = _TarStream(_decompressor(compressed))
-            with tarfile.open(fileobj=cast(IO[bytes], stream), mode="r:") as tar:
-                for member in tar:
-                    count += 1
-                    if count > limits.max_members:
-                        raise UnsafeArchiveError(
-                            f"refusing archive {archive}: more than max_members={limits.max_members} members (member "
-                            f"{member.name!r}); an adapter checkpoint holds a handful of files. "
-                            + _raise_hint("max_members")
-                        )
-                    rel = check_member(member, archive)
-                    if rel is None:
-                        continue
-                    _check_name(rel, member, archive, limits, writer.name_max)
-                    _check_layout(rel, member, kinds, archive)
-                    if data_filter is not None:
-                        _run_data_filter(data_filter, member, dest, archive)
-                    if member.isdir():
-                        writer.make_folder(rel)
-                        continue
-                    if writer.total + member.size > limits.max_total_bytes:
-                        raise UnsafeArchiveError(
-                            f"refusing archive {archive}: member {member.name!r} ({member.size} bytes) brings the "
-                            f"extracted size past max_total_bytes={limits.max_total_bytes}; "
-                            + _raise_hint("max_total_bytes")
-                        )
-                    writer.check_free_space(member.size, member.name)
-                    src = tar.extractfile(member)
-                    if src is None:  # pragma: no cover - check_member admits only regular files here
-                        raise UnsafeArchiveError(f"refusing archive {archive}: member {member.name!r} has no data")
-                    with src:
-                        writer.write_file(rel, src, member.size)
-                end = tar.offset  # where the end-of-archive marker (or a damaged header) starts
-            stream.finish(end, archive)  # the gzip CRC and length, bzip2's and xz's checks are verified here
-            while compressed.read(COPY_CHUNK_SIZE):  # bytes after the last compressed stream (bz2/xz ignore them)
-                pass
-            digest = raw.hexdigest()
-    except _READ_ERRORS as error:
-        raise PublishError(
-            f"cannot read {archive}: it is corrupted or truncated, or not a tar archive ({type(error).__name__}: "
-            f"{error}); nothing was published. Check it (gzip -t / tar -tf), copy it again, or pass the adapter "
-            "folder itself"
-        ) from error
-    writer.finish()
-    return digest
-
-
-class _HashingReader(io.RawIOBase):
-    """A raw reader that hashes every byte it hands out, in a thread of its own (sha256 releases the GIL).
-
-    The archive is read once, for the digest and the data; hashing beside the decompression keeps an
-    incompressible archive's publish near the cost of the extraction alone. Call ``hexdigest`` after the last read,
-    and ``close`` in any case (it stops the thread).
-    """
-
-    def __init__(self, file: io.FileIO) -> None:
-        super().__init__()
-        self._file = file
-        self._sha256 = hashlib.sha256()
-        self._chunks: queue.Queue[Optional[bytes]] = queue.Queue(maxsize=HASH_QUEUE_CHUNKS)
-        self._thread = threading.Thread(target=self._hash_chunks, name="lora_sampler-sha256", daemon=True)
-        self._thread.start()
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        count = self._file.readinto(buffer) or 0
-        if count:
-            self._chunks.put(bytes(memoryview(buffer)[:count]))  # a copy: the caller reuses its buffer
-        return count
-
-    def _hash_chunks(self) -> None:
-        for chunk in iter(self._chunks.get, None):
-            self._sha256.update(chunk)
-
-    def hexdigest(self) -> str:
-        """Return the sha256 of every byte read so far; no read may follow."""
-        self.close()
-        return self._sha256.hexdigest()
-
-    def close(self) -> None:
-        if self._thread.is_alive():
-            self._chunks.put(None)
-            self._thread.join()
-        super().close()
-
-
-def _decompressor(compressed: io.BufferedReader[_HashingReader]) -> IO[bytes]:
-    """Return a reader of the decompressed stream, chosen by the file's magic bytes (a plain tar is its own)."""
-    magic = compressed.peek(6)[:6]
-    if magic.startswith(b"\x1f\x8b"):
-        return cast(IO[bytes], gzip.GzipFile(fileobj=compressed, mode="rb"))
-    if magic.startswith(b"BZh"):
-        return bz2.BZ2File(compressed)
-    if magic.startswith(b"\xfd7zXZ\x00"):
-        return lzma.LZMAFile(compressed)
-    return compressed
-
-
-class _TarStream:
-    """The uncompressed tar stream, as a file tarfile can only seek forward in (``r:`` mode without re-reads).
-
-    tarfile reads headers and member data straight from it (no ``_Stream`` buffer in between). A backward seek
-    would re-read the archive, so it is refused (tarfile makes none while iterating). It remembers the last block
-    read, to tell an end-of-archive marker from a damaged header after tarfile stops.
-    """
-
-    def __init__(self, source: IO[bytes]) -> None:
-        self._source = source
-        self.position = 0
-        self.last_read = b""
-
-    def read(self, size: int = -1) -> bytes:
-        data = self._source.read(size)
-        self.position += len(data)
-        self.last_read = data
-        return data
-
-    def tell(self) -> int:
-        return self.position
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        target = offset + (self.position if whence == io.SEEK_CUR else 0)
-        if whence not in (io.SEEK_SET, io.SEEK_CUR) or target < self.position:
-            raise io.UnsupportedOperation("the tar stream is read once, front to back")
-        while self.position < target:
-            if not self.read(min(COPY_CHUNK_SIZE, target - self.position)):
-                break
-        return self.position
-
-    def finish(self, end: int, archive: str) -> None:
-        """Read to the end (the decompressor checks its CRC and length there); refuse anything but zero padding.
-
-        Args:
-            end: Where tarfile stopped: the offset of the block it took for the end-of-archive marker.
-            archive: The archive's path, for errors.
-        """
-        ended_cleanly = self.position == end + tarfile.BLOCKSIZE and not self.last_read.strip(b"\0")
-        padding_end = self.position + MAX_TAR_PADDING
-        nonzero = False
-        for chunk in iter(partial(self.read, COPY_CHUNK_SIZE), b""):
-            nonzero = nonzero or bool(chunk.strip(b"\0"))
-            if self.position > padding_end:
-                raise PublishError(
-                    f"cannot read {archive}: the tar stream goes on for more than {MAX_TAR_PADDING} bytes after its "
-                    "end-of-archive marker; nothing was published. Create the archive again with tar"
-                )
-        if self.position < end + tarfile.BLOCKSIZE:
-            raise PublishError(
-                f"cannot read {archive}: the tar stream ends at byte {self.position} without its end-of-archive "
-                "marker (the archive is truncated); nothing was published. Copy or create it again"
-            )
-        if not ended_cleanly or nonzero:
-            raise PublishError(
-                f"cannot read {archive}: the tar stream holds data after byte {end}, where tarfile stopped (a damaged "
-                "or truncated member header); nothing was published. Check it with tar -tvf, or create it again"
-            )
-
-
-class _Writer:
-    """Writes a checkpoint's files below ``dest``: folders, exclusive plain files, disk-space errors, fsyncs."""
-
-    def __init__(self, source: str, dest: str, durable: bool) -> None:
-        self.source = source
-        self.dest = dest
-        self.folder = os.path.dirname(dest)  # lora_base_dir: what the user knows and can free space in
-        self.durable = durable
-        self.total = 0
-        self.made = {dest}
-        try:
-            self.name_max = os.pathconf(dest, "PC_NAME_MAX")
-        except (AttributeError, OSError, ValueError):  # Windows, or a filesystem that does not say
-            self.name_max = DEFAULT_NAME_MAX
-
-    def make_folder(self, rel: str) -> None:
-        self._make_folder(os.path.join(self.dest, *rel.split("/")))
-
-    def _make_folder(self, folder: str) -> None:
-        if folder in self.made:
-            return
-        # Only folders we created exist under dest (never links), so makedirs cannot be led outside it.
-        try:
-            os.makedirs(folder, exist_ok=True)
-        except OSError as error:
-            raise self._write_error(error, folder, 0) from error
-        while folder not in self.made:
-            self.made.add(folder)
-            folder = os.path.dirname(folder)
-
-    def check_free_space(self, size: int, member: str) -> None:
-        """Refuse to start writing ``size`` bytes that cannot fit (sizes are known before each file is written)."""
-        if size <= 0:
-            return
-        free = _free_bytes(self.dest)
-        if free is not None and size > free:
-            raise PublishError(
-                f"not enough free space in {self.folder} to publish {self.source}: {member!r} needs {size} bytes "
-                f"({self.total + size} bytes in all so far), {free} bytes are free. Free space there, or publish "
-                "into a folder on a larger filesystem"
-            )
-
-    def write_file(self, rel: str, src: IO[bytes], size: int) -> None:
-        target = os.path.join(self.dest, *rel.split("/"))
-        self._make_folder(os.path.dirname(target))
-        try:
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_BINARY, 0o666)
-        except OSError as error:
-            raise self._write_error(error, rel, size) from error
-        try:
-            written = 0
-            # Read errors are the archive's (corruption, truncation): they are not caught here.
-            for chunk in iter(partial(src.read, COPY_CHUNK_SIZE), b""):
-                try:
-                    _write_all(fd, chunk)
-                except OSError as error:
-                    raise self._write_error(error, rel, size) from error
-                if self.durable:
-                    _start_writeback(fd, written, len(chunk))
-                written += len(chunk)
-                self.total += len(chunk)
-            if self.durable:
-                try:
-                    os.fsync(fd)
-                except OSError as error:
-                    raise self._write_error(error, rel, size) from error
-        finally:
-            os.close(fd)
-
-    def _write_error(self, error: OSError, what: str, size: int) -> PublishError:
-        if error.errno in _NO_SPACE:
-            free = _free_bytes(self.dest)
-            return PublishError(
-                f"no space left in {self.folder} while publishing {self.source}: writing {what!r} ({size} bytes) "
-                f"needs at least {self.total + size} bytes in all, {'an unknown number of' if free is None else free} "
-                f"bytes are free ({error.strerror}). Nothing was published; free space there, or publish into a "
-                "folder on a larger filesystem"
-            )
-        if error.errno == errno.ENAMETOOLONG:
-            return PublishError(
-                f"cannot publish {self.source}: the filesystem of {self.folder} refuses the name {what!r} as too long "
-                f"({error.strerror}); rename that file in the checkpoint"
-            )
-        return PublishError(f"cannot write {what!r} of {self.source} into {self.folder}: {error}")
-
-    def finish(self) -> None:
-        if self.durable:
-            fsync_folders(self.made)
-
-
-def _start_writeback(fd: int, offset: int, length: int) -> None:
-    """Ask the kernel to start writing a just-written range to disk now, so the final fsync has little left to wait.
-
-    On Linux ``POSIX_FADV_DONTNEED`` starts asynchronous writeback of dirty pages (like ``sync_file_range``, which
-    Python does not expose) and keeps dirty pages and pages under writeback in the cache (a page whose writeback
-    already finished may leave it). Elsewhere it does nothing useful, and is harmless: the fsync still makes the
-    file durable.
-    """
-    if _FADV_DONTNEED is not None:
-        with suppress(OSError):  # a filesystem without fadvise
-            os.posix_fadvise(fd, offset, length, _FADV_DONTNEED)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _free_bytes(folder: str) -> Optional[int]:
-    try:
-        return shutil.disk_usage(folder).free
-    except OSError:  # pragma: no cover - a filesystem without statvfs
-        return None
-
-
-def _raise_hint(bound: str) -> str:
-    return (
-        f"If the checkpoint is genuine, raise the bound: publish_checkpoint(..., limits=PublishLimits({bound}=...)), "
-        f"or SamplerClient(..., publish_limits=PublishLimits({bound}=...))"
-    )
-
-
-def _shortened(name: str) -> str:
-    return name if len(name) <= 200 else f"{name[:100]}...{name[-100:]}"
-
-
-def _check_name(rel: str, member: tarfile.TarInfo, archive: str, limits: PublishLimits, name_max: int) -> None:
-    """Refuse member paths the bound or the filesystem cannot take, and a folder where our record file goes."""
-    encoded = rel.encode("utf-8", "surrogateescape")
-    if len(encoded) > limits.max_name_bytes:
-        raise UnsafeArchiveError(
-            f"refusing archive {archive}: member {_shortened(member.name)!r} has a path of {len(encoded)} bytes, "
-            f"more than max_name_bytes={limits.max_name_bytes}. " + _raise_hint("max_name_bytes")
-        )
-    for part in rel.split("/"):
-        size = len(part.encode("utf-8", "surrogateescape"))
-        if size > name_max:
-            raise UnsafeArchiveError(
-                f"refusing archive {archive}: member {_shortened(member.name)!r} has a name component of {size} bytes, "
-                f"and the filesystem allows {name_max} (no argument can raise that); rename that file in the checkpoint"
-            )
-    parts = rel.split("/")
-    if member.isdir() and parts[-1] == MARKER_FILE and len(parts) <= 2:
-        raise UnsafeArchiveError(
-            f"refusing archive {archive}: member {member.name!r} is a folder named {MARKER_FILE}, the file where "
-            f"lora_sampler records what it published; remove it from the archive. {_ARCHIVE_FIX}"
-        )
-
-
 def check_member(member: tarfile.TarInfo, archive: str) -> Optional[str]:
     """Return a member's normalised relative path (None for the archive's root folder), or refuse it.
 
@@ -628,7 +202,7 @@ def check_member(member: tarfile.TarInfo, archive: str) -> Optional[str]:
     name = member.name
 
     def refuse(reason: str) -> UnsafeArchiveError:
-        return UnsafeArchiveError(f"refusing archive {archive}: member {name!r} {reason}; {_ARCHIVE_FIX}")
+        return UnsafeArchiveError(f"refusing archive {archive}: member {name!r} {reason}; {ARCHIVE_FIX}")
 
     if "\\" in name or "\0" in name:
         raise refuse("contains a backslash or NUL, which could escape the folder on some systems")
@@ -654,7 +228,7 @@ def check_member(member: tarfile.TarInfo, archive: str) -> Optional[str]:
     return "/".join(parts)
 
 
-def _check_layout(rel: str, member: tarfile.TarInfo, kinds: Dict[str, bool], archive: str) -> None:
+def check_layout(rel: str, member: tarfile.TarInfo, kinds: Dict[str, bool], archive: str) -> None:
     """Refuse duplicate files and paths that use a file as a folder; record the member and its parents."""
     parts = rel.split("/")
     for depth in range(1, len(parts)):
@@ -663,11 +237,11 @@ def _check_layout(rel: str, member: tarfile.TarInfo, kinds: Dict[str, bool], arc
             raise UnsafeArchiveError(f"refusing archive {archive}: member {member.name!r} is inside file {parent!r}")
     previous = kinds.get(rel)
     if previous is not None and not (previous and member.isdir()):
-        raise UnsafeArchiveError(f"refusing archive {archive}: member {member.name!r} appears twice; {_ARCHIVE_FIX}")
+        raise UnsafeArchiveError(f"refusing archive {archive}: member {member.name!r} appears twice; {ARCHIVE_FIX}")
     kinds[rel] = member.isdir()
 
 
-def _run_data_filter(data_filter: Callable[..., object], member: tarfile.TarInfo, dest: str, archive: str) -> None:
+def run_data_filter(data_filter: Callable[..., object], member: tarfile.TarInfo, dest: str, archive: str) -> None:
     # A second opinion from the standard library (3.12+, and 3.9.17+/3.10.12+/3.11.4+ backports); our own checks
     # ran first, so its verdict only matters for something they missed, and the error type stays ours.
     try:

@@ -13,7 +13,7 @@ import os
 import threading
 from typing import Counter, Dict, List, Optional, Set, Tuple, Union
 
-from lora_sampler._archive import PublishLimits
+from lora_sampler._extract import PublishLimits
 from lora_sampler._http import MODELS_PATH, UNLOAD_ADAPTER_PATH, EngineTransport
 from lora_sampler.errors import EngineError, EngineStatusError, LoraSamplerError
 from lora_sampler.names import validate_adapter_name

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Deque, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
 from lora_sampler._adapter_loads import AdapterLoadCoordinator
-from lora_sampler._archive import PublishLimits
+from lora_sampler._extract import PublishLimits
 from lora_sampler._http import LOAD_ADAPTER_PATH, EngineTransport, Timeout
 from lora_sampler._registry import AdapterRegistry
 from lora_sampler.errors import EngineError

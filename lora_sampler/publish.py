@@ -16,21 +16,18 @@ import shutil
 from typing import Any, Callable, Dict, Optional
 
 from ._archive import (
-    DEFAULT_LIMITS,
     MARKER_FILE,
     KeyedLocks,
-    PublishLimits,
     StrPath,
     cached_digest,
     checkpoint_digest,
     clean_stale_temporaries,
     clear_digest_cache,
-    copy_folder,
-    extract_archive,
     fsync_folders,
     hashing_in_one_pass,
     make_temp_folder,
 )
+from ._extract import DEFAULT_LIMITS, PublishLimits, copy_folder, extract_archive
 from .errors import AdapterConfigError, PublishError
 from .names import validate_adapter_name
 from .types import Adapter

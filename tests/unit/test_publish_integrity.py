@@ -302,7 +302,7 @@ def test_publish_disk_full_names_folder_and_sizes(
         written["bytes"] += count
         return count
 
-    monkeypatch.setattr(_archive.os, "write", write_until_full)
+    monkeypatch.setattr(os, "write", write_until_full)
     with pytest.raises(PublishError) as caught:
         publish_checkpoint(checkpoint, base)
     monkeypatch.undo()
