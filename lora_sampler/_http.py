@@ -46,6 +46,7 @@ COMPLETIONS_PATH = "/v1/completions"
 LOAD_ADAPTER_PATH = "/v1/load_lora_adapter"
 UNLOAD_ADAPTER_PATH = "/v1/unload_lora_adapter"
 MODELS_PATH = "/v1/models"
+HEALTH_PATH = "/health"
 #: Header vLLM routers hash to pick a replica (ROUTER.md §3a).
 SESSION_HEADER = "X-Session-ID"
 #: Extra pooled connections beyond ``max_workers``: proactive loads and callers' own threads run beside the pool.
@@ -208,13 +209,13 @@ class EngineTransport:
             raise self._status_error(response, model, adapter)
         return response
 
-    def get(self, path: str) -> requests.Response:
-        """Send one GET and return the response.
+    def get(self, path: str, *, timeout: Optional[Timeout] = None) -> requests.Response:
+        """Send one GET and return the response (``timeout`` overrides the client's, e.g. for a short probe).
 
         Raises:
             EngineError: a transport failure or an error status.
         """
-        response = self._request(_Exchange("GET", path, None, {}, self.timeout, None, False))
+        response = self._request(_Exchange("GET", path, None, {}, timeout or self.timeout, None, False))
         if response.status_code >= 400:
             raise self._status_error(response, None, False)
         return response
@@ -313,7 +314,7 @@ class EngineTransport:
             error_class, problem = EngineError, "request failed"
         message = (
             f"{exchange.method} {exchange.path}{what}: the engine at {self.base_url} {problem} ({detail}); "
-            "check base_url, that the engine is running, and the timeout"
+            "check base_url, that the engine is running, and the timeout (timeout=; the CLI's --timeout)"
         )
         return error_class(message, model=model, adapter=adapter)
 

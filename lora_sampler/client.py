@@ -15,13 +15,14 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Deque, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
 from lora_sampler._adapter_loads import AdapterLoadCoordinator
 from lora_sampler._extract import PublishLimits
-from lora_sampler._http import LOAD_ADAPTER_PATH, EngineTransport, Timeout
+from lora_sampler._http import HEALTH_PATH, LOAD_ADAPTER_PATH, MODELS_PATH, EngineTransport, Timeout
+from lora_sampler._outage import OutageGate, OutageHook, probe_timeout, probe_until
 from lora_sampler._registry import AdapterRegistry
-from lora_sampler.errors import EngineError
+from lora_sampler.errors import EngineConnectionError, EngineError, EngineStatusError
 from lora_sampler.retry import DEFAULT_RETRY_POLICY, RetryPolicy, make_retrying
 from lora_sampler.types import Adapter, AdapterSpec, Prompt, SampleOutput, SampleRequest, SamplingParams
 
@@ -33,6 +34,7 @@ API_KEY_ENV = "LORA_SAMPLER_API_KEY"
 IN_FLIGHT_PER_WORKER = 2
 
 RequestLike = Union[SampleRequest, Mapping[str, Any]]
+Runner = Callable[[SampleRequest], SampleOutput]
 
 
 @dataclass
@@ -240,15 +242,24 @@ class SamplerClient:
         """
         return self._submit(SampleRequest(prompt, **kwargs))
 
-    def _submit(self, request: SampleRequest) -> concurrent.futures.Future[SampleOutput]:
+    def _submit(
+        self, request: SampleRequest, runner: Optional[Runner] = None
+    ) -> concurrent.futures.Future[SampleOutput]:
         with self._executor_lock:
             if self._closed:
                 raise RuntimeError("this SamplerClient is closed; create a new one")
             if self._executor is None:
                 self._executor = concurrent.futures.ThreadPoolExecutor(self.max_workers, "lora_sampler")
-            return self._executor.submit(self.run, request)
+            return self._executor.submit(runner or self.run, request)
 
-    def imap(self, requests: Iterable[RequestLike], *, return_exceptions: bool = False) -> Iterator[Any]:
+    def imap(
+        self,
+        requests: Iterable[RequestLike],
+        *,
+        return_exceptions: bool = False,
+        max_outage: float = 0.0,
+        on_outage: Optional[OutageHook] = None,
+    ) -> Iterator[Any]:
         """Yield the result of each request in input order, keeping a bounded number in flight.
 
         At most ``2 * max_workers`` requests are pulled from ``requests`` ahead of the results yielded, so a
@@ -257,12 +268,19 @@ class SamplerClient:
         Args:
             requests: ``SampleRequest`` values, or mappings of ``SampleRequest`` fields.
             return_exceptions: Yield a failed request's exception instead of raising it (and stopping).
+            max_outage: Seconds to wait out an engine outage (SPEC §10). 0 fails requests at once. When > 0, a
+                request that fails outage-class (transport errors once retries ran out; vllm-router's 500/503 with
+                no worker reachable) is held, no new request is sent, the engine is probed, and held requests run
+                again once it answers. Past ``max_outage`` they fail with their last error, and requests not yet
+                sent fail with ``EngineConnectionError`` without being sent.
+            on_outage: Called with an ``OutageEvent`` while the engine is away (from worker threads).
         """
+        gate, runner = self._outage_runner(max_outage, on_outage)
         window: Deque[concurrent.futures.Future[SampleOutput]] = collections.deque()
         limit = IN_FLIGHT_PER_WORKER * self.max_workers
         try:
             for item in requests:
-                window.append(self._submit(_as_request(item)))
+                window.append(self._submit(_as_request(item), runner))
                 while window and (len(window) >= limit or window[0].done()):
                     yield _outcome(window.popleft(), return_exceptions)
             while window:
@@ -270,11 +288,22 @@ class SamplerClient:
         finally:
             for future in window:
                 future.cancel()
+            if gate is not None:
+                gate.close()
 
     def imap_unordered(
-        self, requests: Iterable[RequestLike], *, return_exceptions: bool = False
+        self,
+        requests: Iterable[RequestLike],
+        *,
+        return_exceptions: bool = False,
+        max_outage: float = 0.0,
+        on_outage: Optional[OutageHook] = None,
     ) -> Iterator[Tuple[int, Any]]:
-        """Yield ``(index, result)`` pairs as requests finish, keeping a bounded number in flight."""
+        """Yield ``(index, result)`` pairs as requests finish, keeping a bounded number in flight.
+
+        ``max_outage`` and ``on_outage`` work as in ``imap``.
+        """
+        gate, runner = self._outage_runner(max_outage, on_outage)
         pending: Dict[concurrent.futures.Future[SampleOutput], int] = {}
         limit = IN_FLIGHT_PER_WORKER * self.max_workers
         source = enumerate(requests)
@@ -286,7 +315,7 @@ class SamplerClient:
                     if nxt is None:
                         exhausted = True
                         break
-                    pending[self._submit(_as_request(nxt[1]))] = nxt[0]
+                    pending[self._submit(_as_request(nxt[1]), runner)] = nxt[0]
                 if not pending:
                     return
                 done, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
@@ -295,9 +324,56 @@ class SamplerClient:
         finally:
             for future in pending:
                 future.cancel()
+            if gate is not None:
+                gate.close()
+
+    def _outage_runner(
+        self, max_outage: float, on_outage: Optional[OutageHook]
+    ) -> Tuple[Optional[OutageGate], Optional[Runner]]:
+        """Return the gate of one fan-out and the runner that goes through it (both None for ``max_outage=0``)."""
+        if isinstance(max_outage, bool) or not isinstance(max_outage, (int, float)) or not max_outage >= 0:
+            raise ValueError(f"max_outage must be a number of seconds >= 0, got {max_outage!r}")
+        if max_outage == 0:
+            return None, None
+        timeout = probe_timeout(self._transport.timeout)
+        gate = OutageGate(float(max_outage), lambda: self._probe(timeout), base_url=self.base_url, on_outage=on_outage)
+        return gate, lambda request: gate.run(lambda: self.run(request))
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Return once the engine answers ``GET /health`` and ``GET /v1/models``; probe with capped backoff.
+
+        Each probe uses the client's connect timeout and a read timeout of at most 5 s, so a hung engine is
+        reported in seconds. ``timeout=0`` probes once.
+
+        Raises:
+            EngineConnectionError: the engine did not answer within ``timeout`` seconds (the last error is its cause).
+            EngineError: the engine answered with a refusal that waiting does not fix (e.g. 401 for the API key).
+        """
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+            raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
+        probe = probe_timeout(self._transport.timeout)
+        last = probe_until(lambda: self._probe(probe), time.monotonic() + timeout)
+        if last is not None:
+            within = f" within {timeout:g} s" if timeout > 0 else ""
+            raise EngineConnectionError(f"the engine at {self.base_url} did not answer{within}: {last}") from last
+
+    def _probe(self, timeout: Tuple[float, float]) -> None:
+        """One readiness probe: ``GET /health`` (skipped when the server has none), then ``GET /v1/models``."""
+        try:
+            self._transport.get(HEALTH_PATH, timeout=timeout)
+        except EngineStatusError as exc:
+            if exc.status != 404:
+                raise
+        self._transport.get(MODELS_PATH, timeout=timeout)
 
     def sample_many(
-        self, requests: Iterable[RequestLike], *, return_exceptions: bool = False, progress: bool = False
+        self,
+        requests: Iterable[RequestLike],
+        *,
+        return_exceptions: bool = False,
+        progress: bool = False,
+        max_outage: float = 0.0,
+        on_outage: Optional[OutageHook] = None,
     ) -> List[Any]:
         """Run many requests over the thread pool and return their results in input order.
 
@@ -305,8 +381,10 @@ class SamplerClient:
             requests: ``SampleRequest`` values, or mappings of ``SampleRequest`` fields.
             return_exceptions: Put a failed request's exception in its slot instead of raising the first one.
             progress: Show a tqdm progress bar (needs ``pip install 'lora_sampler[cli]'``).
+            max_outage: Seconds to wait out an engine outage, as in ``imap`` (0: fail at once).
+            on_outage: Called with an ``OutageEvent`` while the engine is away.
         """
-        results = self.imap(requests, return_exceptions=return_exceptions)
+        results = self.imap(requests, return_exceptions=return_exceptions, max_outage=max_outage, on_outage=on_outage)
         if not progress:
             return list(results)
         try:

@@ -1,0 +1,294 @@
+"""Outages during long jobs (SPEC §10): which failures mean "the engine is away", probing it, holding work meanwhile.
+
+``is_outage`` classifies a failure that the retry table already gave up on; ``probe_until`` probes with capped
+backoff; ``OutageGate`` holds the requests of one ``imap`` call while the engine is away and lets them run again
+once it answers. No HTTP of its own: the client hands in its probe. Reads error classes and the router's messages
+only, so it does not depend on how the transport builds its errors.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Tuple, TypeVar, Union
+
+import requests
+
+from lora_sampler.errors import EngineConnectionError
+
+logger = logging.getLogger(__name__)
+
+#: vllm-router's answers when no worker can be reached (ROUTER.md §3c): (status, how the message starts).
+ROUTER_OUTAGE_ANSWERS = (
+    (500, "Request failed: error sending request for url"),
+    (503, "No available workers"),
+)
+#: The first wait between probes, in seconds; each later one doubles, up to ``PROBE_MAX_DELAY``.
+PROBE_BASE_DELAY = 0.1
+#: The longest wait between two probes, in seconds.
+PROBE_MAX_DELAY = 2.0
+#: A probe's read timeout is at most this many seconds: a hung engine is reported in seconds, not minutes.
+PROBE_READ_TIMEOUT = 5.0
+
+T = TypeVar("T")
+
+
+def is_outage(error: BaseException) -> bool:
+    """Tell whether a failure means the engine (or every worker behind a router) is away, not that a request is bad.
+
+    Outage-class: transport errors (refused, reset, timeout) once the retry table gave up, and the router's own
+    500 ``Request failed: error sending request for url ...`` and 503 ``No available workers ...``.
+    """
+    if isinstance(error, (requests.ConnectionError, requests.Timeout)):
+        return True
+    status = getattr(error, "status", None)
+    message = str(getattr(error, "engine_message", "") or "").strip()
+    return any(status == code and message.startswith(start) for code, start in ROUTER_OUTAGE_ANSWERS)
+
+
+def not_ready(error: BaseException) -> bool:
+    """Tell whether a failed probe means "not back yet": an outage, or any 5xx (an engine still starting)."""
+    status = getattr(error, "status", None)
+    return is_outage(error) or (isinstance(status, int) and status >= 500)
+
+
+def probe_timeout(timeout: Union[float, Tuple[float, float]]) -> Tuple[float, float]:
+    """Return the ``(connect, read)`` timeout of a probe: the client's connect timeout, a short read timeout."""
+    connect, read = timeout if isinstance(timeout, tuple) else (timeout, timeout)
+    return connect, min(read, PROBE_READ_TIMEOUT)
+
+
+def probe_until(
+    probe: Callable[[], Any],
+    deadline: float,
+    *,
+    on_failure: Optional[Callable[[BaseException], None]] = None,
+    stop: Optional[threading.Event] = None,
+) -> Optional[BaseException]:
+    """Call ``probe`` with capped backoff until it succeeds or ``deadline`` (monotonic) passes.
+
+    The last probe is sent at the deadline, so a wait of N seconds ends within N seconds plus one probe.
+
+    Args:
+        probe: Raises while the engine is not ready; any other return means it answered.
+        deadline: ``time.monotonic()`` value after which no probe is sent.
+        on_failure: Called with each failed probe's error (e.g. to show the wait).
+        stop: When set, give up at once.
+
+    Returns:
+        None once the engine answered, else the last probe's error.
+
+    Raises:
+        Exception: a probe failure that is not "not ready" (a refused API key), as raised by ``probe``.
+    """
+    delay = PROBE_BASE_DELAY
+    while True:
+        try:
+            probe()
+            return None
+        except Exception as exc:
+            if not not_ready(exc):
+                raise
+            last: BaseException = exc
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or (stop is not None and stop.is_set()):
+            return last
+        if on_failure is not None:
+            on_failure(last)
+        pause = min(delay, remaining)
+        if stop is not None:
+            if stop.wait(pause):
+                return last
+        else:
+            time.sleep(pause)
+        delay = min(delay * 2, PROBE_MAX_DELAY)
+
+
+@dataclass(frozen=True)
+class OutageEvent:
+    """What an ``on_outage`` hook is told while the engine is away. Holds no prompt and no API key.
+
+    Attributes:
+        kind: ``"held"`` (requests are being held), ``"waiting"`` (a probe failed; still waiting), ``"back"``
+            (the engine answered; held requests run again) or ``"gave_up"`` (away longer than ``max_outage``).
+        since: Wall-clock time (``time.time()``) the first request was held.
+        waited: Seconds waited so far.
+        max_outage: The limit, in seconds.
+        held: Requests held right now.
+        error: The last outage-class error.
+    """
+
+    kind: str
+    since: float
+    waited: float
+    max_outage: float
+    held: int
+    error: BaseException
+
+
+OutageHook = Callable[[OutageEvent], None]
+
+
+class OutageGate:
+    """Holds the requests of one fan-out while the engine is away, and runs them again once it answers.
+
+    A request that fails outage-class is held (its worker thread waits here); no new request is sent; one held
+    thread probes the engine. When the engine answers, every held request runs again (so the adapter-load race
+    heals whatever the restart forgot). Past ``max_outage`` the held requests fail with their own last error and
+    requests not yet sent fail without being sent; the gate stays failed. A request only runs again after it
+    failed, so none runs twice to completion, and none is dropped.
+
+    Args:
+        max_outage: Seconds to wait for the engine, > 0.
+        probe: Raises while the engine is not ready (the client's ``GET /health`` then ``GET /v1/models``).
+        base_url: The engine root, for messages.
+        on_outage: Hook called with an ``OutageEvent`` (from worker threads; keep it quick, never let it block).
+    """
+
+    def __init__(
+        self, max_outage: float, probe: Callable[[], Any], *, base_url: str, on_outage: Optional[OutageHook] = None
+    ):
+        self.max_outage = max_outage
+        self._probe, self._base_url, self._on_outage = probe, base_url, on_outage
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._since: Optional[float] = None  # monotonic start of the current outage; None while the engine answers
+        self._since_wall = 0.0
+        self._episode = 0  # bumped whenever an outage ends
+        self._probing = False
+        self._held = 0
+        self._last: Optional[BaseException] = None
+        self._failed: Optional[str] = None  # why requests are no longer sent, once the gate gave up or was closed
+
+    def run(self, call: Callable[[], T]) -> T:
+        """Run ``call`` (one request), holding it through outages; raise its last error past ``max_outage``."""
+        first_failure: Optional[float] = None
+        while True:
+            episode = self._enter()
+            try:
+                return call()
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+                now = time.monotonic()
+                first_failure = now if first_failure is None else first_failure
+                if now - first_failure >= self.max_outage:
+                    raise  # this request alone keeps failing while the engine answers probes: not held forever
+                self._hold(exc, episode)
+
+    def close(self) -> None:
+        """Release every held request (each fails with its last error) and stop probing; for an ended fan-out."""
+        with self._cond:
+            if self._failed is None:
+                self._failed = f"not sent: the fan-out holding requests for the engine at {self._base_url} ended"
+            self._stop.set()
+            self._cond.notify_all()
+
+    def _enter(self) -> int:
+        """Wait while the engine is away; return the outage count seen, or raise once the gate failed."""
+        with self._cond:
+            while self._since is not None and self._failed is None:
+                self._cond.wait()
+            if self._failed is not None:
+                raise EngineConnectionError(self._failed)  # a fresh error per request: threads share no traceback
+            return self._episode
+
+    def _hold(self, error: Exception, episode: int) -> None:
+        """Hold one failed request until the engine answers (return) or the wait is over (raise ``error``)."""
+        with self._cond:
+            if self._failed is not None:
+                raise error
+            if self._episode != episode:
+                return  # the outage this request ran into has ended meanwhile: run it again now
+            self._last = error
+            self._held += 1
+            try:
+                if self._since is None:
+                    self._since, self._since_wall = time.monotonic(), time.time()
+                    logger.warning(
+                        "engine unreachable since %s; waiting up to %g s (the engine at %s: %s)",
+                        time.strftime("%H:%M:%S", time.localtime(self._since_wall)),
+                        self.max_outage,
+                        self._base_url,
+                        _short(error),
+                    )
+                    self._emit("held")
+                while self._episode == episode and self._failed is None:
+                    if self._probing:
+                        self._cond.wait()
+                        continue
+                    self._probing = True
+                    self._cond.release()
+                    try:
+                        outcome: Optional[BaseException] = self._wait_for_engine()
+                    except Exception:  # the engine answered, with a refusal: held requests run and report it
+                        outcome = None
+                    finally:
+                        self._cond.acquire()
+                        self._probing = False
+                    self._end(outcome)
+            finally:
+                self._held -= 1
+            if self._failed is not None:
+                raise error
+
+    def _wait_for_engine(self) -> Optional[BaseException]:
+        """Probe until the engine answers (None) or the outage outlasts ``max_outage`` (the last error)."""
+        assert self._since is not None
+        return probe_until(
+            self._probe,
+            self._since + self.max_outage,
+            on_failure=lambda exc: self._emit("waiting", exc),
+            stop=self._stop,
+        )
+
+    def _end(self, probe_error: Optional[BaseException]) -> None:
+        """End the current outage (lock held): the engine is back, or the gate fails for good."""
+        assert self._since is not None
+        waited = time.monotonic() - self._since
+        if probe_error is None and not self._stop.is_set():
+            logger.warning("engine answered again after %.1f s; re-running %d held requests", waited, self._held)
+            self._emit("back")
+        elif self._failed is None:
+            last = self._last if self._last is not None else probe_error
+            logger.warning(
+                "engine unreachable for %.1f s, longer than max_outage=%g s; held requests fail (%s)",
+                waited,
+                self.max_outage,
+                _short(last),
+            )
+            self._emit("gave_up", probe_error)
+            self._failed = (
+                f"not sent: the engine at {self._base_url} was unreachable for {waited:.1f} s, longer than "
+                f"max_outage={self.max_outage:g} s; the last error: {last}"
+            )
+        self._since = None
+        self._episode += 1
+        self._cond.notify_all()
+
+    def _emit(self, kind: str, error: Optional[BaseException] = None) -> None:
+        if self._on_outage is None or self._since is None:
+            return
+        event = OutageEvent(
+            kind=kind,
+            since=self._since_wall,
+            waited=time.monotonic() - self._since,
+            max_outage=self.max_outage,
+            held=self._held,
+            error=error if error is not None else self._last or EngineConnectionError("engine unreachable"),
+        )
+        try:
+            self._on_outage(event)
+        except Exception:  # a user's hook must never break the fan-out
+            logger.exception("lora_sampler: on_outage hook %r raised", self._on_outage)
+
+
+def _short(error: Optional[BaseException]) -> str:
+    if error is None:
+        return "no error"
+    status = getattr(error, "status", None)
+    if status:
+        return f"HTTP {status}: {str(getattr(error, 'engine_message', ''))[:200]}"
+    return type(error).__name__

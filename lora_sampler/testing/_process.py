@@ -1,0 +1,250 @@
+"""A ``FakeEngine`` in a process of its own, so a test can kill it like a crashed vLLM server and start it again.
+
+The parent side is ``EngineProcess``; the child side is this module run as a script::
+
+    python -m lora_sampler.testing._process --lora-dir DIR [--port 0] [--latency 0.0] [--load-latency 0.0]
+        [--model tiny-base] [--api-key-env NAME] [--hide NAME=K ...]
+
+The child prints one JSON line ``{"url": "http://127.0.0.1:PORT", "pid": PID}`` once it listens. Then it reads JSON
+command lines on its standard input and answers each with one JSON line (``{"ok": ...}`` or ``{"error": "..."}``):
+
+- ``{"op": "delay", "name": N, "requests": K}`` or ``"seconds": S``: ``FakeEngine.set_visibility_delay``;
+- ``{"op": "fault", "kind": ..., "count": ..., ...}``: ``FakeEngine.inject_fault``;
+- ``{"op": "requests"}``: the request log, as a list of ``RequestRecord`` dicts;
+- ``{"op": "max_loads", "name": N}``: ``FakeEngine.max_loads_in_flight_for(N)``;
+- ``{"op": "loaded"}``: the registered adapter names;
+- ``{"op": "reset"}``: ``FakeEngine.reset_log``.
+
+It serves until SIGTERM/SIGINT or until its standard input closes, so it never outlives the test that started it.
+The API key, when any, is read from the environment variable named by ``--api-key-env`` (never from argv).
+``--hide NAME=K`` hides ``lora_dir/NAME`` for its first K completions from the start (a restarted engine that has
+forgotten an adapter and sees it late). Stdlib only; loopback only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+from typing import IO, Any, Callable, Dict, List, Optional
+
+from lora_sampler.testing._engine import FakeEngine
+
+#: Seconds a child gets to print its URL line.
+START_TIMEOUT = 30.0
+#: Seconds between SIGTERM and SIGKILL when a process group is stopped.
+STOP_GRACE = 5.0
+
+
+def stop_group(process: subprocess.Popen[Any], grace: float = STOP_GRACE) -> None:
+    """Stop a process and its whole group (started with ``start_new_session``): SIGTERM, wait, SIGKILL. Idempotent."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)  # stragglers of the group, if any
+
+
+class EngineProcess:
+    """A FakeEngine in its own process group, driven by JSON command lines on its standard input.
+
+    Use it as a context manager (or call ``stop``): the group is always stopped. ``kill`` is a crash (SIGKILL);
+    ``restart`` starts a fresh engine on the same port (same URL, empty adapter table), as a redeployed server.
+
+    Args:
+        lora_dir: The engine's resolver directory.
+        port: Where to listen (0 picks a free port).
+        model: The base model name.
+        latency: Seconds of service time per completion.
+        load_latency: Seconds per adapter load.
+        env: Extra environment variables for the child.
+        api_key_env: The child reads its API key from this environment variable (never from argv).
+        hidden: Adapter names hidden from the resolver for their first K completions, set before it listens.
+    """
+
+    def __init__(
+        self,
+        lora_dir: str,
+        *,
+        port: int = 0,
+        model: str = "tiny-base",
+        latency: float = 0.0,
+        load_latency: float = 0.0,
+        env: Optional[Dict[str, str]] = None,
+        api_key_env: Optional[str] = None,
+        hidden: Optional[Dict[str, int]] = None,
+    ):
+        self.lora_dir, self.model, self.latency, self.load_latency = lora_dir, model, latency, load_latency
+        self._env, self._api_key_env = env, api_key_env
+        argv = [sys.executable, "-m", "lora_sampler.testing._process", "--lora-dir", lora_dir, "--port", str(port)]
+        argv += ["--latency", str(latency), "--load-latency", str(load_latency), "--model", model]
+        if api_key_env:
+            argv += ["--api-key-env", api_key_env]
+        for name, count in (hidden or {}).items():
+            argv += ["--hide", f"{name}={count}"]
+        self.process: subprocess.Popen[str] = subprocess.Popen(  # noqa: S603 (our own interpreter and module)
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, **(env or {})),
+            start_new_session=True,
+        )
+        line = self._read_line(START_TIMEOUT)
+        if not line:
+            self.stop()
+            raise RuntimeError(f"the engine process printed no URL line within {START_TIMEOUT} s")
+        self.url: str = json.loads(line)["url"]
+        self.port = int(self.url.rsplit(":", 1)[1])
+
+    def __enter__(self) -> EngineProcess:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def restart(self, *, hidden: Optional[Dict[str, int]] = None) -> EngineProcess:
+        """Start a fresh engine on this one's port (a restarted server: same URL, empty adapter table)."""
+        return EngineProcess(
+            self.lora_dir,
+            port=self.port,
+            model=self.model,
+            latency=self.latency,
+            load_latency=self.load_latency,
+            env=self._env,
+            api_key_env=self._api_key_env,
+            hidden=hidden,
+        )
+
+    def _read_line(self, timeout: float) -> str:
+        stdout: Optional[IO[str]] = self.process.stdout
+        assert stdout is not None
+        with selectors.DefaultSelector() as selector:
+            selector.register(stdout, selectors.EVENT_READ)
+            if not selector.select(timeout):
+                return ""
+        return stdout.readline()
+
+    def command(self, op: str, **fields: Any) -> Any:
+        """Send one command and return its answer."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps({"op": op, **fields}) + "\n")
+        self.process.stdin.flush()
+        line = self._read_line(30.0)
+        if not line:
+            raise RuntimeError(f"the engine process did not answer {op!r}")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise RuntimeError(f"the engine process refused {op!r}: {answer['error']}")
+        return answer["ok"]
+
+    def requests(self) -> List[Dict[str, Any]]:
+        """Return the engine's request log."""
+        return list(self.command("requests"))
+
+    def kill(self) -> None:
+        """Kill the engine at once (SIGKILL), as a crashed server dies."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self) -> None:
+        """Stop the engine's process group and close its pipes. Idempotent."""
+        stop_group(self.process)
+        for pipe in (self.process.stdin, self.process.stdout):
+            with contextlib.suppress(OSError):
+                if pipe is not None:
+                    pipe.close()
+
+
+# -- the child ---------------------------------------------------------------------------------------------------
+
+
+def _commands(engine: FakeEngine) -> Dict[str, Callable[[Dict[str, Any]], Any]]:
+    def delay(cmd: Dict[str, Any]) -> Any:
+        engine.set_visibility_delay(cmd["name"], seconds=cmd.get("seconds"), requests=cmd.get("requests"))
+        return True
+
+    def fault(cmd: Dict[str, Any]) -> Any:
+        kwargs = {k: v for k, v in cmd.items() if k not in ("op", "kind")}
+        engine.inject_fault(cmd["kind"], **kwargs)
+        return True
+
+    def reset(cmd: Dict[str, Any]) -> Any:
+        engine.reset_log()
+        return True
+
+    return {
+        "delay": delay,
+        "fault": fault,
+        "requests": lambda cmd: [dataclasses.asdict(r) for r in engine.requests],
+        "max_loads": lambda cmd: engine.max_loads_in_flight_for(cmd["name"]),
+        "loaded": lambda cmd: engine.loaded_adapters,
+        "reset": reset,
+    }
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Serve a FakeEngine and its command lines until SIGTERM/SIGINT or the end of standard input."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--lora-dir", required=True)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--latency", type=float, default=0.0)
+    parser.add_argument("--load-latency", type=float, default=0.0)
+    parser.add_argument("--model", default="tiny-base")
+    parser.add_argument("--api-key-env", default=None, help="read the engine's API key from this variable")
+    parser.add_argument("--hide", action="append", default=[], help="NAME=K: hide an adapter for K completions")
+    args = parser.parse_args(argv)
+    api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    engine = FakeEngine(
+        model=args.model,
+        lora_dir=args.lora_dir,
+        latency=args.latency,
+        load_latency=args.load_latency,
+        port=args.port,
+        api_key=api_key,
+    )
+    for spec in args.hide:
+        name, _, count = spec.partition("=")
+        engine.set_visibility_delay(name, requests=int(count))
+    engine.start()
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    commands = _commands(engine)
+
+    def serve_commands() -> None:
+        for line in sys.stdin:
+            try:
+                cmd = json.loads(line)
+                answer: Dict[str, Any] = {"ok": commands[cmd["op"]](cmd)}
+            except Exception as exc:  # one bad command must not end the engine
+                answer = {"error": f"{type(exc).__name__}: {exc}"}
+            sys.stdout.write(json.dumps(answer) + "\n")
+            sys.stdout.flush()
+        stop.set()  # stdin closed: the test is gone
+
+    threading.Thread(target=serve_commands, daemon=True).start()
+    print(json.dumps({"url": engine.url, "pid": os.getpid()}), flush=True)
+    try:
+        while not stop.wait(0.2):
+            pass
+    finally:
+        engine.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

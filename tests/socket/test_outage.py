@@ -1,0 +1,205 @@
+"""Long jobs across engine outages (SPEC §10): a FakeEngine in its own process, killed and restarted on its port.
+
+The CLI runs in a subprocess (``LORA_SAMPLER_TESTING=1``: retry waits are 0 s, probe waits are real). Every engine
+and CLI process is stopped by the test that started it. Bounds on durations are generous: the machine is loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+import pytest
+from test_cli import WAIT_SECONDS, ids, main, records, running_cli, wait_for_lines, write_prompts
+
+from lora_sampler import SampleOutput, SampleRequest, SamplerClient
+from lora_sampler._demo import build_adapter_archive
+from lora_sampler._outage import OutageEvent
+from lora_sampler.errors import EngineConnectionError
+from lora_sampler.publish import default_adapter_name
+from lora_sampler.testing._process import EngineProcess
+
+#: The issue's batch: 3,000 lines, 10 ms per request, 16 in flight, killed at about 25 %.
+LINES, LATENCY, CONCURRENCY = 3000, 0.01, 16
+#: Seconds the engine stays dead before it is started again on the same port.
+RESTART_AFTER = 3.0
+#: Upper bound for a job that waits out a 5 s outage limit: 5 s plus one probe, with room for a loaded machine.
+GAVE_UP_WITHIN = 30.0
+
+
+@pytest.fixture
+def lora_dir(tmp_path: Path) -> Path:
+    """The engine's resolver folder."""
+    folder = tmp_path / "loras"
+    folder.mkdir()
+    return folder
+
+
+@pytest.fixture
+def engine(lora_dir: Path) -> Iterator[EngineProcess]:
+    """A FakeEngine (10 ms per completion) in a process of its own; stopped after the test."""
+    with EngineProcess(str(lora_dir), latency=LATENCY) as running:
+        yield running
+
+
+def cli_args(url: str, lora_dir: Path, adapter: str, inp: Path, out: Path, *more: str) -> List[str]:
+    """The argv of a quiet ``sample`` run at the issue's concurrency."""
+    return [
+        "sample",
+        "--base-url",
+        url,
+        "--lora-base-dir",
+        str(lora_dir),
+        "--adapter",
+        adapter,
+        "--input",
+        str(inp),
+        "--output",
+        str(out),
+        "--concurrency",
+        str(CONCURRENCY),
+        "--quiet",
+        *more,
+    ]
+
+
+def assert_every_id_once(out: Path, count: int) -> None:
+    """The output holds exactly one answered line per input id."""
+    got = ids(out)
+    assert sorted(got) == sorted(f"p{n}" for n in range(1, count + 1))
+    assert [r for r in records(out) if "error" in r] == []
+
+
+def test_cli_batch_outlives_an_engine_restart_and_heals_the_forgotten_adapter(
+    engine: EngineProcess, lora_dir: Path, tmp_path: Path
+) -> None:
+    """SIGKILL at ~25 % of 3,000 lines, restart 3 s later on the same port: exit 0, every id once, no error row.
+
+    The restarted engine has forgotten the adapter and its resolver sees the folder late, so the held requests
+    run again through the adapter-load race (404, proactive load, success).
+    """
+    inp, out = write_prompts(tmp_path / "in.jsonl", LINES), tmp_path / "out.jsonl"
+    archive = build_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
+    name = default_adapter_name(archive)
+    restarted: Optional[EngineProcess] = None
+    try:
+        with running_cli(cli_args(engine.url, lora_dir, archive, inp, out), tmp_path) as proc:
+            wait_for_lines(out, LINES // 4, proc)
+            engine.kill()
+            killed_at = len(ids(out))
+            time.sleep(RESTART_AFTER)
+            restarted = engine.restart(hidden={name: 3})
+            assert proc.wait(timeout=WAIT_SECONDS * 2) == 0, (tmp_path / "cli.stderr").read_text()
+        log = restarted.requests()
+    finally:
+        if restarted is not None:
+            restarted.stop()
+    assert killed_at < LINES  # it really was mid-run
+    assert_every_id_once(out, LINES)
+    stderr = (tmp_path / "cli.stderr").read_text()
+    assert "engine unreachable since" in stderr and "waiting up to 600 s" in stderr, stderr
+    raced = [r for r in log if r["path"] == "/v1/completions" and r["model"] == name and r["status"] == 404]
+    loads = [r for r in log if r["path"] == "/v1/load_lora_adapter" and r["model"] == name]
+    assert raced and loads, "the restarted engine never went through the adapter-load race"
+
+
+def test_cli_engine_that_never_comes_back_exits_2_after_max_outage_then_resumes(
+    engine: EngineProcess, lora_dir: Path, tmp_path: Path
+) -> None:
+    """``--max-outage 5`` with the engine gone for good: exit 2 in about 5 s, saying so; a rerun later completes."""
+    count = 600
+    inp, out = write_prompts(tmp_path / "in.jsonl", count), tmp_path / "out.jsonl"
+    archive = build_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
+    args = cli_args(engine.url, lora_dir, archive, inp, out, "--max-outage", "5")
+    with running_cli(args, tmp_path) as proc:
+        wait_for_lines(out, 50, proc)
+        engine.kill()
+        killed = time.monotonic()
+        status = proc.wait(timeout=WAIT_SECONDS)
+        took = time.monotonic() - killed
+    stderr = (tmp_path / "cli.stderr").read_text()
+    assert status == 2, stderr
+    assert 5.0 <= took < GAVE_UP_WITHIN, took
+    assert "unreachable for" in stderr and "--max-outage 5" in stderr and "resume" in stderr, stderr
+    assert len(set(ids(out))) == len(ids(out)) < count + 1
+    with engine.restart() as again:
+        assert main(cli_args(again.url, lora_dir, archive, inp, out)) == 0
+    assert_every_id_once(out, count)
+
+
+@contextlib.contextmanager
+def hung_engine() -> Iterator[str]:
+    """A server that accepts connections (the kernel's backlog) and never answers; yields its URL."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+
+def test_cli_hung_engine_is_reported_within_its_timeouts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An engine that accepts and never answers is reported by the preflight in seconds, naming --timeout."""
+    inp, out = write_prompts(tmp_path / "in.jsonl", 10), tmp_path / "out.jsonl"
+    with hung_engine() as url:
+        args = ["sample", "--base-url", url, "--base-model", "tiny-base", "--input", str(inp), "--output", str(out)]
+        started = time.monotonic()
+        assert main([*args, "--timeout", "2,2"]) == 2
+        short = time.monotonic() - started
+        started = time.monotonic()
+        assert main(args) == 2  # the default read timeout (300 s) is not what the preflight waits
+        default = time.monotonic() - started
+    err = capsys.readouterr().err
+    assert short < GAVE_UP_WITHIN and default < GAVE_UP_WITHIN, (short, default)
+    assert err.count("lora-sampler: error:") == 2 and "did not answer" in err and "--timeout" in err, err
+    assert records(out) == [] if out.exists() else True
+
+
+def test_sample_many_with_max_outage_returns_every_result_across_a_restart(
+    engine: EngineProcess, lora_dir: Path, tmp_path: Path
+) -> None:
+    """The library: ``sample_many(max_outage=30)`` across a kill and a restart returns every result, in order."""
+    archive = build_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
+    events: List[OutageEvent] = []
+    restarted: List[EngineProcess] = []
+
+    def rows() -> Iterator[SampleRequest]:
+        for i in range(400):
+            if i == 100:
+                engine.kill()  # imap pulls rows lazily: this is mid-batch
+                timer = threading.Timer(RESTART_AFTER, lambda: restarted.append(engine.restart()))
+                timer.start()
+            yield SampleRequest([5 + i % 200] * (1 + i % 7), adapter=archive, prompt_logprobs=True)
+
+    try:
+        with SamplerClient(engine.url, lora_base_dir=str(lora_dir), max_workers=8) as client:
+            results = client.sample_many(rows(), return_exceptions=True, max_outage=30, on_outage=events.append)
+    finally:
+        deadline = time.monotonic() + WAIT_SECONDS
+        while not restarted and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for process in restarted:
+            process.stop()
+    failures = [r for r in results if not isinstance(r, SampleOutput)]
+    assert len(results) == 400 and failures == [], failures[:3]
+    lengths = [len(r.prompt_logprobs or ()) for r in results]
+    assert lengths == [1 + i % 7 for i in range(400)]  # input order: each result has its own prompt's length
+    kinds = [e.kind for e in events]
+    assert kinds[0] == "held" and "back" in kinds and "gave_up" not in kinds, kinds
+
+
+def test_wait_ready_raises_engine_connection_error_naming_the_wait(tmp_path: Path) -> None:
+    """``wait_ready`` returns at once on a live engine and raises ``EngineConnectionError`` on a dead one."""
+    with EngineProcess(str(tmp_path)) as live:
+        with SamplerClient(live.url) as client:
+            client.wait_ready(5)
+        url = live.url
+    with SamplerClient(url) as client:
+        started = time.monotonic()
+        with pytest.raises(EngineConnectionError, match=r"did not answer within 1 s"):
+            client.wait_ready(1)
+        assert time.monotonic() - started < GAVE_UP_WITHIN
