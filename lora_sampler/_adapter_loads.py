@@ -69,3 +69,8 @@ class AdapterLoadCoordinator:
         if name in self._states:  # unlocked peek: the success path of a sample stays lock-free
             with self._lock:
                 self._states.pop(name, None)
+
+    def forget_all(self) -> None:
+        """End every race: the engine restarted, so loads sent before (or lost on the way) count for nothing."""
+        with self._lock:
+            self._states.clear()

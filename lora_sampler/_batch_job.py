@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Set, Union
 
+from lora_sampler._outage import OutageEvent, OutageHook, is_outage
 from lora_sampler.batch import InputLine, error_record, result_record, write_record
 from lora_sampler.client import SamplerClient
 from lora_sampler.errors import (
@@ -78,6 +79,9 @@ class BatchJob:
         model: The adapter or base-model name, for error records.
         on_event: Called in the calling thread with ``("done"|"failed"|"skipped", line, record)``.
         fail_fast: Consecutive prompt-independent failures after which the job stops.
+        max_outage: Seconds to hold requests while the engine is away (0: outages count towards ``fail_fast``);
+            past it the job stops, saying how long it waited.
+        on_outage: Also called with each ``OutageEvent`` (from worker threads), e.g. to show the wait.
     """
 
     def __init__(
@@ -91,9 +95,13 @@ class BatchJob:
         model: Optional[str] = None,
         on_event: Optional[Event] = None,
         fail_fast: int = DEFAULT_FAIL_FAST,
+        max_outage: float = 0.0,
+        on_outage: Optional[OutageHook] = None,
     ):
         self._client, self._lines, self._output, self._done = client, iter(lines), output, done
         self._ordered, self._model, self._on_event, self._fail_fast = ordered, model, on_event, fail_fast
+        self._max_outage, self._on_outage = max_outage, on_outage
+        self._gave_up: Optional[OutageEvent] = None  # set (from a worker thread) once the outage outlasted the limit
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=64)
         self._stopping = threading.Event()
         self._deadline: Optional[float] = None
@@ -149,6 +157,15 @@ class BatchJob:
             self._on_event(kind, line, record)
 
     def _note_failure(self, error: Union[BaseException, str]) -> None:
+        gave_up = self._gave_up
+        if gave_up is not None and not isinstance(error, str) and is_outage(error) and self.fatal is None:
+            self.fatal = LoraSamplerError(
+                f"the engine at {self._client.base_url} was unreachable for {gave_up.waited:.1f} s, longer than "
+                f"--max-outage {self._max_outage:g} s; stopped. Run again with the same --output to resume. "
+                f"The last error: {error}"
+            )
+            self._stopping.set()  # what is in flight is no longer sent: it fails at once and is written
+            return
         self._consecutive = self._consecutive + 1 if isinstance(error, UNUSABLE_ERRORS) else 0
         if self._consecutive >= self._fail_fast and self.fatal is None:
             self.fatal = LoraSamplerError(
@@ -174,7 +191,10 @@ class BatchJob:
                 else:
                     by_index: Dict[int, InputLine] = {}
                     requests = self._requests(by_index.__setitem__, stop_at_bad=False)
-                    for index, outcome in self._client.imap_unordered(requests, return_exceptions=True):
+                    outcomes = self._client.imap_unordered(
+                        requests, return_exceptions=True, max_outage=self._max_outage, on_outage=self._outage
+                    )
+                    for index, outcome in outcomes:
                         self._put(("result", by_index.pop(index), outcome))
             except _Abandoned:
                 raise
@@ -190,12 +210,21 @@ class BatchJob:
         in_order: Deque[InputLine] = collections.deque()  # empty again after each segment
         while True:
             requests = self._requests(lambda n, line: in_order.append(line), stop_at_bad=True, held=held)
-            for outcome in self._client.imap(requests, return_exceptions=True):
+            outcomes = self._client.imap(
+                requests, return_exceptions=True, max_outage=self._max_outage, on_outage=self._outage
+            )
+            for outcome in outcomes:
                 self._put(("result", in_order.popleft(), outcome))
             if not held:  # the input ended, or the job is stopping
                 return
             bad = held.pop()
             self._put(("result", bad, bad.error))  # every request before it has been written
+
+    def _outage(self, event: OutageEvent) -> None:
+        if event.kind == "gave_up":
+            self._gave_up = event
+        if self._on_outage is not None:
+            self._on_outage(event)
 
     def _requests(
         self, track: Callable[[int, InputLine], None], *, stop_at_bad: bool, held: Optional[List[InputLine]] = None

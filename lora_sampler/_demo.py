@@ -7,13 +7,20 @@ and prints what came back. No network, no arguments, a few seconds.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tarfile
 import tempfile
 
+from lora_sampler._batch_runner import run_batch
+from lora_sampler._terminal import RetryCounter
+from lora_sampler.batch import LineDefaults
+from lora_sampler.client import SamplerClient
 from lora_sampler.publish import default_adapter_name
+from lora_sampler.retry import DEFAULT_RETRY_POLICY
 from lora_sampler.testing import FakeEngine, write_adapter
+from lora_sampler.types import SamplingParams
 
 #: Completions for the adapter the engine answers 404 before it sees the published folder.
 DEMO_LAG_REQUESTS = 3
@@ -39,8 +46,6 @@ def build_adapter_archive(path: str, base_model: str) -> str:
 
 def run_demo() -> int:
     """Run the demo; return the exit status of the batch."""
-    from lora_sampler.cli import build_parser, cmd_sample
-
     with tempfile.TemporaryDirectory(prefix="lora-sampler-demo-") as root:
         lora_dir = os.path.join(root, "loras")
         os.mkdir(lora_dir)
@@ -55,29 +60,14 @@ def run_demo() -> int:
             engine.set_visibility_delay(name, requests=DEMO_LAG_REQUESTS)
             print(f"demo: test engine serving {engine.model!r} at {engine.url}")
             print(f"demo: adapter {name}, hidden from the engine for its first {DEMO_LAG_REQUESTS} requests")
-            args = build_parser().parse_args(
-                [
-                    "sample",
-                    "--base-url",
-                    engine.url,
-                    "--lora-base-dir",
-                    lora_dir,
-                    "--adapter",
-                    archive,
-                    "--input",
-                    prompts,
-                    "--output",
-                    results,
-                    "--concurrency",
-                    "4",
-                    "--max-tokens",
-                    "8",
-                    "--seed",
-                    "0",
-                    "--ordered",
-                ]
-            )
-            status = cmd_sample(args)
+            retries = RetryCounter()
+            policy = dataclasses.replace(DEFAULT_RETRY_POLICY, on_retry=retries.hook)
+            with SamplerClient(engine.url, lora_base_dir=lora_dir, max_workers=4, retry=policy) as client:
+                adapter = client.publish(archive)
+                defaults = LineDefaults(adapter=adapter, sampling_params=SamplingParams(max_tokens=8, seed=0))
+                status = run_batch(
+                    client, prompts, results, defaults, model=adapter.name, ordered=True, retries=retries
+                )
             failed_attempts = sum(
                 1 for r in engine.requests if r.path == "/v1/completions" and r.model == name and r.status != 200
             )

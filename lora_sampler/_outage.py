@@ -145,13 +145,20 @@ class OutageGate:
         probe: Raises while the engine is not ready (the client's ``GET /health`` then ``GET /v1/models``).
         base_url: The engine root, for messages.
         on_outage: Hook called with an ``OutageEvent`` (from worker threads; keep it quick, never let it block).
+        on_back: Called once the engine answers again, before held requests run (e.g. to forget sent loads).
     """
 
     def __init__(
-        self, max_outage: float, probe: Callable[[], Any], *, base_url: str, on_outage: Optional[OutageHook] = None
+        self,
+        max_outage: float,
+        probe: Callable[[], Any],
+        *,
+        base_url: str,
+        on_outage: Optional[OutageHook] = None,
+        on_back: Optional[Callable[[], None]] = None,
     ):
         self.max_outage = max_outage
-        self._probe, self._base_url, self._on_outage = probe, base_url, on_outage
+        self._probe, self._base_url, self._on_outage, self._on_back = probe, base_url, on_outage, on_back
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._since: Optional[float] = None  # monotonic start of the current outage; None while the engine answers
@@ -250,6 +257,8 @@ class OutageGate:
         waited = time.monotonic() - self._since
         if probe_error is None and not self._stop.is_set():
             logger.warning("engine answered again after %.1f s; re-running %d held requests", waited, self._held)
+            if self._on_back is not None:
+                self._on_back()
             self._emit("back")
         elif self._failed is None:
             last = self._last if self._last is not None else probe_error

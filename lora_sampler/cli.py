@@ -10,18 +10,16 @@ in a subprocess.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import logging
 import os
 import sys
-import time
-from typing import Any, Callable, Dict, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 from lora_sampler import __version__
-from lora_sampler._batch_job import BatchJob
-from lora_sampler._terminal import LOG_FORMAT, RetryCounter, interrupts_stop, logs_above, progress_bar, say
-from lora_sampler.batch import InputLine, LineDefaults, count_lines, prepare_output, read_input
+from lora_sampler._batch_runner import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, BatchAbandoned, run_batch
+from lora_sampler._terminal import LOG_FORMAT, RetryCounter
+from lora_sampler.batch import LineDefaults
 from lora_sampler.client import API_KEY_ENV, SamplerClient
 from lora_sampler.errors import LoraSamplerError
 from lora_sampler.publish import check_adapter_config
@@ -32,16 +30,14 @@ logger = logging.getLogger(__name__)
 
 #: For tests that run the CLI in a subprocess: ``LORA_SAMPLER_TESTING=1`` makes every retry wait 0 s.
 TESTING_ENV = "LORA_SAMPLER_TESTING"
-#: Exit statuses.
-EXIT_OK, EXIT_FAILED, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
+#: ``--max-outage`` default, in seconds: an unattended job waits out a restart or redeploy of the engine.
+DEFAULT_MAX_OUTAGE = 600.0
+#: ``--timeout`` default: ``CONNECT,READ`` seconds per request (the client's default).
+DEFAULT_TIMEOUT = "10,300"
 
 
 class UsageError(LoraSamplerError):
     """A flag combination or a path that cannot work; exit status 2."""
-
-
-class _Abandoned(Exception):
-    """Requests were still in flight when the grace period after Ctrl-C ended."""
 
 
 # -- parsing -----------------------------------------------------------------------------------------------------
@@ -84,6 +80,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--output",
         default="-",
         help="JSONL results; running again with the same file resumes (default: stdout, no resume)",
+    )
+    sample.add_argument(
+        "--max-outage",
+        type=float,
+        default=DEFAULT_MAX_OUTAGE,
+        metavar="SECONDS",
+        help="wait this long for an engine that went away (crash, restart, no router worker) before stopping; "
+        f"0 stops at once (default: {DEFAULT_MAX_OUTAGE:g})",
+    )
+    sample.add_argument(
+        "--timeout",
+        default=DEFAULT_TIMEOUT,
+        metavar="CONNECT,READ",
+        help=f"seconds to connect and to wait for each answer (default: {DEFAULT_TIMEOUT}); the startup check "
+        "waits at most 5 s for an answer",
     )
     for flag, kind, default, text in [
         ("--concurrency", int, 16, "requests in flight"),
@@ -159,16 +170,36 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo()
 
 
+def parse_timeout(text: str) -> Tuple[float, float]:
+    """Parse ``--timeout``: ``CONNECT,READ`` seconds, or one number for both."""
+    parts = text.split(",")
+    try:
+        values = [float(part) for part in parts]
+    except ValueError:
+        values = []
+    if len(values) == 1:
+        values *= 2
+    if len(values) != 2 or not all(0 < v < float("inf") for v in values):
+        raise UsageError(f"--timeout takes CONNECT,READ seconds > 0 such as 10,300 (or one number), got {text!r}")
+    return values[0], values[1]
+
+
 def cmd_sample(args: argparse.Namespace) -> int:
     """Preflight the engine and the adapter, then stream the input through the client into the output."""
     if args.concurrency < 1:
         raise UsageError(f"--concurrency must be >= 1, got {args.concurrency}")
     if args.input != "-" and not os.path.isfile(args.input):
         raise UsageError(f"--input {args.input} is not a file; pass a JSONL file, or - to read stdin")
+    if not 0 <= args.max_outage < float("inf"):
+        raise UsageError(f"--max-outage takes seconds >= 0 (0 stops at once), got {args.max_outage:g}")
+    timeout = parse_timeout(args.timeout)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     retries = RetryCounter()
     client = _client(
-        args, max_workers=args.concurrency, retry=dataclasses.replace(DEFAULT_RETRY_POLICY, on_retry=retries.hook)
+        args,
+        max_workers=args.concurrency,
+        timeout=timeout,
+        retry=dataclasses.replace(DEFAULT_RETRY_POLICY, on_retry=retries.hook),
     )
     abandoned = False
     try:
@@ -180,8 +211,19 @@ def cmd_sample(args: argparse.Namespace) -> int:
             sampling_params=params,
             prompt_logprobs=args.prompt_logprobs,
         )
-        return run_batch(client, args, defaults, model.name if isinstance(model, Adapter) else model, retries)
-    except _Abandoned:
+        return run_batch(
+            client,
+            args.input,
+            args.output,
+            defaults,
+            model=model.name if isinstance(model, Adapter) else model,
+            ordered=args.ordered,
+            retry_failed=not args.no_retry_failed,
+            quiet=args.quiet,
+            max_outage=args.max_outage,
+            retries=retries,
+        )
+    except BatchAbandoned:
         abandoned = True  # closing the client would wait for the requests still in flight
         raise
     finally:
@@ -190,7 +232,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 
 def _preflight(client: SamplerClient, args: argparse.Namespace) -> Union[Adapter, str]:
-    """Fail at once on a dead engine, a refused key or an unusable adapter; return what to sample."""
+    """Fail at once on a dead or hung engine, a refused key or an unusable adapter; return what to sample."""
+    client.wait_ready(0)  # one probe: the connect timeout and a short read timeout, so a hung engine shows in seconds
     engine_model = client.engine_model()  # one GET /v1/models
     if args.base_model:
         served = client.served_base_models()
@@ -208,67 +251,6 @@ def _preflight(client: SamplerClient, args: argparse.Namespace) -> Union[Adapter
     if args.lora_base_dir and os.path.isdir(folder):
         check_adapter_config(folder, engine_model)
     return str(args.adapter)
-
-
-def run_batch(
-    client: SamplerClient, args: argparse.Namespace, defaults: LineDefaults, model: str, retries: RetryCounter
-) -> int:
-    """Stream ``args.input`` to ``args.output`` through ``client``; return the exit status."""
-    to_file = args.output != "-"
-    state = prepare_output(args.output, retry_failed=not args.no_retry_failed) if to_file else None
-    if state is not None and (state.dropped_errors or state.dropped_torn):
-        logger.warning(
-            "Resuming %s: %d ids answered, %d failed ids run again, %d torn lines repaired",
-            args.output,
-            len(state.done),
-            state.dropped_errors,
-            state.dropped_torn,
-        )
-    total = None if args.input == "-" else count_lines(args.input)  # cheap for a file; stdin cannot be counted
-    bar = progress_bar(total, args.quiet)
-    with contextlib.ExitStack() as stack:
-        if bar is not None:
-            stack.callback(bar.close)
-        source = sys.stdin.buffer if args.input == "-" else stack.enter_context(open(args.input, "rb"))
-        output = stack.enter_context(open(args.output, "a", encoding="utf-8")) if to_file else sys.stdout
-        lines = read_input(source, defaults, name="<stdin>" if args.input == "-" else args.input)
-
-        def on_event(kind: str, line: InputLine, record: Optional[Dict[str, Any]]) -> None:
-            if kind == "failed" and record is not None:
-                error = record["error"]
-                where = "" if error["type"] == "BatchInputError" else f"line {line.line_number} (id {line.id!r}): "
-                say(bar, f"lora-sampler: {where}{error['message']}")
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(retries=retries.value, failed=job.stats.failed, refresh=False)
-
-        job = BatchJob(
-            client,
-            lines,
-            output,
-            done=state.done if state else set(),
-            ordered=args.ordered,
-            model=model,
-            on_event=on_event,
-        )
-        with interrupts_stop(job) as interrupts, logs_above(bar):
-            stats = job.run()
-    wall = time.monotonic() - stats.started
-    if not args.quiet:
-        rate = (stats.done + stats.failed) / wall if wall > 0 else 0.0
-        print(
-            f"lora-sampler: {stats.done} done, {stats.failed} failed, {stats.skipped} skipped, {retries.value} "
-            f"retries in {wall:.1f} s ({rate:.1f} requests/s)",
-            file=sys.stderr,
-        )
-    if job.abandoned:
-        raise _Abandoned
-    if interrupts.count:
-        print(f"lora-sampler: interrupted; run again with --output {args.output} to resume", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    if job.fatal is not None:
-        raise job.fatal
-    return EXIT_FAILED if stats.failed or (state is not None and state.kept_errors) else EXIT_OK
 
 
 # -- main --------------------------------------------------------------------------------------------------------
@@ -302,7 +284,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     package.addHandler(handler)
     try:
         return COMMANDS[args.command](args)
-    except _Abandoned:
+    except BatchAbandoned:
         print(
             "lora-sampler: stopped with requests in flight; run again with the same --output to resume", file=sys.stderr
         )

@@ -336,7 +336,13 @@ class SamplerClient:
         if max_outage == 0:
             return None, None
         timeout = probe_timeout(self._transport.timeout)
-        gate = OutageGate(float(max_outage), lambda: self._probe(timeout), base_url=self.base_url, on_outage=on_outage)
+        gate = OutageGate(
+            float(max_outage),
+            lambda: self._probe(timeout),
+            base_url=self.base_url,
+            on_outage=on_outage,
+            on_back=self._loads.forget_all,  # a restarted engine forgot its adapters; loads sent before are void
+        )
         return gate, lambda request: gate.run(lambda: self.run(request))
 
     def wait_ready(self, timeout: float = 60.0) -> None:
