@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 
 LineId = Union[str, int]
+#: The UTF-8 byte order mark some editors (and PowerShell's ``Out-File``) write at the start of a file.
+UTF8_BOM = b"\xef\xbb\xbf"
 
 
 def id_key(line_id: LineId) -> str:
@@ -109,12 +111,25 @@ def _fields(params: SamplingParams) -> Dict[str, Any]:
 def read_input(stream: IO[bytes], defaults: LineDefaults, *, name: str = "<input>") -> Iterator[InputLine]:
     """Yield the non-blank lines of a JSONL stream, one at a time.
 
+    A UTF-8 byte order mark at the start is skipped.
+
     Raises:
-        BatchInputError: an id repeats an earlier line's id (the message names both line numbers).
+        BatchInputError: an id repeats an earlier line's id (the message names both line numbers), or the file
+            ends its lines with a carriage return alone (classic Mac line endings), which reads as one long line.
     """
     first_line: Dict[str, int] = {}  # ids only, so memory stays small however long the input
     for number, raw in enumerate(stream, 1):
+        if number == 1 and raw.startswith(UTF8_BOM):
+            raw = raw[len(UTF8_BOM) :]
         line = parse_line(raw, number, defaults)
+        if line is not None and line.error and b"\r" in raw.rstrip(b"\r\n"):
+            raise BatchInputError(
+                f"{name}: line {number} holds carriage returns (CR) without line feeds: the file uses CR-only line "
+                "endings (classic Mac), so its lines run together. Convert them to LF, e.g. "
+                "tr '\\r' '\\n' < in.jsonl > fixed.jsonl, then run again",
+                path=name,
+                line_number=number,
+            )
         if line is None:
             continue
         first = first_line.setdefault(line.key, number)

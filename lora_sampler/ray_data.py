@@ -49,6 +49,8 @@ class ClientSettings:
         timeout: ``(connect, read)`` seconds per request.
         retry: The ``RetryPolicy``; its hooks must be picklable.
         verify: TLS verification: True, False, or a CA bundle path on the workers.
+        max_outage: Seconds each batch waits out an engine outage (a restart, no router worker) before its held
+            rows fail (SPEC §10); 0 fails them at once.
     """
 
     base_url: str
@@ -60,6 +62,7 @@ class ClientSettings:
     timeout: Tuple[float, float] = (10.0, 300.0)
     retry: RetryPolicy = field(default=DEFAULT_RETRY_POLICY)
     verify: Union[bool, str] = True
+    max_outage: float = 0.0
 
     def __post_init__(self) -> None:
         if self.api_key_env is not None and not _ENV_NAME.match(self.api_key_env):
@@ -69,6 +72,8 @@ class ClientSettings:
             )
         if isinstance(self.max_workers, bool) or not isinstance(self.max_workers, int) or self.max_workers < 1:
             raise ValueError(f"max_workers must be an int >= 1, got {self.max_workers!r}")
+        if isinstance(self.max_outage, bool) or not isinstance(self.max_outage, (int, float)) or self.max_outage < 0:
+            raise ValueError(f"max_outage must be a number of seconds >= 0, got {self.max_outage!r}")
 
     def read_api_key(self) -> Optional[str]:
         """Return the key from ``api_key_env`` or ``api_key_file`` on this machine, or None."""
@@ -201,7 +206,9 @@ class SampleBatches:
                 positions.append(position)
             except (TypeError, ValueError) as exc:
                 outcomes[position] = exc  # a bad row is that row's error, not the batch's
-        for position, outcome in zip(positions, self.client.sample_many(requests, return_exceptions=True)):
+        for position, outcome in zip(
+            positions, self.client.sample_many(requests, return_exceptions=True, max_outage=self.settings.max_outage)
+        ):
             outcomes[position] = outcome
         for outcome in outcomes:
             _add_row(columns, outcome)

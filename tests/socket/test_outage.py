@@ -16,7 +16,7 @@ from typing import Iterator, List, Optional
 import pytest
 from test_cli import WAIT_SECONDS, ids, main, records, running_cli, wait_for_lines, write_prompts
 
-from lora_sampler import SampleOutput, SampleRequest, SamplerClient
+from lora_sampler import SampleOutput, SamplerClient, SampleRequest
 from lora_sampler._demo import build_adapter_archive
 from lora_sampler._outage import OutageEvent
 from lora_sampler.errors import EngineConnectionError
@@ -140,9 +140,7 @@ def hung_engine() -> Iterator[str]:
         yield f"http://127.0.0.1:{listener.getsockname()[1]}"
 
 
-def test_cli_hung_engine_is_reported_within_its_timeouts(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_cli_hung_engine_is_reported_within_its_timeouts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """An engine that accepts and never answers is reported by the preflight in seconds, naming --timeout."""
     inp, out = write_prompts(tmp_path / "in.jsonl", 10), tmp_path / "out.jsonl"
     with hung_engine() as url:
@@ -203,3 +201,24 @@ def test_wait_ready_raises_engine_connection_error_naming_the_wait(tmp_path: Pat
         with pytest.raises(EngineConnectionError, match=r"did not answer within 1 s"):
             client.wait_ready(1)
         assert time.monotonic() - started < GAVE_UP_WITHIN
+
+
+def test_ray_data_sample_batches_wait_out_an_engine_restart(engine: EngineProcess, lora_dir: Path) -> None:
+    """``ClientSettings(max_outage=...)``: a batch sent while the engine restarts is answered row by row (no Ray)."""
+    from lora_sampler.ray_data import ClientSettings, SampleBatches
+
+    restarted: List[EngineProcess] = []
+    batches = SampleBatches(ClientSettings(engine.url, max_workers=4, max_outage=30), base_model=engine.model)
+    try:
+        engine.kill()
+        timer = threading.Timer(RESTART_AFTER, lambda: restarted.append(engine.restart()))
+        timer.start()
+        columns = batches.sample_rows([[5, 6, i] for i in range(40)], [None] * 40)
+        timer.join()
+    finally:
+        batches.close()
+        for process in restarted:
+            process.stop()
+    assert columns["error"] == [None] * 40, [e for e in columns["error"] if e][:3]
+    with pytest.raises(ValueError, match="max_outage"):
+        ClientSettings(engine.url, max_outage=-1)

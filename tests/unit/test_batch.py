@@ -106,6 +106,23 @@ def test_read_input_duplicate_id_names_both_lines() -> None:
     assert info.value.line_number == 3 and info.value.path == "prompts.jsonl"
 
 
+def test_read_input_accepts_a_utf8_bom_at_the_start() -> None:
+    """A byte order mark (Notepad, PowerShell) before the first line is skipped, not a bad first line."""
+    data = b"\xef\xbb\xbf" + jsonl({"id": "a", "prompt": "x"}, {"id": "b", "prompt": "y"})
+    lines = list(read_input(io.BytesIO(data), DEFAULTS))
+    assert [(line.id, line.error) for line in lines] == [("a", ""), ("b", "")]
+
+
+def test_read_input_cr_only_line_endings_are_an_error_that_says_so() -> None:
+    """CR-only line endings read as one long line: the error names them and how to convert, not "bad JSON"."""
+    data = jsonl({"id": "a", "prompt": "x"}, {"id": "b", "prompt": "y"}).replace(b"\n", b"\r")
+    with pytest.raises(BatchInputError, match=r"CR-only line endings.*tr ") as caught:
+        list(read_input(io.BytesIO(data), DEFAULTS, name="in.jsonl"))
+    assert caught.value.line_number == 1 and "in.jsonl" in str(caught.value)
+    crlf = jsonl({"id": "a", "prompt": "x"}, {"id": "b", "prompt": "y"}).replace(b"\n", b"\r\n")
+    assert [line.id for line in read_input(io.BytesIO(crlf), DEFAULTS)] == ["a", "b"]  # Windows endings are fine
+
+
 def test_id_key_keeps_int_and_str_ids_apart() -> None:
     """5 and "5" are different ids."""
     assert id_key(5) != id_key("5")
