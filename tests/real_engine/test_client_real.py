@@ -31,7 +31,7 @@ from lora_sampler import (
 from lora_sampler.testing import FakeEngine, write_adapter
 
 if TYPE_CHECKING:
-    from conftest import RealEngine
+    from conftest import EngineRestarter, RealEngine
 
 #: Short completions keep the engine work per request tiny.
 PARAMS = SamplingParams(max_tokens=4)
@@ -242,3 +242,38 @@ def test_unload_then_delete_leaves_the_fake_engine_healthy(tmp_path: Path) -> No
         _unload_then_delete(engine.url, "fake-key", engine.model, lora_dir, source, names)
         assert not engine.is_dead
         assert "e1" not in engine.loaded_adapters
+
+
+@pytest.mark.restarts_engine
+def test_engine_killed_mid_batch_and_restarted_answers_every_row(
+    vllm_engine: RealEngine, engine_restarter: EngineRestarter
+) -> None:
+    """SIGKILL the engine a third into a batch and start it again (~25-30 s): with ``max_outage`` every row is
+    answered, through the adapter race on the restarted engine that forgot the adapter."""
+    restarts: list[threading.Thread] = []
+    took: list[float] = []
+    events: list[object] = []
+
+    def rows() -> Iterator[SampleRequest]:
+        for i in range(48):
+            if i == 16:  # sample_many pulls rows lazily: requests are in flight right now
+                engine_restarter.kill()
+                restarts.append(_later(0.0, lambda: took.append(engine_restarter.restart())))
+            yield SampleRequest([1, 2, 3 + i], adapter=vllm_engine.adapter_archive, sampling_params=PARAMS)
+
+    policy = RetryPolicy(base_delay=0.05, max_delay=0.5)
+    with SamplerClient(
+        vllm_engine.url, api_key=vllm_engine.api_key, lora_base_dir=vllm_engine.lora_dir, retry=policy, max_workers=4
+    ) as client:
+        started = time.monotonic()
+        results = client.sample_many(rows(), return_exceptions=True, max_outage=240, on_outage=events.append)
+        wall = time.monotonic() - started
+    for thread in restarts:
+        thread.join(300)
+    failed = [r for r in results if not isinstance(r, SampleOutput)]
+    assert len(results) == 48 and failed == [], failed[:3]
+    for output in results:
+        _assert_sampled(output)
+    kinds = [getattr(e, "kind", None) for e in events]
+    assert took and "held" in kinds and "back" in kinds, (took, kinds)
+    print(f"restart took {took[0]:.1f} s; batch of 48 across it took {wall:.1f} s")

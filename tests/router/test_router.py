@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import os
+import threading
 from typing import Any, Dict, Iterator, List, Optional, Set
 
 import pytest
@@ -184,6 +185,37 @@ def test_router_fleet_down_mid_batch_fails_rows_with_the_routers_answer_then_res
         router.stop()
         for replica in restarted:
             replica.stop()
+
+
+def test_router_fleet_down_then_restarted_with_max_outage_completes_every_row(
+    router: Router, replicas: List[Replica], lora_dir: str
+) -> None:
+    """Every replica killed mid-batch, restarted 3 s later: with ``max_outage`` the router's 500/503 answers are
+    held as an outage, and every row is answered once the fleet is back (the restarted replicas forgot the adapter).
+    """
+    write_adapter(os.path.join(lora_dir, "steady"), BASE_MODEL)
+    restarted: List[Replica] = []
+    timer = threading.Timer(3.0, lambda: restarted.extend(replica.restart() for replica in replicas))
+
+    def rows() -> Iterator[SampleRequest]:
+        for i, row in enumerate(_rows(160, replicas, kill_at=40)):
+            if i == 40:
+                timer.start()  # the replicas were killed just before this row was pulled
+            yield row
+
+    events: List[Any] = []
+    try:
+        with SamplerClient(router.url, lora_base_dir=lora_dir, max_workers=8) as client:
+            results = client.sample_many(rows(), return_exceptions=True, max_outage=60, on_outage=events.append)
+    finally:
+        timer.join()
+        for replica in restarted:
+            replica.stop()
+    failed = [r for r in results if not isinstance(r, SampleOutput)]
+    assert len(results) == 160 and failed == [], failed[:3]
+    assert [e.kind for e in events][:1] == ["held"] and "back" in [e.kind for e in events]
+    held = [e.error for e in events if e.kind == "held"]
+    assert all(isinstance(e, EngineStatusError) and e.status in (500, 503) for e in held), held
 
 
 def _request_of(results: List[Any], index: int) -> SampleRequest:

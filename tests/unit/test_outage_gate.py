@@ -142,3 +142,37 @@ def test_gate_close_releases_held_requests() -> None:
     gate.close()
     thread.join(10)
     assert not thread.is_alive() and len(errors) == 1
+
+
+def test_gate_runs_again_a_request_whose_retries_straddled_the_outage() -> None:
+    """A request still retrying when the engine died, that fails with a 404 after the restart, runs again."""
+    engine = Engine()
+    gate = OutageGate(30.0, engine.probe, base_url="http://e")
+    runs: List[str] = []
+    sent = threading.Event()
+
+    def straddling() -> str:
+        runs.append("run")
+        if len(runs) == 1:
+            sent.set()
+            engine.up.wait(10)  # its attempts ran while the engine was away, and it came back forgetting the adapter
+            raise ModelNotFoundError("404", status=404, engine_message="does not exist", adapter=True)
+        return "ok"
+
+    results: List[str] = []
+    first = threading.Thread(target=lambda: results.append(gate.run(straddling)))
+    first.start()
+    sent.wait(10)
+    other = threading.Thread(target=lambda: results.append(gate.run(engine.call)))  # finds the engine down: held
+    other.start()
+    time.sleep(0.3)
+    engine.up.set()
+    first.join(10)
+    other.join(10)
+    assert results == ["ok", "ok"] and runs == ["run", "run"]
+
+    def not_found() -> str:
+        raise ModelNotFoundError("404", status=404, engine_message="does not exist", adapter=True)
+
+    with pytest.raises(ModelNotFoundError):  # no outage during the call: the error is raised as it is
+        gate.run(not_found)
