@@ -7,7 +7,8 @@ of the lines the engine is SIGKILLed; scenarios:
 * ``--max-outage 0`` (fail fast, the behaviour before SPEC §10), engine restarted 3 s later;
 * ``--max-outage 600`` (the default), engine restarted 3 s later on the same port, with the adapter hidden from its
   resolver for 3 completions (a restarted engine that forgot the adapter);
-* ``--max-outage 5``, the engine never comes back: seconds from the kill to the exit.
+* ``--max-outage 5``, the engine never comes back: seconds from the kill to the exit;
+* a hung engine (accepts connections, never answers) at the start, default flags: seconds until the CLI exits 2.
 
 Reported per scenario: exit status, answered and error rows, seconds from the kill to the exit.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -93,6 +95,23 @@ def scenario(root: str, lines: int, max_outage: float, restart_after: Optional[f
     }
 
 
+def hung_start(root: str) -> Dict[str, Any]:
+    """Start the CLI (default flags) against a server that accepts connections and never answers; time its exit."""
+    source = os.path.join(tempfile.mkdtemp(dir=root), "in.jsonl")
+    with open(source, "w", encoding="utf-8") as handle:
+        handle.write(json.dumps({"id": 1, "prompt": [5, 6, 7]}) + "\n")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        argv = [sys.executable, "-m", "lora_sampler", "sample", "--base-url", url, "--base-model", "tiny-base"]
+        argv += ["--input", source, "--output", source + ".out", "--quiet"]
+        started = time.monotonic()
+        done = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, **ENV), timeout=900)
+        took = time.monotonic() - started
+    return {"exit": done.returncode, "seconds_to_exit": round(took, 2), "message": done.stderr.strip()[-300:]}
+
+
 def _stop_cli(process: subprocess.Popen[Any]) -> None:
     if process.poll() is None:
         process.kill()
@@ -110,6 +129,7 @@ def main() -> int:
             scenario(root, args.lines, 600.0, args.restart_after),
             scenario(root, args.lines, 5.0, None),
         ]
+        hung = hung_start(root)
     headers = ["--max-outage", "engine back after", "exit", "answered", "error rows", "s kill to exit"]
     rows = [
         [
@@ -125,6 +145,9 @@ def main() -> int:
     print(_common.table(headers, rows))
     print()
     print(_common.markdown_table(headers, rows))
+    print(
+        f"\nhung engine at the start (default --timeout 10,300): exit {hung['exit']} after {hung['seconds_to_exit']} s"
+    )
     payload = {
         "when": _common.stamp(),
         "command": "python benchmarks/bench_outage.py " + " ".join(sys.argv[1:]),
@@ -133,6 +156,7 @@ def main() -> int:
         "concurrency": CONCURRENCY,
         "latency_s": LATENCY,
         "results": results,
+        "hung_engine_at_start": hung,
     }
     print(f"\nwrote {_common.write_results('bench_outage', payload)}")
     return 0

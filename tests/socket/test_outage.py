@@ -222,3 +222,34 @@ def test_ray_data_sample_batches_wait_out_an_engine_restart(engine: EngineProces
     assert columns["error"] == [None] * 40, [e for e in columns["error"] if e][:3]
     with pytest.raises(ValueError, match="max_outage"):
         ClientSettings(engine.url, max_outage=-1)
+
+
+def test_cli_max_outage_0_keeps_failing_fast(engine: EngineProcess, lora_dir: Path, tmp_path: Path) -> None:
+    """``--max-outage 0``: a killed engine stops the job after a few failures (exit 2), as before SPEC §10."""
+    inp, out = write_prompts(tmp_path / "in.jsonl", 600), tmp_path / "out.jsonl"
+    archive = build_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
+    with running_cli(cli_args(engine.url, lora_dir, archive, inp, out, "--max-outage", "0"), tmp_path) as proc:
+        wait_for_lines(out, 50, proc)
+        engine.kill()
+        assert proc.wait(timeout=WAIT_SECONDS) == 2
+    stderr = (tmp_path / "cli.stderr").read_text()
+    assert "consecutive failures" in stderr and "engine unreachable since" not in stderr, stderr
+
+
+@pytest.mark.parametrize(
+    "flags, phrase",
+    [
+        (["--timeout", "abc"], "--timeout takes CONNECT,READ"),
+        (["--timeout", "1,2,3"], "--timeout takes CONNECT,READ"),
+        (["--timeout", "0,5"], "--timeout takes CONNECT,READ"),
+        (["--max-outage", "-1"], "--max-outage takes seconds >= 0"),
+    ],
+)
+def test_cli_bad_timeout_or_max_outage_is_a_usage_error(
+    flags: List[str], phrase: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bad ``--timeout`` or ``--max-outage`` exits 2 with a message naming the flag, before any request."""
+    inp = write_prompts(tmp_path / "in.jsonl", 1)
+    args = ["sample", "--base-url", "http://127.0.0.1:9", "--base-model", "m", "--input", str(inp), *flags]
+    assert main(args) == 2
+    assert phrase in capsys.readouterr().err
