@@ -11,7 +11,6 @@ import json
 import os
 import platform
 import selectors
-import signal
 import statistics
 import subprocess
 import sys
@@ -29,6 +28,8 @@ STOP_GRACE = 5.0
 
 if REPO not in sys.path:
     sys.path.insert(0, REPO)  # the checkout's lora_sampler, whatever is installed
+
+from lora_sampler.testing._process import stop_group  # noqa: E402  (after the checkout is on sys.path)
 
 
 def machine() -> Dict[str, Any]:
@@ -128,16 +129,7 @@ class ServerProcess:
         with contextlib.suppress(OSError):
             if process.stdin is not None:
                 process.stdin.close()
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=STOP_GRACE)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)  # stragglers of the group, if any
+        stop_group(process, STOP_GRACE)
         if process.stdout is not None:
             process.stdout.close()
 

@@ -29,14 +29,6 @@ WAIT_SECONDS = 60.0
 
 
 @pytest.fixture
-def lora_dir(tmp_path: Path) -> Path:
-    """The engine's resolver folder."""
-    folder = tmp_path / "loras"
-    folder.mkdir()
-    return folder
-
-
-@pytest.fixture
 def engine(lora_dir: Path) -> Iterator[FakeEngine]:
     """A running FakeEngine whose resolver reads ``lora_dir``."""
     with FakeEngine(lora_dir=lora_dir) as running:

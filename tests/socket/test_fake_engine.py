@@ -33,13 +33,6 @@ def _no_leaked_threads() -> Iterator[None]:
 
 
 @pytest.fixture
-def lora_dir(tmp_path: Path) -> Path:
-    path = tmp_path / "loras"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
 def make_engine(lora_dir: Path) -> Iterator[EngineFactory]:
     """Start FakeEngines with the test's resolver directory; stop them all afterwards."""
     engines: list[FakeEngine] = []

@@ -32,14 +32,6 @@ GAVE_UP_WITHIN = 30.0
 
 
 @pytest.fixture
-def lora_dir(tmp_path: Path) -> Path:
-    """The engine's resolver folder."""
-    folder = tmp_path / "loras"
-    folder.mkdir()
-    return folder
-
-
-@pytest.fixture
 def engine(lora_dir: Path) -> Iterator[EngineProcess]:
     """A FakeEngine (10 ms per completion) in a process of its own; stopped after the test."""
     with EngineProcess(str(lora_dir), latency=LATENCY) as running:
