@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Iterator, List, Optional
 
 import pytest
-from test_cli import WAIT_SECONDS, ids, main, records, running_cli, wait_for_lines, write_prompts
+from test_cli import WAIT_SECONDS, ids, main, records, running_cli, sample_args, wait_for_lines, write_prompts
 
 from lora_sampler import SampleOutput, SamplerClient, SampleRequest
 from lora_sampler._demo import build_adapter_archive
@@ -38,25 +38,9 @@ def engine(lora_dir: Path) -> Iterator[EngineProcess]:
         yield running
 
 
-def cli_args(url: str, lora_dir: Path, adapter: str, inp: Path, out: Path, *more: str) -> List[str]:
+def cli_args(engine: EngineProcess, lora_dir: Path, adapter: str, inp: Path, out: Path, *more: str) -> List[str]:
     """The argv of a quiet ``sample`` run at the issue's concurrency."""
-    return [
-        "sample",
-        "--base-url",
-        url,
-        "--lora-base-dir",
-        str(lora_dir),
-        "--adapter",
-        adapter,
-        "--input",
-        str(inp),
-        "--output",
-        str(out),
-        "--concurrency",
-        str(CONCURRENCY),
-        "--quiet",
-        *more,
-    ]
+    return sample_args(engine, lora_dir, adapter, inp, out, "--concurrency", str(CONCURRENCY), *more)
 
 
 def assert_every_id_once(out: Path, count: int) -> None:
@@ -79,7 +63,7 @@ def test_cli_batch_outlives_an_engine_restart_and_heals_the_forgotten_adapter(
     name = default_adapter_name(archive)
     restarted: Optional[EngineProcess] = None
     try:
-        with running_cli(cli_args(engine.url, lora_dir, archive, inp, out), tmp_path) as proc:
+        with running_cli(cli_args(engine, lora_dir, archive, inp, out), tmp_path) as proc:
             wait_for_lines(out, LINES // 4, proc)
             engine.kill()
             killed_at = len(ids(out))
@@ -106,7 +90,7 @@ def test_cli_engine_that_never_comes_back_exits_2_after_max_outage_then_resumes(
     count = 600
     inp, out = write_prompts(tmp_path / "in.jsonl", count), tmp_path / "out.jsonl"
     archive = build_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
-    args = cli_args(engine.url, lora_dir, archive, inp, out, "--max-outage", "5")
+    args = cli_args(engine, lora_dir, archive, inp, out, "--max-outage", "5")
     with running_cli(args, tmp_path) as proc:
         wait_for_lines(out, 50, proc)
         engine.kill()
@@ -119,7 +103,7 @@ def test_cli_engine_that_never_comes_back_exits_2_after_max_outage_then_resumes(
     assert "unreachable for" in stderr and "--max-outage 5" in stderr and "resume" in stderr, stderr
     assert len(set(ids(out))) == len(ids(out)) < count + 1
     with engine.restart() as again:
-        assert main(cli_args(again.url, lora_dir, archive, inp, out)) == 0
+        assert main(cli_args(again, lora_dir, archive, inp, out)) == 0
     assert_every_id_once(out, count)
 
 
@@ -220,7 +204,7 @@ def test_cli_max_outage_0_keeps_failing_fast(engine: EngineProcess, lora_dir: Pa
     """``--max-outage 0``: a killed engine stops the job after a few failures (exit 2), as before SPEC §10."""
     inp, out = write_prompts(tmp_path / "in.jsonl", 600), tmp_path / "out.jsonl"
     archive = build_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
-    with running_cli(cli_args(engine.url, lora_dir, archive, inp, out, "--max-outage", "0"), tmp_path) as proc:
+    with running_cli(cli_args(engine, lora_dir, archive, inp, out, "--max-outage", "0"), tmp_path) as proc:
         wait_for_lines(out, 50, proc)
         engine.kill()
         assert proc.wait(timeout=WAIT_SECONDS) == 2
