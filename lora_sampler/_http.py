@@ -314,7 +314,7 @@ class EngineTransport:
             error_class, problem = EngineError, "request failed"
         message = (
             f"{exchange.method} {exchange.path}{what}: the engine at {self.base_url} {problem} ({detail}); "
-            "check base_url, that the engine is running, and the timeout (timeout=; the CLI's --timeout)"
+            "check base_url, that the engine is running, and the timeout (timeout=, or lora-sampler sample --timeout)"
         )
         return error_class(message, model=model, adapter=adapter)
 
