@@ -1,8 +1,8 @@
 """``BatchJob``: stream parsed input lines through ``SamplerClient.imap``/``imap_unordered`` into the output.
 
 The client bounds the requests in flight; one pump thread drives it, and the calling thread alone writes records,
-so a stop never tears a line. Parsing, resume and records live in ``batch``; the terminal (progress, signals) in
-``cli``.
+so a stop never tears a line. Parsing, resume and records live in ``batch``; outages in ``_outage``; the terminal
+(progress, signals) in ``_batch_runner`` and ``_terminal``.
 """
 
 from __future__ import annotations
