@@ -188,12 +188,16 @@ def test_router_fleet_down_mid_batch_fails_rows_with_the_routers_answer_then_res
 
 
 def test_router_fleet_down_then_restarted_with_max_outage_completes_every_row(
-    router: Router, replicas: List[Replica], lora_dir: str
+    replicas: List[Replica], lora_dir: str
 ) -> None:
     """Every replica killed mid-batch, restarted 3 s later: with ``max_outage`` the router's 500/503 answers are
     held as an outage, and every row is answered once the fleet is back (the restarted replicas forgot the adapter).
+
+    The router's circuit breakers keep every worker out for ``--cb-timeout-duration-secs`` after they are back
+    (60 s by default, measured); 5 s here keeps the test short.
     """
     write_adapter(os.path.join(lora_dir, "steady"), BASE_MODEL)
+    router = Router([r.url for r in replicas], extra=["--cb-timeout-duration-secs", "5"])
     restarted: List[Replica] = []
     timer = threading.Timer(3.0, lambda: restarted.extend(replica.restart() for replica in replicas))
 
@@ -209,6 +213,7 @@ def test_router_fleet_down_then_restarted_with_max_outage_completes_every_row(
             results = client.sample_many(rows(), return_exceptions=True, max_outage=60, on_outage=events.append)
     finally:
         timer.join()
+        router.stop()
         for replica in restarted:
             replica.stop()
     failed = [r for r in results if not isinstance(r, SampleOutput)]
