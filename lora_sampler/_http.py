@@ -43,6 +43,7 @@ from lora_sampler.errors import (
 logger = logging.getLogger(__name__)
 
 COMPLETIONS_PATH = "/v1/completions"
+CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
 LOAD_ADAPTER_PATH = "/v1/load_lora_adapter"
 UNLOAD_ADAPTER_PATH = "/v1/unload_lora_adapter"
 MODELS_PATH = "/v1/models"
@@ -121,7 +122,7 @@ class EngineTransport:
         self.session.headers.update(self._headers)
         self._urls = {
             path: self.base_url + path
-            for path in (COMPLETIONS_PATH, LOAD_ADAPTER_PATH, UNLOAD_ADAPTER_PATH, MODELS_PATH)
+            for path in (COMPLETIONS_PATH, CHAT_COMPLETIONS_PATH, LOAD_ADAPTER_PATH, UNLOAD_ADAPTER_PATH, MODELS_PATH)
         }
         self._pool = self._direct_pool()
 
@@ -162,7 +163,20 @@ class EngineTransport:
         Raises:
             EngineError: a transport failure or an error status, classified for the retry table.
         """
-        exchange = _Exchange.post(COMPLETIONS_PATH, payload, session_id, self.timeout, model, adapter)
+        return self._sample(COMPLETIONS_PATH, payload, model, adapter, session_id)
+
+    def chat(self, payload: Mapping[str, Any], *, model: str, adapter: bool, session_id: str) -> Dict[str, Any]:
+        """Send one ``POST /v1/chat/completions`` and return the JSON body of a 2xx answer (as ``complete``).
+
+        Raises:
+            EngineError: a transport failure or an error status, classified for the retry table.
+        """
+        return self._sample(CHAT_COMPLETIONS_PATH, payload, model, adapter, session_id)
+
+    def _sample(
+        self, path: str, payload: Mapping[str, Any], model: str, adapter: bool, session_id: str
+    ) -> Dict[str, Any]:
+        exchange = _Exchange.post(path, payload, session_id, self.timeout, model, adapter)
         if self._is_direct():
             answer = self._urlopen(exchange)
             if answer.status < 400:
@@ -179,7 +193,7 @@ class EngineTransport:
             body = json.loads(content)
         except ValueError:
             raise EngineError(
-                f"the engine at {self.base_url} answered HTTP {status} to {COMPLETIONS_PATH} with a body that is "
+                f"the engine at {self.base_url} answered HTTP {status} to {exchange.path} with a body that is "
                 "not JSON; check that base_url points at a vLLM server",
                 model=exchange.model,
                 adapter=exchange.adapter,

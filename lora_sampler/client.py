@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from lora_sampler._adapter_loads import AdapterLoadCoordinator
 from lora_sampler._extract import PublishLimits
@@ -24,7 +24,7 @@ from lora_sampler._outage import OutageGate, OutageHook, probe_timeout, probe_un
 from lora_sampler._registry import AdapterRegistry
 from lora_sampler.errors import EngineConnectionError, EngineError, EngineStatusError
 from lora_sampler.retry import DEFAULT_RETRY_POLICY, RetryPolicy, make_retrying
-from lora_sampler.types import Adapter, AdapterSpec, Prompt, SampleOutput, SampleRequest, SamplingParams
+from lora_sampler.types import Adapter, AdapterSpec, Message, Prompt, SampleOutput, SampleRequest, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,7 @@ class _Call:
     payload: Dict[str, Any]
     started: float
     load_path: Optional[str]
+    is_chat: bool = False
 
 
 class SamplerClient:
@@ -175,8 +176,42 @@ class SamplerClient:
         )
         return self.run(request)
 
+    def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        adapter: Optional[AdapterSpec] = None,
+        base_model: Optional[str] = None,
+        num_samples: int = 1,
+        sampling_params: Optional[SamplingParams] = None,
+        session_id: Optional[str] = None,
+    ) -> SampleOutput:
+        """Sample ``num_samples`` chat replies to ``messages`` through ``/v1/chat/completions``, retrying the race.
+
+        The engine applies the model's chat template; the retry contract, the arguments and the answer are those
+        of ``sample`` (the reply's token ids, logprobs and text in ``SampleOutput.sequences``).
+
+        Args:
+            messages: ``[{"role": "system"|"developer"|"user"|"assistant"|"tool", "content": str}, ...]``.
+            adapter, base_model, num_samples, sampling_params, session_id: As for ``sample``.
+
+        Raises:
+            ValueError, TypeError: bad messages or arguments, before any request.
+            EngineError: the engine's answer after the retry table ran its course (a model without a chat
+                template answers 400, raised at once).
+        """
+        request = SampleRequest(
+            adapter=adapter,
+            base_model=base_model,
+            num_samples=num_samples,
+            sampling_params=sampling_params,
+            session_id=session_id,
+            messages=messages,
+        )
+        return self.run(request)
+
     def run(self, request: SampleRequest) -> SampleOutput:
-        """Run one ``SampleRequest`` (``sample`` with its arguments held in a value)."""
+        """Run one ``SampleRequest`` (``sample`` or ``chat`` with its arguments held in a value)."""
         if self._closed:
             raise RuntimeError("this SamplerClient is closed; create a new one")
         if request.adapter is not None:
@@ -191,6 +226,7 @@ class SamplerClient:
             payload=request.to_payload(model),
             started=time.monotonic(),
             load_path=load_path,
+            is_chat=request.is_chat,
         )
         if not call.is_adapter:
             return SampleOutput.from_json(self._retrying(call), request)
@@ -205,9 +241,8 @@ class SamplerClient:
         return SampleOutput.from_json(body, request)
 
     def _attempt(self, call: _Call) -> Dict[str, Any]:
-        return self._transport.complete(
-            call.payload, model=call.model, adapter=call.is_adapter, session_id=call.session_id
-        )
+        send = self._transport.chat if call.is_chat else self._transport.complete
+        return send(call.payload, model=call.model, adapter=call.is_adapter, session_id=call.session_id)
 
     def _before_retry(self, call: _Call, error: EngineError, attempt: int) -> None:
         """Send the proactive load for an adapter request (SPEC §4), shared by racing threads."""
@@ -235,8 +270,8 @@ class SamplerClient:
 
     # -- fan-out --------------------------------------------------------------------------------------------
 
-    def submit(self, prompt: Prompt, **kwargs: Any) -> concurrent.futures.Future[SampleOutput]:
-        """Run ``sample(prompt, **kwargs)`` on the client's thread pool and return its future.
+    def submit(self, prompt: Optional[Prompt] = None, **kwargs: Any) -> concurrent.futures.Future[SampleOutput]:
+        """Run ``sample(prompt, **kwargs)`` (or ``chat`` with ``messages=``) on the thread pool; return its future.
 
         Arguments are validated here, so a bad one raises at once rather than inside the future.
         """
@@ -266,7 +301,7 @@ class SamplerClient:
         generator of a million prompts never becomes a million futures.
 
         Args:
-            requests: ``SampleRequest`` values, or mappings of ``SampleRequest`` fields.
+            requests: ``SampleRequest`` values (``prompt=`` or chat ``messages=``), or mappings of their fields.
             return_exceptions: Yield a failed request's exception instead of raising it (and stopping).
             max_outage: Seconds to wait out an engine outage (SPEC §10). 0 fails requests at once. When > 0, a
                 request that fails outage-class (transport errors once retries ran out; vllm-router's 500/503 with

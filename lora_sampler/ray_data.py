@@ -113,7 +113,8 @@ class SampleBatches:
         base_model: Sample the base model instead; exclusive with ``adapter``.
         num_samples: Completions per prompt.
         sampling_params: ``SamplingParams``; None means the defaults.
-        prompt_column: The column holding prompts (text, or lists of token ids).
+        prompt_column: The column holding prompts (text, or lists of token ids), or chat messages (lists of
+            ``{"role", "content"}`` dicts, sent to ``/v1/chat/completions``).
         session_column: A column holding ``X-Session-ID`` values, if any (router affinity per row).
     """
 
@@ -193,9 +194,12 @@ class SampleBatches:
         positions: List[int] = []
         for position, (prompt, session) in enumerate(zip(prompts, sessions)):
             try:
+                cell = _plain_prompt(prompt)
+                chat = isinstance(cell, list) and bool(cell) and all(isinstance(item, dict) for item in cell)
                 requests.append(
                     SampleRequest(
-                        _plain_prompt(prompt),
+                        None if chat else cell,
+                        messages=cell if chat else None,
                         adapter=self.adapter,
                         base_model=self.base_model,
                         num_samples=self.num_samples,

@@ -8,12 +8,35 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, cast
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union, cast
 
+#: Chat roles ``messages`` may use (the OpenAI chat roles vLLM's chat templates take).
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+#: Body fields a ``SampleRequest`` sets itself: ``extra_body`` may not hold them (use the named argument instead).
+OWN_FIELDS = {
+    "model": "adapter= or base_model=",
+    "prompt": "prompt=",
+    "messages": "messages=",
+    "n": "num_samples=",
+    "max_tokens": "sampling_params=SamplingParams(max_tokens=...)",
+    "max_completion_tokens": "sampling_params=SamplingParams(max_tokens=...)",
+    "temperature": "sampling_params=SamplingParams(temperature=...)",
+    "top_p": "sampling_params=SamplingParams(top_p=...)",
+    "top_k": "sampling_params=SamplingParams(top_k=...)",
+    "seed": "sampling_params=SamplingParams(seed=...)",
+    "stop": "sampling_params=SamplingParams(stop=...)",
+    "stop_token_ids": "sampling_params=SamplingParams(stop=[token ids])",
+    "logprobs": "nothing: the sampled tokens' logprobs are always asked for",
+    "return_token_ids": "nothing: token ids are always asked for",
+    "prompt_logprobs": "prompt_logprobs= or topk_prompt_logprobs=",
+    "stream": "nothing: answers are never streamed",
+}
 #: Suffixes that mark a string as a checkpoint archive path rather than an adapter name.
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 
 Prompt = Union[str, Sequence[int]]
+#: One chat message: ``{"role": ..., "content": ...}`` (other keys, e.g. ``name``, are sent as given).
+Message = Mapping[str, Any]
 StopSpec = Union[None, str, int, Sequence[Union[str, int]]]
 #: One position of top-k prompt logprobs: ``(token_id, logprob)`` pairs, best first.
 TopK = Tuple[Tuple[int, float], ...]
@@ -140,20 +163,24 @@ def is_checkpoint_path(adapter: object) -> bool:
 
 @dataclass(frozen=True)
 class SampleRequest:
-    """The arguments of one ``SamplerClient.sample`` call, validated.
+    """The arguments of one ``SamplerClient.sample`` (``prompt=``) or ``chat`` (``messages=``) call, validated.
 
     Args:
-        prompt: Token ids (a list of ints >= 0) or text.
+        prompt: Token ids (a list of ints >= 0) or text, for ``/v1/completions``; exclusive with ``messages``.
         adapter: An ``Adapter``, a checkpoint path, or an adapter name; exclusive with ``base_model``.
         base_model: The engine's base model name; exclusive with ``adapter``.
         num_samples: Completions to draw for the prompt (vLLM's ``n``), at least 1.
         sampling_params: ``SamplingParams``; None means the defaults.
-        prompt_logprobs: Also return the logprob of each prompt token.
+        prompt_logprobs: Also return the logprob of each prompt token (``prompt=`` requests only).
         topk_prompt_logprobs: Also return the top-k logprobs at each prompt position (implies prompt_logprobs).
         session_id: Sent as ``X-Session-ID`` (the key vLLM routers hash); a fresh one per call when None.
+        messages: Chat messages (``{"role", "content"}`` mappings), for ``/v1/chat/completions``; exclusive with
+            ``prompt``. The engine applies the model's chat template.
+        extra_body: Further body fields sent as given (vLLM's extra parameters, e.g. ``repetition_penalty``); a
+            field this request sets itself (``OWN_FIELDS``) is refused.
     """
 
-    prompt: Prompt
+    prompt: Optional[Prompt] = None
     adapter: Optional[AdapterSpec] = None
     base_model: Optional[str] = None
     num_samples: int = 1
@@ -161,6 +188,8 @@ class SampleRequest:
     prompt_logprobs: bool = False
     topk_prompt_logprobs: int = 0
     session_id: Optional[str] = None
+    messages: Optional[Sequence[Message]] = None
+    extra_body: Optional[Mapping[str, Any]] = None
 
     def __post_init__(self) -> None:
         if (self.adapter is None) == (self.base_model is None):
@@ -171,7 +200,14 @@ class SampleRequest:
             raise ValueError("adapter must not be empty")
         if self.base_model is not None and (not isinstance(self.base_model, str) or not self.base_model):
             raise TypeError(f"base_model must be a non-empty str, got {self.base_model!r}")
-        object.__setattr__(self, "prompt", _validated_prompt(self.prompt))
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("pass exactly one of prompt= (token ids or text) or messages= (chat messages)")
+        if self.messages is not None:
+            object.__setattr__(self, "messages", validated_messages(self.messages))
+            if self.prompt_logprobs or self.topk_prompt_logprobs:
+                raise ValueError("prompt_logprobs and topk_prompt_logprobs apply to prompt= requests, not to chat")
+        else:
+            object.__setattr__(self, "prompt", _validated_prompt(self.prompt))
         if not _is_int(self.num_samples) or self.num_samples < 1:
             raise ValueError(f"num_samples must be an int >= 1, got {self.num_samples!r}")
         if self.sampling_params is not None and not isinstance(self.sampling_params, SamplingParams):
@@ -180,6 +216,13 @@ class SampleRequest:
             raise ValueError(f"topk_prompt_logprobs must be an int >= 0, got {self.topk_prompt_logprobs!r}")
         if self.session_id is not None and not isinstance(self.session_id, str):
             raise TypeError(f"session_id must be a str, got {type(self.session_id).__name__}")
+        if self.extra_body is not None:
+            object.__setattr__(self, "extra_body", _validated_extra_body(self.extra_body))
+
+    @property
+    def is_chat(self) -> bool:
+        """Whether this is a chat request (``messages=``, sent to ``/v1/chat/completions``)."""
+        return self.messages is not None
 
     @property
     def wants_prompt_logprobs(self) -> bool:
@@ -187,20 +230,71 @@ class SampleRequest:
         return self.prompt_logprobs or self.topk_prompt_logprobs > 0
 
     def to_payload(self, model: str) -> Dict[str, Any]:
-        """Return the JSON body of ``POST /v1/completions`` for this request against ``model``."""
+        """Return the JSON body of ``POST /v1/completions`` (or ``/v1/chat/completions``) against ``model``."""
         params = self.sampling_params or DEFAULT_SAMPLING_PARAMS
-        payload: Dict[str, Any] = {
-            "model": model,
-            "prompt": self.prompt if isinstance(self.prompt, str) else list(self.prompt),
-            "n": self.num_samples,
+        payload: Dict[str, Any] = {"model": model, **(self.extra_body or {})}
+        if self.messages is not None:
+            payload["messages"] = [dict(message) for message in self.messages]
+        else:
+            payload["prompt"] = self.prompt if isinstance(self.prompt, str) else list(cast(Sequence[int], self.prompt))
+        payload.update(
+            n=self.num_samples,
             **params.to_payload(),
-            # logprobs=1 returns the sampled token's logprob (verified on vLLM, FINDINGS §4b).
-            "logprobs": 1,
-            "return_token_ids": True,
-        }
+            # Completions: logprobs=1 returns the sampled token's logprob (verified on vLLM, FINDINGS §4b); chat
+            # takes a flag, and top_logprobs (0 by default) for alternatives.
+            logprobs=True if self.messages is not None else 1,
+            return_token_ids=True,
+        )
         if self.wants_prompt_logprobs:
             payload["prompt_logprobs"] = self.topk_prompt_logprobs
         return payload
+
+
+def validated_messages(messages: object) -> Tuple[Dict[str, Any], ...]:
+    """Check chat messages before any request: a non-empty list of ``{"role", "content"}`` with known roles.
+
+    ``content`` is a string or a list of text parts (``{"type": "text", "text": ...}``); other keys are kept.
+
+    Raises:
+        TypeError, ValueError: naming the message (by position) and what is wrong with it.
+    """
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, (list, tuple)):
+        raise TypeError(f"messages must be a list of {{'role', 'content'}} dicts, got {type(messages).__name__}")
+    if not messages:
+        raise ValueError("messages must not be empty")
+    checked = []
+    for position, message in enumerate(messages):
+        where = f"messages[{position}]"
+        if not isinstance(message, Mapping):
+            raise TypeError(f"{where} must be a dict with 'role' and 'content', got {type(message).__name__}")
+        role = message.get("role")
+        if role not in CHAT_ROLES:
+            raise ValueError(f"{where} has role {role!r}; a role is one of {', '.join(CHAT_ROLES)}")
+        if "content" not in message:
+            raise ValueError(f"{where} has no 'content' (a string, or a list of text parts)")
+        content = message["content"]
+        if not isinstance(content, str) and not (
+            isinstance(content, list)
+            and all(
+                isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+            )
+        ):
+            raise TypeError(
+                f"{where} content must be a string or a list of {{'type': 'text', 'text': str}} parts, got {content!r}"
+            )
+        checked.append(dict(message))
+    return tuple(checked)
+
+
+def _validated_extra_body(extra_body: object) -> Dict[str, Any]:
+    if not isinstance(extra_body, Mapping):
+        raise TypeError(f"extra_body must be a dict of body fields, got {type(extra_body).__name__}")
+    for key in extra_body:
+        if not isinstance(key, str):
+            raise TypeError(f"extra_body keys must be strings, got {key!r}")
+        if key in OWN_FIELDS:
+            raise ValueError(f"extra_body may not set {key!r}: the request sets it; use {OWN_FIELDS[key]}")
+    return dict(extra_body)
 
 
 def _validated_prompt(prompt: object) -> Prompt:
@@ -249,16 +343,19 @@ class SampleOutput:
         topk_prompt_logprobs: Top-k ``(token_id, logprob)`` pairs at each prompt position (None for the first),
             trimmed to k, when asked.
         model: The model name that served it.
+        body: The engine's answer as it came (the JSON object), e.g. for the usage counts or the chat template's
+            ``prompt_token_ids``; the batch file format writes it as ``response.body``.
     """
 
     sequences: Tuple[GeneratedSequence, ...]
     prompt_logprobs: Optional[Tuple[Optional[float], ...]] = None
     topk_prompt_logprobs: Optional[Tuple[Optional[TopK], ...]] = None
     model: str = field(default="")
+    body: Optional[Dict[str, Any]] = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_json(cls, body: Dict[str, Any], request: SampleRequest) -> SampleOutput:
-        """Read a vLLM ``/v1/completions`` body into a ``SampleOutput``.
+        """Read a vLLM ``/v1/completions`` or ``/v1/chat/completions`` body into a ``SampleOutput``.
 
         Raises:
             ValueError: the body is not a completion (no ``choices`` list).
@@ -280,18 +377,24 @@ class SampleOutput:
                 topk = tuple(None if entry is None else entry[:k] for entry in topk_all)
             if not request.prompt_logprobs:
                 prompt_lp = None
-        return cls(sequences, prompt_lp, topk, str(body.get("model", "")))
+        return cls(sequences, prompt_lp, topk, str(body.get("model", "")), body)
 
 
 def _sequence_from_choice(choice: Dict[str, Any]) -> GeneratedSequence:
     logprobs_block = choice.get("logprobs") or {}
-    token_logprobs = logprobs_block.get("token_logprobs") or []
+    message = choice.get("message")
+    if isinstance(message, dict):  # a chat choice: logprobs.content holds one {"token", "logprob", ...} per token
+        token_logprobs = [entry.get("logprob") for entry in logprobs_block.get("content") or []]
+        text = message.get("content")
+    else:
+        token_logprobs = logprobs_block.get("token_logprobs") or []
+        text = choice.get("text")
     tokens = choice.get("token_ids") or []
     return GeneratedSequence(
         tokens=tuple(int(t) for t in tokens),
         logprobs=tuple(float(lp) if lp is not None else float("nan") for lp in token_logprobs),
         stop_reason=str(choice.get("finish_reason") or ""),
-        text=str(choice.get("text") or ""),
+        text=str(text or ""),
         matched_stop=choice.get("stop_reason"),
     )
 

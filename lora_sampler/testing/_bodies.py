@@ -245,6 +245,17 @@ def bad_request(message: str, param: str | None = None, *, old_shape: bool = Fal
     return error(400, message, "BadRequestError", param, old_shape=old_shape)
 
 
+def no_chat_template(*, old_shape: bool = False) -> VllmBody:
+    """400 for a chat request to a model whose tokenizer has no chat template (vLLM 0.32, ``renderers/hf.py``)."""
+    return error(
+        400,
+        "As of transformers v4.44, default chat template is no longer allowed, so you must provide a chat template "
+        "if the tokenizer does not define one.",
+        "BadRequestError",
+        old_shape=old_shape,
+    )
+
+
 def engine_dead(*, old_shape: bool = False) -> VllmBody:
     """500 once the engine core died, e.g. reloading a deleted evicted adapter (FINDINGS §5)."""
     return error(
@@ -276,6 +287,7 @@ VLLM_BODIES: Mapping[str, tuple[int, Callable[..., VllmBody]]] = {
     "max_tokens_zero": (400, max_tokens_zero),
     "token_out_of_vocab": (400, token_out_of_vocab),
     "engine_dead": (500, engine_dead),
+    "no_chat_template": (400, no_chat_template),
 }
 
 #: situation -> the builder arguments of the example in FINDINGS, so tests can parametrize over the table.
@@ -299,6 +311,7 @@ VLLM_EXAMPLE_ARGS: Mapping[str, dict[str, Any]] = {
     "max_tokens_zero": {},
     "token_out_of_vocab": {"token_id": 5000},
     "engine_dead": {},
+    "no_chat_template": {},
 }
 
 

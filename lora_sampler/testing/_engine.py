@@ -18,6 +18,7 @@ import uuid
 from typing import Any
 
 from lora_sampler.testing import _bodies as bodies
+from lora_sampler.testing import _chat as chat
 from lora_sampler.testing._adapter_table import AdapterTable
 from lora_sampler.testing._bodies import VllmBody
 from lora_sampler.testing._faults import FAULT_KINDS as FAULT_KINDS  # re-exported: the public home is here
@@ -28,6 +29,7 @@ from lora_sampler.testing._sampling import BYTE_OFFSET, Sampler, parse_request
 from lora_sampler.testing._server import Handler, Server, hang_up, read_body, send
 
 COMPLETIONS_PATH = "/v1/completions"
+CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
 LOAD_ADAPTER_PATH = "/v1/load_lora_adapter"
 UNLOAD_ADAPTER_PATH = "/v1/unload_lora_adapter"
 MODELS_PATH = "/v1/models"
@@ -49,6 +51,8 @@ class FakeEngine:
             plain attributes, read while a request sleeps, so a test may change them on a running engine.
         host, port: where to listen (port 0 picks a free one).
         old_error_shape: send error fields at the top level, as older vLLM builds do.
+        chat_template: whether the model has a chat template; without one, ``/v1/chat/completions`` answers vLLM's
+            400 (``no_chat_template``). The template is fixed and documented in ``_chat`` (and the README).
 
     Error messages are sanitized as vLLM does (file paths read ``<path>``), and every completion carries a
     ``system_fingerprint`` shaped as vLLM's default, ``vllm-0.32.0-<hash8>`` (the ``system_fingerprint`` attribute).
@@ -70,10 +74,12 @@ class FakeEngine:
         host: str = "127.0.0.1",
         port: int = 0,
         old_error_shape: bool = False,
+        chat_template: bool = True,
     ) -> None:
         if vocab_size < BYTE_OFFSET + 256 or max_model_len < 1 or max_loras < 1:
             raise ValueError("need vocab_size >= 260, max_model_len >= 1 and max_loras >= 1")
         self.model, self.api_key, self.old_error_shape = model, api_key, old_error_shape
+        self.chat_template = chat_template
         self.lora_dir = None if lora_dir is None else os.fspath(lora_dir)
         self.max_loras, self.max_lora_rank = max_loras, max_lora_rank
         self.max_model_len, self.vocab_size = max_model_len, vocab_size
@@ -330,7 +336,7 @@ class FakeEngine:
         record = new_record(handler, path, model, status, started, fault)
         with self._lock:  # logged before the answer leaves, so a client never sees it first
             self._stats.records.append(record)
-            if path == COMPLETIONS_PATH and status:
+            if path in (COMPLETIONS_PATH, CHAT_COMPLETIONS_PATH) and status:
                 self._adapters.completion_answered_locked(model)
 
     def _route(self, handler: Handler, path: str, payload: Any) -> VllmBody:
@@ -344,6 +350,7 @@ class FakeEngine:
         routes = {
             MODELS_PATH: ("GET", self._adapters.models),
             COMPLETIONS_PATH: ("POST", self._complete),
+            CHAT_COMPLETIONS_PATH: ("POST", self._chat),
             LOAD_ADAPTER_PATH: ("POST", self._adapters.load),
             UNLOAD_ADAPTER_PATH: ("POST", self._adapters.unload),
         }
@@ -397,3 +404,22 @@ class FakeEngine:
         return bodies.completion_response(
             f"cmpl-{uuid.uuid4().hex}", created, name, choices, len(request.prompt), generated, self.system_fingerprint
         )
+
+    def _chat(self, payload: dict[str, Any]) -> VllmBody:
+        """``/v1/chat/completions``: the completion of the rendered prompt, answered in the chat shape (``_chat``)."""
+        name = payload.get("model") or self.model
+        if not isinstance(name, str):
+            return self._bad("model must be a string", "model")
+        problem = self._adapters.check_model(name)  # the same 404 as completions, before the template (vLLM 0.32)
+        if problem is not None:
+            return problem
+        if not self.chat_template:
+            return bodies.no_chat_template(old_shape=self.old_error_shape)
+        translated = chat.completion_payload(payload)
+        if isinstance(translated, str):
+            return self._bad(translated)
+        answer = self._complete(translated)
+        if answer.status != 200:
+            return answer
+        top = payload.get("top_logprobs") or 0
+        return bodies.json_body(200, chat.chat_body(answer.json(), top, bool(payload.get("return_token_ids"))))
