@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Set, Union
 
 from lora_sampler._outage import OutageEvent, OutageHook, is_outage
-from lora_sampler.batch import InputLine, error_record, result_record, write_record
+from lora_sampler.batch import PROMPT_RECORDS, InputLine, RecordFormat, write_record
 from lora_sampler.client import SamplerClient
 from lora_sampler.errors import (
     AdapterNotReadyError,
@@ -82,6 +82,7 @@ class BatchJob:
         max_outage: Seconds to hold requests while the engine is away (0: outages count towards ``fail_fast``);
             past it the job stops, saying how long it waited.
         on_outage: Also called with each ``OutageEvent`` (from worker threads), e.g. to show the wait.
+        records: The output format (``PROMPT_RECORDS``, or ``openai_batch.OPENAI_BATCH_RECORDS``).
     """
 
     def __init__(
@@ -97,11 +98,13 @@ class BatchJob:
         fail_fast: int = DEFAULT_FAIL_FAST,
         max_outage: float = 0.0,
         on_outage: Optional[OutageHook] = None,
+        records: RecordFormat = PROMPT_RECORDS,
     ):
         self._client, self._lines, self._output, self._done = client, iter(lines), output, done
         self._ordered, self._model, self._on_event, self._fail_fast = ordered, model, on_event, fail_fast
         self._max_outage, self._on_outage = max_outage, on_outage
         self._gave_up: Optional[OutageEvent] = None  # set (from a worker thread) once the outage outlasted the limit
+        self._records = records
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=64)
         self._stopping = threading.Event()
         self._deadline: Optional[float] = None
@@ -142,12 +145,12 @@ class BatchJob:
         if kind == "skipped":
             self.stats.skipped += 1
         elif isinstance(outcome, SampleOutput):
-            record = result_record(line, outcome)
+            record = self._records.result(line, outcome)
             self.stats.done += 1
             self._consecutive = 0
             kind = "done"
         else:
-            record = error_record(line, outcome, None if isinstance(outcome, str) else self._model)
+            record = self._records.error(line, outcome, None if isinstance(outcome, str) else self._model)
             self.stats.failed += 1
             kind = "failed"
             self._note_failure(outcome)

@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import IO, Any, Dict, Iterable, Iterator, List, Optional, Set, Tuple, Union
+from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple, Union
 
 try:
     import fcntl
@@ -83,15 +83,18 @@ def parse_line(raw: bytes, line_number: int, defaults: LineDefaults) -> Optional
     line_id = obj.get("id", line_number)
     if isinstance(line_id, bool) or not isinstance(line_id, (str, int)):
         return InputLine(line_number, line_number, error=f"id must be a string or an integer, got {line_id!r}")
-    if "prompt" not in obj:
-        return InputLine(line_number, line_id, error="the line has no 'prompt' (token ids or text)")
+    if "prompt" not in obj and "messages" not in obj:
+        return InputLine(
+            line_number, line_id, error="the line has no 'prompt' (token ids or text) and no 'messages' (chat)"
+        )
     try:
         overrides = {key: obj[key] for key in SAMPLING_KEYS if key in obj}
         params = defaults.sampling_params
         if overrides:
             params = SamplingParams(**{**_fields(params), **overrides})
         request = SampleRequest(
-            obj["prompt"],
+            obj.get("prompt"),
+            messages=obj.get("messages"),
             adapter=defaults.adapter,
             base_model=defaults.base_model,
             num_samples=obj.get("num_samples", defaults.num_samples),
@@ -108,10 +111,22 @@ def _fields(params: SamplingParams) -> Dict[str, Any]:
     return {name: getattr(params, name) for name in ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")}
 
 
-def read_input(stream: IO[bytes], defaults: LineDefaults, *, name: str = "<input>") -> Iterator[InputLine]:
+#: Parses one raw input line (``parse_line``'s signature): the plain format, or ``openai_batch.parse_batch_line``.
+LineParser = Callable[[bytes, int, LineDefaults], Optional[InputLine]]
+
+
+def read_input(
+    stream: Iterable[bytes], defaults: LineDefaults, *, name: str = "<input>", parse: LineParser = parse_line
+) -> Iterator[InputLine]:
     """Yield the non-blank lines of a JSONL stream, one at a time.
 
     A UTF-8 byte order mark at the start is skipped.
+
+    Args:
+        stream: The raw lines.
+        defaults: What every line gets unless it says otherwise.
+        name: The input's name, for messages.
+        parse: The line format (``parse_line`` for prompt lines; ``openai_batch.parse_batch_line`` for batch files).
 
     Raises:
         BatchInputError: an id repeats an earlier line's id (the message names both line numbers), or the file
@@ -121,7 +136,7 @@ def read_input(stream: IO[bytes], defaults: LineDefaults, *, name: str = "<input
     for number, raw in enumerate(stream, 1):
         if number == 1 and raw.startswith(UTF8_BOM):
             raw = raw[len(UTF8_BOM) :]
-        line = parse_line(raw, number, defaults)
+        line = parse(raw, number, defaults)
         if line is not None and line.error and b"\r" in raw.rstrip(b"\r\n"):
             raise BatchInputError(
                 f"{name}: line {number} holds carriage returns (CR) without line feeds: the file uses CR-only line "
@@ -177,7 +192,21 @@ class ResumeState:
     removed_temporaries: List[str] = field(default_factory=list)
 
 
-def _scan(lines: Iterable[bytes], retry_failed: bool, state: ResumeState) -> Iterator[Tuple[bytes, bool]]:
+#: Reads an output record's resume key and whether it failed; None for a record that is not one of ours.
+RecordKey = Callable[[Dict[str, Any]], Optional[Tuple[Optional[str], bool]]]
+
+
+def record_key(record: Dict[str, Any]) -> Optional[Tuple[Optional[str], bool]]:
+    """Return the resume key of a prompt-format output record and whether it failed (None: not a record)."""
+    line_id = record.get("id")
+    if isinstance(line_id, bool) or not isinstance(line_id, (str, int)):
+        return None
+    return id_key(line_id), "error" in record
+
+
+def _scan(
+    lines: Iterable[bytes], retry_failed: bool, state: ResumeState, key_of: RecordKey = record_key
+) -> Iterator[Tuple[bytes, bool]]:
     """Yield ``(line, keep)`` for each output line; fill ``state`` (the one decision both passes share)."""
     for raw in lines:
         record: Any = None
@@ -186,15 +215,16 @@ def _scan(lines: Iterable[bytes], retry_failed: bool, state: ResumeState) -> Ite
                 record = json.loads(raw.decode("utf-8"))
             except ValueError:
                 record = None
-        if (
-            not isinstance(record, dict)
-            or isinstance(record.get("id"), bool)
-            or not isinstance(record.get("id"), (str, int))
-        ):
+        read = key_of(record) if isinstance(record, dict) else None
+        if read is None:
             state.dropped_torn += 1
             yield raw, False
             continue
-        key, failed = id_key(record["id"]), "error" in record
+        key, failed = read
+        if key is None:  # an error record of a line without an id (a bad line): it runs again
+            state.dropped_errors += 1
+            yield raw, False
+            continue
         keep = key not in state.done and not (failed and retry_failed)
         if keep:
             state.done.add(key)
@@ -204,7 +234,7 @@ def _scan(lines: Iterable[bytes], retry_failed: bool, state: ResumeState) -> Ite
         yield raw, keep
 
 
-def prepare_output(path: str, *, retry_failed: bool = True) -> ResumeState:
+def prepare_output(path: str, *, retry_failed: bool = True, key_of: RecordKey = record_key) -> ResumeState:
     """Read an existing output file into a resume set, dropping torn lines and (by default) error lines.
 
     The file is read twice, streaming (only ids are kept in memory). When lines must go, the kept ones are copied
@@ -218,6 +248,7 @@ def prepare_output(path: str, *, retry_failed: bool = True) -> ResumeState:
     Args:
         path: The output file; a missing file gives an empty state.
         retry_failed: Drop error lines, so their ids run again.
+        key_of: The output format's resume key (``record_key``; ``openai_batch.batch_record_key`` keys by custom_id).
     """
     state = ResumeState()
     if not os.path.exists(path):
@@ -226,14 +257,14 @@ def prepare_output(path: str, *, retry_failed: bool = True) -> ResumeState:
         if held:
             state.removed_temporaries = _remove_stale_temporaries(path)
         with open(path, "rb") as f:
-            needs_rewrite = sum(not keep for _, keep in _scan(f, retry_failed, state)) > 0  # reads every line
+            needs_rewrite = sum(not keep for _, keep in _scan(f, retry_failed, state, key_of)) > 0  # reads every line
         if not needs_rewrite:
             return state
         directory = os.path.dirname(os.path.abspath(path))
         fd, temp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=_TEMP_SUFFIX, dir=directory)
         try:
             with os.fdopen(fd, "wb") as out, open(path, "rb") as f:
-                for raw, keep in _scan(f, retry_failed, ResumeState()):
+                for raw, keep in _scan(f, retry_failed, ResumeState(), key_of):
                     if keep:
                         out.write(raw)
                 out.flush()
@@ -344,6 +375,36 @@ def error_record(line: InputLine, error: Union[BaseException, str], model: Optio
         record["model"] = model
     record["error"] = body
     return record
+
+
+@dataclass(frozen=True)
+class RecordFormat:
+    """How an output format writes records and reads them back on resume.
+
+    Attributes:
+        result: Builds the record of an answered line.
+        error: Builds the record of a failed line (the error, or a bad line's reason; the model name when known).
+        key_of: Reads a record's resume key (see ``prepare_output``).
+        message_of: Reads a failed record's message, for the terminal.
+    """
+
+    result: Callable[[InputLine, SampleOutput], Dict[str, Any]]
+    error: Callable[[InputLine, Union[BaseException, str], Optional[str]], Dict[str, Any]]
+    key_of: RecordKey
+    message_of: Callable[[Dict[str, Any]], str]
+
+
+def _error_message(record: Dict[str, Any]) -> str:
+    error = record["error"]
+    return (
+        str(error["message"])
+        if error["type"] == "BatchInputError"
+        else f"line {error['line']} (id {record['id']!r}): {error['message']}"
+    )
+
+
+#: The plain output format: ``{"id", "model", "sequences"}`` or ``{"id", "error"}``.
+PROMPT_RECORDS = RecordFormat(result_record, error_record, record_key, _error_message)
 
 
 def write_record(stream: IO[str], record: Dict[str, Any]) -> None:
