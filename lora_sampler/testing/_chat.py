@@ -72,8 +72,14 @@ def completion_payload(payload: dict[str, Any]) -> dict[str, Any] | str:
     return translated
 
 
-def chat_body(completion: dict[str, Any], top_logprobs: int, with_token_ids: bool) -> dict[str, Any]:
-    """Turn the fake's completion body into vLLM 0.32's ``ChatCompletionResponse`` (every field it sends)."""
+def chat_body(completion: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+    """Turn the fake's completion body into vLLM 0.32's ``ChatCompletionResponse`` (every field it sends).
+
+    Args:
+        completion: The completion body of the rendered prompt.
+        request: The chat request (``top_logprobs``, ``return_token_ids`` and ``return_prompt_text`` shape it).
+    """
+    top_logprobs, with_token_ids = request.get("top_logprobs") or 0, bool(request.get("return_token_ids"))
     choices = []
     prompt_ids = None
     for choice in completion["choices"]:
@@ -94,6 +100,7 @@ def chat_body(completion: dict[str, Any], top_logprobs: int, with_token_ids: boo
                 "finish_reason": choice["finish_reason"],
                 "stop_reason": choice["stop_reason"],
                 "token_ids": choice["token_ids"] if with_token_ids else None,
+                "routed_experts": None,
             }
         )
     return {
@@ -107,7 +114,7 @@ def chat_body(completion: dict[str, Any], top_logprobs: int, with_token_ids: boo
         "usage": completion["usage"],
         "prompt_logprobs": None,
         "prompt_token_ids": prompt_ids if with_token_ids else None,
-        "prompt_text": None,
+        "prompt_text": render_chat(request["messages"]) if request.get("return_prompt_text") else None,
         "kv_transfer_params": None,
         "ec_transfer_params": None,
         "metrics": None,

@@ -421,5 +421,4 @@ class FakeEngine:
         answer = self._complete(translated)
         if answer.status != 200:
             return answer
-        top = payload.get("top_logprobs") or 0
-        return bodies.json_body(200, chat.chat_body(answer.json(), top, bool(payload.get("return_token_ids"))))
+        return bodies.json_body(200, chat.chat_body(answer.json(), payload))

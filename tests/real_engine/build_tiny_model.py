@@ -11,6 +11,9 @@ The recipe is the verified one from ``../shared/vllm-cpu/FINDINGS.md`` ("How to 
   the smallest vLLM's CPU attention supports), vocab 1024, 512 positions, random weights from seed 0;
 * a byte-level BPE tokenizer (vocab at most 1024, specials ``<unk> <s> </s> <pad>``) trained on generated
   text, wrapped in ``PreTrainedTokenizerFast`` and saved beside the model;
+* a chat template (``CHAT_TEMPLATE``: ``<|ROLE|>``, a newline, the content and a newline per message, then
+  ``<|assistant|>`` and a newline), the one ``lora_sampler.testing.FakeEngine`` documents and uses; without it vLLM
+  answers every chat request 400 ("As of transformers v4.44, default chat template is no longer allowed ...");
 * LoRA adapters ``r=8, lora_alpha=16, target_modules=[q_proj, v_proj], init_lora_weights=False`` whose
   ``base_model_name_or_path`` is exactly the model directory (the string the server gets as ``--model``;
   anything else makes vLLM's filesystem resolver ignore the adapter), plus a ``.tar.gz`` of the first one.
@@ -35,6 +38,12 @@ ADAPTER_SEEDS = {"tiny-lora-a": 1, "tiny-lora-b": 2}
 VOCAB_SIZE = 1024
 #: The special tokens, in id order (so ``<s>`` is 1, ``</s>`` is 2).
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>"]
+
+#: The chat template, as Jinja; ``tests/unit/test_tiny_model_template.py`` checks it is FakeEngine's own.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
 
 _WORD_TEXT = (
     "the a an of to in and is was for on with as by at from that this it be are or not but which have "
@@ -94,6 +103,7 @@ def build_tokenizer(model_dir: Path) -> None:
         eos_token="</s>",
         pad_token="<pad>",
     )
+    fast.chat_template = CHAT_TEMPLATE  # changes no token: the tokenizer and the model stay as they were
     fast.save_pretrained(str(model_dir))
 
 

@@ -89,14 +89,17 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test in this folder ``real_engine`` (so ``-m "not real_engine"`` deselects them)."""
     # Tests of the second engine go first: it is started and stopped around them, before the shared engine
-    # starts, so only one engine (about 2.8 GB) runs at a time. The sort is stable.
-    # A test that kills and restarts the shared engine goes last, so no other test sees the restart.
-    items.sort(
-        key=lambda item: (
-            "vllm_engine_static" not in getattr(item, "fixturenames", ()),
-            item.get_closest_marker("restarts_engine") is not None,
-        )
-    )
+    # starts, so only one engine (about 2.8 GB) runs at a time. Then modules that load the model themselves
+    # before asking for the shared engine (RUNS_BEFORE_SHARED_ENGINE, e.g. vLLM's run-batch). A test that kills and
+    # restarts the shared engine goes last, so no other test sees the restart. The sort is stable.
+    def order(item: pytest.Item) -> tuple[int, bool]:
+        if "vllm_engine_static" in getattr(item, "fixturenames", ()):
+            first = 0
+        else:
+            first = 1 if getattr(getattr(item, "module", None), "RUNS_BEFORE_SHARED_ENGINE", False) else 2
+        return first, item.get_closest_marker("restarts_engine") is not None
+
+    items.sort(key=order)
     has_timeout = config.pluginmanager.hasplugin("timeout")
     for item in items:
         if HERE in Path(str(item.fspath)).resolve().parents:

@@ -8,7 +8,7 @@ from typing import Any, Iterator, List
 import pytest
 import requests
 
-from lora_sampler import SampleRequest, SamplerClient, SamplingParams
+from lora_sampler import SamplerClient, SampleRequest, SamplingParams
 from lora_sampler.errors import EngineStatusError, ModelNotFoundError
 from lora_sampler.testing import FakeEngine, encode_text, write_adapter
 from lora_sampler.testing._chat import CHAT_TEMPLATE, render_chat
@@ -36,7 +36,9 @@ def engine(lora_dir: Path) -> Iterator[FakeEngine]:
 def test_chat_returns_token_ids_logprobs_and_text_of_each_sample(engine: FakeEngine) -> None:
     """client.chat returns num_samples replies, each with token ids, one logprob per token and the text."""
     with SamplerClient(engine.url) as client:
-        out = client.chat(MESSAGES, base_model=engine.model, num_samples=3, sampling_params=SamplingParams(max_tokens=4))
+        out = client.chat(
+            MESSAGES, base_model=engine.model, num_samples=3, sampling_params=SamplingParams(max_tokens=4)
+        )
     assert len(out.sequences) == 3
     for sequence in out.sequences:
         assert len(sequence.tokens) == 4 and len(sequence.logprobs) == 4 and sequence.text
@@ -56,6 +58,8 @@ def test_fake_chat_template_is_the_documented_one(engine: FakeEngine) -> None:
         completion = client.sample(rendered, base_model=engine.model, sampling_params=GREEDY)
     assert chat.sequences[0].tokens == completion.sequences[0].tokens
     assert chat.body is not None and chat.body["prompt_token_ids"] == encode_text(rendered)
+    raw = requests.post(engine.url + CHAT, json={"messages": MESSAGES, "return_prompt_text": True}, timeout=10)
+    assert raw.json()["prompt_text"] == rendered  # vLLM's field, as the real-engine test reads it
 
 
 def test_chat_through_the_adapter_load_race(engine: FakeEngine, lora_dir: Path, no_waits: None) -> None:
@@ -113,7 +117,7 @@ def test_bad_messages_are_refused_before_any_request(
 
 def test_prompt_and_messages_are_exclusive() -> None:
     """A SampleRequest is a prompt or a chat, never both or neither."""
-    with pytest.raises(ValueError, match="exactly one of prompt= .* or messages="):
+    with pytest.raises(ValueError, match=r"exactly one of prompt= .* or messages="):
         SampleRequest("x", base_model="m", messages=MESSAGES)
     with pytest.raises(ValueError, match="exactly one of prompt="):
         SampleRequest(base_model="m")
@@ -145,5 +149,17 @@ def test_chat_payload_carries_token_ids_logprobs_and_extra_body() -> None:
     assert payload["top_logprobs"] == 2 and payload["user"] == "u"
     with pytest.raises(ValueError, match="extra_body may not set 'n'"):
         SampleRequest(messages=MESSAGES, base_model="m", extra_body={"n": 2})
-    with pytest.raises(ValueError, match="prompt_logprobs .* apply to prompt= requests"):
+    with pytest.raises(ValueError, match=r"prompt_logprobs .* apply to prompt= requests"):
         SampleRequest(messages=MESSAGES, base_model="m", prompt_logprobs=True)
+
+
+def test_tiny_model_chat_template_is_the_fakes() -> None:
+    """The real-engine tests' tiny model gets FakeEngine's template (the build script runs in the vLLM venv)."""
+    import importlib.util
+
+    script = Path(__file__).resolve().parents[1] / "real_engine" / "build_tiny_model.py"
+    spec = importlib.util.spec_from_file_location("build_tiny_model_for_template", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # stdlib imports only at the top
+    assert module.CHAT_TEMPLATE == CHAT_TEMPLATE
