@@ -10,27 +10,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union, cast
 
-#: Chat roles ``messages`` may use (the OpenAI chat roles vLLM's chat templates take).
-CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
-#: Body fields a ``SampleRequest`` sets itself: ``extra_body`` may not hold them (use the named argument instead).
-OWN_FIELDS = {
-    "model": "adapter= or base_model=",
-    "prompt": "prompt=",
-    "messages": "messages=",
-    "n": "num_samples=",
-    "max_tokens": "sampling_params=SamplingParams(max_tokens=...)",
-    "max_completion_tokens": "sampling_params=SamplingParams(max_tokens=...)",
-    "temperature": "sampling_params=SamplingParams(temperature=...)",
-    "top_p": "sampling_params=SamplingParams(top_p=...)",
-    "top_k": "sampling_params=SamplingParams(top_k=...)",
-    "seed": "sampling_params=SamplingParams(seed=...)",
-    "stop": "sampling_params=SamplingParams(stop=...)",
-    "stop_token_ids": "sampling_params=SamplingParams(stop=[token ids])",
-    "logprobs": "nothing: the sampled tokens' logprobs are always asked for",
-    "return_token_ids": "nothing: token ids are always asked for",
-    "prompt_logprobs": "prompt_logprobs= or topk_prompt_logprobs=",
-    "stream": "nothing: answers are never streamed",
-}
+from lora_sampler._messages import validated_extra_body, validated_messages
+
 #: Suffixes that mark a string as a checkpoint archive path rather than an adapter name.
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 
@@ -177,7 +158,7 @@ class SampleRequest:
         messages: Chat messages (``{"role", "content"}`` mappings), for ``/v1/chat/completions``; exclusive with
             ``prompt``. The engine applies the model's chat template.
         extra_body: Further body fields sent as given (vLLM's extra parameters, e.g. ``repetition_penalty``); a
-            field this request sets itself (``OWN_FIELDS``) is refused.
+            field this request sets itself (``_messages.OWN_FIELDS``) is refused.
     """
 
     prompt: Optional[Prompt] = None
@@ -217,7 +198,7 @@ class SampleRequest:
         if self.session_id is not None and not isinstance(self.session_id, str):
             raise TypeError(f"session_id must be a str, got {type(self.session_id).__name__}")
         if self.extra_body is not None:
-            object.__setattr__(self, "extra_body", _validated_extra_body(self.extra_body))
+            object.__setattr__(self, "extra_body", validated_extra_body(self.extra_body))
 
     @property
     def is_chat(self) -> bool:
@@ -248,53 +229,6 @@ class SampleRequest:
         if self.wants_prompt_logprobs:
             payload["prompt_logprobs"] = self.topk_prompt_logprobs
         return payload
-
-
-def validated_messages(messages: object) -> Tuple[Dict[str, Any], ...]:
-    """Check chat messages before any request: a non-empty list of ``{"role", "content"}`` with known roles.
-
-    ``content`` is a string or a list of text parts (``{"type": "text", "text": ...}``); other keys are kept.
-
-    Raises:
-        TypeError, ValueError: naming the message (by position) and what is wrong with it.
-    """
-    if isinstance(messages, (str, bytes)) or not isinstance(messages, (list, tuple)):
-        raise TypeError(f"messages must be a list of {{'role', 'content'}} dicts, got {type(messages).__name__}")
-    if not messages:
-        raise ValueError("messages must not be empty")
-    checked = []
-    for position, message in enumerate(messages):
-        where = f"messages[{position}]"
-        if not isinstance(message, Mapping):
-            raise TypeError(f"{where} must be a dict with 'role' and 'content', got {type(message).__name__}")
-        role = message.get("role")
-        if role not in CHAT_ROLES:
-            raise ValueError(f"{where} has role {role!r}; a role is one of {', '.join(CHAT_ROLES)}")
-        if "content" not in message:
-            raise ValueError(f"{where} has no 'content' (a string, or a list of text parts)")
-        content = message["content"]
-        if not isinstance(content, str) and not (
-            isinstance(content, list)
-            and all(
-                isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
-            )
-        ):
-            raise TypeError(
-                f"{where} content must be a string or a list of {{'type': 'text', 'text': str}} parts, got {content!r}"
-            )
-        checked.append(dict(message))
-    return tuple(checked)
-
-
-def _validated_extra_body(extra_body: object) -> Dict[str, Any]:
-    if not isinstance(extra_body, Mapping):
-        raise TypeError(f"extra_body must be a dict of body fields, got {type(extra_body).__name__}")
-    for key in extra_body:
-        if not isinstance(key, str):
-            raise TypeError(f"extra_body keys must be strings, got {key!r}")
-        if key in OWN_FIELDS:
-            raise ValueError(f"extra_body may not set {key!r}: the request sets it; use {OWN_FIELDS[key]}")
-    return dict(extra_body)
 
 
 def _validated_prompt(prompt: object) -> Prompt:

@@ -11,14 +11,18 @@ newline end it. Content given as text parts is joined with newlines (vLLM's "str
 tokenizes the rendered text with its byte tokenizer (no BOS) and generates exactly as ``/v1/completions`` does
 for that prompt, so a chat request and the completion of its rendered prompt give the same token ids.
 
-No HTTP and no engine state here: the engine routes the request, this module translates it. Stdlib only.
+No HTTP and no engine state here: the engine routes the request and checks the model, this module translates the
+request into a completion and the answer back. Stdlib only.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from typing import Any, Callable
+
+from lora_sampler.testing import _bodies as bodies
+from lora_sampler.testing._bodies import VllmBody
 
 #: The chat template as Jinja, for a tokenizer's ``chat_template`` (the fake renders it with ``render_chat``).
 CHAT_TEMPLATE = (
@@ -135,3 +139,16 @@ def _chat_logprobs(block: dict[str, Any] | None, k: int) -> dict[str, Any] | Non
             {"token": token, "logprob": value, "bytes": list(token.encode("utf-8")), "top_logprobs": alternatives}
         )
     return {"content": content}
+
+
+def answer(
+    payload: dict[str, Any], complete: Callable[[dict[str, Any]], VllmBody], bad: Callable[[str], VllmBody]
+) -> VllmBody:
+    """Answer a chat request (model and template already checked) through the engine's ``complete``."""
+    translated = completion_payload(payload)
+    if isinstance(translated, str):
+        return bad(translated)
+    completion = complete(translated)
+    if completion.status != 200:
+        return completion
+    return bodies.json_body(200, chat_body(completion.json(), payload))

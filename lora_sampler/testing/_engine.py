@@ -406,19 +406,9 @@ class FakeEngine:
         )
 
     def _chat(self, payload: dict[str, Any]) -> VllmBody:
-        """``/v1/chat/completions``: the completion of the rendered prompt, answered in the chat shape (``_chat``)."""
-        name = payload.get("model") or self.model
-        if not isinstance(name, str):
-            return self._bad("model must be a string", "model")
-        problem = self._adapters.check_model(name)  # the same 404 as completions, before the template (vLLM 0.32)
-        if problem is not None:
-            return problem
-        if not self.chat_template:
-            return bodies.no_chat_template(old_shape=self.old_error_shape)
-        translated = chat.completion_payload(payload)
-        if isinstance(translated, str):
-            return self._bad(translated)
-        answer = self._complete(translated)
-        if answer.status != 200:
-            return answer
-        return bodies.json_body(200, chat.chat_body(answer.json(), payload))
+        """``/v1/chat/completions``: the completion of the rendered prompt, in the chat shape (``_chat``)."""
+        model = payload.get("model") or self.model  # the same 404 as completions comes first (vLLM 0.32)
+        problem = self._adapters.check_model(model) if isinstance(model, str) else self._bad("model must be a string")
+        if problem is None and not self.chat_template:
+            problem = bodies.no_chat_template(old_shape=self.old_error_shape)
+        return problem or chat.answer(payload, self._complete, self._bad)

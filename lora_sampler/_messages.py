@@ -1,0 +1,79 @@
+"""Checks of a request's chat messages and extra body fields, made before any request is sent. No I/O here."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping, Tuple
+
+#: Chat roles ``messages`` may use (the OpenAI chat roles vLLM's chat templates take).
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+#: Body fields a ``SampleRequest`` sets itself: ``extra_body`` may not hold them (use the named argument instead).
+OWN_FIELDS = {
+    "model": "adapter= or base_model=",
+    "prompt": "prompt=",
+    "messages": "messages=",
+    "n": "num_samples=",
+    "max_tokens": "sampling_params=SamplingParams(max_tokens=...)",
+    "max_completion_tokens": "sampling_params=SamplingParams(max_tokens=...)",
+    "temperature": "sampling_params=SamplingParams(temperature=...)",
+    "top_p": "sampling_params=SamplingParams(top_p=...)",
+    "top_k": "sampling_params=SamplingParams(top_k=...)",
+    "seed": "sampling_params=SamplingParams(seed=...)",
+    "stop": "sampling_params=SamplingParams(stop=...)",
+    "stop_token_ids": "sampling_params=SamplingParams(stop=[token ids])",
+    "logprobs": "nothing: the sampled tokens' logprobs are always asked for",
+    "return_token_ids": "nothing: token ids are always asked for",
+    "prompt_logprobs": "prompt_logprobs= or topk_prompt_logprobs=",
+    "stream": "nothing: answers are never streamed",
+}
+
+
+def validated_messages(messages: object) -> Tuple[Dict[str, Any], ...]:
+    """Check chat messages before any request: a non-empty list of ``{"role", "content"}`` with known roles.
+
+    ``content`` is a string or a list of text parts (``{"type": "text", "text": ...}``); other keys are kept.
+
+    Raises:
+        TypeError, ValueError: naming the message (by position) and what is wrong with it.
+    """
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, (list, tuple)):
+        raise TypeError(f"messages must be a list of {{'role', 'content'}} dicts, got {type(messages).__name__}")
+    if not messages:
+        raise ValueError("messages must not be empty")
+    checked = []
+    for position, message in enumerate(messages):
+        where = f"messages[{position}]"
+        if not isinstance(message, Mapping):
+            raise TypeError(f"{where} must be a dict with 'role' and 'content', got {type(message).__name__}")
+        role = message.get("role")
+        if role not in CHAT_ROLES:
+            raise ValueError(f"{where} has role {role!r}; a role is one of {', '.join(CHAT_ROLES)}")
+        if "content" not in message:
+            raise ValueError(f"{where} has no 'content' (a string, or a list of text parts)")
+        content = message["content"]
+        if not isinstance(content, str) and not (
+            isinstance(content, list)
+            and all(
+                isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+            )
+        ):
+            raise TypeError(
+                f"{where} content must be a string or a list of {{'type': 'text', 'text': str}} parts, got {content!r}"
+            )
+        checked.append(dict(message))
+    return tuple(checked)
+
+
+def validated_extra_body(extra_body: object) -> Dict[str, Any]:
+    """Check extra body fields: string keys, none of ``OWN_FIELDS``.
+
+    Raises:
+        TypeError, ValueError: naming the field and the argument to use instead.
+    """
+    if not isinstance(extra_body, Mapping):
+        raise TypeError(f"extra_body must be a dict of body fields, got {type(extra_body).__name__}")
+    for key in extra_body:
+        if not isinstance(key, str):
+            raise TypeError(f"extra_body keys must be strings, got {key!r}")
+        if key in OWN_FIELDS:
+            raise ValueError(f"extra_body may not set {key!r}: the request sets it; use {OWN_FIELDS[key]}")
+    return dict(extra_body)
