@@ -39,7 +39,7 @@ VOCAB_SIZE = 1024
 #: The special tokens, in id order (so ``<s>`` is 1, ``</s>`` is 2).
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>"]
 
-#: The chat template, as Jinja; ``tests/unit/test_tiny_model_template.py`` checks it is FakeEngine's own.
+#: The chat template, as Jinja; ``tests/socket/test_chat.py`` checks it is FakeEngine's own.
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"

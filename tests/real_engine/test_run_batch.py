@@ -145,3 +145,35 @@ def test_run_batch_and_lora_sampler_give_the_same_answers(
         assert expected["prompt_text"] == render_chat(messages)  # vLLM renders FakeEngine's template
     generated = {cid: ours[cid]["response"]["body"]["choices"][0]["token_ids"] for cid in ours}
     assert any(generated[f"lora-{n}"] != generated[f"base-{n}"] for n in range(len(CONVERSATIONS)))  # LoRA applied
+
+
+def test_chat_answers_match_the_fake(vllm_env: Any, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """The real chat answer has FakeEngine's fields; an unknown adapter gets the completions 404 on chat too;
+    client.chat resolves a freshly published adapter and returns its token ids and logprobs."""
+    from lora_sampler import SamplerClient, SamplingParams
+    from lora_sampler.testing import FakeEngine
+
+    engine = request.getfixturevalue("vllm_engine")
+    messages = CONVERSATIONS[1]
+    ghost = f"ghost-{uuid.uuid4().hex[:6]}"
+    chat_404 = engine.session.post(
+        f"{engine.url}/v1/chat/completions", json={"model": ghost, "messages": messages}, headers=engine.headers()
+    )
+    completion_404 = engine.complete(ghost)
+    assert chat_404.status_code == completion_404.status_code == 404 and chat_404.json() == completion_404.json()
+    adapter = f"chat-lora-{uuid.uuid4().hex[:6]}"
+    engine.publish(adapter)
+    params = SamplingParams(max_tokens=5, temperature=0)
+    with SamplerClient(engine.url, api_key=engine.api_key, lora_base_dir=engine.lora_dir) as client:
+        real = client.chat(messages, adapter=adapter, sampling_params=params, num_samples=2)
+    assert real.model == adapter and [len(s.tokens) for s in real.sequences] == [5, 5]
+    assert all(len(s.logprobs) == 5 and all(lp <= 0 for lp in s.logprobs) for s in real.sequences)
+    with FakeEngine() as fake, SamplerClient(fake.url) as client:
+        faked = client.chat(messages, base_model=fake.model, sampling_params=params)
+    assert real.body is not None and faked.body is not None
+    assert set(real.body) == set(faked.body)
+    assert set(real.body["choices"][0]) == set(faked.body["choices"][0])
+    assert set(real.body["choices"][0]["message"]) == set(faked.body["choices"][0]["message"])
+    assert set(real.body["choices"][0]["logprobs"]["content"][0]) == set(
+        faked.body["choices"][0]["logprobs"]["content"][0]
+    )
