@@ -99,7 +99,8 @@ def parse_line(raw: bytes, line_number: int, defaults: LineDefaults) -> Optional
             base_model=defaults.base_model,
             num_samples=obj.get("num_samples", defaults.num_samples),
             sampling_params=params,
-            prompt_logprobs=bool(obj.get("prompt_logprobs", defaults.prompt_logprobs)),
+            # --prompt-logprobs applies to prompt lines; a chat line asking for them itself is refused.
+            prompt_logprobs=bool(obj.get("prompt_logprobs", defaults.prompt_logprobs and "messages" not in obj)),
             session_id=obj.get("session_id"),
         )
     except (TypeError, ValueError) as exc:

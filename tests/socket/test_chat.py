@@ -163,3 +163,17 @@ def test_tiny_model_chat_template_is_the_fakes() -> None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # stdlib imports only at the top
     assert module.CHAT_TEMPLATE == CHAT_TEMPLATE
+
+
+def test_ray_data_rows_of_messages_are_chats(engine: FakeEngine) -> None:
+    """SampleBatches (ray_data) sends a cell holding message dicts as a chat, and other cells as prompts."""
+    from lora_sampler.ray_data import ClientSettings, SampleBatches
+
+    batches = SampleBatches(ClientSettings(engine.url), base_model=engine.model, sampling_params=GREEDY)
+    try:
+        columns = batches.sample_rows([MESSAGES, render_chat(MESSAGES), [{"role": "bot", "content": "x"}]], [None] * 3)
+    finally:
+        batches.close()
+    assert columns["tokens"][0] == columns["tokens"][1] and len(columns["tokens"][0][0]) == 5  # the same prompt
+    assert columns["error"][:2] == [None, None] and "messages[0] has role 'bot'" in columns["error"][2]
+    assert engine.calls(CHAT) == 1 and engine.calls("/v1/completions") == 1

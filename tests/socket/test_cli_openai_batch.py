@@ -145,9 +145,11 @@ def test_plain_lines_take_messages(engine: FakeEngine, lora_dir: Path, tmp_path:
     """The plain format takes chat lines ({"id", "messages"}) beside prompt lines."""
     lines = [{"id": "c", "messages": MESSAGES}, {"id": "p", "prompt": "hi"}, {"id": "x", "messages": "hi"}]
     out = tmp_path / "out.jsonl"
-    assert run(engine, lora_dir, write_lines(tmp_path / "in.jsonl", lines), out, "--adapter", "step-1") == 1
+    inp = write_lines(tmp_path / "in.jsonl", lines)
+    assert run(engine, lora_dir, inp, out, "--adapter", "step-1", "--prompt-logprobs") == 1
     records = {r["id"]: r for r in (json.loads(x) for x in out.read_text("utf-8").splitlines())}
     assert records["c"]["sequences"][0]["tokens"] and records["p"]["sequences"][0]["tokens"]
+    assert "prompt_logprobs" in records["p"] and "prompt_logprobs" not in records["c"]
     assert "messages must be a list" in records["x"]["error"]["message"]
     assert engine.calls(CHAT) == 1 and engine.calls(COMPLETIONS) == 1
 
