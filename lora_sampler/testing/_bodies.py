@@ -245,6 +245,11 @@ def bad_request(message: str, param: str | None = None, *, old_shape: bool = Fal
     return error(400, message, "BadRequestError", param, old_shape=old_shape)
 
 
+def greedy_needs_one_sample(n: int, *, old_shape: bool = False) -> VllmBody:
+    """400 for ``n`` > 1 with temperature 0 (vLLM 0.32, ``SamplingParams._verify_greedy_sampling``)."""
+    return error(400, f"n must be 1 when using greedy sampling, got {n}.", "BadRequestError", old_shape=old_shape)
+
+
 def no_chat_template(*, old_shape: bool = False) -> VllmBody:
     """400 for a chat request to a model whose tokenizer has no chat template (vLLM 0.32, ``renderers/hf.py``)."""
     return error(
@@ -288,6 +293,7 @@ VLLM_BODIES: Mapping[str, tuple[int, Callable[..., VllmBody]]] = {
     "token_out_of_vocab": (400, token_out_of_vocab),
     "engine_dead": (500, engine_dead),
     "no_chat_template": (400, no_chat_template),
+    "greedy_needs_one_sample": (400, greedy_needs_one_sample),
 }
 
 #: situation -> the builder arguments of the example in FINDINGS, so tests can parametrize over the table.
@@ -312,6 +318,7 @@ VLLM_EXAMPLE_ARGS: Mapping[str, dict[str, Any]] = {
     "token_out_of_vocab": {"token_id": 5000},
     "engine_dead": {},
     "no_chat_template": {},
+    "greedy_needs_one_sample": {"n": 2},
 }
 
 

@@ -381,6 +381,8 @@ class FakeEngine:
         request = parse_request(payload)
         if isinstance(request, str):
             return self._bad(request)
+        if request.temperature < 1e-5 and request.n > 1:  # vLLM's _SAMPLING_EPS: greedy gives one sample
+            return bodies.greedy_needs_one_sample(request.n, old_shape=self.old_error_shape)
         if request.max_tokens > self.max_model_len:
             return bodies.max_tokens_too_large(request.max_tokens, self.max_model_len, old_shape=self.old_error_shape)
         if len(request.prompt) > self.max_model_len:

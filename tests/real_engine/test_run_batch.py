@@ -163,7 +163,7 @@ def test_chat_answers_match_the_fake(vllm_env: Any, request: pytest.FixtureReque
     assert chat_404.status_code == completion_404.status_code == 404 and chat_404.json() == completion_404.json()
     adapter = f"chat-lora-{uuid.uuid4().hex[:6]}"
     engine.publish(adapter)
-    params = SamplingParams(max_tokens=5, temperature=0)
+    params = SamplingParams(max_tokens=5, seed=0)  # n > 1 needs a temperature above 0 (greedy gives one sample)
     with SamplerClient(engine.url, api_key=engine.api_key, lora_base_dir=engine.lora_dir) as client:
         real = client.chat(messages, adapter=adapter, sampling_params=params, num_samples=2)
     assert real.model == adapter and [len(s.tokens) for s in real.sequences] == [5, 5]

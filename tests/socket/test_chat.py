@@ -177,3 +177,11 @@ def test_ray_data_rows_of_messages_are_chats(engine: FakeEngine) -> None:
     assert columns["tokens"][0] == columns["tokens"][1] and len(columns["tokens"][0][0]) == 5  # the same prompt
     assert columns["error"][:2] == [None, None] and "messages[0] has role 'bot'" in columns["error"][2]
     assert engine.calls(CHAT) == 1 and engine.calls("/v1/completions") == 1
+
+
+def test_greedy_with_several_samples_is_vllms_400(engine: FakeEngine) -> None:
+    """As vLLM 0.32 (seen on the real engine): temperature 0 with n > 1 is a 400, raised after one attempt."""
+    with SamplerClient(engine.url) as client, pytest.raises(EngineStatusError) as caught:
+        client.chat(MESSAGES, base_model=engine.model, num_samples=2, sampling_params=GREEDY)
+    assert caught.value.status == 400 and "n must be 1 when using greedy sampling, got 2." in str(caught.value)
+    assert caught.value.attempts == 1
