@@ -12,7 +12,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Set, Union
+from typing import IO, Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Set, Tuple, Type, Union
 
 from lora_sampler._outage import OutageEvent, OutageHook, is_outage
 from lora_sampler.batch import PROMPT_RECORDS, InputLine, RecordFormat, write_record
@@ -33,15 +33,11 @@ from lora_sampler.types import SampleOutput, SampleRequest
 DEFAULT_FAIL_FAST = 8
 #: Seconds in-flight requests get to finish after a stop request before they are abandoned.
 DEFAULT_DRAIN_SECONDS = 5.0
-#: Errors that do not depend on the prompt: a run of them means the engine or the adapter is unusable.
-UNUSABLE_ERRORS = (
-    EngineConnectionError,
-    EngineTimeoutError,
-    AuthenticationError,
-    ModelNotFoundError,
-    AdapterNotReadyError,
-    PublishError,
-)
+#: Errors that do not depend on the line at all: a run of them means the engine is unusable.
+ENGINE_WIDE_ERRORS = (EngineConnectionError, EngineTimeoutError, AuthenticationError)
+#: Errors that do not depend on the prompt: a run of them means the engine or the adapter is unusable (when every
+#: line samples the same model; a batch file names one per line, and then only ``ENGINE_WIDE_ERRORS`` count).
+UNUSABLE_ERRORS = (*ENGINE_WIDE_ERRORS, ModelNotFoundError, AdapterNotReadyError, PublishError)
 
 
 @dataclass
@@ -83,6 +79,7 @@ class BatchJob:
             past it the job stops, saying how long it waited.
         on_outage: Also called with each ``OutageEvent`` (from worker threads), e.g. to show the wait.
         records: The output format (``PROMPT_RECORDS``, or ``openai_batch.OPENAI_BATCH_RECORDS``).
+        unusable_errors: The failures that count towards ``fail_fast``.
     """
 
     def __init__(
@@ -99,12 +96,13 @@ class BatchJob:
         max_outage: float = 0.0,
         on_outage: Optional[OutageHook] = None,
         records: RecordFormat = PROMPT_RECORDS,
+        unusable_errors: Tuple[Type[BaseException], ...] = UNUSABLE_ERRORS,
     ):
         self._client, self._lines, self._output, self._done = client, iter(lines), output, done
         self._ordered, self._model, self._on_event, self._fail_fast = ordered, model, on_event, fail_fast
         self._max_outage, self._on_outage = max_outage, on_outage
         self._gave_up: Optional[OutageEvent] = None  # set (from a worker thread) once the outage outlasted the limit
-        self._records = records
+        self._records, self._unusable_errors = records, unusable_errors
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=64)
         self._stopping = threading.Event()
         self._deadline: Optional[float] = None
@@ -169,7 +167,7 @@ class BatchJob:
             )
             self._stopping.set()  # what is in flight is no longer sent: it fails at once and is written
             return
-        self._consecutive = self._consecutive + 1 if isinstance(error, UNUSABLE_ERRORS) else 0
+        self._consecutive = self._consecutive + 1 if isinstance(error, self._unusable_errors) else 0
         if self._consecutive >= self._fail_fast and self.fatal is None:
             self.fatal = LoraSamplerError(
                 f"stopped after {self._consecutive} consecutive failures that do not depend on the prompt; the "

@@ -160,3 +160,15 @@ def test_plain_lines_need_a_model_flag(engine: FakeEngine, lora_dir: Path, tmp_p
     assert run(engine, lora_dir, inp, tmp_path / "out.jsonl") == 2
     assert "pass --adapter or --base-model" in capsys.readouterr().err
     assert engine.requests == []
+
+
+def test_a_missing_adapter_does_not_stop_a_file_of_many_models(
+    engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
+) -> None:
+    """Lines name their own model: a run of 404s for one adapter fails those lines only; the others are answered."""
+    lines = [batch_line(f"ghost-{n}", "ghost") for n in range(10)] + [batch_line("good", "step-1")]
+    out = tmp_path / "out.jsonl"
+    assert run(engine, lora_dir, write_lines(tmp_path / "in.jsonl", lines), out, "--ordered") == 1
+    records = read_records(out)
+    assert len(records) == 11 and records["good"]["response"]["status_code"] == 200
+    assert {records[f"ghost-{n}"]["response"]["status_code"] for n in range(10)} == {404}
