@@ -8,10 +8,12 @@ from __future__ import annotations
 from lora_sampler.retry import set_testing
 from lora_sampler.testing._adapters import write_adapter
 from lora_sampler.testing._bodies import VLLM_BODIES, VllmBody
+from lora_sampler.testing._chat import CHAT_TEMPLATE, render_chat
 from lora_sampler.testing._engine import FAULT_KINDS, FakeEngine, RequestRecord
 from lora_sampler.testing._sampling import decode_token, encode_text
 
 __all__ = [
+    "CHAT_TEMPLATE",
     "FAULT_KINDS",
     "VLLM_BODIES",
     "FakeEngine",
@@ -19,6 +21,7 @@ __all__ = [
     "VllmBody",
     "decode_token",
     "encode_text",
+    "render_chat",
     "set_testing",
     "write_adapter",
 ]

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from lora_sampler.cli import main
-from lora_sampler.testing._chat import render_chat
+from lora_sampler.testing import render_chat
 
 #: Read by ``conftest.pytest_collection_modifyitems``: run before the shared engine starts.
 RUNS_BEFORE_SHARED_ENGINE = True

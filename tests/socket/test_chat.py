@@ -10,8 +10,7 @@ import requests
 
 from lora_sampler import SamplerClient, SampleRequest, SamplingParams
 from lora_sampler.errors import EngineStatusError, ModelNotFoundError
-from lora_sampler.testing import FakeEngine, encode_text, write_adapter
-from lora_sampler.testing._chat import CHAT_TEMPLATE, render_chat
+from lora_sampler.testing import CHAT_TEMPLATE, FakeEngine, encode_text, render_chat, write_adapter
 
 CHAT = "/v1/chat/completions"
 MESSAGES: List[Any] = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi"}]
