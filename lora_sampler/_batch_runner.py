@@ -7,16 +7,35 @@ It owns the resume step, the progress bar, Ctrl-C and the summary; the streaming
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sys
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterable, Optional, Tuple
 
-from lora_sampler._batch_job import BatchJob
+from lora_sampler._batch_job import ENGINE_WIDE_ERRORS, UNUSABLE_ERRORS, BatchJob
 from lora_sampler._outage import OutageEvent
 from lora_sampler._terminal import RetryCounter, interrupts_stop, logs_above, progress_bar, say
-from lora_sampler.batch import InputLine, LineDefaults, count_lines, prepare_output, read_input
+from lora_sampler.batch import (
+    PROMPT_RECORDS,
+    InputLine,
+    LineDefaults,
+    LineParser,
+    RecordFormat,
+    count_lines,
+    parse_line,
+    prepare_output,
+    read_input,
+)
 from lora_sampler.client import SamplerClient
+from lora_sampler.errors import BatchInputError
+from lora_sampler.openai_batch import (
+    OPENAI_BATCH_FORMAT,
+    OPENAI_BATCH_RECORDS,
+    PROMPT_FORMAT,
+    detect_format,
+    parse_batch_line,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +53,8 @@ def run_batch(
     output_path: str,
     defaults: LineDefaults,
     *,
-    model: str,
+    model: Optional[str],
+    input_format: str = "auto",
     ordered: bool = False,
     retry_failed: bool = True,
     quiet: bool = False,
@@ -48,7 +68,10 @@ def run_batch(
         input_path: JSONL prompts; ``-`` reads stdin.
         output_path: JSONL results; ``-`` writes stdout (no resume). An existing file is resumed.
         defaults: What every line gets unless it says otherwise.
-        model: The adapter or base-model name, for error records.
+        model: The adapter or base-model name every line samples; None when batch lines name theirs (body.model).
+        input_format: ``jsonl`` (prompt or messages lines), ``openai-batch`` (OpenAI batch lines; output in the
+            ``vllm run-batch`` shape, resumed by custom_id) or ``auto`` (batch when the first line has custom_id
+            and body).
         ordered: Write records in input order.
         retry_failed: On resume, run failed ids again.
         quiet: No progress bar and no summary.
@@ -56,28 +79,30 @@ def run_batch(
         retries: The counter fed by the client's retry hook, shown on the bar and in the summary.
 
     Raises:
-        LoraSamplerError: the job stopped on its own (a duplicate id, an unusable engine, an outage too long).
+        LoraSamplerError: the job stopped on its own (a duplicate id, an unusable engine, an outage too long), or
+            prompt lines came without a model to sample.
         BatchAbandoned: the second Ctrl-C left requests in flight.
     """
     retries = retries or RetryCounter()
     to_file = output_path != "-"
-    state = prepare_output(output_path, retry_failed=retry_failed) if to_file else None
-    if state is not None and (state.dropped_errors or state.dropped_torn):
-        logger.warning(
-            "Resuming %s: %d ids answered, %d failed ids run again, %d torn lines repaired",
-            output_path,
-            len(state.done),
-            state.dropped_errors,
-            state.dropped_torn,
-        )
-    total = None if input_path == "-" else count_lines(input_path)  # cheap for a file; stdin cannot be counted
-    bar = progress_bar(total, quiet)
     with contextlib.ExitStack() as stack:
+        source = sys.stdin.buffer if input_path == "-" else stack.enter_context(open(input_path, "rb"))
+        raw_lines, records, parse = _input_format(client, source, input_format, model)
+        state = prepare_output(output_path, retry_failed=retry_failed, key_of=records.key_of) if to_file else None
+        if state is not None and (state.dropped_errors or state.dropped_torn):
+            logger.warning(
+                "Resuming %s: %d ids answered, %d failed ids run again, %d torn lines repaired",
+                output_path,
+                len(state.done),
+                state.dropped_errors,
+                state.dropped_torn,
+            )
+        total = None if input_path == "-" else count_lines(input_path)  # cheap for a file; stdin cannot be counted
+        bar = progress_bar(total, quiet)
         if bar is not None:
             stack.callback(bar.close)
-        source = sys.stdin.buffer if input_path == "-" else stack.enter_context(open(input_path, "rb"))
         output = stack.enter_context(open(output_path, "a", encoding="utf-8")) if to_file else sys.stdout
-        lines = read_input(source, defaults, name="<stdin>" if input_path == "-" else input_path)
+        lines = read_input(raw_lines, defaults, name="<stdin>" if input_path == "-" else input_path, parse=parse)
 
         def show(**extra: Any) -> None:
             if bar is not None:
@@ -85,9 +110,7 @@ def run_batch(
 
         def on_event(kind: str, line: InputLine, record: Optional[Dict[str, Any]]) -> None:
             if kind == "failed" and record is not None:
-                error = record["error"]
-                where = "" if error["type"] == "BatchInputError" else f"line {line.line_number} (id {line.id!r}): "
-                say(bar, f"lora-sampler: {where}{error['message']}")
+                say(bar, f"lora-sampler: {records.message_of(record)}")
             if bar is not None:
                 bar.update(1)
                 show()
@@ -107,6 +130,8 @@ def run_batch(
             on_event=on_event,
             max_outage=max_outage,
             on_outage=on_outage,
+            records=records,
+            unusable_errors=UNUSABLE_ERRORS if model is not None else ENGINE_WIDE_ERRORS,  # None: a model per line
         )
         with interrupts_stop(job) as interrupts, logs_above(bar):
             stats = job.run()
@@ -126,3 +151,24 @@ def run_batch(
     if job.fatal is not None:
         raise job.fatal
     return EXIT_FAILED if stats.failed or (state is not None and state.kept_errors) else EXIT_OK
+
+
+def _input_format(
+    client: SamplerClient, source: Iterable[bytes], input_format: str, model: Optional[str]
+) -> Tuple[Iterable[bytes], RecordFormat, LineParser]:
+    """Return the input's lines (none consumed), the output format and the line parser, by the input's format."""
+    found, lines = detect_format(source)
+    chosen = found if input_format == "auto" else input_format
+    if chosen == PROMPT_FORMAT:
+        if model is None:
+            raise BatchInputError(
+                "the input holds prompt lines, which name no model: pass --adapter or --base-model (only OpenAI "
+                "batch lines name their model, in body.model)"
+            )
+        return lines, PROMPT_RECORDS, parse_line
+    if chosen != OPENAI_BATCH_FORMAT:
+        raise ValueError(f"input_format must be auto, {PROMPT_FORMAT} or {OPENAI_BATCH_FORMAT}, got {input_format!r}")
+    if model is not None:  # --adapter/--base-model override body.model (LineDefaults carries them)
+        return lines, OPENAI_BATCH_RECORDS, parse_batch_line
+    base_models = frozenset(client.served_base_models())  # body.model names a base model when the engine serves it
+    return lines, OPENAI_BATCH_RECORDS, functools.partial(parse_batch_line, base_models=base_models)

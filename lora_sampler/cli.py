@@ -23,6 +23,7 @@ from lora_sampler._terminal import LOG_FORMAT, RetryCounter
 from lora_sampler.batch import LineDefaults
 from lora_sampler.client import API_KEY_ENV, SamplerClient
 from lora_sampler.errors import LoraSamplerError
+from lora_sampler.openai_batch import OPENAI_BATCH_FORMAT, PROMPT_FORMAT, file_format
 from lora_sampler.publish import check_adapter_config
 from lora_sampler.retry import DEFAULT_RETRY_POLICY, set_testing
 from lora_sampler.types import Adapter, SamplingParams, is_checkpoint_path
@@ -70,13 +71,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     sample = add("sample", "sample every prompt of a JSONL file (resumable)", engine)
     sample.epilog = (
-        'Input lines: {"id": str|int (default: the line number), "prompt": [token ids] or "text"} plus optional '
-        "num_samples, max_tokens, temperature, top_p, top_k, seed, stop, session_id, prompt_logprobs. " + epilog
+        'Input lines: {"id": str|int (default: the line number), "prompt": [token ids] or "text"} (or "messages": '
+        '[{"role", "content"}, ...] for chat) plus optional num_samples, max_tokens, temperature, top_p, top_k, '
+        "seed, stop, session_id, prompt_logprobs. Or OpenAI batch lines (--format openai-batch): "
+        '{"custom_id", "method": "POST", "url": "/v1/chat/completions" or "/v1/completions", "body"}, where '
+        "body.model names the adapter or base model unless --adapter/--base-model is given. " + epilog
     )
-    which = sample.add_mutually_exclusive_group(required=True)
+    which = sample.add_mutually_exclusive_group()
     which.add_argument("--adapter", help="checkpoint (archive or folder; published first) or adapter name")
     which.add_argument("--base-model", help="sample the engine's base model by this name")
     sample.add_argument("--input", required=True, help="JSONL prompts, one object a line; - reads stdin")
+    sample.add_argument(
+        "--format",
+        choices=("auto", PROMPT_FORMAT, OPENAI_BATCH_FORMAT),
+        default="auto",
+        help="input format; auto (default): openai-batch when the first line has custom_id and body",
+    )
     sample.add_argument(
         "--output",
         default="-",
@@ -193,6 +203,12 @@ def cmd_sample(args: argparse.Namespace) -> int:
         raise UsageError(f"--input {args.input} is not a file; pass a JSONL file, or - to read stdin")
     if not 0 <= args.max_outage < float("inf"):
         raise UsageError(f"--max-outage takes seconds >= 0 (0 stops at once), got {args.max_outage:g}")
+    if (
+        not (args.adapter or args.base_model)
+        and args.input != "-"
+        and file_format(args.input, args.format) == PROMPT_FORMAT
+    ):
+        raise UsageError("pass --adapter or --base-model (only OpenAI batch lines name their model, in body.model)")
     timeout = parse_timeout(args.timeout)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     retries = RetryCounter()
@@ -218,6 +234,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
             args.output,
             defaults,
             model=model.name if isinstance(model, Adapter) else model,
+            input_format=args.format,
             ordered=args.ordered,
             retry_failed=not args.no_retry_failed,
             quiet=args.quiet,
@@ -232,10 +249,15 @@ def cmd_sample(args: argparse.Namespace) -> int:
             client.close()
 
 
-def _preflight(client: SamplerClient, args: argparse.Namespace) -> Union[Adapter, str]:
-    """Fail at once on a dead or hung engine, a refused key or an unusable adapter; return what to sample."""
+def _preflight(client: SamplerClient, args: argparse.Namespace) -> Union[Adapter, str, None]:
+    """Fail at once on a dead or hung engine, a refused key or an unusable adapter; return what to sample.
+
+    None: no --adapter or --base-model, so each batch line names its model (body.model).
+    """
     client.wait_ready(0)  # one probe: the connect timeout and a short read timeout, so a hung engine shows in seconds
     engine_model = client.engine_model()  # one GET /v1/models
+    if not (args.adapter or args.base_model):
+        return None
     if args.base_model:
         served = client.served_base_models()
         if args.base_model not in served:

@@ -24,7 +24,7 @@ import json
 import uuid
 from typing import Any, Collection, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
-from lora_sampler.batch import InputLine, LineDefaults, RecordFormat, id_key
+from lora_sampler.batch import UTF8_BOM, InputLine, LineDefaults, RecordFormat, id_key
 from lora_sampler.errors import EngineStatusError
 from lora_sampler.types import SampleOutput, SampleRequest, SamplingParams
 
@@ -43,7 +43,7 @@ _SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed")
 def is_batch_line(raw: bytes) -> bool:
     """Tell whether a raw line is an OpenAI batch line (a JSON object with ``custom_id`` and ``body``)."""
     try:
-        obj = json.loads(raw.decode("utf-8"))
+        obj = json.loads(raw[len(UTF8_BOM) :] if raw.startswith(UTF8_BOM) else raw)
     except ValueError:
         return False
     return isinstance(obj, dict) and "custom_id" in obj and "body" in obj
@@ -68,6 +68,14 @@ def detect_format(lines: Iterable[bytes]) -> Tuple[str, Iterator[bytes]]:
 
     found = OPENAI_BATCH_FORMAT if head and is_batch_line(head[-1]) else PROMPT_FORMAT
     return found, replay()
+
+
+def file_format(path: str, requested: str = "auto") -> str:
+    """Return the format of the input file at ``path`` (``requested`` unless it is ``auto``)."""
+    if requested != "auto":
+        return requested
+    with open(path, "rb") as f:
+        return detect_format(f)[0]
 
 
 class _Refused(ValueError):

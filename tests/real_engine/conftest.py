@@ -88,6 +88,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test in this folder ``real_engine`` (so ``-m "not real_engine"`` deselects them)."""
+
     # Tests of the second engine go first: it is started and stopped around them, before the shared engine
     # starts, so only one engine (about 2.8 GB) runs at a time. Then modules that load the model themselves
     # before asking for the shared engine (RUNS_BEFORE_SHARED_ENGINE, e.g. vLLM's run-batch). A test that kills and

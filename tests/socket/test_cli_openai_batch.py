@@ -172,3 +172,22 @@ def test_a_missing_adapter_does_not_stop_a_file_of_many_models(
     records = read_records(out)
     assert len(records) == 11 and records["good"]["response"]["status_code"] == 200
     assert {records[f"ghost-{n}"]["response"]["status_code"] for n in range(10)} == {404}
+
+
+def test_stdin_is_detected_too(
+    engine: FakeEngine, lora_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """Batch lines on stdin are detected from the first line; prompt lines on stdin without a model are refused."""
+    import io
+    import sys
+
+    data = json.dumps(batch_line("s1", "step-1")).encode() + b"\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    out = tmp_path / "out.jsonl"
+    base = ["sample", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--quiet", "--input", "-"]
+    assert main([*base, "--output", str(out)]) == 0
+    assert read_records(out)["s1"]["response"]["status_code"] == 200
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b'{"id": 1, "prompt": "hi"}\n')))
+    assert main([*base, "--output", str(tmp_path / "other.jsonl")]) == 2
+    assert "pass --adapter or --base-model" in capsys.readouterr().err
+    assert engine.calls(COMPLETIONS) == 0

@@ -194,3 +194,9 @@ def test_resume_keeps_answered_custom_ids_and_drops_failed_ones(tmp_path: Path) 
     state = prepare_output(str(path), key_of=batch_record_key)
     assert state.done == {'"c1"'} and state.dropped_errors == 2 and state.dropped_torn == 1
     assert [json.loads(x)["custom_id"] for x in path.read_text("utf-8").splitlines()] == ["c1"]
+
+
+def test_detect_format_skips_a_byte_order_mark() -> None:
+    """A batch file saved with a UTF-8 BOM is still recognised (read_input skips the BOM too)."""
+    found, _ = detect_format(iter([b"\xef\xbb\xbf" + line({"model": "a", "messages": MESSAGES})]))
+    assert found == OPENAI_BATCH_FORMAT
