@@ -11,11 +11,11 @@ import collections
 import logging
 import os
 import threading
-from typing import Counter, Dict, List, Optional, Set, Tuple, Union
+from typing import Any, Counter, Dict, List, Optional, Set, Tuple, Union
 
 from lora_sampler._extract import PublishLimits
 from lora_sampler._http import MODELS_PATH, UNLOAD_ADAPTER_PATH, EngineTransport
-from lora_sampler.errors import EngineError, EngineStatusError, LoraSamplerError
+from lora_sampler.errors import EngineError, EngineStatusError
 from lora_sampler.names import validate_adapter_name
 from lora_sampler.types import Adapter, AdapterSpec, is_checkpoint_path
 
@@ -52,7 +52,7 @@ class AdapterRegistry:
         self._checked: Set[str] = set()
         self._base: Optional[List[Tuple[str, str]]] = None
         self._in_flight: Counter[str] = collections.Counter()
-        self._lineage_of: Dict[str, Tuple[str, bool]] = {}
+        self._lineage_of: Dict[str, str] = {}
         self._lineages: Dict[str, List[str]] = {}
         self._newest_served: Dict[str, int] = {}
         self._retired: Set[str] = set()
@@ -64,6 +64,7 @@ class AdapterRegistry:
         """Turn an ``adapter=`` value into an ``Adapter``, publishing and preflighting on first use."""
         if isinstance(spec, Adapter):
             adapter = spec
+            validate_adapter_name(adapter.name, argument="adapter")  # its name is a path and the wire's model field
         elif is_checkpoint_path(spec):
             adapter = self._publish_once(spec)
         else:
@@ -105,7 +106,6 @@ class AdapterRegistry:
         *,
         name: Optional[str] = None,
         lineage: Optional[str] = None,
-        delete_retired: bool = False,
     ) -> Adapter:
         """Publish ``checkpoint`` into the resolver directory and preflight it (see ``SamplerClient.publish``)."""
         from lora_sampler.publish import publish_checkpoint
@@ -119,7 +119,7 @@ class AdapterRegistry:
                 names = self._lineages.setdefault(lineage, [])
                 if adapter.name not in names:
                     names.append(adapter.name)
-                self._lineage_of[adapter.name] = (lineage, delete_retired)
+                self._lineage_of[adapter.name] = lineage
         return adapter
 
     def _preflight(self, adapter: Adapter) -> None:
@@ -148,11 +148,7 @@ class AdapterRegistry:
 
     def _base_cards(self) -> List[Tuple[str, str]]:
         if self._base is None:
-            cards = self._transport.get(MODELS_PATH).json().get("data") or []
-            base = [(str(card["id"]), str(card.get("root") or card["id"])) for card in cards if not card.get("parent")]
-            if not base:
-                raise LoraSamplerError("GET /v1/models lists no base model; is base_url a vLLM server?")
-            self._base = base
+            self._base = self._transport.get_json(MODELS_PATH, parse=_base_cards_of)
         return self._base
 
     # -- unloading and lineages -----------------------------------------------------------------------------
@@ -166,22 +162,18 @@ class AdapterRegistry:
         from lora_sampler.publish import remove_adapter_dir
 
         validate_adapter_name(name, argument="adapter")
-        response = self._transport.post(
-            UNLOAD_ADAPTER_PATH,
-            {"lora_name": name},
-            model=name,
-            adapter=True,
-            session_id=session_id,
-            raise_for_status=False,
-        )
-        # 404 "cannot be found" means the engine holds no such adapter (FINDINGS §4d); a 404 {"detail":...}
-        # means runtime updating is off and the engine may still reload it from disk, so nothing is deleted.
-        gone = response.status_code == 200 or (response.status_code == 404 and "cannot be found" in response.text)
-        if not gone:
-            error = EngineStatusError.from_response(response, model=name, adapter=True)
-            error.message += "; the adapter's files were left in place"
-            error.args = (error.message,)
-            raise error
+        transport = self._transport
+        try:
+            transport.post_adapter_command(
+                UNLOAD_ADAPTER_PATH, name, {"lora_name": name}, session_id, transport.timeout
+            )
+        except EngineStatusError as error:
+            # 404 "cannot be found" means the engine holds no such adapter (FINDINGS §4d); a 404 {"detail":...}
+            # means runtime updating is off and the engine may still reload it from disk, so nothing is deleted.
+            if not (error.status == 404 and "cannot be found" in error.engine_message):
+                error.message += "; the adapter's files were left in place"
+                error.args = (error.message,)
+                raise
         with self._lock:
             self._checked.discard(name)
             self._published = {k: v for k, v in self._published.items() if v.name != name}
@@ -203,22 +195,33 @@ class AdapterRegistry:
         the older one is in flight. Only adapters published before the newest that served are ever retired, so
         a straggler answered late for an older adapter never retires the newer one.
         """
-        due: List[Tuple[str, bool]] = []
+        due: List[str] = []
         with self._lock:
             self._in_flight[name] -= 1
-            entry = self._lineage_of.get(name)
-            if entry is None:
+            lineage = self._lineage_of.get(name)
+            if lineage is None:
                 return
-            names = self._lineages[entry[0]]
+            names = self._lineages[lineage]
             if served:
-                self._newest_served[entry[0]] = max(self._newest_served.get(entry[0], 0), names.index(name))
-            for older in names[: self._newest_served.get(entry[0], 0)]:
+                self._newest_served[lineage] = max(self._newest_served.get(lineage, 0), names.index(name))
+            for older in names[: self._newest_served.get(lineage, 0)]:
                 if older not in self._retired and self._in_flight[older] == 0:
                     self._retired.add(older)
-                    due.append((older, self._lineage_of[older][1]))
-        for older, delete_files in due:
+                    due.append(older)
+        for older in due:
             try:
-                self.unload(older, delete_files=delete_files)
+                self.unload(older)  # retiring never deletes files; unload(delete_files=True) does
                 logger.info("Retired adapter %r: a newer adapter of its lineage is serving", older)
             except (EngineError, OSError) as exc:
                 logger.warning("Could not retire adapter %r (its files are kept): %s", older, exc)
+
+
+def _base_cards_of(body: Any) -> List[Tuple[str, str]]:
+    """Read ``(id, root)`` of each base-model card (no ``parent``) from a ``GET /v1/models`` body."""
+    cards = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(cards, list) or not all(isinstance(card, dict) and "id" in card for card in cards):
+        raise ValueError("it has no 'data' list of model cards with an 'id' each")
+    base = [(str(card["id"]), str(card.get("root") or card["id"])) for card in cards if not card.get("parent")]
+    if not base:
+        raise ValueError("it lists no base model")
+    return base

@@ -23,6 +23,7 @@ from lora_sampler._terminal import LOG_FORMAT, RetryCounter
 from lora_sampler.batch import LineDefaults
 from lora_sampler.client import API_KEY_ENV, SamplerClient
 from lora_sampler.errors import LoraSamplerError
+from lora_sampler.names import validate_adapter_name
 from lora_sampler.openai_batch import OPENAI_BATCH_FORMAT, PROMPT_FORMAT, file_format
 from lora_sampler.publish import check_adapter_config
 from lora_sampler.retry import DEFAULT_RETRY_POLICY, set_testing
@@ -270,6 +271,7 @@ def _preflight(client: SamplerClient, args: argparse.Namespace) -> Union[Adapter
         if not args.lora_base_dir:
             raise UsageError("--adapter CKPT needs --lora-base-dir (the engine's resolver folder) to publish into")
         return client.publish(args.adapter)  # checks adapter_config.json against the engine's model
+    validate_adapter_name(args.adapter, argument="--adapter")  # before it becomes a path under --lora-base-dir
     folder = os.path.join(args.lora_base_dir or "", args.adapter)
     if args.lora_base_dir and os.path.isdir(folder):
         check_adapter_config(folder, engine_model)

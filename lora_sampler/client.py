@@ -19,7 +19,14 @@ from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Mapping
 
 from lora_sampler._adapter_loads import AdapterLoadCoordinator
 from lora_sampler._extract import PublishLimits
-from lora_sampler._http import HEALTH_PATH, LOAD_ADAPTER_PATH, MODELS_PATH, EngineTransport, Timeout
+from lora_sampler._http import (
+    DEFAULT_MAX_RESPONSE_BYTES,
+    HEALTH_PATH,
+    LOAD_ADAPTER_PATH,
+    MODELS_PATH,
+    EngineTransport,
+    Timeout,
+)
 from lora_sampler._outage import OutageGate, OutageHook, probe_timeout, probe_until
 from lora_sampler._registry import AdapterRegistry
 from lora_sampler.errors import EngineConnectionError, EngineError, EngineStatusError
@@ -47,6 +54,7 @@ class _Call:
     payload: Dict[str, Any]
     started: float
     load_path: Optional[str]
+    parse: Callable[[Any], SampleOutput]
     is_chat: bool = False
 
 
@@ -61,11 +69,13 @@ class SamplerClient:
         lora_base_dir: The engine's resolver directory as this machine sees it (where checkpoints are published).
         engine_lora_base_dir: The same directory as the engine sees it (a container mount), used for
             ``lora_path`` in load requests; defaults to ``lora_base_dir``.
-        timeout: ``(connect, read)`` seconds for every completion request.
+        timeout: ``(connect, read)`` seconds for every request; the read timeout bounds the whole answer, so a
+            server that drips bytes cannot stretch an attempt past it.
         retry: The ``RetryPolicy``.
         max_workers: Threads for ``submit``/``imap``/``sample_many``; also the connection pool size.
         verify: TLS verification: True, False, or a CA bundle path (``REQUESTS_CA_BUNDLE`` keeps working).
         publish_limits: Bounds on each checkpoint published (``PublishLimits``: extracted size, members, names).
+        max_response_bytes: Largest answer accepted (default 256 MiB); a larger one raises ``EngineProtocolError``.
     """
 
     def __init__(
@@ -80,6 +90,7 @@ class SamplerClient:
         max_workers: int = 16,
         verify: Union[bool, str] = True,
         publish_limits: Optional[PublishLimits] = None,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ):
         if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
             raise ValueError(f"max_workers must be an int >= 1, got {max_workers!r}")
@@ -93,6 +104,7 @@ class SamplerClient:
             timeout=timeout,
             max_workers=max_workers,
             verify=verify,
+            max_response_bytes=max_response_bytes,
         )
         self._registry = AdapterRegistry(self._transport, lora_base_dir, engine_lora_base_dir, publish_limits)
         self._loads = AdapterLoadCoordinator(episode_gap=2 * retry.max_delay + retry.load_timeout)
@@ -226,23 +238,26 @@ class SamplerClient:
             payload=request.to_payload(model),
             started=time.monotonic(),
             load_path=load_path,
+            parse=lambda body: SampleOutput.from_json(body, request, model=model),
             is_chat=request.is_chat,
         )
         if not call.is_adapter:
-            return SampleOutput.from_json(self._retrying(call), request)
+            return self._retrying(call)
         self._registry.request_started(model)
         served = False
         try:
-            body = self._retrying(call)
+            output = self._retrying(call)
             served = True
         finally:
             self._registry.request_finished(model, served=served)
         self._loads.forget(model)
-        return SampleOutput.from_json(body, request)
+        return output
 
-    def _attempt(self, call: _Call) -> Dict[str, Any]:
+    def _attempt(self, call: _Call) -> SampleOutput:
         send = self._transport.chat if call.is_chat else self._transport.complete
-        return send(call.payload, model=call.model, adapter=call.is_adapter, session_id=call.session_id)
+        return send(
+            call.payload, model=call.model, adapter=call.is_adapter, session_id=call.session_id, parse=call.parse
+        )
 
     def _before_retry(self, call: _Call, error: EngineError, attempt: int) -> None:
         """Send the proactive load for an adapter request (SPEC §4), shared by racing threads."""
@@ -253,20 +268,14 @@ class SamplerClient:
         """Ask the engine to load the adapter; best-effort, so every answer and failure is only logged."""
         payload = {"lora_name": call.model, "lora_path": call.load_path}
         try:
-            response = self._transport.post(
-                LOAD_ADAPTER_PATH,
-                payload,
-                model=call.model,
-                adapter=True,
-                session_id=call.session_id,
-                timeout=self.retry.load_timeout,
-                raise_for_status=False,
+            self._transport.post_adapter_command(
+                LOAD_ADAPTER_PATH, call.model, payload, call.session_id, self.retry.load_timeout
             )
         except EngineError as exc:
-            logger.debug("Proactive load of %r failed: %s", call.model, exc)
+            # 400 "already been loaded"; 404 runtime updating off or not visible yet (FINDINGS §4d); no answer.
+            logger.debug("Proactive load of %r did not load it: %s", call.model, exc)
             return
-        # 200 loaded; 400 "already been loaded"; 404 runtime updating off or not visible yet (FINDINGS §4d).
-        logger.debug("Proactive load of %r answered HTTP %d", call.model, response.status_code)
+        logger.debug("Proactive load of %r succeeded", call.model)
 
     # -- fan-out --------------------------------------------------------------------------------------------
 
@@ -401,11 +410,11 @@ class SamplerClient:
     def _probe(self, timeout: Tuple[float, float]) -> None:
         """One readiness probe: ``GET /health`` (skipped when the server has none), then ``GET /v1/models``."""
         try:
-            self._transport.get(HEALTH_PATH, timeout=timeout)
+            self._transport.get_text(HEALTH_PATH, timeout=timeout)
         except EngineStatusError as exc:
             if exc.status != 404:
                 raise
-        self._transport.get(MODELS_PATH, timeout=timeout)
+        self._transport.get_json(MODELS_PATH, timeout=timeout)
 
     def sample_many(
         self,

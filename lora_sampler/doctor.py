@@ -26,6 +26,7 @@ from lora_sampler.errors import (
     EngineTimeoutError,
     ModelNotFoundError,
 )
+from lora_sampler.names import validate_adapter_name
 from lora_sampler.publish import CONFIG_FILE, check_adapter_config, remove_adapter_dir
 from lora_sampler.retry import RetryPolicy, is_testing
 from lora_sampler.types import is_checkpoint_path
@@ -166,6 +167,10 @@ def check_adapter(adapter: str, lora_base_dir: Optional[str], model: str) -> Fin
     check = "adapter config"
     path = adapter
     if not is_checkpoint_path(adapter):
+        try:
+            validate_adapter_name(adapter, argument="--adapter")  # before it becomes a path under lora_base_dir
+        except ValueError as exc:
+            return Finding(check, False, str(exc), "pass an adapter name, or the checkpoint path as --adapter")
         if lora_base_dir is None or not os.path.isdir(os.path.join(lora_base_dir, adapter)):
             fix = "pass --lora-base-dir, or the checkpoint path (archive or folder) as --adapter"
             return Finding(check, False, f"{adapter!r} is not a folder in --lora-base-dir; its config is unknown", fix)

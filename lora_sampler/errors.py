@@ -36,15 +36,25 @@ class LoraSamplerError(Exception):
         model: The model or adapter name of the request, when there was one.
         adapter: Whether the request was for a LoRA adapter (rather than the base model).
         attempts: How many attempts were made before this error surfaced (1 unless retried).
+        request_id: The ``X-Request-Id`` of the last attempt, when a request was sent (find it in the engine's logs).
     """
 
-    def __init__(self, message: str = "", *, model: Optional[str] = None, adapter: bool = False, attempts: int = 1):
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        model: Optional[str] = None,
+        adapter: bool = False,
+        attempts: int = 1,
+        request_id: Optional[str] = None,
+    ):
         # Exactly one positional argument: these may be OSError subclasses, which turn two into "[Errno a] b".
         super().__init__(message)
         self.message = message
         self.model = model
         self.adapter = adapter
         self.attempts = attempts
+        self.request_id = request_id
 
     def __str__(self) -> str:
         if self.attempts > 1:
@@ -78,8 +88,9 @@ class EngineStatusError(EngineError, requests.HTTPError):
         model: Optional[str] = None,
         adapter: bool = False,
         attempts: int = 1,
+        request_id: Optional[str] = None,
     ):
-        super().__init__(message, model=model, adapter=adapter, attempts=attempts)
+        super().__init__(message, model=model, adapter=adapter, attempts=attempts, request_id=request_id)
         self.status = status
         self.engine_message = engine_message
         # Set after RequestException.__init__, which resets both to None.
@@ -148,6 +159,34 @@ class AuthenticationError(EngineStatusError):
     @staticmethod
     def hint(adapter: bool) -> str:
         return "Pass api_key= (or --api-key) or set LORA_SAMPLER_API_KEY to the engine's --api-key"
+
+
+class EngineProtocolError(EngineError):
+    """The engine answered, but not with what was asked: never taken as a result, and never retried.
+
+    A 2xx whose body is not JSON (a proxy's HTML page), is truncated or malformed, holds fewer choices than
+    ``num_samples`` or lacks token ids or logprobs, or names another model than the one requested (an adapter
+    silently not applied); also an answer over ``max_response_bytes``.
+
+    Attributes:
+        status: The HTTP status of the answer.
+        content_type: Its ``Content-Type`` header ("" when absent).
+        body_excerpt: Its first 200 characters (any API key redacted).
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        status: int = 0,
+        content_type: str = "",
+        body_excerpt: str = "",
+        **kwargs: Any,
+    ):
+        super().__init__(message, **kwargs)
+        self.status = status
+        self.content_type = content_type
+        self.body_excerpt = body_excerpt
 
 
 class EngineConnectionError(EngineError, requests.ConnectionError):

@@ -13,9 +13,10 @@ import contextlib
 import logging
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
+from lora_sampler._http import without_userinfo
 from lora_sampler.client import API_KEY_ENV, SamplerClient
 from lora_sampler.errors import EngineStatusError
 from lora_sampler.retry import DEFAULT_RETRY_POLICY, RetryPolicy
@@ -74,6 +75,11 @@ class ClientSettings:
             raise ValueError(f"max_workers must be an int >= 1, got {self.max_workers!r}")
         if isinstance(self.max_outage, bool) or not isinstance(self.max_outage, (int, float)) or self.max_outage < 0:
             raise ValueError(f"max_outage must be a number of seconds >= 0, got {self.max_outage!r}")
+
+    def __repr__(self) -> str:
+        shown = {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
+        shown["base_url"] = without_userinfo(self.base_url)  # a user:password@ in the URL is never printed
+        return f"ClientSettings({', '.join(f'{name}={value!r}' for name, value in shown.items())})"
 
     def read_api_key(self) -> Optional[str]:
         """Return the key from ``api_key_env`` or ``api_key_file`` on this machine, or None."""
@@ -146,7 +152,7 @@ class SampleBatches:
 
     def __repr__(self) -> str:
         what = f"adapter={self.adapter!r}" if self.adapter is not None else f"base_model={self.base_model!r}"
-        return f"SampleBatches({self.settings.base_url!r}, {what})"
+        return f"SampleBatches({without_userinfo(self.settings.base_url)!r}, {what})"
 
     @property
     def client(self) -> SamplerClient:

@@ -6,15 +6,15 @@ a wait (the proactive adapter load) is handed in by the client. It sends no requ
 
 from __future__ import annotations
 
-import email.utils
 import logging
 import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator, Iterator, Optional, Sequence, Tuple, TypeVar, Union, cast
+from typing import Any, Callable, Generator, Iterator, Optional, Protocol, Sequence, Tuple, TypeVar, Union, cast
 
 import backoff
+import urllib3
 
 from lora_sampler.errors import (
     AdapterNotReadyError,
@@ -24,11 +24,6 @@ from lora_sampler.errors import (
     EngineTimeoutError,
     ModelNotFoundError,
 )
-
-try:  # Protocol is typing-only on 3.9 as well; kept behind a name for the hook type.
-    from typing import Protocol
-except ImportError:  # pragma: no cover
-    Protocol = object  # type: ignore[assignment]
 
 logger = logging.getLogger(__name__)
 
@@ -202,16 +197,19 @@ def jitter(wait: float) -> float:
     return random.uniform(wait / 2, wait)
 
 
+_RETRY_AFTER_PARSER = urllib3.Retry(0)
+
+
 def _retry_after_seconds(error: EngineStatusError) -> Optional[float]:
+    """Read ``Retry-After`` (seconds or an HTTP date) with urllib3's own parser; None when absent or invalid."""
     response = error.response
     value = response.headers.get("Retry-After") if response is not None else None
     if not value:
         return None
     try:
-        return max(0.0, float(value))
-    except ValueError:
-        parsed = email.utils.parsedate_to_datetime(value) if value else None
-        return max(0.0, parsed.timestamp() - time.time()) if parsed is not None else None
+        return float(_RETRY_AFTER_PARSER.parse_retry_after(value))
+    except urllib3.exceptions.InvalidHeader:
+        return None
 
 
 class RetryCall(Protocol):
@@ -257,12 +255,13 @@ def make_retrying(
         except Exception:  # best-effort by contract: never replaces the engine error
             logger.exception("lora_sampler: preparing the retry of %r failed", call.model)
         logger.info(
-            "Retrying %s %r: attempt %d of %d failed (%s); next attempt in %.3f s",
+            "Retrying %s %r: attempt %d of %d failed (%s; request id %s); next attempt in %.3f s",
             "LoRA adapter" if call.is_adapter else "base model",
             call.model,
             tries,
             policy.max_attempts,
             _short_cause(error),
+            error.request_id or "none",
             wait,
         )
         _call_hooks(

@@ -6,6 +6,7 @@ naming the argument, before any request). No I/O here.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union, cast
@@ -55,8 +56,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
-        if not _is_number(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
+        if not _is_number(self.temperature) or not 0 <= self.temperature < math.inf:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
         if not _is_int(self.top_k) or self.top_k < -1:
@@ -288,22 +289,46 @@ class SampleOutput:
     body: Optional[Dict[str, Any]] = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def from_json(cls, body: Dict[str, Any], request: SampleRequest) -> SampleOutput:
-        """Read a vLLM ``/v1/completions`` or ``/v1/chat/completions`` body into a ``SampleOutput``.
+    def from_json(cls, body: Any, request: SampleRequest, *, model: Optional[str] = None) -> SampleOutput:
+        """Read a vLLM ``/v1/completions`` or ``/v1/chat/completions`` body, checking it is the exact answer asked for.
+
+        Args:
+            body: The decoded JSON answer.
+            request: The request it answers.
+            model: The model name requested; when given, the answer must name the same model (an adapter that
+                was silently not applied answers as the base model).
 
         Raises:
-            ValueError: the body is not a completion (no ``choices`` list).
+            ValueError: the body is not exactly the answer: not ``num_samples`` choices, a choice without token
+                ids or their logprobs, prompt logprobs missing when asked, or another model.
         """
+        if not isinstance(body, dict):
+            raise ValueError(f"it is a JSON {type(body).__name__}, not a completion object")
+        answered = body.get("model")
+        if model is not None and answered != model:
+            raise ValueError(
+                f"it answers for model {answered!r}, not the requested {model!r} (an adapter silently not applied, "
+                "or a proxy that fell back to another model)"
+            )
         choices = body.get("choices")
-        if not isinstance(choices, list):
-            raise ValueError("the engine's answer has no 'choices' list; is base_url a vLLM server?")
-        choices = sorted(choices, key=lambda c: c.get("index", 0))
+        if not isinstance(choices, list) or not set(map(type, choices)) <= _DICT_TYPE:
+            raise ValueError("it has no 'choices' list of objects; is base_url a vLLM server?")
+        if len(choices) != request.num_samples:
+            raise ValueError(f"it holds {len(choices)} choices where num_samples={request.num_samples} were asked")
+        indices = [choice.get("index", position) for position, choice in enumerate(choices)]
+        expected = list(range(len(choices)))
+        if indices != expected:
+            if sorted(indices) != expected:
+                raise ValueError(f"its choice indices are {indices}, not 0..{len(choices) - 1} once each")
+            choices = [choices[position] for position in sorted(expected, key=indices.__getitem__)]
         sequences = tuple(_sequence_from_choice(choice) for choice in choices)
         prompt_lp: Optional[Tuple[Optional[float], ...]] = None
         topk: Optional[Tuple[Optional[TopK], ...]] = None
-        if request.wants_prompt_logprobs and choices:
+        if request.wants_prompt_logprobs:
             first = choices[0]
-            raw = first.get("prompt_logprobs") or []
+            raw = first.get("prompt_logprobs")
+            if not isinstance(raw, list):
+                raise ValueError("prompt logprobs were asked for, but its first choice has no 'prompt_logprobs' list")
             prompt_ids = first.get("prompt_token_ids") or (None if isinstance(request.prompt, str) else request.prompt)
             prompt_lp, topk_all = _read_prompt_logprobs(raw, prompt_ids)
             if request.topk_prompt_logprobs:
@@ -311,22 +336,45 @@ class SampleOutput:
                 topk = tuple(None if entry is None else entry[:k] for entry in topk_all)
             if not request.prompt_logprobs:
                 prompt_lp = None
-        return cls(sequences, prompt_lp, topk, str(body.get("model", "")), body)
+        return cls(sequences, prompt_lp, topk, str(answered or ""), body)
+
+
+_DICT_TYPE = {dict}
+_INT_TYPE = {int}
+_NONE_TYPE = type(None)
+_LOGPROB_TYPES = {float, int, _NONE_TYPE}
 
 
 def _sequence_from_choice(choice: Dict[str, Any]) -> GeneratedSequence:
-    logprobs_block = choice.get("logprobs") or {}
+    """Read one choice; it must carry its token ids and one logprob per token (the client always asks for both)."""
+    index = choice.get("index", 0)
+    tokens = choice.get("token_ids")
+    # Type sets are checked with C loops: this runs for every choice of every answer.
+    if not isinstance(tokens, list) or not set(map(type, tokens)) <= _INT_TYPE:
+        raise ValueError(f"choice {index} has no 'token_ids' list of ints (vLLM sends them for return_token_ids)")
+    logprobs_block = choice.get("logprobs")
     message = choice.get("message")
     if isinstance(message, dict):  # a chat choice: logprobs.content holds one {"token", "logprob", ...} per token
-        token_logprobs = [entry.get("logprob") for entry in logprobs_block.get("content") or []]
+        entries = logprobs_block.get("content") if isinstance(logprobs_block, dict) else None
+        token_logprobs = [entry.get("logprob") for entry in entries] if isinstance(entries, list) else None
         text = message.get("content")
+        where = "logprobs.content"
     else:
-        token_logprobs = logprobs_block.get("token_logprobs") or []
+        token_logprobs = logprobs_block.get("token_logprobs") if isinstance(logprobs_block, dict) else None
         text = choice.get("text")
-    tokens = choice.get("token_ids") or []
+        where = "logprobs.token_logprobs"
+    if not isinstance(token_logprobs, list) or len(token_logprobs) != len(tokens):
+        raise ValueError(f"choice {index} has no '{where}' list with one entry per token")
+    kinds = set(map(type, token_logprobs))
+    if not kinds <= _LOGPROB_TYPES:
+        raise ValueError(f"choice {index} has a token logprob that is not a number")
     return GeneratedSequence(
-        tokens=tuple(int(t) for t in tokens),
-        logprobs=tuple(float(lp) if lp is not None else float("nan") for lp in token_logprobs),
+        tokens=tuple(tokens),
+        logprobs=(
+            tuple(map(float, token_logprobs))
+            if _NONE_TYPE not in kinds
+            else tuple(float("nan") if lp is None else float(lp) for lp in token_logprobs)
+        ),
         stop_reason=str(choice.get("finish_reason") or ""),
         text=str(text or ""),
         matched_stop=choice.get("stop_reason"),

@@ -22,9 +22,6 @@ JSON_CONTENT_TYPE = "application/json"
 #: The vLLM version whose answers this table copies (the ``system_fingerprint`` carries it).
 VLLM_VERSION = "0.32.0"
 
-#: Placeholder for the engine's ``--model`` string in the FINDINGS examples.
-EXAMPLE_BASE = "$ROOT/tiny-model"
-
 #: vLLM's ``sanitize_message`` (vllm/entrypoints/serve/exception_handling/utils.py, 0.32), applied in this order.
 _SANITIZE_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r" at 0x[0-9a-fA-F]+>"), ">"),  # memory addresses in reprs
@@ -295,40 +292,6 @@ VLLM_BODIES: Mapping[str, tuple[int, Callable[..., VllmBody]]] = {
     "no_chat_template": (400, no_chat_template),
     "greedy_needs_one_sample": (400, greedy_needs_one_sample),
 }
-
-#: situation -> the builder arguments of the example in FINDINGS, so tests can parametrize over the table.
-VLLM_EXAMPLE_ARGS: Mapping[str, dict[str, Any]] = {
-    "model_not_found": {"name": "ghost", "base": EXAMPLE_BASE},
-    "adapter_not_loadable": {"name": "race-na"},
-    "adapter_config_json_error": {"text": ""},
-    "already_loaded": {"name": "gamma"},
-    "load_no_adapter": {"name": "delta", "path": "$ROOT/does-not-exist"},
-    "load_no_weights": {"path": "$ROOT/adapters/noweights"},
-    "load_missing_path": {"field": "lora_path", "items": 1},
-    "load_base_conflict": {"name": EXAMPLE_BASE},
-    "route_not_found": {},
-    "unload_not_found": {"name": "nope"},
-    "load_success": {"name": "gamma"},
-    "unload_success": {"name": "gamma"},
-    "retry_later": {},
-    "unauthorized": {},
-    "prompt_too_long": {"max_model_len": 256, "prompt_tokens": 300},
-    "max_tokens_too_large": {"max_tokens": 1000, "max_model_len": 256},
-    "max_tokens_zero": {},
-    "token_out_of_vocab": {"token_id": 5000},
-    "engine_dead": {},
-    "no_chat_template": {},
-    "greedy_needs_one_sample": {"n": 2},
-}
-
-
-def example(situation: str) -> VllmBody:
-    """Return the FINDINGS example body of ``situation`` (a key of ``VLLM_BODIES``)."""
-    status, build = VLLM_BODIES[situation]
-    body = build(**VLLM_EXAMPLE_ARGS[situation])
-    if body.status != status:  # pragma: no cover - guards the table against drift
-        raise AssertionError(f"{situation}: table says {status}, builder gave {body.status}")
-    return body
 
 
 def model_card(model_id: str, root: str, parent: str | None, max_model_len: int | None, created: int) -> dict[str, Any]:

@@ -29,13 +29,6 @@ WAIT_SECONDS = 60.0
 
 
 @pytest.fixture
-def engine(lora_dir: Path) -> Iterator[FakeEngine]:
-    """A running FakeEngine whose resolver reads ``lora_dir``."""
-    with FakeEngine(lora_dir=lora_dir) as running:
-        yield running
-
-
-@pytest.fixture
 def archive(tmp_path: Path, engine: FakeEngine) -> str:
     """An adapter archive made for the engine's model."""
     return build_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)

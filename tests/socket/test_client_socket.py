@@ -7,7 +7,7 @@ import logging
 import socket
 import struct
 import threading
-from typing import Any, Iterator, List
+from typing import Any, Dict, Iterator, List
 
 import pytest
 from rawserver import RawServer, json_response
@@ -79,9 +79,9 @@ def test_socket_dead_engine_is_a_connection_error(no_waits: None) -> None:
 
 
 @pytest.fixture
-def engine(tmp_path: Any) -> Iterator[FakeEngine]:
-    with FakeEngine(lora_dir=tmp_path / "loras", load_latency=0.05) as started:
-        yield started
+def engine_options() -> Dict[str, Any]:
+    """Loads take a moment, so racing threads overlap one load in flight."""
+    return {"load_latency": 0.05}
 
 
 def test_socket_race_sixteen_threads_share_one_load_in_flight(engine: FakeEngine, tmp_path: Any) -> None:

@@ -32,27 +32,6 @@ def _no_leaked_threads() -> Iterator[None]:
     assert [t.name for t in threading.enumerate() if t.name.startswith("FakeEngine")] == []
 
 
-@pytest.fixture
-def make_engine(lora_dir: Path) -> Iterator[EngineFactory]:
-    """Start FakeEngines with the test's resolver directory; stop them all afterwards."""
-    engines: list[FakeEngine] = []
-
-    def make(**kwargs: Any) -> FakeEngine:
-        kwargs.setdefault("lora_dir", lora_dir)
-        engine = FakeEngine(**kwargs).start()
-        engines.append(engine)
-        return engine
-
-    yield make
-    for engine in engines:
-        engine.stop()
-
-
-@pytest.fixture
-def engine(make_engine: EngineFactory) -> FakeEngine:
-    return make_engine()
-
-
 def post(engine: FakeEngine, path: str, body: Any, **kwargs: Any) -> requests.Response:
     return requests.post(engine.url + path, json=body, timeout=10, **kwargs)
 

@@ -6,7 +6,7 @@ import json
 import tarfile
 import threading
 from pathlib import Path
-from typing import Any, Iterator, List
+from typing import Any, Dict, List
 
 import pytest
 
@@ -17,11 +17,13 @@ from lora_sampler.testing import FakeEngine, write_adapter
 COMPLETIONS = "/v1/completions"
 
 
+pytestmark = pytest.mark.usefixtures("no_waits")
+
+
 @pytest.fixture
-def engine(tmp_path: Path, no_waits: None) -> Iterator[FakeEngine]:
-    (tmp_path / "loras").mkdir()
-    with FakeEngine(lora_dir=tmp_path / "loras", max_loras=2) as started:
-        yield started
+def engine_options() -> Dict[str, Any]:
+    """Two adapter slots, so lineages and unloads matter."""
+    return {"max_loras": 2}
 
 
 def make_archive(tmp_path: Path, stem: str, base_model: str, *, rank: int = 8, **config: Any) -> Path:

@@ -12,7 +12,18 @@ from rawserver import RawServer, json_response
 from lora_sampler import SamplerClient
 
 COMPLETION = json.dumps(
-    {"model": "m", "choices": [{"index": 0, "text": "", "token_ids": [3], "finish_reason": "length"}]}
+    {
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "text": "",
+                "token_ids": [3],
+                "logprobs": {"token_logprobs": [-0.1]},
+                "finish_reason": "length",
+            }
+        ],
+    }
 ).encode()
 
 

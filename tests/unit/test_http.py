@@ -10,7 +10,12 @@ import responses
 from lora_sampler import SamplerClient
 from lora_sampler._http import POOL_HEADROOM, normalise_base_url
 
-OK = {"model": "b", "choices": [{"index": 0, "text": "", "token_ids": [1], "finish_reason": "length"}]}
+OK = {
+    "model": "b",
+    "choices": [
+        {"index": 0, "text": "", "token_ids": [1], "logprobs": {"token_logprobs": [-0.1]}, "finish_reason": "length"}
+    ],
+}
 
 
 @pytest.mark.parametrize("url", ["http://h:8000", "http://h:8000/", "http://h:8000/v1", "http://h:8000/v1/"])
@@ -66,3 +71,16 @@ def test_http_closed_client_refuses_work() -> None:
     with pytest.raises(RuntimeError, match="closed"):
         client.sample([1], base_model="b")
     client.close()
+
+
+def test_http_userinfo_is_in_no_repr() -> None:
+    """A user:password@ in base_url shows in no repr: client, Ray settings or Ray batches."""
+    from lora_sampler.ray_data import ClientSettings, SampleBatches
+
+    url = "http://alice:pw-secret@h:8000/llm/v1"
+    with SamplerClient(url) as client:
+        shown = [repr(client), client.base_url]
+    settings = ClientSettings(url)
+    shown += [repr(settings), repr(SampleBatches(settings, base_model="b"))]
+    assert all("pw-secret" not in text and "alice" not in text for text in shown)
+    assert shown[1] == "http://h:8000/llm" and "h:8000/llm" in shown[2]

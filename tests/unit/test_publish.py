@@ -163,6 +163,27 @@ def test_publish_without_data_filter_is_as_safe(
     assert os.listdir(base) == []
 
 
+@pytest.mark.parametrize("stdlib_filter", [True, False], ids=["data filter", "no data filter"])
+@pytest.mark.parametrize("link_type", [tarfile.SYMTYPE, tarfile.LNKTYPE], ids=["symlink", "hardlink"])
+def test_publish_link_pointing_inside_the_adapter_folder_is_refused_as_a_link(
+    tmp_path: pathlib.Path,
+    base: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
+    stdlib_filter: bool,
+    link_type: bytes,
+) -> None:
+    """A link to a file inside the adapter folder is refused for being a link (tarfile's data filter allows it)."""
+    if not stdlib_filter:
+        monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    target = "adapter_model.safetensors"  # a file of the same archive, in the same folder
+    members = [*adapter_members(), special_member("alias", link_type, target)]
+    archive = write_archive(tmp_path / "inside.tar.gz", members)
+    kind = "symbolic" if link_type == tarfile.SYMTYPE else "hard"
+    with pytest.raises(UnsafeArchiveError, match=f"member 'alias' is a {kind} link to {target!r}"):
+        publish_checkpoint(archive, base)
+    assert os.listdir(base) == []
+
+
 @pytest.mark.parametrize(
     "extra",
     [

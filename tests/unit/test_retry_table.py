@@ -1,9 +1,17 @@
-"""The retry table of SPEC §4, row by row, for adapter and base-model requests (``responses``, no sockets)."""
+"""The retry table of SPEC §4, row by row, for adapter and base-model requests.
+
+The table's rows run on both transport paths: through ``responses`` (the ``Session`` path) and through the direct
+urllib3 path against a scripted loopback server (``ScriptedEngine``, 127.0.0.1 only), which production uses.
+"""
 
 from __future__ import annotations
 
+import email.utils
+import http.server
 import json
-from typing import Any, List, Optional
+import threading
+import time
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 import requests
@@ -14,8 +22,10 @@ from lora_sampler import RetryEvent, RetryPolicy, SamplerClient
 from lora_sampler.testing import _bodies
 
 BASE = "http://engine.test"
-COMPLETIONS = BASE + "/v1/completions"
-LOAD = BASE + "/v1/load_lora_adapter"
+COMPLETIONS_PATH = "/v1/completions"
+LOAD_PATH = "/v1/load_lora_adapter"
+COMPLETIONS = BASE + COMPLETIONS_PATH
+LOAD = BASE + LOAD_PATH
 ADAPTER = "step-400"
 
 
@@ -79,30 +89,130 @@ NEVER_RETRIED = {
 }
 
 
+class ScriptedEngine:
+    """Answers each path from a script, in order (the last answer repeats), on 127.0.0.1 or through ``responses``.
+
+    An answer is a ``VllmBody``, a JSON dict (a 200), ``requests.ConnectionError`` (the connection is dropped
+    without an answer) or ``requests.ReadTimeout`` (no answer until the client gives up).
+    """
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self.script: Dict[str, List[Any]] = {}
+        self.seen: List[Tuple[str, Dict[str, str], bytes]] = []
+        self._server: Optional[http.server.HTTPServer] = None
+        self._mock: Optional[responses.RequestsMock] = None
+
+    @property
+    def url(self) -> str:
+        if self._server is None:
+            return BASE
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def add(self, path: str, answer: Any) -> None:
+        self.script.setdefault(path, []).append(answer)
+
+    def calls(self, path: str) -> int:
+        return sum(1 for seen, _, _ in self.seen if seen == path)
+
+    def bodies(self, path: str) -> List[Any]:
+        return [json.loads(body) for seen, _, body in self.seen if seen == path]
+
+    def next_answer(self, path: str) -> Any:
+        answers = self.script[path]
+        return answers.pop(0) if len(answers) > 1 else answers[0]
+
+    def __enter__(self) -> ScriptedEngine:
+        if self.mode == "responses":
+            self._mock = responses.RequestsMock(assert_all_requests_are_fired=False)
+            self._mock.__enter__()
+            for path in (COMPLETIONS_PATH, LOAD_PATH):
+                self._mock.add_callback(responses.POST, BASE + path, callback=self._mock_answer)
+            return self
+        engine = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                engine.seen.append((self.path, dict(self.headers), body))
+                answer = engine.next_answer(self.path)
+                if isinstance(answer, requests.ReadTimeout):
+                    self.connection.settimeout(30)
+                    self.connection.recv(1)  # until the client gives up and closes
+                elif not isinstance(answer, requests.ConnectionError):  # ConnectionError: close, no answer
+                    status, content, content_type = _parts(answer)
+                    self.send_response(status)
+                    self.send_header("Content-Type", content_type)
+                    self.send_header("Content-Length", str(len(content)))
+                    self.end_headers()
+                    self.wfile.write(content)
+                self.close_connection = True
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._mock is not None:
+            self._mock.__exit__(*exc_info)
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+    def _mock_answer(self, request: Any) -> Any:
+        path = request.path_url
+        self.seen.append((path, dict(request.headers), request.body or b""))
+        answer = self.next_answer(path)
+        if isinstance(answer, Exception):
+            raise answer
+        status, content, content_type = _parts(answer)
+        return status, {"Content-Type": content_type}, content
+
+
+def _parts(answer: Any) -> Tuple[int, bytes, str]:
+    if isinstance(answer, dict):
+        return 200, json.dumps(answer).encode(), "application/json"
+    return answer.status, answer.body, answer.content_type or "text/plain"
+
+
+@pytest.fixture(params=["responses", "socket"])
+def engine(request: Any) -> Iterator[ScriptedEngine]:
+    """A scripted engine behind the Session path (responses) or the direct urllib3 path (a loopback server)."""
+    with ScriptedEngine(request.param) as scripted:
+        yield scripted
+
+
+def scripted_client(engine: ScriptedEngine, tmp_path: Any, **kwargs: Any) -> SamplerClient:
+    """A client for ``engine``: a short read timeout, so a hung answer is given up on quickly on a socket."""
+    return SamplerClient(engine.url, lora_base_dir=tmp_path, timeout=(5.0, 1.0), **kwargs)
+
+
 @pytest.mark.parametrize("failure", list(RETRIED_FOR_ADAPTERS.values()), ids=list(RETRIED_FOR_ADAPTERS))
-@responses.activate
-def test_retry_table_adapter_row_retries_after_one_load(failure: Any, tmp_path: Any, no_waits: None) -> None:
+def test_retry_table_adapter_row_retries_after_one_load(
+    failure: Any, engine: ScriptedEngine, tmp_path: Any, no_waits: None
+) -> None:
     """An adapter request self-heals through each retriable failure, with exactly one load between."""
-    add_failure(failure)
-    responses.add(responses.POST, COMPLETIONS, json=ok_body())
-    responses.add(responses.POST, LOAD, body=_bodies.load_success(ADAPTER).body)
-    with make_client(tmp_path) as client:
+    engine.add(COMPLETIONS_PATH, failure)
+    engine.add(COMPLETIONS_PATH, ok_body())
+    engine.add(LOAD_PATH, _bodies.load_success(ADAPTER))
+    with scripted_client(engine, tmp_path) as client:
         output = client.sample([1, 2, 3], adapter=ADAPTER)
     assert output.sequences[0].tokens == (7, 8)
-    assert calls_to(COMPLETIONS) == 2
-    assert calls_to(LOAD) == 1
-    load = json.loads(responses.calls[1].request.body)
-    assert load == {"lora_name": ADAPTER, "lora_path": str(tmp_path / ADAPTER)}
+    assert engine.calls(COMPLETIONS_PATH) == 2
+    assert engine.calls(LOAD_PATH) == 1
+    assert engine.bodies(LOAD_PATH) == [{"lora_name": ADAPTER, "lora_path": str(tmp_path / ADAPTER)}]
 
 
 @pytest.mark.parametrize("failure", list(RETRIED_FOR_ADAPTERS.values()), ids=list(RETRIED_FOR_ADAPTERS))
-@responses.activate
-def test_retry_table_base_model_row(failure: Any, tmp_path: Any, no_waits: None) -> None:
+def test_retry_table_base_model_row(failure: Any, engine: ScriptedEngine, tmp_path: Any, no_waits: None) -> None:
     """A base-model request retries transport errors without a load, and raises model errors at once."""
-    add_failure(failure)
-    responses.add(responses.POST, COMPLETIONS, json=ok_body("tiny-base"))
+    engine.add(COMPLETIONS_PATH, failure)
+    engine.add(COMPLETIONS_PATH, ok_body("tiny-base"))
     transport = isinstance(failure, Exception)
-    with make_client(tmp_path) as client:
+    with scripted_client(engine, tmp_path) as client:
         if transport:
             assert client.sample([1, 2, 3], base_model="tiny-base").sequences
         else:
@@ -110,21 +220,20 @@ def test_retry_table_base_model_row(failure: Any, tmp_path: Any, no_waits: None)
                 client.sample([1, 2, 3], base_model="tiny-base")
             assert info.value.attempts == 1
             assert info.value.status == failure.status
-    assert calls_to(COMPLETIONS) == (2 if transport else 1)
-    assert calls_to(LOAD) == 0
+    assert engine.calls(COMPLETIONS_PATH) == (2 if transport else 1)
+    assert engine.calls(LOAD_PATH) == 0
 
 
 @pytest.mark.parametrize("adapter", [True, False], ids=["adapter", "base"])
 @pytest.mark.parametrize("failure", list(NEVER_RETRIED.values()), ids=list(NEVER_RETRIED))
-@responses.activate
 def test_retry_table_real_errors_raise_after_one_attempt(
-    failure: Any, adapter: bool, tmp_path: Any, no_waits: None
+    failure: Any, adapter: bool, engine: ScriptedEngine, tmp_path: Any, no_waits: None
 ) -> None:
     """Other 4xx and every 5xx surface at once, as a requests.HTTPError with the engine's message."""
-    add_failure(failure)
+    engine.add(COMPLETIONS_PATH, failure)
     target = {"adapter": ADAPTER} if adapter else {"base_model": "tiny-base"}
     giveups: List[RetryEvent] = []
-    with make_client(tmp_path, retry=RetryPolicy(on_giveup=giveups.append)) as client:
+    with scripted_client(engine, tmp_path, retry=RetryPolicy(on_giveup=giveups.append)) as client:
         with pytest.raises(requests.HTTPError) as info:
             client.sample([1, 2, 3], **target)
     error = info.value
@@ -133,7 +242,7 @@ def test_retry_table_real_errors_raise_after_one_attempt(
     assert error.response is not None and error.response.status_code == failure.status
     assert failure.message[:40] in str(error)
     assert error.attempts == 1
-    assert calls_to(COMPLETIONS) == 1 and calls_to(LOAD) == 0
+    assert engine.calls(COMPLETIONS_PATH) == 1 and engine.calls(LOAD_PATH) == 0
     assert giveups == []  # on_giveup is only for exhausted retries
 
 
@@ -230,22 +339,37 @@ def test_retry_engine_lora_base_dir_is_the_load_path(tmp_path: Any, no_waits: No
     assert json.loads(responses.calls[1].request.body)["lora_path"] == "/mnt/loras/" + ADAPTER
 
 
+IN_AN_HOUR = email.utils.formatdate(time.time() + 3600, usegmt=True)
+
+
 @pytest.mark.parametrize("status", [429, 503])
+@pytest.mark.parametrize(
+    ("retry_after", "honoured"), [("1", True), (IN_AN_HOUR, True), ("soon", False)], ids=["seconds", "date", "bad"]
+)
 @responses.activate
-def test_retry_overloaded_opt_in_honours_retry_after(status: int, tmp_path: Any) -> None:
-    """With retry_overloaded, 429/503 are retried and Retry-After (capped at max_delay) sets the wait."""
+def test_retry_overloaded_opt_in_honours_retry_after(
+    status: int, retry_after: str, honoured: bool, tmp_path: Any
+) -> None:
+    """With retry_overloaded, 429/503 are retried; Retry-After (seconds or a date, capped at max_delay) sets the wait.
+
+    An unreadable Retry-After falls back to the normal schedule (urllib3's parser decides what is readable).
+    """
     responses.add(
-        responses.POST, COMPLETIONS, json={"error": {"message": "busy"}}, status=status, headers={"Retry-After": "0.05"}
+        responses.POST,
+        COMPLETIONS,
+        json={"error": {"message": "busy"}},
+        status=status,
+        headers={"Retry-After": retry_after},
     )
     responses.add(responses.POST, COMPLETIONS, json=ok_body("tiny-base"))
     waits: List[float] = []
     policy = RetryPolicy(
-        retry_overloaded=True, base_delay=0.001, max_delay=0.2, on_retry=lambda e: waits.append(e.wait)
+        retry_overloaded=True, base_delay=0.001, max_delay=0.05, on_retry=lambda e: waits.append(e.wait)
     )
     with make_client(tmp_path, retry=policy) as client:
         client.sample([1], base_model="tiny-base")
     assert calls_to(COMPLETIONS) == 2 and calls_to(LOAD) == 0
-    assert waits and 0.05 <= waits[0] <= 0.2
+    assert waits == [0.05] if honoured else waits[0] <= 0.001
 
 
 @responses.activate

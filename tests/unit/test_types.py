@@ -118,7 +118,7 @@ def test_types_output_reads_choices_and_trims_topk() -> None:
             },
         ],
     }
-    request = SampleRequest([5, 6], adapter="a", prompt_logprobs=True, topk_prompt_logprobs=2)
+    request = SampleRequest([5, 6], adapter="a", num_samples=2, prompt_logprobs=True, topk_prompt_logprobs=2)
     output = SampleOutput.from_json(body, request)
     assert [s.tokens for s in output.sequences] == [(8,), (9,)]
     assert output.sequences[1].stop_reason == "stop" and output.sequences[1].matched_stop == 9
