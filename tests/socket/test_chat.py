@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterator, List
+from typing import Any, List
 
 import pytest
 import requests
@@ -15,21 +15,6 @@ from lora_sampler.testing import CHAT_TEMPLATE, FakeEngine, encode_text, render_
 CHAT = "/v1/chat/completions"
 MESSAGES: List[Any] = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi"}]
 GREEDY = SamplingParams(max_tokens=5, temperature=0)
-
-
-@pytest.fixture
-def lora_dir(tmp_path: Path) -> Path:
-    """The engine's resolver folder."""
-    folder = tmp_path / "loras"
-    folder.mkdir()
-    return folder
-
-
-@pytest.fixture
-def engine(lora_dir: Path) -> Iterator[FakeEngine]:
-    """A running FakeEngine whose resolver reads ``lora_dir``."""
-    with FakeEngine(lora_dir=lora_dir) as running:
-        yield running
 
 
 def test_chat_returns_token_ids_logprobs_and_text_of_each_sample(engine: FakeEngine) -> None:

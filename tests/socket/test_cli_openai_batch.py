@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, List
 
 import pytest
 
@@ -17,19 +17,10 @@ MESSAGES = [{"role": "user", "content": "Say something."}]
 
 
 @pytest.fixture
-def lora_dir(tmp_path: Path) -> Path:
-    """The engine's resolver folder, holding the adapter ``step-1``."""
-    folder = tmp_path / "loras"
-    folder.mkdir()
-    return folder
-
-
-@pytest.fixture
-def engine(lora_dir: Path) -> Iterator[FakeEngine]:
-    """A running FakeEngine whose resolver reads ``lora_dir``, with the adapter ``step-1`` on disk."""
-    with FakeEngine(lora_dir=lora_dir) as running:
-        write_adapter(lora_dir / "step-1", running.model)
-        yield running
+def engine(engine: FakeEngine, lora_dir: Path) -> FakeEngine:
+    """The shared FakeEngine (tests/socket/conftest.py), with the adapter ``step-1`` in its resolver folder."""
+    write_adapter(lora_dir / "step-1", engine.model)
+    return engine
 
 
 def batch_line(custom_id: str, model: str, url: str = CHAT, **body: Any) -> Dict[str, Any]:
