@@ -230,25 +230,14 @@ class EngineTransport:
         adapter: bool,
         session_id: Optional[str],
         parse: Callable[[Any], T],
+        chat: bool = False,
     ) -> T:
-        """Send one ``POST /v1/completions`` and return ``parse(body)`` (see ``post_json``)."""
-        return self.post_json(
-            COMPLETIONS_PATH, payload, model=model, adapter=adapter, session_id=session_id, parse=parse
-        )
+        """Send one ``POST /v1/completions`` (``/v1/chat/completions`` with ``chat``); return ``parse(body)``.
 
-    def chat(
-        self,
-        payload: Mapping[str, Any],
-        *,
-        model: str,
-        adapter: bool,
-        session_id: Optional[str],
-        parse: Callable[[Any], T],
-    ) -> T:
-        """Send one ``POST /v1/chat/completions`` and return ``parse(body)`` (see ``post_json``)."""
-        return self.post_json(
-            CHAT_COMPLETIONS_PATH, payload, model=model, adapter=adapter, session_id=session_id, parse=parse
-        )
+        See ``post_json`` for the errors.
+        """
+        path = CHAT_COMPLETIONS_PATH if chat else COMPLETIONS_PATH
+        return self.post_json(path, payload, model=model, adapter=adapter, session_id=session_id, parse=parse)
 
     def post_json(
         self,

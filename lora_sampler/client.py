@@ -254,9 +254,13 @@ class SamplerClient:
         return output
 
     def _attempt(self, call: _Call) -> SampleOutput:
-        send = self._transport.chat if call.is_chat else self._transport.complete
-        return send(
-            call.payload, model=call.model, adapter=call.is_adapter, session_id=call.session_id, parse=call.parse
+        return self._transport.complete(
+            call.payload,
+            model=call.model,
+            adapter=call.is_adapter,
+            session_id=call.session_id,
+            parse=call.parse,
+            chat=call.is_chat,
         )
 
     def _before_retry(self, call: _Call, error: EngineError, attempt: int) -> None:
