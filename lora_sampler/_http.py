@@ -532,8 +532,8 @@ def _what(exchange: _Exchange) -> str:
     return f" for {'LoRA adapter' if exchange.adapter else 'base model'} {exchange.model!r}"
 
 
-def _request_id() -> str:
-    """A fresh random id of 32 hex digits: unique, not secret, so no system call for it on the hot path."""
+def new_id() -> str:
+    """Return a fresh random id of 32 hex digits (request and session ids: unique, not secret, no system call)."""
     return f"{random.getrandbits(128):032x}"
 
 
@@ -552,7 +552,7 @@ class _Exchange(NamedTuple):
     @classmethod
     def get(cls, path: str, timeout: Timeout) -> _Exchange:
         """Build a GET with a fresh request id."""
-        request_id = _request_id()
+        request_id = new_id()
         return cls("GET", path, None, {REQUEST_ID_HEADER: request_id}, timeout, None, False, request_id)
 
     @classmethod
@@ -566,7 +566,7 @@ class _Exchange(NamedTuple):
         adapter: bool,
     ) -> _Exchange:
         """Build a JSON POST with a fresh request id, and the routing header when there is a session."""
-        request_id = _request_id()
+        request_id = new_id()
         headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: request_id}
         if session_id:
             headers[SESSION_HEADER] = session_id

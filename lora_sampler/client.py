@@ -13,7 +13,6 @@ import logging
 import os
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -26,6 +25,7 @@ from lora_sampler._http import (
     MODELS_PATH,
     EngineTransport,
     Timeout,
+    new_id,
 )
 from lora_sampler._outage import OutageGate, OutageHook, probe_timeout, probe_until
 from lora_sampler._registry import AdapterRegistry
@@ -234,7 +234,7 @@ class SamplerClient:
         call = _Call(
             model=model,
             is_adapter=request.adapter is not None,
-            session_id=request.session_id or uuid.uuid4().hex,
+            session_id=request.session_id or new_id(),
             payload=request.to_payload(model),
             started=time.monotonic(),
             load_path=load_path,
