@@ -15,7 +15,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import IO, Any, Dict, Optional, Sequence
+from typing import IO, Any, Callable, Dict, Optional, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -138,6 +138,21 @@ class ServerProcess:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def serve_commands(handle: Callable[[Dict[str, Any]], Dict[str, Any]]) -> None:
+    """Answer each JSON command line on standard input with ``handle``'s JSON line, until end of input.
+
+    A failing command is answered ``{"error": ...}``, so the benchmark sees it instead of a server that died silently.
+    """
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            answer = handle(json.loads(line))
+        except Exception as exc:
+            answer = {"error": repr(exc)}
+        print(json.dumps(answer), flush=True)
 
 
 def canned_engine(latency_ms: float) -> ServerProcess:

@@ -25,7 +25,7 @@ import socketserver
 import sys
 from typing import Any, Dict, List, Optional
 
-import _common  # noqa: F401  (puts the checkout's lora_sampler on sys.path)
+import _common  # (also puts the checkout's lora_sampler on sys.path)
 
 from lora_sampler.testing import FakeEngine, write_adapter
 
@@ -80,14 +80,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with FakeEngine(model=args.model, lora_dir=args.lora_dir, latency=args.latency, max_loras=1024) as engine:
         print(json.dumps({"url": engine.url, "pid": os.getpid(), "model": engine.model}), flush=True)
-        for line in sys.stdin:
-            if not line.strip():
-                continue
-            try:
-                answer = handle(engine, args.lora_dir, json.loads(line))
-            except Exception as exc:  # report it to the benchmark instead of dying silently
-                answer = {"error": repr(exc)}
-            print(json.dumps(answer), flush=True)
+        _common.serve_commands(lambda command: handle(engine, args.lora_dir, command))
     return 0
 
 

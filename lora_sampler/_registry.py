@@ -14,8 +14,9 @@ import threading
 from typing import Any, Counter, Dict, List, Optional, Set, Tuple, Union
 
 from lora_sampler._extract import PublishLimits
+from lora_sampler._fleet import NOT_HELD, Fleet
 from lora_sampler._http import MODELS_PATH, UNLOAD_ADAPTER_PATH, EngineTransport
-from lora_sampler.errors import EngineError, EngineStatusError
+from lora_sampler.errors import EngineError, EngineStatusError, LoraSamplerError
 from lora_sampler.names import validate_adapter_name
 from lora_sampler.types import Adapter, AdapterSpec, is_checkpoint_path
 
@@ -32,6 +33,7 @@ class AdapterRegistry:
         lora_base_dir: The resolver directory as this machine sees it, or None.
         engine_lora_base_dir: The same directory as the engine sees it; defaults to ``lora_base_dir``.
         publish_limits: Bounds for every publish (``publish.PublishLimits``); None for the defaults.
+        fleet: The replicas to load on after a publish and to unload from, or None for the one engine.
     """
 
     def __init__(
@@ -40,8 +42,11 @@ class AdapterRegistry:
         lora_base_dir: Optional[PathLike],
         engine_lora_base_dir: Optional[PathLike],
         publish_limits: Optional[PublishLimits] = None,
+        *,
+        fleet: Optional[Fleet] = None,
     ):
         self._transport = transport
+        self._fleet = fleet
         self.publish_limits = publish_limits if publish_limits is not None else PublishLimits()
         self.lora_base_dir = os.path.abspath(os.fspath(lora_base_dir)) if lora_base_dir is not None else None
         engine_dir = engine_lora_base_dir if engine_lora_base_dir is not None else self.lora_base_dir
@@ -114,6 +119,8 @@ class AdapterRegistry:
             raise ValueError("publishing a checkpoint needs lora_base_dir= (the engine's resolver directory)")
         adapter = publish_checkpoint(checkpoint, self.lora_base_dir, name=name, limits=self.publish_limits)
         self._preflight(adapter)
+        if self._fleet is not None:
+            self._fleet.load_everywhere(adapter.name, str(self.engine_path(adapter)))
         if lineage is not None:
             with self._lock:
                 names = self._lineages.setdefault(lineage, [])
@@ -158,22 +165,15 @@ class AdapterRegistry:
 
         Raises:
             EngineError: the engine did not confirm the unload (the files are left in place).
+            FleetError: with a fleet, some replicas did not confirm (the files are left in place).
         """
         from lora_sampler.publish import remove_adapter_dir
 
         validate_adapter_name(name, argument="adapter")
-        transport = self._transport
-        try:
-            transport.post_adapter_command(
-                UNLOAD_ADAPTER_PATH, name, {"lora_name": name}, session_id, transport.timeout
-            )
-        except EngineStatusError as error:
-            # 404 "cannot be found" means the engine holds no such adapter (FINDINGS §4d); a 404 {"detail":...}
-            # means runtime updating is off and the engine may still reload it from disk, so nothing is deleted.
-            if not (error.status == 404 and "cannot be found" in error.engine_message):
-                error.message += "; the adapter's files were left in place"
-                error.args = (error.message,)
-                raise
+        if self._fleet is not None:
+            self._fleet.unload_everywhere(name)  # raises naming the replicas that did not let go
+        else:
+            self._unload_from_engine(name, session_id)
         with self._lock:
             self._checked.discard(name)
             self._published = {k: v for k, v in self._published.items() if v.name != name}
@@ -182,6 +182,20 @@ class AdapterRegistry:
             if self.lora_base_dir is None:
                 raise ValueError("delete_files=True needs lora_base_dir=")
             remove_adapter_dir(self.lora_base_dir, name)
+
+    def _unload_from_engine(self, name: str, session_id: Optional[str]) -> None:
+        transport = self._transport
+        try:
+            transport.post_adapter_command(
+                UNLOAD_ADAPTER_PATH, name, {"lora_name": name}, session_id, transport.timeout
+            )
+        except EngineStatusError as error:
+            # 404 "cannot be found" means the engine holds no such adapter (FINDINGS §4d); a 404 {"detail":...}
+            # means runtime updating is off and the engine may still reload it from disk, so nothing is deleted.
+            if not (error.status == 404 and NOT_HELD in error.engine_message):
+                error.message += "; the adapter's files were left in place"
+                error.args = (error.message,)
+                raise
 
     def request_started(self, name: str) -> None:
         """Record the start of a request for adapter ``name`` (retirement waits for requests in flight)."""
@@ -212,7 +226,7 @@ class AdapterRegistry:
             try:
                 self.unload(older)  # retiring never deletes files; unload(delete_files=True) does
                 logger.info("Retired adapter %r: a newer adapter of its lineage is serving", older)
-            except (EngineError, OSError) as exc:
+            except (LoraSamplerError, OSError) as exc:
                 logger.warning("Could not retire adapter %r (its files are kept): %s", older, exc)
 
 

@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import os
 import sys
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from lora_sampler import __version__
 from lora_sampler._batch_runner import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, BatchAbandoned, run_batch
@@ -64,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument(
         "--lora-base-dir",
         help="the engine's resolver folder (its VLLM_LORA_RESOLVER_CACHE_DIR) as this machine sees it",
+    )
+    engine.add_argument(
+        "--replicas",
+        type=_replicas,
+        help="a fleet: 'router' (--base-url is a vllm-router; ask it for its workers) or URL,URL,... (replica "
+        "roots); adapters are then loaded on, checked on and unloaded from every replica",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -136,12 +142,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _replicas(value: str) -> Union[str, List[str]]:
+    """Parse ``--replicas``: ``router``, or comma-separated replica root URLs."""
+    if value == "router":
+        return value
+    urls = [url.strip() for url in value.split(",") if url.strip()]
+    if not urls:
+        raise argparse.ArgumentTypeError("pass 'router' or replica root URLs separated by commas")
+    return urls
+
+
 # -- subcommands -------------------------------------------------------------------------------------------------
 
 
 def _client(args: argparse.Namespace, **kwargs: Any) -> SamplerClient:
     # SamplerClient falls back to $LORA_SAMPLER_API_KEY itself.
-    return SamplerClient(args.base_url, api_key=args.api_key, lora_base_dir=args.lora_base_dir, **kwargs)
+    return SamplerClient(
+        args.base_url, api_key=args.api_key, lora_base_dir=args.lora_base_dir, replicas=args.replicas, **kwargs
+    )
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
@@ -167,7 +185,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     """Run the doctor's checks and print each as ok, or as a problem with its fix."""
     from lora_sampler.doctor import run_checks
 
-    findings = run_checks(args.base_url, api_key=args.api_key, lora_base_dir=args.lora_base_dir, adapter=args.adapter)
+    findings = run_checks(
+        args.base_url,
+        api_key=args.api_key,
+        lora_base_dir=args.lora_base_dir,
+        adapter=args.adapter,
+        replicas=args.replicas,
+    )
     for finding in findings:
         print(f"{'ok' if finding.ok else 'PROBLEM':8} {finding.check}: {finding.detail}")
         if not finding.ok:

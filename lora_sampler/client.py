@@ -18,6 +18,7 @@ from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Mapping
 
 from lora_sampler._adapter_loads import AdapterLoadCoordinator
 from lora_sampler._extract import PublishLimits
+from lora_sampler._fleet import Fleet, ReplicasSpec
 from lora_sampler._http import (
     DEFAULT_MAX_RESPONSE_BYTES,
     HEALTH_PATH,
@@ -76,6 +77,8 @@ class SamplerClient:
         verify: TLS verification: True, False, or a CA bundle path (``REQUESTS_CA_BUNDLE`` keeps working).
         publish_limits: Bounds on each checkpoint published (``PublishLimits``: extracted size, members, names).
         max_response_bytes: Largest answer accepted (default 256 MiB); a larger one raises ``EngineProtocolError``.
+        replicas: None (``base_url`` is one engine), ``"router"`` (a vllm-router's ``GET /list_workers``) or replica
+            root URLs: adapters are then loaded on, reconciled on and unloaded from every replica (SPEC §9).
     """
 
     def __init__(
@@ -91,6 +94,7 @@ class SamplerClient:
         verify: Union[bool, str] = True,
         publish_limits: Optional[PublishLimits] = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        replicas: ReplicasSpec = None,
     ):
         if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
             raise ValueError(f"max_workers must be an int >= 1, got {max_workers!r}")
@@ -98,15 +102,14 @@ class SamplerClient:
             raise TypeError(f"retry must be a RetryPolicy, got {type(retry).__name__}")
         self.retry = retry
         self.max_workers = max_workers
-        self._transport = EngineTransport(
-            base_url,
-            api_key=api_key or os.environ.get(API_KEY_ENV) or None,
-            timeout=timeout,
-            max_workers=max_workers,
-            verify=verify,
-            max_response_bytes=max_response_bytes,
+        key = api_key or os.environ.get(API_KEY_ENV) or None
+        options: Dict[str, Any] = {"api_key": key, "timeout": timeout, "verify": verify}
+        options["max_response_bytes"] = max_response_bytes  # the same settings for every replica's transport
+        self._transport = EngineTransport(base_url, max_workers=max_workers, **options)
+        self._fleet = None if replicas is None else Fleet(self._transport, replicas, retry, options)
+        self._registry = AdapterRegistry(
+            self._transport, lora_base_dir, engine_lora_base_dir, publish_limits, fleet=self._fleet
         )
-        self._registry = AdapterRegistry(self._transport, lora_base_dir, engine_lora_base_dir, publish_limits)
         self._loads = AdapterLoadCoordinator(episode_gap=2 * retry.max_delay + retry.load_timeout)
         self._retrying = make_retrying(retry, self._attempt, self._before_retry)
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
@@ -139,6 +142,8 @@ class SamplerClient:
             executor, self._executor = self._executor, None
         if executor is not None:
             executor.shutdown(wait=True)
+        if self._fleet is not None:
+            self._fleet.close()
         self._transport.close()
 
     # -- sampling -------------------------------------------------------------------------------------------
@@ -264,8 +269,10 @@ class SamplerClient:
         )
 
     def _before_retry(self, call: _Call, error: EngineError, attempt: int) -> None:
-        """Send the proactive load for an adapter request (SPEC §4), shared by racing threads."""
-        if call.is_adapter and call.load_path is not None:
+        """Send the proactive load (SPEC §4), shared by racing threads; on a fleet, reconcile every replica instead."""
+        if call.is_adapter and call.load_path is not None and self._fleet is not None:
+            self._fleet.reconcile(call.model, call.load_path)
+        elif call.is_adapter and call.load_path is not None:
             self._loads.load_if_due(call.model, attempt, lambda: self._send_load(call))
 
     def _send_load(self, call: _Call) -> None:
@@ -477,15 +484,20 @@ class SamplerClient:
             adapter: The adapter or its name.
             delete_files: Also delete its folder in ``lora_base_dir`` once the engine confirmed the unload.
             session_id: Sent as ``X-Session-ID``: behind vllm-router, the unload reaches the one replica that
-                session maps to (use the session that sampled the adapter). To unload from every replica, use one
-                client per replica URL.
+                session maps to (use the session that sampled the adapter). With ``replicas=``, the unload goes to
+                every replica directly instead, and the session is not used.
 
         Raises:
             EngineError: the engine did not confirm the unload; the files are left in place.
+            FleetError: with ``replicas=``, some replicas did not confirm (each is named); the files are left in place.
         """
         name = adapter.name if isinstance(adapter, Adapter) else adapter
         self._registry.unload(name, delete_files=delete_files, session_id=session_id)
         self._loads.forget(name)
+
+    def replicas(self) -> Tuple[str, ...]:
+        """Return the replicas' root URLs: ``(base_url,)`` without ``replicas=``; the router's workers right now."""
+        return self._fleet.urls() if self._fleet is not None else (self.base_url,)
 
     def engine_model(self) -> str:
         """Return the engine's base model (the ``root`` of the base card in ``GET /v1/models``; cached).

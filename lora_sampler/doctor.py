@@ -6,6 +6,8 @@ the engine through ``SamplerClient`` only, and write nothing but a probe folder 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import secrets
@@ -13,8 +15,9 @@ import tarfile
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Iterator, List, Optional, Tuple
 
+from lora_sampler._fleet import ReplicasSpec
 from lora_sampler.client import SamplerClient
 from lora_sampler.errors import (
     AdapterConfigError,
@@ -24,6 +27,7 @@ from lora_sampler.errors import (
     EngineError,
     EngineStatusError,
     EngineTimeoutError,
+    LoraSamplerError,
     ModelNotFoundError,
 )
 from lora_sampler.names import validate_adapter_name
@@ -31,6 +35,12 @@ from lora_sampler.publish import CONFIG_FILE, check_adapter_config, remove_adapt
 from lora_sampler.retry import RetryPolicy, is_testing
 from lora_sampler.types import is_checkpoint_path
 
+_ONCE = RetryPolicy(max_attempts=1)  # each check reads the engine's first answer
+_TIMEOUT = (5.0, 30.0)
+_FOLDER_FIX = (
+    "mount the adapter folder on every replica at the same path, and pass it as this machine sees it to "
+    "--lora-base-dir (and as the replicas see it to engine_lora_base_dir= when the paths differ)"
+)
 #: The probe adapter's name prefix; a random suffix keeps concurrent doctors apart.
 PROBE_PREFIX = "lora-sampler-doctor-"
 #: Seconds the probe waits for a lagging shared filesystem before it concludes the engine does not see it.
@@ -60,23 +70,87 @@ class Finding:
 
 
 def run_checks(
-    base_url: str, *, api_key: Optional[str] = None, lora_base_dir: Optional[str] = None, adapter: Optional[str] = None
+    base_url: str,
+    *,
+    api_key: Optional[str] = None,
+    lora_base_dir: Optional[str] = None,
+    adapter: Optional[str] = None,
+    replicas: ReplicasSpec = None,
 ) -> List[Finding]:
-    """Run every check that applies and return the findings, in order; later checks need the earlier ones."""
+    """Run every check that applies and return the findings, in order; later checks need the earlier ones.
+
+    With ``replicas``, the adapter lifecycle checks (runtime updating, the folder) run on each replica instead of
+    on ``base_url``: a router forwards them to one replica only.
+    """
     findings: List[Finding] = []
-    once = RetryPolicy(max_attempts=1)  # each check reads the engine's first answer
     with SamplerClient(
-        base_url, api_key=api_key, lora_base_dir=lora_base_dir, retry=once, timeout=(5.0, 30.0)
+        base_url, api_key=api_key, lora_base_dir=lora_base_dir, retry=_ONCE, timeout=_TIMEOUT, replicas=replicas
     ) as client:
         model = check_engine(client, findings)
         if model is None:
             return findings
-        findings.append(check_runtime_updating(client))
-        if lora_base_dir is not None:
-            findings.append(check_resolver_dir(client, lora_base_dir, model))
+        if replicas is not None:
+            findings.extend(check_replicas(client, api_key, lora_base_dir, model))
+        else:
+            findings.append(check_runtime_updating(client))
+            if lora_base_dir is not None:
+                findings.append(check_resolver_dir(client, lora_base_dir, model))
         if adapter is not None:
             findings.append(check_adapter(adapter, lora_base_dir, model))
     return findings
+
+
+def check_replicas(
+    client: SamplerClient, api_key: Optional[str], lora_base_dir: Optional[str], model: str
+) -> List[Finding]:
+    """Check each replica: reachable, key, the same base model, runtime updating, and that it sees the folder."""
+    try:
+        urls = client.replicas()
+    except (LoraSamplerError, ValueError) as exc:
+        return [Finding("replicas", False, f"cannot list the replicas: {exc}", "pass --replicas URL,URL instead")]
+    findings = [Finding("replicas", True, f"{len(urls)}: {', '.join(urls)}")]
+    for url in urls:
+        with SamplerClient(url, api_key=api_key, retry=_ONCE, timeout=_TIMEOUT) as replica:
+            own: List[Finding] = []
+            served = check_engine(replica, own)
+            if served is not None and served != model:
+                fix = f"serve {model!r} on every replica (the same --model value)"
+                own.append(Finding("base model", False, f"{served!r}, not {model!r} as {client.base_url}", fix))
+            if served is not None:
+                own.append(check_runtime_updating(replica))
+                if lora_base_dir is not None:
+                    own.append(check_replica_folder(client, url, lora_base_dir, model))
+        findings += [dataclasses.replace(f, check=f"{url} {f.check}") for f in own]
+    return findings
+
+
+def check_replica_folder(client: SamplerClient, url: str, lora_base_dir: str, model: str) -> Finding:
+    """Load a weightless probe adapter on replica ``url`` of ``client``'s fleet: any answer but 404 "No adapter found"
+    proves it reads the folder.
+
+    Works without the resolver plugin. The probe has no weights, so no replica can ever load it.
+    """
+    check = "adapter folder"
+    with _probe_folder(lora_base_dir, model) as (name, problem):
+        if problem is not None:
+            return problem
+        fleet = client._fleet  # the doctor's client was built with replicas=
+        assert fleet is not None
+        try:
+            fleet.send_load(url, name, os.path.join(lora_base_dir, name))
+            fleet.unload_from(url, name)  # never expected of a weightless probe: unload it before its folder goes
+        except EngineStatusError as exc:
+            status, message = exc.status, exc.engine_message
+        except EngineError as exc:
+            return Finding(check, False, f"could not probe: {exc}", _FOLDER_FIX)
+        else:
+            status, message = 200, "loaded"
+    if status == 404 and "No adapter found" in message:
+        detail = f"the replica does not see adapters published in {lora_base_dir} (a probe load got HTTP 404)"
+        return Finding(check, False, detail, _FOLDER_FIX)
+    if status in (200, 500):  # 500 "doesn't contain tensors": it read the folder and found no weights
+        return Finding(check, True, f"the replica reads adapters published in {lora_base_dir}")
+    return Finding(check, False, f"a probe load answered HTTP {status}: {message}", _FOLDER_FIX)
 
 
 def check_engine(client: SamplerClient, findings: List[Finding]) -> Optional[str]:
@@ -126,7 +200,13 @@ def check_resolver_dir(client: SamplerClient, lora_base_dir: str, model: str) ->
 
     The probe holds only an ``adapter_config.json``, so the engine can never load it, and removing it is safe.
     """
-    check = "resolver folder"
+    with _probe_folder(lora_base_dir, model) as (name, problem):
+        return problem if problem is not None else _probe(client, name, lora_base_dir)
+
+
+@contextlib.contextmanager
+def _probe_folder(lora_base_dir: str, model: str) -> Iterator[Tuple[str, Optional[Finding]]]:
+    """Publish a weightless probe adapter (only its config) for the block; yield its name, or the problem."""
     name = PROBE_PREFIX + secrets.token_hex(4)
     try:
         temp = os.path.join(lora_base_dir, f".tmp-{name}")  # dotted: the resolver never takes it for an adapter
@@ -136,9 +216,10 @@ def check_resolver_dir(client: SamplerClient, lora_base_dir: str, model: str) ->
         os.rename(temp, os.path.join(lora_base_dir, name))  # the engine sees it complete or not at all
     except OSError as exc:
         fix = "create the folder and make it writable by this user, or pass the right --lora-base-dir"
-        return Finding(check, False, f"cannot publish into {lora_base_dir}: {exc}", fix)
+        yield name, Finding("resolver folder", False, f"cannot publish into {lora_base_dir}: {exc}", fix)
+        return
     try:
-        return _probe(client, name, lora_base_dir)
+        yield name, None
     finally:
         remove_adapter_dir(lora_base_dir, name)
 

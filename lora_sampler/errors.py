@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 import requests
 
@@ -199,6 +199,18 @@ class EngineTimeoutError(EngineError, requests.Timeout):
 
 class EngineConnectTimeoutError(EngineConnectionError, EngineTimeoutError, requests.ConnectTimeout):
     """The engine did not accept the connection within the connect timeout."""
+
+
+class FleetError(LoraSamplerError):
+    """Some replicas of a fleet did not load (or unload) an adapter; ``replicas`` maps each one's URL to its answer.
+
+    Attributes:
+        replicas: ``{replica root URL: what it answered}`` for every replica that failed.
+    """
+
+    def __init__(self, message: str = "", *, replicas: Optional[Dict[str, str]] = None, **kwargs: Any):
+        super().__init__(message, **kwargs)
+        self.replicas = dict(replicas or {})
 
 
 class PublishError(LoraSamplerError):

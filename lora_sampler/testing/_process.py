@@ -3,7 +3,7 @@
 The parent side is ``EngineProcess``; the child side is this module run as a script::
 
     python -m lora_sampler.testing._process --lora-dir DIR [--port 0] [--latency 0.0] [--load-latency 0.0]
-        [--model tiny-base] [--api-key-env NAME] [--hide NAME=K ...]
+        [--model tiny-base] [--api-key-env NAME] [--hide NAME=K ...] [--no-resolver]
 
 The child prints one JSON line ``{"url": "http://127.0.0.1:PORT", "pid": PID}`` once it listens. Then it reads JSON
 command lines on its standard input and answers each with one JSON line (``{"ok": ...}`` or ``{"error": "..."}``):
@@ -13,12 +13,16 @@ command lines on its standard input and answers each with one JSON line (``{"ok"
 - ``{"op": "requests"}``: the request log, as a list of ``RequestRecord`` dicts;
 - ``{"op": "max_loads", "name": N}``: ``FakeEngine.max_loads_in_flight_for(N)``;
 - ``{"op": "loaded"}``: the registered adapter names;
-- ``{"op": "reset"}``: ``FakeEngine.reset_log``.
+- ``{"op": "reset"}``: ``FakeEngine.reset_log``;
+- ``{"op": "runtime", "on": bool}``: ``FakeEngine.set_runtime_lora_updating``;
+- ``{"op": "slow_unload", "seconds": S}``: every later ``/v1/unload_lora_adapter`` answers after S seconds.
 
 It serves until SIGTERM/SIGINT or until its standard input closes, so it never outlives the test that started it.
 The API key, when any, is read from the environment variable named by ``--api-key-env`` (never from argv).
 ``--hide NAME=K`` hides ``lora_dir/NAME`` for its first K completions from the start (a restarted engine that has
-forgotten an adapter and sees it late). Stdlib only; loopback only.
+forgotten an adapter and sees it late). ``--no-resolver`` serves without the filesystem resolver (``lora_dir=None``):
+an adapter only once ``/v1/load_lora_adapter`` loaded it, as SGLang and vLLM without the resolver plugin do.
+Stdlib only; loopback only.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from typing import IO, Any, Callable, Dict, List, Optional
 
 from lora_sampler.testing._engine import FakeEngine
@@ -72,6 +77,7 @@ class EngineProcess:
         env: Extra environment variables for the child.
         api_key_env: The child reads its API key from this environment variable (never from argv).
         hidden: Adapter names hidden from the resolver for their first K completions, set before it listens.
+        resolver: False serves without the filesystem resolver (adapters only once loaded; ``lora_dir`` unread).
     """
 
     def __init__(
@@ -85,8 +91,10 @@ class EngineProcess:
         env: Optional[Dict[str, str]] = None,
         api_key_env: Optional[str] = None,
         hidden: Optional[Dict[str, int]] = None,
+        resolver: bool = True,
     ):
         self.lora_dir, self.model, self.latency, self.load_latency = lora_dir, model, latency, load_latency
+        self.resolver = resolver
         self._env, self._api_key_env = env, api_key_env
         argv = [sys.executable, "-m", "lora_sampler.testing._process", "--lora-dir", lora_dir, "--port", str(port)]
         argv += ["--latency", str(latency), "--load-latency", str(load_latency), "--model", model]
@@ -94,6 +102,8 @@ class EngineProcess:
             argv += ["--api-key-env", api_key_env]
         for name, count in (hidden or {}).items():
             argv += ["--hide", f"{name}={count}"]
+        if not resolver:
+            argv.append("--no-resolver")
         self.process: subprocess.Popen[str] = subprocess.Popen(  # noqa: S603 (our own interpreter and module)
             argv,
             stdin=subprocess.PIPE,
@@ -126,6 +136,7 @@ class EngineProcess:
             env=self._env,
             api_key_env=self._api_key_env,
             hidden=hidden,
+            resolver=self.resolver,
         )
 
     def _read_line(self, timeout: float) -> str:
@@ -186,6 +197,21 @@ def _commands(engine: FakeEngine) -> Dict[str, Callable[[Dict[str, Any]], Any]]:
         engine.reset_log()
         return True
 
+    def runtime(cmd: Dict[str, Any]) -> Any:
+        engine.set_runtime_lora_updating(bool(cmd["on"]))
+        return True
+
+    def slow_unload(cmd: Dict[str, Any]) -> Any:
+        table = engine._adapters  # test plumbing: the unload route answers after a pause
+        unload, seconds = table.unload, float(cmd["seconds"])
+
+        def slowly(payload: Dict[str, Any]) -> Any:
+            time.sleep(seconds)
+            return unload(payload)
+
+        table.unload = slowly  # type: ignore[method-assign]
+        return True
+
     return {
         "delay": delay,
         "fault": fault,
@@ -193,6 +219,8 @@ def _commands(engine: FakeEngine) -> Dict[str, Callable[[Dict[str, Any]], Any]]:
         "max_loads": lambda cmd: engine.max_loads_in_flight_for(cmd["name"]),
         "loaded": lambda cmd: engine.loaded_adapters,
         "reset": reset,
+        "runtime": runtime,
+        "slow_unload": slow_unload,
     }
 
 
@@ -206,11 +234,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--model", default="tiny-base")
     parser.add_argument("--api-key-env", default=None, help="read the engine's API key from this variable")
     parser.add_argument("--hide", action="append", default=[], help="NAME=K: hide an adapter for K completions")
+    parser.add_argument("--no-resolver", action="store_true", help="no filesystem resolver: adapters only once loaded")
     args = parser.parse_args(argv)
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
     engine = FakeEngine(
         model=args.model,
-        lora_dir=args.lora_dir,
+        lora_dir=None if args.no_resolver else args.lora_dir,
         latency=args.latency,
         load_latency=args.load_latency,
         port=args.port,

@@ -271,10 +271,14 @@ def _launch(
     lora_dir: Path,
     *,
     runtime_lora_updating: bool,
+    resolver: bool = True,
     port: int | None = None,
     api_key: str | None = None,
 ) -> RealEngine:
-    """Start the server process (does not wait for it); ``port`` and ``api_key`` default to fresh ones."""
+    """Start the server process (does not wait for it).
+
+    ``port`` and ``api_key`` default to fresh ones; without ``resolver``, the resolver plugin stays off.
+    """
     port = port or _free_port()
     api_key = api_key or f"test-{secrets.token_hex(8)}"
     log_path = workdir / f"vllm-{port}.log"
@@ -284,9 +288,13 @@ def _launch(
     environ.pop("VLLM_ALLOW_RUNTIME_LORA_UPDATING", None)
     if runtime_lora_updating:
         environ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    environ.pop("VLLM_PLUGINS", None)
+    environ.pop("VLLM_LORA_RESOLVER_CACHE_DIR", None)
+    if resolver:
+        environ.update(VLLM_PLUGINS="lora_filesystem_resolver", VLLM_LORA_RESOLVER_CACHE_DIR=str(lora_dir))
+    else:
+        environ["VLLM_PLUGINS"] = ""  # no plugin at all: an adapter is served only once it was loaded
     environ.update(
-        VLLM_PLUGINS="lora_filesystem_resolver",
-        VLLM_LORA_RESOLVER_CACHE_DIR=str(lora_dir),
         VLLM_CPU_KVCACHE_SPACE="1",
         HF_HUB_OFFLINE="1",
         VLLM_NO_USAGE_STATS="1",
@@ -371,7 +379,12 @@ def ensure_env(report: Callable[[str], None] | None = None) -> Any:
 
 
 def start_engine(
-    env: Any, workdir: Path, *, runtime_lora_updating: bool = True, report: Callable[[str], None] | None = None
+    env: Any,
+    workdir: Path,
+    *,
+    runtime_lora_updating: bool = True,
+    report: Callable[[str], None] | None = None,
+    **launch: Any,
 ) -> RealEngine:
     """Start a ready, warmed-up engine; the caller must call ``stop()``.
 
@@ -380,6 +393,7 @@ def start_engine(
         workdir: A fresh directory for the resolver directory and the engine log.
         runtime_lora_updating: Whether to set ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``.
         report: Receives progress lines (readiness, timings); stderr when ``None``.
+        launch: ``resolver=False`` (no resolver plugin), ``port=`` (e.g. a restart's), ``api_key=`` (a fleet's).
 
     Returns:
         The running engine.
@@ -389,7 +403,7 @@ def start_engine(
     lora_dir.mkdir(parents=True, exist_ok=True)  # the resolver plugin raises ValueError if it is missing
     for attempt in range(2):
         started = time.monotonic()
-        engine = _launch(env, workdir, lora_dir, runtime_lora_updating=runtime_lora_updating)
+        engine = _launch(env, workdir, lora_dir, runtime_lora_updating=runtime_lora_updating, **launch)
         atexit.register(engine.stop)  # belt and braces: pytest's teardown normally runs first
         try:
             _wait_ready(engine)
@@ -519,3 +533,10 @@ def engine_restarter(vllm_engine: RealEngine, vllm_env: Any) -> EngineRestarter:
 def adapter_name(vllm_engine: RealEngine, request: pytest.FixtureRequest) -> str:
     """A fresh adapter name for one test, derived from the test's name."""
     return vllm_engine.fresh_name(request.node.name.split("[")[0].removeprefix("test_").replace("_", "-")[:24])
+
+
+@pytest.fixture(scope="session")
+def start_replica(vllm_env: Any, pytestconfig: pytest.Config) -> Callable[..., RealEngine]:
+    """Start one more engine: ``start_replica(workdir, resolver=False, api_key=k, port=p)``; the caller stops it."""
+    report = _reporter(pytestconfig)
+    return lambda workdir, **launch: start_engine(vllm_env, workdir, report=report, **launch)

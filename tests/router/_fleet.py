@@ -9,6 +9,7 @@ tests fail with a message saying so. Loopback only.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import shutil
@@ -16,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import pytest
 import requests
@@ -49,6 +50,19 @@ def router_executable() -> str:
             pytrace=False,
         )
     return found
+
+
+def start_replicas(count: int, lora_dir: str, **options: Any) -> List[Replica]:
+    """Start ``count`` replicas at once (each start costs a Python start-up); stop them all if any fails."""
+    with concurrent.futures.ThreadPoolExecutor(count) as pool:
+        futures = [pool.submit(Replica, lora_dir, **options) for _ in range(count)]
+        concurrent.futures.wait(futures)
+    started = [f.result() for f in futures if f.exception() is None]
+    if len(started) < count:
+        for replica in started:
+            replica.stop()
+        raise next(f.exception() for f in futures if f.exception() is not None)  # type: ignore[misc]
+    return started
 
 
 class Router:

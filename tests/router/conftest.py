@@ -1,4 +1,7 @@
-"""Fixtures for the router tests: three FakeEngine replica processes behind a real vllm-router (``_fleet``)."""
+"""Fixtures for the router tests: three FakeEngine replica processes behind a real vllm-router (``_fleet``).
+
+test_fleet.py starts its own, larger fleet (module scope).
+"""
 
 from __future__ import annotations
 

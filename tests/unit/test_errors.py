@@ -114,3 +114,10 @@ def test_errors_hint_follows_the_engine_sentence_with_one_period(base: str) -> N
     assert ".." not in str(error)
     expected_alias = "tiny-base." if base == "tiny-base" else "<path>."
     assert f"Valid aliases: {expected_alias} Check that the adapter is published" in str(error)
+
+
+def test_errors_fleet_error_keeps_the_replicas_through_pickle() -> None:
+    """FleetError's replicas (URL -> answer) survive pickling, so a process pool's caller sees which failed."""
+    error = lora_sampler.FleetError("2 of 3", model="a", adapter=True, replicas={"http://r1:8000": "HTTP 404"})
+    clone = pickle.loads(pickle.dumps(error))
+    assert clone.replicas == {"http://r1:8000": "HTTP 404"} and isinstance(clone, lora_sampler.LoraSamplerError)
