@@ -426,9 +426,10 @@ def _free_bytes(folder: str) -> Optional[int]:
 
 
 def _raise_hint(bound: str) -> str:
+    flag = " (the CLI: --max-adapter-gib)" if bound == "max_total_bytes" else ""
     return (
         f"If the checkpoint is genuine, raise the bound: publish_checkpoint(..., limits=PublishLimits({bound}=...)), "
-        f"or SamplerClient(..., publish_limits=PublishLimits({bound}=...))"
+        f"or SamplerClient(..., publish_limits=PublishLimits({bound}=...)){flag}"
     )
 
 

@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from lora_sampler import __version__
 from lora_sampler._batch_runner import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, BatchAbandoned, run_batch
+from lora_sampler._extract import DEFAULT_LIMITS, PublishLimits
 from lora_sampler._terminal import LOG_FORMAT, RetryCounter
 from lora_sampler.batch import LineDefaults
 from lora_sampler.client import API_KEY_ENV, SamplerClient
@@ -37,6 +38,8 @@ TESTING_ENV = "LORA_SAMPLER_TESTING"
 DEFAULT_MAX_OUTAGE = 600.0
 #: ``--timeout`` default: ``CONNECT,READ`` seconds per request (the client's default).
 DEFAULT_TIMEOUT = "10,300"
+#: Bytes in a GiB (``--max-adapter-gib``).
+GIB = 1 << 30
 
 
 class UsageError(LoraSamplerError):
@@ -70,6 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=_replicas,
         help="a fleet: 'router' (--base-url is a vllm-router; ask it for its workers) or URL,URL,... (replica "
         "roots); adapters are then loaded on, checked on and unloaded from every replica",
+    )
+    engine.add_argument(
+        "--max-adapter-gib",
+        type=_positive_gib,
+        metavar="GIB",
+        help=f"largest checkpoint published, extracted, in GiB (default: {DEFAULT_LIMITS.max_total_bytes / GIB:g}; "
+        "an archive that expands past it is refused before it fills the shared folder)",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -142,6 +152,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _positive_gib(value: str) -> float:
+    """Parse ``--max-adapter-gib``: a number of GiB > 0."""
+    try:
+        gib = float(value)
+    except ValueError:
+        gib = 0.0
+    if not 0 < gib < float("inf") or int(gib * GIB) < 1:
+        raise argparse.ArgumentTypeError(f"takes a number of GiB > 0 such as 32, got {value!r}")
+    return gib
+
+
 def _replicas(value: str) -> Union[str, List[str]]:
     """Parse ``--replicas``: ``router``, or comma-separated replica root URLs."""
     if value == "router":
@@ -157,8 +178,14 @@ def _replicas(value: str) -> Union[str, List[str]]:
 
 def _client(args: argparse.Namespace, **kwargs: Any) -> SamplerClient:
     # SamplerClient falls back to $LORA_SAMPLER_API_KEY itself.
+    limits = None if args.max_adapter_gib is None else PublishLimits(max_total_bytes=int(args.max_adapter_gib * GIB))
     return SamplerClient(
-        args.base_url, api_key=args.api_key, lora_base_dir=args.lora_base_dir, replicas=args.replicas, **kwargs
+        args.base_url,
+        api_key=args.api_key,
+        lora_base_dir=args.lora_base_dir,
+        replicas=args.replicas,
+        publish_limits=limits,
+        **kwargs,
     )
 
 

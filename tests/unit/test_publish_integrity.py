@@ -412,3 +412,17 @@ def test_publish_in_a_new_process_hashes_before_extracting_what_is_there(
     monkeypatch.setattr(publish, "extract_archive", no_extract)
     assert publish_checkpoint(archive, base) == first
     assert hashed == [str(archive)]
+
+
+def test_cli_max_adapter_gib_bounds_what_publish_extracts(
+    tmp_path: pathlib.Path, base: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--max-adapter-gib`` reaches the publish bound: a checkpoint over it is refused, naming the flag."""
+    archive = write(tmp_path / "step.tar.gz", gzip.compress(tar_bytes(adapter_files(weights=bytes(2 << 20)))))
+    argv = ["publish", str(archive), "--lora-base-dir", str(base), "--base-url", "http://127.0.0.1:9"]
+    assert cli_main([*argv, "--max-adapter-gib", "0.001"]) != 0
+    err = capsys.readouterr().err
+    assert "max_total_bytes" in err and "--max-adapter-gib" in err
+    assert_nothing_published(base)
+    assert cli_main([*argv, "--max-adapter-gib", "0"]) == 2
+    assert "--max-adapter-gib: takes a number of GiB > 0" in capsys.readouterr().err
