@@ -10,6 +10,7 @@ import logging
 __version__ = "0.1.0"
 
 from lora_sampler._extract import PublishLimits
+from lora_sampler._outage import OutageEvent, OutageHook
 from lora_sampler.client import SamplerClient
 from lora_sampler.errors import (
     AdapterConfigError,
@@ -49,6 +50,8 @@ __all__ = [
     "GeneratedSequence",
     "LoraSamplerError",
     "ModelNotFoundError",
+    "OutageEvent",
+    "OutageHook",
     "PublishError",
     "PublishLimits",
     "RetryEvent",

@@ -11,6 +11,7 @@ import lora_sampler
 from lora_sampler import (
     Adapter,
     GeneratedSequence,
+    OutageEvent,
     RetryEvent,
     RetryPolicy,
     SampleOutput,
@@ -22,6 +23,10 @@ from lora_sampler import (
 
 def on_retry(event: RetryEvent) -> None:
     print(event.attempt, event.max_attempts, event.wait, event.model, event.adapter)
+
+
+def on_outage(event: OutageEvent) -> None:
+    print(event.kind, event.waited, event.max_outage, event.held)
 
 
 def use_the_api() -> None:
@@ -37,7 +42,12 @@ def use_the_api() -> None:
         print(future.result().sequences)
         many: List[object] = client.sample_many([SampleRequest([1], adapter="step-400")], return_exceptions=True)
         print(many)
-        for index, result in client.imap_unordered([{"prompt": [1], "base_model": "m"}]):
+        chat: SampleOutput = client.chat([{"role": "user", "content": "hi"}], base_model=served[0])
+        print(chat.sequences, client.replicas())
+        client.wait_ready(30.0)
+        for index, result in client.imap_unordered(
+            [{"prompt": [1], "base_model": "m"}], max_outage=60.0, on_outage=on_outage
+        ):
             print(index, result)
         client.unload(adapter, delete_files=True)
     try:
