@@ -532,6 +532,10 @@ def _what(exchange: _Exchange) -> str:
     return f" for {'LoRA adapter' if exchange.adapter else 'base model'} {exchange.model!r}"
 
 
+#: One encoder for every body (``json.dumps`` with options builds a new one per call): compact, and no NaN on the wire.
+_JSON_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
 def new_id() -> str:
     """Return a fresh random id of 32 hex digits (request and session ids: unique, not secret, no system call)."""
     return f"{random.getrandbits(128):032x}"
@@ -570,5 +574,5 @@ class _Exchange(NamedTuple):
         headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: request_id}
         if session_id:
             headers[SESSION_HEADER] = session_id
-        data = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
+        data = _JSON_ENCODER.encode(payload).encode()
         return cls("POST", path, data, headers, timeout, model, adapter, request_id)
