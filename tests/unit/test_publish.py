@@ -34,18 +34,6 @@ CONFIG = {"peft_type": "LORA", "base_model_name_or_path": ENGINE_MODEL, "r": 8}
 Member = Tuple[tarfile.TarInfo, Optional[bytes]]
 
 
-@pytest.fixture(autouse=True)
-def _fresh_digest_cache() -> None:
-    publish.clear_digest_cache()
-
-
-@pytest.fixture
-def base(tmp_path: pathlib.Path) -> pathlib.Path:
-    folder = tmp_path / "loras"
-    folder.mkdir()
-    return folder
-
-
 def file_member(name: str, data: bytes) -> Member:
     info = tarfile.TarInfo(name)
     info.size = len(data)

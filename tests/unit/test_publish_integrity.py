@@ -27,18 +27,6 @@ CONFIG = {"peft_type": "LORA", "base_model_name_or_path": "/models/tiny-model", 
 WEIGHTS = "adapter_model.safetensors"
 
 
-@pytest.fixture(autouse=True)
-def _fresh_digest_cache() -> None:
-    publish.clear_digest_cache()
-
-
-@pytest.fixture
-def base(tmp_path: pathlib.Path) -> pathlib.Path:
-    folder = tmp_path / "loras"
-    folder.mkdir()
-    return folder
-
-
 def tar_bytes(files: List[Tuple[str, bytes]], dirs: Tuple[str, ...] = ()) -> bytes:
     """An uncompressed tar holding ``dirs`` (folders) and ``files``, in that order."""
     out = io.BytesIO()
