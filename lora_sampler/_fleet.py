@@ -32,6 +32,7 @@ from lora_sampler._http import (
 )
 from lora_sampler.errors import EngineError, EngineStatusError, FleetError, LoraSamplerError
 from lora_sampler.retry import RetryPolicy
+from lora_sampler.types import model_cards
 
 logger = logging.getLogger(__name__)
 
@@ -286,8 +287,6 @@ def _worker_urls(body: Any) -> List[str]:
 
 def _lists_adapter(body: Any, name: str) -> bool:
     """Whether a ``GET /v1/models`` body lists ``name`` as an adapter card whose ``parent`` is a base model card."""
-    cards = body["data"]
-    if not isinstance(cards, list) or not all(isinstance(card, dict) for card in cards):
-        raise TypeError("'data' is not a list of model cards")
+    cards = model_cards(body)
     bases = {card.get("id") for card in cards if not card.get("parent")}
     return any(card.get("id") == name and card.get("parent") in bases for card in cards)

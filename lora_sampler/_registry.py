@@ -18,7 +18,7 @@ from lora_sampler._fleet import NOT_HELD, Fleet
 from lora_sampler._http import MODELS_PATH, UNLOAD_ADAPTER_PATH, EngineTransport
 from lora_sampler.errors import EngineError, EngineStatusError, LoraSamplerError
 from lora_sampler.names import validate_adapter_name
-from lora_sampler.types import Adapter, AdapterSpec, is_checkpoint_path
+from lora_sampler.types import Adapter, AdapterSpec, is_checkpoint_path, model_cards
 
 logger = logging.getLogger(__name__)
 
@@ -232,9 +232,7 @@ class AdapterRegistry:
 
 def _base_cards_of(body: Any) -> List[Tuple[str, str]]:
     """Read ``(id, root)`` of each base-model card (no ``parent``) from a ``GET /v1/models`` body."""
-    cards = body.get("data") if isinstance(body, dict) else None
-    if not isinstance(cards, list) or not all(isinstance(card, dict) and "id" in card for card in cards):
-        raise ValueError("it has no 'data' list of model cards with an 'id' each")
+    cards = model_cards(body)
     base = [(str(card["id"]), str(card.get("root") or card["id"])) for card in cards if not card.get("parent")]
     if not base:
         raise ValueError("it lists no base model")

@@ -134,6 +134,18 @@ class Adapter:
 AdapterSpec = Union[Adapter, str, "os.PathLike[str]"]
 
 
+def model_cards(body: Any) -> List[Dict[str, Any]]:
+    """Return the model cards of a ``GET /v1/models`` body (base models, and adapters with a ``parent``).
+
+    Raises:
+        ValueError: the body has no ``data`` list of cards with an ``id`` each.
+    """
+    cards = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(cards, list) or not all(isinstance(card, dict) and "id" in card for card in cards):
+        raise ValueError("it has no 'data' list of model cards with an 'id' each")
+    return cards
+
+
 def is_checkpoint_path(adapter: object) -> bool:
     """Tell whether an ``adapter=`` value names a checkpoint on disk rather than an adapter name (SPEC §3)."""
     if isinstance(adapter, os.PathLike):
