@@ -28,7 +28,7 @@ from lora_sampler._http import (
     Timeout,
     new_id,
 )
-from lora_sampler._outage import OutageGate, OutageHook, probe_timeout, probe_until
+from lora_sampler._outage import OutageGate, OutageHook, checked_seconds, probe_timeout, probe_until
 from lora_sampler._registry import AdapterRegistry
 from lora_sampler.errors import EngineConnectionError, EngineError, EngineStatusError
 from lora_sampler.retry import DEFAULT_RETRY_POLICY, RetryPolicy, make_retrying
@@ -386,9 +386,7 @@ class SamplerClient:
         self, max_outage: float, on_outage: Optional[OutageHook]
     ) -> Tuple[Optional[OutageGate], Optional[Runner]]:
         """Return the gate of one fan-out and the runner that goes through it (both None for ``max_outage=0``)."""
-        if isinstance(max_outage, bool) or not isinstance(max_outage, (int, float)) or not max_outage >= 0:
-            raise ValueError(f"max_outage must be a number of seconds >= 0, got {max_outage!r}")
-        if max_outage == 0:
+        if checked_seconds(max_outage, "max_outage") == 0:
             return None, None
         timeout = probe_timeout(self._transport.timeout)
         gate = OutageGate(
@@ -410,8 +408,7 @@ class SamplerClient:
             EngineConnectionError: the engine did not answer within ``timeout`` seconds (the last error is its cause).
             EngineError: the engine answered with a refusal that waiting does not fix (e.g. 401 for the API key).
         """
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
-            raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
+        checked_seconds(timeout, "timeout")
         probe = probe_timeout(self._transport.timeout)
         last = probe_until(lambda: self._probe(probe), time.monotonic() + timeout)
         if last is not None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from lora_sampler._http import without_userinfo
+from lora_sampler._outage import checked_seconds
 from lora_sampler.client import API_KEY_ENV, SamplerClient
 from lora_sampler.errors import EngineStatusError
 from lora_sampler.retry import DEFAULT_RETRY_POLICY, RetryPolicy
@@ -73,8 +74,7 @@ class ClientSettings:
             )
         if isinstance(self.max_workers, bool) or not isinstance(self.max_workers, int) or self.max_workers < 1:
             raise ValueError(f"max_workers must be an int >= 1, got {self.max_workers!r}")
-        if isinstance(self.max_outage, bool) or not isinstance(self.max_outage, (int, float)) or self.max_outage < 0:
-            raise ValueError(f"max_outage must be a number of seconds >= 0, got {self.max_outage!r}")
+        checked_seconds(self.max_outage, "max_outage")
 
     def __repr__(self) -> str:
         shown = {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
