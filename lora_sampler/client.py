@@ -270,9 +270,11 @@ class SamplerClient:
 
     def _before_retry(self, call: _Call, error: EngineError, attempt: int) -> None:
         """Send the proactive load (SPEC §4), shared by racing threads; on a fleet, reconcile every replica instead."""
-        if call.is_adapter and call.load_path is not None and self._fleet is not None:
+        if not call.is_adapter or call.load_path is None:
+            return
+        if self._fleet is not None:
             self._fleet.reconcile(call.model, call.load_path)
-        elif call.is_adapter and call.load_path is not None:
+        else:
             self._loads.load_if_due(call.model, attempt, lambda: self._send_load(call))
 
     def _send_load(self, call: _Call) -> None:
