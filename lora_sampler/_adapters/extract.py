@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import IO, Any, Dict, Optional, cast
 
-from ._archive import (
+from lora_sampler._adapters.archive import (
     ARCHIVE_FIX,
     MARKER_FILE,
     check_layout,
@@ -35,7 +35,7 @@ from ._archive import (
     list_folder_files,
     run_data_filter,
 )
-from .errors import PublishError, UnsafeArchiveError
+from lora_sampler.errors import PublishError, UnsafeArchiveError
 
 #: Bytes per step when extracting or copying: measured faster than 64 KiB and 1 MiB on a 64 MiB payload.
 COPY_CHUNK_SIZE = 1 << 18

@@ -13,10 +13,10 @@ import sys
 import time
 from typing import Any, Dict, Iterable, Optional, Tuple
 
-from lora_sampler._batch_job import ENGINE_WIDE_ERRORS, UNUSABLE_ERRORS, BatchJob
-from lora_sampler._outage import OutageEvent
-from lora_sampler._terminal import RetryCounter, interrupts_stop, logs_above, progress_bar, say
-from lora_sampler.batch import (
+from lora_sampler._client.client import SamplerClient
+from lora_sampler._client.outage import OutageEvent
+from lora_sampler.batch._job import ENGINE_WIDE_ERRORS, UNUSABLE_ERRORS, BatchJob
+from lora_sampler.batch._lines import (
     PROMPT_RECORDS,
     InputLine,
     LineDefaults,
@@ -27,15 +27,15 @@ from lora_sampler.batch import (
     prepare_output,
     read_input,
 )
-from lora_sampler.client import SamplerClient
-from lora_sampler.errors import BatchInputError
-from lora_sampler.openai_batch import (
+from lora_sampler.batch._openai import (
     OPENAI_BATCH_FORMAT,
     OPENAI_BATCH_RECORDS,
     PROMPT_FORMAT,
     detect_format,
     parse_batch_line,
 )
+from lora_sampler.cli._terminal import RetryCounter, interrupts_stop, logs_above, progress_bar, say
+from lora_sampler.errors import BatchInputError
 
 logger = logging.getLogger(__name__)
 

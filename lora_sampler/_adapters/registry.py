@@ -13,9 +13,9 @@ import os
 import threading
 from typing import Any, Counter, Dict, List, Optional, Set, Tuple, Union
 
-from lora_sampler._extract import PublishLimits
-from lora_sampler._fleet import NOT_HELD, Fleet
-from lora_sampler._http import MODELS_PATH, UNLOAD_ADAPTER_PATH, EngineTransport
+from lora_sampler._adapters.extract import PublishLimits
+from lora_sampler._adapters.fleet import NOT_HELD, Fleet
+from lora_sampler._transport.http import MODELS_PATH, UNLOAD_ADAPTER_PATH, EngineTransport
 from lora_sampler.errors import EngineError, EngineStatusError, LoraSamplerError
 from lora_sampler.names import validate_adapter_name
 from lora_sampler.types import Adapter, AdapterSpec, is_checkpoint_path, model_cards
@@ -113,7 +113,7 @@ class AdapterRegistry:
         lineage: Optional[str] = None,
     ) -> Adapter:
         """Publish ``checkpoint`` into the resolver directory and preflight it (see ``SamplerClient.publish``)."""
-        from lora_sampler.publish import publish_checkpoint
+        from lora_sampler._adapters.publish import publish_checkpoint
 
         if self.lora_base_dir is None:
             raise ValueError("publishing a checkpoint needs lora_base_dir= (the engine's resolver directory)")
@@ -131,7 +131,7 @@ class AdapterRegistry:
 
     def _preflight(self, adapter: Adapter) -> None:
         """Check ``adapter_config.json`` against the engine's model once per adapter, before any completion."""
-        from lora_sampler.publish import check_adapter_config
+        from lora_sampler._adapters.publish import check_adapter_config
 
         with self._key_lock("check:" + adapter.name):
             if adapter.name in self._checked or adapter.path is None:
@@ -167,7 +167,7 @@ class AdapterRegistry:
             EngineError: the engine did not confirm the unload (the files are left in place).
             FleetError: with a fleet, some replicas did not confirm (the files are left in place).
         """
-        from lora_sampler.publish import remove_adapter_dir
+        from lora_sampler._adapters.publish import remove_adapter_dir
 
         validate_adapter_name(name, argument="adapter")
         if self._fleet is not None:

@@ -38,7 +38,7 @@ from urllib3.exceptions import (
     SSLError,
 )
 
-from lora_sampler import __version__
+from lora_sampler._version import __version__
 from lora_sampler.errors import (
     EngineConnectionError,
     EngineConnectTimeoutError,

@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Set, Tuple, Type, Union
 
-from lora_sampler._outage import OutageEvent, OutageHook, is_outage
-from lora_sampler.batch import PROMPT_RECORDS, InputLine, RecordFormat, write_record
-from lora_sampler.client import SamplerClient
+from lora_sampler._client.client import SamplerClient
+from lora_sampler._client.outage import OutageEvent, OutageHook, is_outage
+from lora_sampler.batch._lines import PROMPT_RECORDS, InputLine, RecordFormat, write_record
 from lora_sampler.errors import (
     AdapterNotReadyError,
     AuthenticationError,

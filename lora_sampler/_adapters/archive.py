@@ -21,7 +21,7 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Dict, Hashable, Iterable, Iterator, List, Optional, Tuple, Union
 
-from .errors import PublishError, UnsafeArchiveError
+from lora_sampler.errors import PublishError, UnsafeArchiveError
 
 logger = logging.getLogger(__name__)
 

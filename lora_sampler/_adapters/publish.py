@@ -15,7 +15,7 @@ import re
 import shutil
 from typing import Any, Callable, Dict, Optional
 
-from ._archive import (
+from lora_sampler._adapters.archive import (
     MARKER_FILE,
     KeyedLocks,
     StrPath,
@@ -27,10 +27,10 @@ from ._archive import (
     hashing_in_one_pass,
     make_temp_folder,
 )
-from ._extract import DEFAULT_LIMITS, PublishLimits, copy_folder, extract_archive
-from .errors import AdapterConfigError, PublishError
-from .names import validate_adapter_name
-from .types import Adapter
+from lora_sampler._adapters.extract import DEFAULT_LIMITS, PublishLimits, copy_folder, extract_archive
+from lora_sampler.errors import AdapterConfigError, PublishError
+from lora_sampler.names import validate_adapter_name
+from lora_sampler.types import Adapter
 
 __all__ = [
     "CONFIG_FILE",

@@ -17,8 +17,9 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Tuple
 
-from lora_sampler._fleet import ReplicasSpec
-from lora_sampler.client import SamplerClient
+from lora_sampler._adapters.fleet import ReplicasSpec
+from lora_sampler._adapters.publish import CONFIG_FILE, check_adapter_config, remove_adapter_dir
+from lora_sampler._client.client import SamplerClient
 from lora_sampler.errors import (
     AdapterConfigError,
     AdapterNotReadyError,
@@ -31,7 +32,6 @@ from lora_sampler.errors import (
     ModelNotFoundError,
 )
 from lora_sampler.names import validate_adapter_name
-from lora_sampler.publish import CONFIG_FILE, check_adapter_config, remove_adapter_dir
 from lora_sampler.retry import RetryPolicy, is_testing
 from lora_sampler.types import is_checkpoint_path
 

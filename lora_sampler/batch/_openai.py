@@ -24,7 +24,7 @@ import json
 import uuid
 from typing import Any, Collection, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
-from lora_sampler.batch import UTF8_BOM, InputLine, LineDefaults, RecordFormat, id_key
+from lora_sampler.batch._lines import UTF8_BOM, InputLine, LineDefaults, RecordFormat, id_key
 from lora_sampler.errors import EngineStatusError
 from lora_sampler.types import SampleOutput, SampleRequest, SamplingParams
 

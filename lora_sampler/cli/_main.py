@@ -17,16 +17,16 @@ import os
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from lora_sampler import __version__
-from lora_sampler._batch_runner import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, BatchAbandoned, run_batch
-from lora_sampler._extract import DEFAULT_LIMITS, PublishLimits
-from lora_sampler._terminal import LOG_FORMAT, RetryCounter
-from lora_sampler.batch import LineDefaults
-from lora_sampler.client import API_KEY_ENV, SamplerClient
+from lora_sampler._adapters.extract import DEFAULT_LIMITS, PublishLimits
+from lora_sampler._adapters.publish import check_adapter_config
+from lora_sampler._client.client import API_KEY_ENV, SamplerClient
+from lora_sampler._version import __version__
+from lora_sampler.batch._lines import LineDefaults
+from lora_sampler.batch._openai import OPENAI_BATCH_FORMAT, PROMPT_FORMAT, file_format
+from lora_sampler.cli._runner import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, BatchAbandoned, run_batch
+from lora_sampler.cli._terminal import LOG_FORMAT, RetryCounter
 from lora_sampler.errors import LoraSamplerError
 from lora_sampler.names import validate_adapter_name
-from lora_sampler.openai_batch import OPENAI_BATCH_FORMAT, PROMPT_FORMAT, file_format
-from lora_sampler.publish import check_adapter_config
 from lora_sampler.retry import DEFAULT_RETRY_POLICY, set_testing
 from lora_sampler.types import Adapter, SamplingParams, is_checkpoint_path
 
@@ -210,7 +210,7 @@ def cmd_unload(args: argparse.Namespace) -> int:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Run the doctor's checks and print each as ok, or as a problem with its fix."""
-    from lora_sampler.doctor import run_checks
+    from lora_sampler.cli._doctor import run_checks
 
     findings = run_checks(
         args.base_url,
@@ -228,7 +228,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run the demo on the built-in test engine."""
-    from lora_sampler._demo import run_demo
+    from lora_sampler.cli._demo import run_demo
 
     return run_demo()
 

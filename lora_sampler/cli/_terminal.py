@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Iterator, Optional
 
-from lora_sampler._batch_job import DEFAULT_DRAIN_SECONDS, BatchJob
+from lora_sampler.batch._job import DEFAULT_DRAIN_SECONDS, BatchJob
 from lora_sampler.retry import RetryEvent
 
 #: The format of lora_sampler's log lines on stderr.

@@ -23,7 +23,7 @@ import logging
 import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
 
-from lora_sampler._http import (
+from lora_sampler._transport.http import (
     LOAD_ADAPTER_PATH,
     MODELS_PATH,
     UNLOAD_ADAPTER_PATH,

@@ -16,10 +16,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
-from lora_sampler._adapter_loads import AdapterLoadCoordinator
-from lora_sampler._extract import PublishLimits
-from lora_sampler._fleet import Fleet, ReplicasSpec
-from lora_sampler._http import (
+from lora_sampler._adapters.extract import PublishLimits
+from lora_sampler._adapters.fleet import Fleet, ReplicasSpec
+from lora_sampler._adapters.loads import AdapterLoadCoordinator
+from lora_sampler._adapters.registry import AdapterRegistry
+from lora_sampler._client.outage import OutageGate, OutageHook, checked_seconds, probe_timeout, probe_until
+from lora_sampler._transport.http import (
     DEFAULT_MAX_RESPONSE_BYTES,
     HEALTH_PATH,
     LOAD_ADAPTER_PATH,
@@ -28,8 +30,6 @@ from lora_sampler._http import (
     Timeout,
     new_id,
 )
-from lora_sampler._outage import OutageGate, OutageHook, checked_seconds, probe_timeout, probe_until
-from lora_sampler._registry import AdapterRegistry
 from lora_sampler.errors import EngineConnectionError, EngineError, EngineStatusError
 from lora_sampler.retry import DEFAULT_RETRY_POLICY, RetryPolicy, make_retrying
 from lora_sampler.types import Adapter, AdapterSpec, Message, Prompt, SampleOutput, SampleRequest, SamplingParams

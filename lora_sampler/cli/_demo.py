@@ -13,11 +13,11 @@ import os
 import tarfile
 import tempfile
 
-from lora_sampler._batch_runner import run_batch
-from lora_sampler._terminal import RetryCounter
-from lora_sampler.batch import LineDefaults
-from lora_sampler.client import SamplerClient
-from lora_sampler.publish import default_adapter_name
+from lora_sampler._adapters.publish import default_adapter_name
+from lora_sampler._client.client import SamplerClient
+from lora_sampler.batch._lines import LineDefaults
+from lora_sampler.cli._runner import run_batch
+from lora_sampler.cli._terminal import RetryCounter
 from lora_sampler.retry import DEFAULT_RETRY_POLICY
 from lora_sampler.testing import FakeEngine, write_adapter
 from lora_sampler.types import SamplingParams
