@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional
 
 import _common
 
-from lora_sampler._demo import build_adapter_archive
+from lora_sampler.cli._demo import build_adapter_archive
 from lora_sampler.publish import default_adapter_name
 from lora_sampler.testing._process import EngineProcess
 

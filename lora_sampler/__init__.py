@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import logging
 
-__version__ = "0.1.0"
-
-from lora_sampler._extract import PublishLimits
-from lora_sampler._outage import OutageEvent, OutageHook
-from lora_sampler.client import SamplerClient
+from lora_sampler._adapters.extract import PublishLimits
+from lora_sampler._client.client import SamplerClient
+from lora_sampler._client.outage import OutageEvent, OutageHook
+from lora_sampler._version import __version__
 from lora_sampler.errors import (
     AdapterConfigError,
     AdapterNotReadyError,

@@ -16,8 +16,8 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
-from lora_sampler._http import without_userinfo
-from lora_sampler._outage import checked_seconds
+from lora_sampler._client.outage import checked_seconds
+from lora_sampler._transport.http import without_userinfo
 from lora_sampler.client import API_KEY_ENV, SamplerClient
 from lora_sampler.errors import EngineStatusError
 from lora_sampler.retry import DEFAULT_RETRY_POLICY, RetryPolicy

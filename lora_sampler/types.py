@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union, cast
 
-from lora_sampler._messages import validated_extra_body, validated_messages
+from lora_sampler._wire.messages import validated_extra_body, validated_messages
 
 #: Suffixes that mark a string as a checkpoint archive path rather than an adapter name.
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")

@@ -18,8 +18,8 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 
-from lora_sampler._demo import build_adapter_archive
 from lora_sampler.cli import main
+from lora_sampler.cli._demo import build_adapter_archive
 from lora_sampler.testing import FakeEngine
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Iterator, List
 import pytest
 
 from lora_sampler import FleetError, LoraSamplerError, SampleOutput, SamplerClient
-from lora_sampler._fleet import check_replicas
+from lora_sampler._adapters.fleet import check_replicas
 from lora_sampler.cli import main
 from lora_sampler.testing import FakeEngine, write_adapter
 

@@ -17,8 +17,8 @@ import pytest
 from test_cli import WAIT_SECONDS, ids, main, records, running_cli, sample_args, wait_for_lines, write_prompts
 
 from lora_sampler import SampleOutput, SamplerClient, SampleRequest
-from lora_sampler._demo import build_adapter_archive
-from lora_sampler._outage import OutageEvent
+from lora_sampler._client.outage import OutageEvent
+from lora_sampler.cli._demo import build_adapter_archive
 from lora_sampler.errors import EngineConnectionError
 from lora_sampler.publish import default_adapter_name
 from lora_sampler.testing._process import EngineProcess

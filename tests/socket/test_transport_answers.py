@@ -356,7 +356,7 @@ def test_answers_dot_dot_adapter_sends_nothing_and_reads_nothing(adapter: Any, t
     loras.mkdir()
     (tmp_path / "adapter_config.json").write_text("{}")
     read: List[str] = []
-    import lora_sampler.publish as publish
+    from lora_sampler._adapters import publish
 
     monkeypatch.setattr(publish, "check_adapter_config", lambda path, model: read.append(path))
     with RawServer(answering(completion(".."))) as server, SamplerClient(server.url, lora_base_dir=loras) as client:
@@ -400,7 +400,8 @@ def test_answers_cli_and_doctor_refuse_a_dot_dot_adapter_before_reading_its_conf
     tmp_path: Any, monkeypatch: Any, capsys: Any
 ) -> None:
     """`sample --adapter ..` exits 2 naming the rule, and doctor reports it, without reading lora_base_dir/../."""
-    from lora_sampler import cli, doctor
+    from lora_sampler.cli import _doctor as doctor
+    from lora_sampler.cli import _main as cli
 
     loras = tmp_path / "loras"
     loras.mkdir()
@@ -448,7 +449,7 @@ def test_answers_exact_answers_from_the_fake_engine_pass(engine: Any) -> None:
 
 def test_answers_health_through_the_transport(engine: Any) -> None:
     """get_text reads /health (200, empty body) and raises the package's errors for a non-2xx answer."""
-    from lora_sampler._http import HEALTH_PATH
+    from lora_sampler._transport.http import HEALTH_PATH
 
     with SamplerClient(engine.url) as client:
         assert client._transport.get_text(HEALTH_PATH) == ""

@@ -19,7 +19,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # Rewrites the output (it has a torn last line), and dies by SIGKILL at the fsync of the temporary file.
 KILLED_REWRITE = """
 import os, signal, sys
-from lora_sampler import batch
+from lora_sampler.batch import _lines as batch
 batch.os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)
 batch.prepare_output(sys.argv[1])
 """

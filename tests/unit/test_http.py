@@ -8,7 +8,7 @@ import pytest
 import responses
 
 from lora_sampler import SamplerClient
-from lora_sampler._http import POOL_HEADROOM, normalise_base_url
+from lora_sampler._transport.http import POOL_HEADROOM, normalise_base_url
 
 OK = {
     "model": "b",

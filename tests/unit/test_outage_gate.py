@@ -8,7 +8,7 @@ from typing import List
 
 import pytest
 
-from lora_sampler._outage import OutageEvent, OutageGate, is_outage, probe_timeout
+from lora_sampler._client.outage import OutageEvent, OutageGate, is_outage, probe_timeout
 from lora_sampler.errors import (
     AuthenticationError,
     EngineConnectionError,

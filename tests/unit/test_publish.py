@@ -15,7 +15,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import pytest
 
-from lora_sampler import _archive, publish
+from lora_sampler._adapters import archive as _archive
+from lora_sampler._adapters import publish
 from lora_sampler.errors import AdapterConfigError, PublishError, UnsafeArchiveError
 from lora_sampler.names import NAME_RULE
 from lora_sampler.publish import (

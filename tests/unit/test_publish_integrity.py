@@ -17,7 +17,8 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import pytest
 
-from lora_sampler import _archive, publish
+from lora_sampler._adapters import archive as _archive
+from lora_sampler._adapters import publish
 from lora_sampler.cli import main as cli_main
 from lora_sampler.errors import PublishError, UnsafeArchiveError
 from lora_sampler.names import NAME_RULE, validate_adapter_name

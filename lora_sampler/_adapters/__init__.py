@@ -1,0 +1,1 @@
+"""The adapter lifecycle: names, archive members and limits, extraction, publishing, resolution, the fleet."""

@@ -1,0 +1,1 @@
+"""The client facade, its fan-out and the outage hold."""

@@ -1,0 +1,19 @@
+"""The sampling client: the public home of ``SamplerClient`` and the API-key variable's name."""
+
+from __future__ import annotations
+
+from lora_sampler._client.client import (
+    API_KEY_ENV,
+    IN_FLIGHT_PER_WORKER,
+    RequestLike,
+    Runner,
+    SamplerClient,
+)
+
+__all__ = [
+    "API_KEY_ENV",
+    "IN_FLIGHT_PER_WORKER",
+    "RequestLike",
+    "Runner",
+    "SamplerClient",
+]
