@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from lora_sampler._client.client import (
-    API_KEY_ENV,
     IN_FLIGHT_PER_WORKER,
     RequestLike,
     Runner,
     SamplerClient,
 )
+from lora_sampler._defaults import API_KEY_ENV
 
 __all__ = [
     "API_KEY_ENV",

@@ -16,9 +16,10 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
+from lora_sampler._client.client import SamplerClient
 from lora_sampler._client.outage import checked_seconds
+from lora_sampler._defaults import API_KEY_ENV, DEFAULT_MAX_WORKERS, DEFAULT_TIMEOUT
 from lora_sampler._transport.http import without_userinfo
-from lora_sampler.client import API_KEY_ENV, SamplerClient
 from lora_sampler.errors import EngineStatusError
 from lora_sampler.retry import DEFAULT_RETRY_POLICY, RetryPolicy
 from lora_sampler.types import SampleOutput, SampleRequest, SamplingParams
@@ -60,8 +61,8 @@ class ClientSettings:
     api_key_file: Optional[str] = None
     lora_base_dir: Optional[str] = None
     engine_lora_base_dir: Optional[str] = None
-    max_workers: int = 16
-    timeout: Tuple[float, float] = (10.0, 300.0)
+    max_workers: int = DEFAULT_MAX_WORKERS
+    timeout: Tuple[float, float] = DEFAULT_TIMEOUT
     retry: RetryPolicy = field(default=DEFAULT_RETRY_POLICY)
     verify: Union[bool, str] = True
     max_outage: float = 0.0

@@ -23,13 +23,8 @@ import logging
 import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
 
-from lora_sampler._transport.http import (
-    LOAD_ADAPTER_PATH,
-    MODELS_PATH,
-    UNLOAD_ADAPTER_PATH,
-    EngineTransport,
-    normalise_base_url,
-)
+from lora_sampler._transport.http import EngineTransport, normalise_base_url
+from lora_sampler._wire.routes import LIST_WORKERS_PATH, LOAD_ADAPTER_PATH, MODELS_PATH, UNLOAD_ADAPTER_PATH
 from lora_sampler.errors import EngineError, EngineStatusError, FleetError, LoraSamplerError
 from lora_sampler.retry import RetryPolicy
 from lora_sampler.types import model_cards
@@ -37,7 +32,6 @@ from lora_sampler.types import model_cards
 logger = logging.getLogger(__name__)
 
 #: vllm-router's list of its workers: ``{"urls": ["http://10.0.0.11:8000", ...]}`` (ROUTER.md §1).
-LIST_WORKERS_PATH = "/list_workers"
 #: The ``replicas=`` value that asks base_url (a vllm-router) for its workers.
 ROUTER = "router"
 #: Replicas talked to at once; a larger fleet is served in waves of this many.

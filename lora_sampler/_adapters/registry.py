@@ -15,7 +15,8 @@ from typing import Any, Counter, Dict, List, Optional, Set, Tuple, Union
 
 from lora_sampler._adapters.extract import PublishLimits
 from lora_sampler._adapters.fleet import NOT_HELD, Fleet
-from lora_sampler._transport.http import MODELS_PATH, UNLOAD_ADAPTER_PATH, EngineTransport
+from lora_sampler._transport.http import EngineTransport
+from lora_sampler._wire.routes import MODELS_PATH, UNLOAD_ADAPTER_PATH
 from lora_sampler.errors import EngineError, EngineStatusError, LoraSamplerError
 from lora_sampler.names import validate_adapter_name
 from lora_sampler.types import Adapter, AdapterSpec, is_checkpoint_path, model_cards

@@ -21,15 +21,9 @@ from lora_sampler._adapters.fleet import Fleet, ReplicasSpec
 from lora_sampler._adapters.loads import AdapterLoadCoordinator
 from lora_sampler._adapters.registry import AdapterRegistry
 from lora_sampler._client.outage import OutageGate, OutageHook, checked_seconds, probe_timeout, probe_until
-from lora_sampler._transport.http import (
-    DEFAULT_MAX_RESPONSE_BYTES,
-    HEALTH_PATH,
-    LOAD_ADAPTER_PATH,
-    MODELS_PATH,
-    EngineTransport,
-    Timeout,
-    new_id,
-)
+from lora_sampler._defaults import API_KEY_ENV, DEFAULT_MAX_WORKERS, DEFAULT_TIMEOUT
+from lora_sampler._transport.http import DEFAULT_MAX_RESPONSE_BYTES, EngineTransport, Timeout, new_id
+from lora_sampler._wire.routes import HEALTH_PATH, LOAD_ADAPTER_PATH, MODELS_PATH
 from lora_sampler.errors import EngineConnectionError, EngineError, EngineStatusError
 from lora_sampler.retry import DEFAULT_RETRY_POLICY, RetryPolicy, make_retrying
 from lora_sampler.types import Adapter, AdapterSpec, Message, Prompt, SampleOutput, SampleRequest, SamplingParams
@@ -37,7 +31,6 @@ from lora_sampler.types import Adapter, AdapterSpec, Message, Prompt, SampleOutp
 logger = logging.getLogger(__name__)
 
 #: Environment variable read when ``api_key`` is not given.
-API_KEY_ENV = "LORA_SAMPLER_API_KEY"
 #: ``imap`` keeps at most this many requests per worker submitted ahead of the results it has yielded.
 IN_FLIGHT_PER_WORKER = 2
 
@@ -88,9 +81,9 @@ class SamplerClient:
         api_key: Optional[str] = None,
         lora_base_dir: Union[str, os.PathLike[str], None] = None,
         engine_lora_base_dir: Union[str, os.PathLike[str], None] = None,
-        timeout: Timeout = (10.0, 300.0),
+        timeout: Timeout = DEFAULT_TIMEOUT,
         retry: RetryPolicy = DEFAULT_RETRY_POLICY,
-        max_workers: int = 16,
+        max_workers: int = DEFAULT_MAX_WORKERS,
         verify: Union[bool, str] = True,
         publish_limits: Optional[PublishLimits] = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,

@@ -38,7 +38,14 @@ from urllib3.exceptions import (
     SSLError,
 )
 
+from lora_sampler._defaults import DEFAULT_MAX_WORKERS, DEFAULT_TIMEOUT
 from lora_sampler._version import __version__
+from lora_sampler._wire.routes import (
+    CHAT_COMPLETIONS_PATH,
+    COMPLETIONS_PATH,
+    REQUEST_ID_HEADER,
+    SESSION_HEADER,
+)
 from lora_sampler.errors import (
     EngineConnectionError,
     EngineConnectTimeoutError,
@@ -50,17 +57,6 @@ from lora_sampler.errors import (
 
 logger = logging.getLogger(__name__)
 
-COMPLETIONS_PATH = "/v1/completions"
-CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
-LOAD_ADAPTER_PATH = "/v1/load_lora_adapter"
-UNLOAD_ADAPTER_PATH = "/v1/unload_lora_adapter"
-MODELS_PATH = "/v1/models"
-#: vLLM's liveness route: 200 with an empty body while the engine serves.
-HEALTH_PATH = "/health"
-#: Header vLLM routers hash to pick a replica (ROUTER.md §3a).
-SESSION_HEADER = "X-Session-ID"
-#: Header carrying a fresh id per attempt, so one attempt can be found in the engine's and a proxy's logs.
-REQUEST_ID_HEADER = "X-Request-Id"
 #: Extra pooled connections beyond ``max_workers``: proactive loads and callers' own threads run beside the pool.
 POOL_HEADROOM = 4
 #: Largest answer read by default (256 MiB); a larger one is refused rather than filling memory.
@@ -153,8 +149,8 @@ class EngineTransport:
         base_url: str,
         *,
         api_key: Optional[str] = None,
-        timeout: Timeout = (10.0, 300.0),
-        max_workers: int = 16,
+        timeout: Timeout = DEFAULT_TIMEOUT,
+        max_workers: int = DEFAULT_MAX_WORKERS,
         verify: Union[bool, str] = True,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ):

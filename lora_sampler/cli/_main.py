@@ -19,7 +19,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from lora_sampler._adapters.extract import DEFAULT_LIMITS, PublishLimits
 from lora_sampler._adapters.publish import check_adapter_config
-from lora_sampler._client.client import API_KEY_ENV, SamplerClient
+from lora_sampler._client.client import SamplerClient
+from lora_sampler._defaults import API_KEY_ENV
 from lora_sampler._version import __version__
 from lora_sampler.batch._lines import LineDefaults
 from lora_sampler.batch._openai import OPENAI_BATCH_FORMAT, PROMPT_FORMAT, file_format

@@ -17,6 +17,13 @@ import time
 import uuid
 from typing import Any
 
+from lora_sampler._wire.routes import (
+    CHAT_COMPLETIONS_PATH,
+    COMPLETIONS_PATH,
+    LOAD_ADAPTER_PATH,
+    MODELS_PATH,
+    UNLOAD_ADAPTER_PATH,
+)
 from lora_sampler.testing import _bodies as bodies
 from lora_sampler.testing import _chat as chat
 from lora_sampler.testing._adapter_table import AdapterTable
@@ -28,11 +35,6 @@ from lora_sampler.testing._observability import RequestRecord as RequestRecord  
 from lora_sampler.testing._sampling import BYTE_OFFSET, Sampler, parse_request
 from lora_sampler.testing._server import Handler, Server, hang_up, read_body, send
 
-COMPLETIONS_PATH = "/v1/completions"
-CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
-LOAD_ADAPTER_PATH = "/v1/load_lora_adapter"
-UNLOAD_ADAPTER_PATH = "/v1/unload_lora_adapter"
-MODELS_PATH = "/v1/models"
 _POLL_INTERVAL = 0.05  # how often serve_forever checks for shutdown: bounds how long stop() takes
 
 

@@ -449,7 +449,7 @@ def test_answers_exact_answers_from_the_fake_engine_pass(engine: Any) -> None:
 
 def test_answers_health_through_the_transport(engine: Any) -> None:
     """get_text reads /health (200, empty body) and raises the package's errors for a non-2xx answer."""
-    from lora_sampler._transport.http import HEALTH_PATH
+    from lora_sampler._wire.routes import HEALTH_PATH
 
     with SamplerClient(engine.url) as client:
         assert client._transport.get_text(HEALTH_PATH) == ""

@@ -1,0 +1,15 @@
+"""Every default of the client that more than one module needs, written once.
+
+Plain values, no imports of the package: the client, the CLI, the batch job and ``ray_data`` read them here.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+#: ``(connect, read)`` seconds for each request: a dead host is found in 10 s, a long generation has 300 s.
+DEFAULT_TIMEOUT: Tuple[float, float] = (10.0, 300.0)
+#: Requests in flight per client: enough to keep a vLLM engine's batch full from one process.
+DEFAULT_MAX_WORKERS = 16
+#: Environment variable holding the engine's API key (twine-style default; never echoed).
+API_KEY_ENV = "LORA_SAMPLER_API_KEY"

@@ -1,0 +1,27 @@
+"""The HTTP routes and headers of vLLM's OpenAI-compatible server and of vllm-router, each written once.
+
+Pure names: no I/O. The client, the batch formats and FakeEngine all speak these.
+"""
+
+from __future__ import annotations
+
+#: Text completions (SPEC §2); token-id prompts go here too.
+COMPLETIONS_PATH = "/v1/completions"
+#: Chat completions: ``messages`` rendered by the engine's chat template.
+CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
+#: Runtime LoRA load (``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``); body ``{"lora_name", "lora_path"}``.
+LOAD_ADAPTER_PATH = "/v1/load_lora_adapter"
+#: Runtime LoRA unload; body ``{"lora_name"}``.
+UNLOAD_ADAPTER_PATH = "/v1/unload_lora_adapter"
+#: The served models: the base model card and one card per loaded adapter.
+MODELS_PATH = "/v1/models"
+#: vLLM's tokenizer route: ``{"model", "prompt"}`` gives ``{"tokens": [...]}``.
+TOKENIZE_PATH = "/tokenize"
+#: vLLM's liveness route: 200 with an empty body while the engine serves.
+HEALTH_PATH = "/health"
+#: vllm-router's list of its workers (ROUTER.md).
+LIST_WORKERS_PATH = "/list_workers"
+#: Header vLLM routers hash to pick a replica (ROUTER.md §3a).
+SESSION_HEADER = "X-Session-ID"
+#: Header carrying a fresh id per attempt, so one attempt can be found in the engine's and a proxy's logs.
+REQUEST_ID_HEADER = "X-Request-Id"
