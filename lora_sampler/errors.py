@@ -9,23 +9,14 @@ OSError`` catches engine errors too.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Dict, Optional
 
 import requests
 
+from lora_sampler._wire.refusals import is_not_found, is_not_loaded
+
 #: Longest engine message kept in an error (a proxy's HTML page would otherwise flood logs).
 MAX_ENGINE_MESSAGE_CHARS = 1000
-
-# vLLM phrases that mean "this model name is not servable (yet)"; see shared/vllm-cpu/FINDINGS.md §4a, §4c.
-_NOT_FOUND_PHRASES = ("does not exist", "not found", "cannot be found")
-_NOT_LOADED_PHRASE = "was found but could not be loaded"
-# The text of Python's json.JSONDecodeError, which vLLM's resolver surfaces as a 400 while an
-# adapter_config.json is half-written (FINDINGS §4c): "<reason>: line L column C (char N)".
-_JSON_DECODE_ERROR = re.compile(
-    r"^(Expecting|Unterminated string|Invalid control character|Invalid \\|Extra data)[^\n]*"
-    r": line \d+ column \d+ \(char \d+\)$"
-)
 
 
 class LoraSamplerError(Exception):
@@ -268,18 +259,23 @@ def read_engine_message(response: requests.Response) -> str:
     return result
 
 
+def short_cause(error: Optional[BaseException]) -> str:
+    """Return the cause of a failure for a log line: ``HTTP <status>: <the engine's words>``, or the error's class."""
+    if error is None:
+        return "no error"
+    if isinstance(error, EngineStatusError):
+        return f"HTTP {error.status}: {error.engine_message[:200]}"
+    return type(error).__name__
+
+
 def classify_status(status: int, engine_message: str) -> type[EngineStatusError]:
     """Pick the error class for an engine status and message (the classification half of SPEC §4)."""
     if status in (401, 403):
         return AuthenticationError
-    if status == 404:
+    if is_not_loaded(status, engine_message):
+        return AdapterNotReadyError
+    if is_not_found(status, engine_message):
         return ModelNotFoundError
-    if status == 400:
-        lowered = engine_message.lower()
-        if _NOT_LOADED_PHRASE in lowered or _JSON_DECODE_ERROR.match(engine_message):
-            return AdapterNotReadyError
-        if any(phrase in lowered for phrase in _NOT_FOUND_PHRASES):
-            return ModelNotFoundError
     return EngineStatusError
 
 

@@ -5,7 +5,8 @@ safe on the wire, in a path, and in a log line. The rule is exactly what the err
 
 - ASCII letters, digits, ``.``, ``_`` and ``-`` only (no separator, no control or invisible character);
 - not starting with ``.`` (hidden; this covers ``.`` and ``..``, and lora_sampler's own ``.tmp-*`` folders);
-- not ending in ``.tar``, ``.tgz`` or ``.tar.gz`` (``sample(adapter=...)`` reads those as checkpoint paths);
+- not ending in an archive suffix (``.tar.gz``, ``.tar.xz``, ``.tgz``, ...: ``sample(adapter=...)`` reads those as
+  checkpoint paths);
 - at most ``MAX_NAME_LENGTH`` characters.
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from lora_sampler.types import ARCHIVE_SUFFIXES
+from lora_sampler._wire.archives import archive_suffix_list, has_archive_suffix
 
 __all__ = ["MAX_NAME_LENGTH", "NAME_RULE", "validate_adapter_name"]
 
@@ -22,7 +23,7 @@ MAX_NAME_LENGTH = 200
 #: The rule as users read it in every refusal.
 NAME_RULE = (
     f"use 1 to {MAX_NAME_LENGTH} ASCII letters, digits, '.', '_' or '-', not starting with '.' and not ending in "
-    "'.tar', '.tgz' or '.tar.gz' (e.g. 'step-400')"
+    f"{archive_suffix_list()} (e.g. 'step-400')"
 )
 _ALLOWED = re.compile(r"[A-Za-z0-9._-]+\Z")
 
@@ -52,7 +53,7 @@ def validate_adapter_name(name: object, *, argument: str = "name") -> str:
         problem = f"contains {bad!a} (U+{ord(bad):04X}), which is not an ASCII letter, digit, '.', '_' or '-'"
     elif name.startswith("."):
         problem = "starts with a dot"
-    elif name.lower().endswith(ARCHIVE_SUFFIXES):
+    elif has_archive_suffix(name):
         problem = "ends like an archive, so sample(adapter=...) would read it as a checkpoint path"
     if problem:
         # ascii(): a right-to-left override or a lone surrogate must not reorder or break the message itself.

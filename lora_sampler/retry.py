@@ -23,6 +23,7 @@ from lora_sampler.errors import (
     EngineStatusError,
     EngineTimeoutError,
     ModelNotFoundError,
+    short_cause,
 )
 
 logger = logging.getLogger(__name__)
@@ -260,7 +261,7 @@ def make_retrying(
             call.model,
             tries,
             policy.max_attempts,
-            _short_cause(error),
+            short_cause(error),
             error.request_id or "none",
             wait,
         )
@@ -293,12 +294,6 @@ def make_retrying(
 
 def _elapsed(call: RetryCall) -> float:
     return time.monotonic() - call.started
-
-
-def _short_cause(error: BaseException) -> str:
-    if isinstance(error, EngineStatusError):
-        return f"HTTP {error.status}: {error.engine_message[:200]}"
-    return type(error).__name__
 
 
 def _call_hooks(hooks: Hooks, event: RetryEvent) -> None:

@@ -11,10 +11,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union, cast
 
-from lora_sampler._wire.messages import validated_extra_body, validated_messages
-
-#: Suffixes that mark a string as a checkpoint archive path rather than an adapter name.
-ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
+from lora_sampler._wire.archives import ARCHIVE_SUFFIXES as ARCHIVE_SUFFIXES  # re-exported: a public name here
+from lora_sampler._wire.archives import has_archive_suffix
+from lora_sampler._wire.messages import SAMPLING_FIELDS, validated_extra_body, validated_messages
 
 Prompt = Union[str, Sequence[int]]
 #: One chat message: ``{"role": ..., "content": ...}`` (other keys, e.g. ``name``, are sent as given).
@@ -22,6 +21,13 @@ Message = Mapping[str, Any]
 StopSpec = Union[None, str, int, Sequence[Union[str, int]]]
 #: One position of top-k prompt logprobs: ``(token_id, logprob)`` pairs, best first.
 TopK = Tuple[Tuple[int, float], ...]
+#: A request timeout: ``(connect, read)`` seconds, or one number for both.
+Timeout = Union[float, Tuple[float, float]]
+
+
+def split_timeout(timeout: Timeout) -> Tuple[float, float]:
+    """Return ``(connect, read)`` of a timeout given as a pair or as one number for both."""
+    return timeout if isinstance(timeout, tuple) else (timeout, timeout)
 
 
 def _is_int(value: object) -> bool:
@@ -82,14 +88,9 @@ class SamplingParams:
 
     def to_payload(self) -> Dict[str, Any]:
         """Return the vLLM completion fields for these parameters (nothing set is dropped)."""
-        payload: Dict[str, Any] = {
-            "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-        }
-        if self.seed is not None:
-            payload["seed"] = self.seed
+        payload: Dict[str, Any] = {name: getattr(self, name) for name in SAMPLING_FIELDS}
+        if self.seed is None:
+            del payload["seed"]
         if self.stop_strings:
             payload["stop"] = list(self.stop_strings)
         if self.stop_token_ids:
@@ -152,7 +153,7 @@ def is_checkpoint_path(adapter: object) -> bool:
         return True
     if not isinstance(adapter, str):
         return False
-    return os.sep in adapter or "/" in adapter or adapter.endswith(ARCHIVE_SUFFIXES)
+    return os.sep in adapter or "/" in adapter or has_archive_suffix(adapter)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
 
 from lora_sampler._transport.http import EngineTransport, normalise_base_url
+from lora_sampler._wire.refusals import is_already_loaded, is_not_held
 from lora_sampler._wire.routes import LIST_WORKERS_PATH, LOAD_ADAPTER_PATH, MODELS_PATH, UNLOAD_ADAPTER_PATH
 from lora_sampler.errors import EngineError, EngineStatusError, FleetError, LoraSamplerError
 from lora_sampler.retry import RetryPolicy
@@ -36,10 +37,6 @@ logger = logging.getLogger(__name__)
 ROUTER = "router"
 #: Replicas talked to at once; a larger fleet is served in waves of this many.
 MAX_PARALLEL_REPLICAS = 64
-#: The phrase of vLLM's 400 for a load of a name it already holds: success for a fleet load (FINDINGS §4d).
-ALREADY_LOADED = "has already been loaded"
-#: The phrase of vLLM's 404 for an unload of a name it does not hold: the replica has let go (FINDINGS §4d).
-NOT_HELD = "cannot be found"
 
 ReplicasSpec = Union[str, Sequence[str], None]
 T = TypeVar("T")
@@ -213,7 +210,7 @@ class Fleet:
         try:
             self._adapter_command(url, UNLOAD_ADAPTER_PATH, name, {"lora_name": name})
         except EngineStatusError as exc:
-            if exc.status == 404 and NOT_HELD in exc.engine_message:
+            if is_not_held(exc.status, exc.engine_message):
                 return ""
             return f"unload answered HTTP {exc.status}: {exc.engine_message}"
         except EngineError as exc:
@@ -228,7 +225,7 @@ class Fleet:
             try:
                 self.send_load(url, name, path)
             except EngineStatusError as exc:
-                if ALREADY_LOADED not in exc.engine_message:
+                if not is_already_loaded(exc.engine_message):
                     return f"load answered HTTP {exc.status}: {exc.engine_message}"
             if not self._lists(url, name):
                 return f"the load was accepted, but GET {MODELS_PATH} does not list the adapter"

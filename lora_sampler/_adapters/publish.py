@@ -28,6 +28,7 @@ from lora_sampler._adapters.archive import (
     make_temp_folder,
 )
 from lora_sampler._adapters.extract import DEFAULT_LIMITS, PublishLimits, copy_folder, extract_archive
+from lora_sampler._wire.archives import strip_archive_suffix
 from lora_sampler.errors import AdapterConfigError, PublishError
 from lora_sampler.names import validate_adapter_name
 from lora_sampler.types import Adapter
@@ -58,7 +59,6 @@ DEFAULT_DURABLE = True
 
 #: The file vLLM's resolver reads from each adapter folder (FINDINGS §2).
 CONFIG_FILE = "adapter_config.json"
-_STRIPPED_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar")
 _UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 _publish_locks = KeyedLocks()
 
@@ -82,7 +82,7 @@ def _name_stem(path: str) -> str:
     """The readable part of a default name: the file name without its archive suffix, in the rule's characters."""
     stem = os.path.basename(path)
     if not os.path.isdir(path):
-        stem = next((stem[: -len(s)] for s in _STRIPPED_SUFFIXES if stem.lower().endswith(s)), stem)
+        stem = strip_archive_suffix(stem)
     stem = re.sub(r"\.{2,}", ".", _UNSAFE_NAME_CHARS.sub("-", stem))
     return stem.lstrip(".-")[:DEFAULT_STEM_LENGTH].rstrip(".-") or "adapter"
 

@@ -14,8 +14,9 @@ import threading
 from typing import Any, Counter, Dict, List, Optional, Set, Tuple, Union
 
 from lora_sampler._adapters.extract import PublishLimits
-from lora_sampler._adapters.fleet import NOT_HELD, Fleet
+from lora_sampler._adapters.fleet import Fleet
 from lora_sampler._transport.http import EngineTransport
+from lora_sampler._wire.refusals import is_not_held
 from lora_sampler._wire.routes import MODELS_PATH, UNLOAD_ADAPTER_PATH
 from lora_sampler.errors import EngineError, EngineStatusError, LoraSamplerError
 from lora_sampler.names import validate_adapter_name
@@ -193,7 +194,7 @@ class AdapterRegistry:
         except EngineStatusError as error:
             # 404 "cannot be found" means the engine holds no such adapter (FINDINGS §4d); a 404 {"detail":...}
             # means runtime updating is off and the engine may still reload it from disk, so nothing is deleted.
-            if not (error.status == 404 and NOT_HELD in error.engine_message):
+            if not is_not_held(error.status, error.engine_message):
                 error.message += "; the adapter's files were left in place"
                 error.args = (error.message,)
                 raise

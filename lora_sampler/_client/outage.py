@@ -12,19 +12,16 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Tuple, TypeVar, Union
+from typing import Any, Callable, Optional, Tuple, TypeVar
 
 import requests
 
-from lora_sampler.errors import EngineConnectionError
+from lora_sampler._wire.refusals import is_router_outage
+from lora_sampler.errors import EngineConnectionError, EngineStatusError, short_cause
+from lora_sampler.types import Timeout, split_timeout
 
 logger = logging.getLogger(__name__)
 
-#: vllm-router's answers when no worker can be reached (ROUTER.md §3c): (status, how the message starts).
-ROUTER_OUTAGE_ANSWERS = (
-    (500, "Request failed: error sending request for url"),
-    (503, "No available workers"),
-)
 #: The first wait between probes, in seconds; each later one doubles, up to ``PROBE_MAX_DELAY``.
 PROBE_BASE_DELAY = 0.1
 #: The longest wait between two probes, in seconds.
@@ -54,9 +51,7 @@ def is_outage(error: BaseException) -> bool:
     """
     if isinstance(error, (requests.ConnectionError, requests.Timeout)):
         return True
-    status = getattr(error, "status", None)
-    message = str(getattr(error, "engine_message", "") or "").strip()
-    return any(status == code and message.startswith(start) for code, start in ROUTER_OUTAGE_ANSWERS)
+    return isinstance(error, EngineStatusError) and is_router_outage(error.status, error.engine_message)
 
 
 def not_ready(error: BaseException) -> bool:
@@ -65,9 +60,9 @@ def not_ready(error: BaseException) -> bool:
     return is_outage(error) or (isinstance(status, int) and status >= 500)
 
 
-def probe_timeout(timeout: Union[float, Tuple[float, float]]) -> Tuple[float, float]:
+def probe_timeout(timeout: Timeout) -> Tuple[float, float]:
     """Return the ``(connect, read)`` timeout of a probe: the client's connect timeout, a short read timeout."""
-    connect, read = timeout if isinstance(timeout, tuple) else (timeout, timeout)
+    connect, read = split_timeout(timeout)
     return connect, min(read, PROBE_READ_TIMEOUT)
 
 
@@ -239,7 +234,7 @@ class OutageGate:
                         time.strftime("%H:%M:%S", time.localtime(self._since_wall)),
                         self.max_outage,
                         self._base_url,
-                        _short(error),
+                        short_cause(error),
                     )
                     self._emit("held")
                 while self._episode == episode and self._failed is None:
@@ -286,7 +281,7 @@ class OutageGate:
                 "engine unreachable for %.1f s, longer than max_outage=%g s; held requests fail (%s)",
                 waited,
                 self.max_outage,
-                _short(last),
+                short_cause(last),
             )
             self._emit("gave_up", probe_error)
             self._failed = (
@@ -312,12 +307,3 @@ class OutageGate:
             self._on_outage(event)
         except Exception:  # a user's hook must never break the fan-out
             logger.exception("lora_sampler: on_outage hook %r raised", self._on_outage)
-
-
-def _short(error: Optional[BaseException]) -> str:
-    if error is None:
-        return "no error"
-    status = getattr(error, "status", None)
-    if status:
-        return f"HTTP {status}: {str(getattr(error, 'engine_message', ''))[:200]}"
-    return type(error).__name__

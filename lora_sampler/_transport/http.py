@@ -41,6 +41,7 @@ from urllib3.exceptions import (
 from lora_sampler._defaults import DEFAULT_MAX_WORKERS, DEFAULT_TIMEOUT
 from lora_sampler._version import __version__
 from lora_sampler._wire.routes import (
+    API_PREFIX,
     CHAT_COMPLETIONS_PATH,
     COMPLETIONS_PATH,
     REQUEST_ID_HEADER,
@@ -54,6 +55,8 @@ from lora_sampler.errors import (
     EngineStatusError,
     EngineTimeoutError,
 )
+from lora_sampler.types import Timeout as Timeout  # re-exported: the client's annotations read it here
+from lora_sampler.types import split_timeout
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +67,6 @@ DEFAULT_MAX_RESPONSE_BYTES = 256 * 1024 * 1024
 #: Bytes asked for per read of an answer body.
 READ_CHUNK_BYTES = 256 * 1024
 
-Timeout = Union[float, Tuple[float, float]]
 T = TypeVar("T")
 
 # The transport methods as requests ships them: when a test library patches them, take the full Session path.
@@ -90,8 +92,8 @@ def _split_base_url(base_url: str) -> Tuple[str, Optional[Tuple[str, str]]]:
     auth = (unquote(parts.username or ""), unquote(parts.password or "")) if "@" in parts.netloc else None
     netloc = parts.netloc.rpartition("@")[2]
     root = urlunsplit((parts.scheme, netloc, parts.path, "", "")).rstrip("/")
-    if root.endswith("/v1"):
-        root = root[: -len("/v1")]
+    if root.endswith(API_PREFIX):
+        root = root[: -len(API_PREFIX)]
     return root, auth
 
 
@@ -518,7 +520,7 @@ class EngineTransport:
 @functools.lru_cache(maxsize=32)
 def _pool_timeout(timeout: Timeout) -> Tuple[float, float, urllib3.Timeout]:
     """Return ``(connect, read)`` of a pair or a single number, and their urllib3 ``Timeout``, built once per value."""
-    connect, read = timeout if isinstance(timeout, tuple) else (timeout, timeout)
+    connect, read = split_timeout(timeout)
     return connect, read, urllib3.Timeout(connect=connect, read=read)
 
 

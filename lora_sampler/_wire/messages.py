@@ -1,9 +1,14 @@
-"""Checks of a request's chat messages and extra body fields, made before any request is sent. No I/O here."""
+"""The body fields of a completion request: the sampling field names, and the checks of chat messages and extras.
+
+The checks run before any request is sent. No I/O here.
+"""
 
 from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Tuple
 
+#: ``SamplingParams`` fields vLLM reads under the same names (``stop`` is split into ``stop``/``stop_token_ids``).
+SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed")
 #: Chat roles ``messages`` may use (the OpenAI chat roles vLLM's chat templates take).
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 #: Body fields a ``SampleRequest`` sets itself: ``extra_body`` may not hold them (use the named argument instead).

@@ -19,6 +19,10 @@ MODELS_PATH = "/v1/models"
 TOKENIZE_PATH = "/tokenize"
 #: vLLM's liveness route: 200 with an empty body while the engine serves.
 HEALTH_PATH = "/health"
+#: vLLM's second liveness route (SageMaker's name for it); answers as ``/health`` does.
+PING_PATH = "/ping"
+#: The prefix of the OpenAI-compatible routes, the ones an API key guards (``/health`` stays open, ROUTER.md §2).
+API_PREFIX = "/v1"
 #: vllm-router's list of its workers (ROUTER.md).
 LIST_WORKERS_PATH = "/list_workers"
 #: Header vLLM routers hash to pick a replica (ROUTER.md §3a).

@@ -23,6 +23,7 @@ try:
 except ImportError:  # pragma: no cover - Windows: no locks, so stale temporaries are left alone
     fcntl = None  # type: ignore[assignment]
 
+from lora_sampler._wire.messages import SAMPLING_FIELDS
 from lora_sampler.errors import (
     BatchInputError,
     EngineStatusError,
@@ -32,7 +33,7 @@ from lora_sampler.types import AdapterSpec, SampleOutput, SampleRequest, Samplin
 logger = logging.getLogger(__name__)
 
 #: Per-line keys that override the sampling defaults.
-SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+SAMPLING_KEYS = (*SAMPLING_FIELDS, "stop")
 
 LineId = Union[str, int]
 #: The UTF-8 byte order mark some editors (and PowerShell's ``Out-File``) write at the start of a file.
@@ -109,7 +110,7 @@ def parse_line(raw: bytes, line_number: int, defaults: LineDefaults) -> Optional
 
 
 def _fields(params: SamplingParams) -> Dict[str, Any]:
-    return {name: getattr(params, name) for name in ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")}
+    return {name: getattr(params, name) for name in SAMPLING_KEYS}
 
 
 #: Parses one raw input line (``parse_line``'s signature): the plain format, or ``openai_batch.parse_batch_line``.

@@ -24,20 +24,22 @@ import json
 import uuid
 from typing import Any, Collection, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
+from lora_sampler._wire.messages import SAMPLING_FIELDS
+from lora_sampler._wire.routes import CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH
 from lora_sampler.batch._lines import UTF8_BOM, InputLine, LineDefaults, RecordFormat, id_key
 from lora_sampler.errors import EngineStatusError
 from lora_sampler.types import SampleOutput, SampleRequest, SamplingParams
 
-CHAT_URL = "/v1/chat/completions"
-COMPLETIONS_URL = "/v1/completions"
+#: The endpoint of a chat line (its ``url``).
+CHAT_URL = CHAT_COMPLETIONS_PATH
+#: The endpoint of a completions line.
+COMPLETIONS_URL = COMPLETIONS_PATH
 #: The endpoints a batch line may name.
 BATCH_URLS = (CHAT_URL, COMPLETIONS_URL)
 #: The keys of an input line.
 LINE_KEYS = ("custom_id", "method", "url", "body")
 #: Format names of ``lora-sampler sample --format``.
 PROMPT_FORMAT, OPENAI_BATCH_FORMAT = "jsonl", "openai-batch"
-#: Body fields read into ``SamplingParams``.
-_SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed")
 
 
 def is_batch_line(raw: bytes) -> bool:
@@ -166,11 +168,11 @@ def _request(obj: Dict[str, Any], defaults: LineDefaults, base_models: Collectio
 
 def _sampling_params(rest: Dict[str, Any], defaults: SamplingParams, chat: bool) -> SamplingParams:
     """Pop the sampling fields off ``rest`` into ``SamplingParams`` (a null field keeps the default)."""
-    values: Dict[str, Any] = {name: getattr(defaults, name) for name in (*_SAMPLING_FIELDS, "stop")}
+    values: Dict[str, Any] = {name: getattr(defaults, name) for name in (*SAMPLING_FIELDS, "stop")}
     limit = rest.pop("max_completion_tokens", None)
     if limit is not None and not chat:
         raise _Refused("body.max_completion_tokens belongs to chat lines; use body.max_tokens in a completions line")
-    for name in _SAMPLING_FIELDS:
+    for name in SAMPLING_FIELDS:
         value = rest.pop(name, None)
         if value is not None:
             values[name] = value

@@ -15,6 +15,7 @@ import tempfile
 
 from lora_sampler._adapters.publish import default_adapter_name
 from lora_sampler._client.client import SamplerClient
+from lora_sampler._wire.routes import COMPLETIONS_PATH, LOAD_ADAPTER_PATH
 from lora_sampler.batch._lines import LineDefaults
 from lora_sampler.cli._runner import run_batch
 from lora_sampler.cli._terminal import RetryCounter
@@ -69,9 +70,9 @@ def run_demo() -> int:
                     client, prompts, results, defaults, model=adapter.name, ordered=True, retries=retries
                 )
             failed_attempts = sum(
-                1 for r in engine.requests if r.path == "/v1/completions" and r.model == name and r.status != 200
+                1 for r in engine.requests if r.path == COMPLETIONS_PATH and r.model == name and r.status != 200
             )
-            loads = engine.calls("/v1/load_lora_adapter", name)
+            loads = engine.calls(LOAD_ADAPTER_PATH, name)
         with open(results, encoding="utf-8") as f:
             for line in f:
                 record = json.loads(line)

@@ -145,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--adapter", help="also check this checkpoint's (or adapter's) adapter_config.json")
     add("demo", "run a small batch through the built-in test engine, load race included")
     publish = add("publish", "publish a checkpoint into --lora-base-dir; print the adapter name", engine)
-    publish.add_argument("checkpoint", help="adapter archive (.tar.gz/.tgz/.tar) or folder")
+    publish.add_argument("checkpoint", help="adapter archive (.tar.gz/.tgz/.tar, or bzip2/xz) or folder")
     publish.add_argument("--name", help="adapter name (default: derived from the checkpoint's content)")
     unload = add("unload", "unload an adapter from the engine; print its name", engine)
     unload.add_argument("name", help="adapter name")

@@ -21,6 +21,7 @@ import time
 import uuid
 from typing import Any, Callable
 
+from lora_sampler._wire.messages import CHAT_ROLES, SAMPLING_FIELDS
 from lora_sampler.testing import _bodies as bodies
 from lora_sampler.testing._bodies import VllmBody
 
@@ -29,10 +30,8 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
-#: Roles the fake accepts (OpenAI's chat roles).
-CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
-#: Completion fields a chat request carries over unchanged.
-_SHARED_FIELDS = ("model", "n", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "return_token_ids")
+#: Completion fields a chat request carries over unchanged (``max_tokens`` is set from either limit below).
+_SHARED_FIELDS = ("model", "n", *SAMPLING_FIELDS, "stop", "stop_token_ids", "return_token_ids")
 
 
 def _content_text(content: Any) -> str | None:

@@ -18,10 +18,13 @@ import uuid
 from typing import Any
 
 from lora_sampler._wire.routes import (
+    API_PREFIX,
     CHAT_COMPLETIONS_PATH,
     COMPLETIONS_PATH,
+    HEALTH_PATH,
     LOAD_ADAPTER_PATH,
     MODELS_PATH,
+    PING_PATH,
     UNLOAD_ADAPTER_PATH,
 )
 from lora_sampler.testing import _bodies as bodies
@@ -342,9 +345,9 @@ class FakeEngine:
                 self._adapters.completion_answered_locked(model)
 
     def _route(self, handler: Handler, path: str, payload: Any) -> VllmBody:
-        if path in ("/health", "/ping"):
+        if path in (HEALTH_PATH, PING_PATH):
             return VllmBody(503 if self._dead else 200, b"", None)
-        if self.api_key is not None and path.startswith("/v1"):
+        if self.api_key is not None and path.startswith(API_PREFIX):
             expected = f"Bearer {self.api_key}"  # vLLM guards /v1 only, /health stays open (ROUTER.md §2)
             got = handler.headers.get("Authorization", "").encode("utf-8", "replace")
             if not secrets.compare_digest(got, expected.encode("utf-8", "replace")):

@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from lora_sampler._wire.routes import SESSION_HEADER
+
 if TYPE_CHECKING:
     from lora_sampler.testing._server import Handler
 
@@ -42,7 +44,7 @@ def new_record(
         path=path,
         model=model,
         status=status,
-        session_id=handler.headers.get("X-Session-ID"),
+        session_id=handler.headers.get(SESSION_HEADER),
         has_auth="Authorization" in handler.headers,
         started=started,
         finished=time.monotonic(),

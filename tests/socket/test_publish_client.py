@@ -26,16 +26,19 @@ def engine_options() -> Dict[str, Any]:
     return {"max_loras": 2}
 
 
-def make_archive(tmp_path: Path, stem: str, base_model: str, *, rank: int = 8, **config: Any) -> Path:
-    """Build ``<stem>.tar.gz`` holding ``<stem>/adapter_config.json`` and weights; ``config`` overrides fields."""
+def make_archive(
+    tmp_path: Path, stem: str, base_model: str, *, rank: int = 8, suffix: str = ".tar.gz", **config: Any
+) -> Path:
+    """Build ``<stem><suffix>`` holding ``<stem>/adapter_config.json`` and weights; ``config`` overrides fields."""
     folder = tmp_path / "src" / stem
     write_adapter(folder, base_model, rank=rank)
     if config:
         data = json.loads((folder / "adapter_config.json").read_text())
         data.update(config)
         (folder / "adapter_config.json").write_text(json.dumps(data))
-    archive = tmp_path / f"{stem}.tar.gz"
-    with tarfile.open(archive, "w:gz") as tar:
+    archive = tmp_path / f"{stem}{suffix}"
+    mode = {".tar": "w", ".tar.bz2": "w:bz2", ".tbz2": "w:bz2", ".tar.xz": "w:xz", ".txz": "w:xz"}.get(suffix, "w:gz")
+    with tarfile.open(archive, mode) as tar:
         tar.add(folder, arcname=stem)
     return archive
 
@@ -54,6 +57,21 @@ def test_publish_checkpoint_path_samples_on_first_use(engine: FakeEngine, tmp_pa
     published = [p.name for p in (tmp_path / "loras").iterdir()]
     assert len(published) == 1 and published[0].startswith("step-400-")
     assert engine.calls(COMPLETIONS) == 2 and engine.calls("/v1/load_lora_adapter") == 0
+
+
+@pytest.mark.parametrize("suffix", [".tar.xz", ".tar.bz2", ".txz", ".tbz2"])
+def test_publish_bare_archive_name_is_a_checkpoint_path(
+    engine: FakeEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, suffix: str
+) -> None:
+    """adapter="step-400.tar.xz" (no folder in it; bzip2 and short forms too) publishes, not sent as a model name."""
+    make_archive(tmp_path, "step-400", engine.model, suffix=suffix)
+    monkeypatch.chdir(tmp_path)
+    with client_for(engine, tmp_path) as client:
+        output = client.sample([1, 2], adapter=f"step-400{suffix}")
+    assert output.sequences
+    models = {record.model for record in engine.requests if record.path == COMPLETIONS}
+    assert len(models) == 1 and str(models.pop()).startswith("step-400-")
+    assert engine.calls(COMPLETIONS) == 1
 
 
 def test_publish_many_threads_publish_once(engine: FakeEngine, tmp_path: Path) -> None:
