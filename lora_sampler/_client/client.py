@@ -1,55 +1,31 @@
-"""``SamplerClient``: synchronous sampling from a vLLM engine through the adapter-load race.
+"""``SamplerClient``: the public facade for sampling LoRA adapters (or the base model) from a vLLM engine.
 
-Owns argument validation, adapter resolution (name, ``Adapter`` or checkpoint path), the retry-wrapped single
-attempt, the single-flight proactive load, and the thread-pool fan-out (``submit``, ``imap``, ``sample_many``).
-HTTP lives in ``_http``, retry rules in ``retry``, checkpoint handling in ``publish``.
+Validates the client's settings and wires its parts together: single calls through the retry table
+(``calls``), the thread-pool fan-out (``fanout``), the outage hold (``outage``), the progress bar (``progress``),
+and the adapter registry. Each method is a thin entry point into one of them.
 """
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
-import logging
 import os
-import threading
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from lora_sampler._adapters.extract import PublishLimits
 from lora_sampler._adapters.fleet import Fleet, ReplicasSpec
-from lora_sampler._adapters.loads import AdapterLoadCoordinator
 from lora_sampler._adapters.registry import AdapterRegistry
+from lora_sampler._client.calls import SampleCalls
+from lora_sampler._client.fanout import IN_FLIGHT_PER_WORKER, FanOut, RequestLike, Runner
 from lora_sampler._client.outage import OutageGate, OutageHook, checked_seconds, probe_timeout, probe_until
+from lora_sampler._client.progress import collect_with_progress
 from lora_sampler._defaults import API_KEY_ENV, DEFAULT_MAX_WORKERS, DEFAULT_TIMEOUT
-from lora_sampler._transport.http import DEFAULT_MAX_RESPONSE_BYTES, EngineTransport, Timeout, new_id
-from lora_sampler._wire.routes import HEALTH_PATH, LOAD_ADAPTER_PATH, MODELS_PATH
-from lora_sampler.errors import EngineConnectionError, EngineError, EngineStatusError
-from lora_sampler.retry import DEFAULT_RETRY_POLICY, RetryPolicy, make_retrying
+from lora_sampler._transport.http import DEFAULT_MAX_RESPONSE_BYTES, EngineTransport, Timeout
+from lora_sampler.errors import EngineConnectionError
+from lora_sampler.retry import DEFAULT_RETRY_POLICY, RetryPolicy
 from lora_sampler.types import Adapter, AdapterSpec, Message, Prompt, SampleOutput, SampleRequest, SamplingParams
 
-logger = logging.getLogger(__name__)
-
-#: Environment variable read when ``api_key`` is not given.
-#: ``imap`` keeps at most this many requests per worker submitted ahead of the results it has yielded.
-IN_FLIGHT_PER_WORKER = 2
-
-RequestLike = Union[SampleRequest, Mapping[str, Any]]
-Runner = Callable[[SampleRequest], SampleOutput]
-
-
-@dataclass
-class _Call:
-    """One ``sample`` call as the retry glue sees it (no prompt text is logged from here)."""
-
-    model: str
-    is_adapter: bool
-    session_id: str
-    payload: Dict[str, Any]
-    started: float
-    load_path: Optional[str]
-    parse: Callable[[Any], SampleOutput]
-    is_chat: bool = False
+__all__ = ["IN_FLIGHT_PER_WORKER", "RequestLike", "Runner", "SamplerClient"]
 
 
 class SamplerClient:
@@ -103,10 +79,8 @@ class SamplerClient:
         self._registry = AdapterRegistry(
             self._transport, lora_base_dir, engine_lora_base_dir, publish_limits, fleet=self._fleet
         )
-        self._loads = AdapterLoadCoordinator(episode_gap=2 * retry.max_delay + retry.load_timeout)
-        self._retrying = make_retrying(retry, self._attempt, self._before_retry)
-        self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
-        self._executor_lock = threading.Lock()
+        self._calls = SampleCalls(self._transport, self._registry, self._fleet, retry)
+        self._fanout = FanOut(max_workers)
         self._closed = False
 
     @property
@@ -131,10 +105,7 @@ class SamplerClient:
     def close(self) -> None:
         """Wait for submitted work, stop the worker threads and close pooled connections. Idempotent."""
         self._closed = True
-        with self._executor_lock:
-            executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=True)
+        self._fanout.close()
         if self._fleet is not None:
             self._fleet.close()
         self._transport.close()
@@ -224,64 +195,7 @@ class SamplerClient:
         """Run one ``SampleRequest`` (``sample`` or ``chat`` with its arguments held in a value)."""
         if self._closed:
             raise RuntimeError("this SamplerClient is closed; create a new one")
-        if request.adapter is not None:
-            adapter = self._registry.resolve(request.adapter)
-            model, load_path = adapter.name, self._registry.engine_path(adapter)
-        else:
-            model, load_path = str(request.base_model), None
-        call = _Call(
-            model=model,
-            is_adapter=request.adapter is not None,
-            session_id=request.session_id or new_id(),
-            payload=request.to_payload(model),
-            started=time.monotonic(),
-            load_path=load_path,
-            parse=lambda body: SampleOutput.from_json(body, request, model=model),
-            is_chat=request.is_chat,
-        )
-        if not call.is_adapter:
-            return self._retrying(call)
-        self._registry.request_started(model)
-        served = False
-        try:
-            output = self._retrying(call)
-            served = True
-        finally:
-            self._registry.request_finished(model, served=served)
-        self._loads.forget(model)
-        return output
-
-    def _attempt(self, call: _Call) -> SampleOutput:
-        return self._transport.complete(
-            call.payload,
-            model=call.model,
-            adapter=call.is_adapter,
-            session_id=call.session_id,
-            parse=call.parse,
-            chat=call.is_chat,
-        )
-
-    def _before_retry(self, call: _Call, error: EngineError, attempt: int) -> None:
-        """Send the proactive load (SPEC §4), shared by racing threads; on a fleet, reconcile every replica instead."""
-        if not call.is_adapter or call.load_path is None:
-            return
-        if self._fleet is not None:
-            self._fleet.reconcile(call.model, call.load_path)
-        else:
-            self._loads.load_if_due(call.model, attempt, lambda: self._send_load(call))
-
-    def _send_load(self, call: _Call) -> None:
-        """Ask the engine to load the adapter; best-effort, so every answer and failure is only logged."""
-        payload = {"lora_name": call.model, "lora_path": call.load_path}
-        try:
-            self._transport.post_adapter_command(
-                LOAD_ADAPTER_PATH, call.model, payload, call.session_id, self.retry.load_timeout
-            )
-        except EngineError as exc:
-            # 400 "already been loaded"; 404 runtime updating off or not visible yet (FINDINGS §4d); no answer.
-            logger.debug("Proactive load of %r did not load it: %s", call.model, exc)
-            return
-        logger.debug("Proactive load of %r succeeded", call.model)
+        return self._calls.run(request)
 
     # -- fan-out --------------------------------------------------------------------------------------------
 
@@ -290,17 +204,7 @@ class SamplerClient:
 
         Arguments are validated here, so a bad one raises at once rather than inside the future.
         """
-        return self._submit(SampleRequest(prompt, **kwargs))
-
-    def _submit(
-        self, request: SampleRequest, runner: Optional[Runner] = None
-    ) -> concurrent.futures.Future[SampleOutput]:
-        with self._executor_lock:
-            if self._closed:
-                raise RuntimeError("this SamplerClient is closed; create a new one")
-            if self._executor is None:
-                self._executor = concurrent.futures.ThreadPoolExecutor(self.max_workers, "lora_sampler")
-            return self._executor.submit(runner or self.run, request)
+        return self._fanout.submit(self._calls.run, SampleRequest(prompt, **kwargs))
 
     def imap(
         self,
@@ -325,21 +229,8 @@ class SamplerClient:
                 sent fail with ``EngineConnectionError`` without being sent.
             on_outage: Called with an ``OutageEvent`` while the engine is away (from worker threads).
         """
-        gate, runner = self._outage_runner(max_outage, on_outage)
-        window: Deque[concurrent.futures.Future[SampleOutput]] = collections.deque()
-        limit = IN_FLIGHT_PER_WORKER * self.max_workers
-        try:
-            for item in requests:
-                window.append(self._submit(_as_request(item), runner))
-                while window and (len(window) >= limit or window[0].done()):
-                    yield _outcome(window.popleft(), return_exceptions)
-            while window:
-                yield _outcome(window.popleft(), return_exceptions)
-        finally:
-            for future in window:
-                future.cancel()
-            if gate is not None:
-                gate.close()
+        gate = self._outage_gate(max_outage, on_outage)
+        return self._fanout.imap(requests, self._calls.run, return_exceptions=return_exceptions, gate=gate)
 
     def imap_unordered(
         self,
@@ -353,45 +244,22 @@ class SamplerClient:
 
         ``max_outage`` and ``on_outage`` work as in ``imap``.
         """
-        gate, runner = self._outage_runner(max_outage, on_outage)
-        pending: Dict[concurrent.futures.Future[SampleOutput], int] = {}
-        limit = IN_FLIGHT_PER_WORKER * self.max_workers
-        source = enumerate(requests)
-        exhausted = False
-        try:
-            while True:
-                while not exhausted and len(pending) < limit:
-                    nxt = next(source, None)
-                    if nxt is None:
-                        exhausted = True
-                        break
-                    pending[self._submit(_as_request(nxt[1]), runner)] = nxt[0]
-                if not pending:
-                    return
-                done, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
-                for future in done:
-                    yield pending.pop(future), _outcome(future, return_exceptions)
-        finally:
-            for future in pending:
-                future.cancel()
-            if gate is not None:
-                gate.close()
+        gate = self._outage_gate(max_outage, on_outage)
+        return self._fanout.imap_unordered(requests, self._calls.run, return_exceptions=return_exceptions, gate=gate)
 
-    def _outage_runner(
-        self, max_outage: float, on_outage: Optional[OutageHook]
-    ) -> Tuple[Optional[OutageGate], Optional[Runner]]:
-        """Return the gate of one fan-out and the runner that goes through it (both None for ``max_outage=0``)."""
+    def _outage_gate(self, max_outage: float, on_outage: Optional[OutageHook]) -> Optional[OutageGate]:
+        """Return the outage gate of one fan-out, or None for ``max_outage=0`` (fail at once)."""
         if checked_seconds(max_outage, "max_outage") == 0:
-            return None, None
+            return None
         timeout = probe_timeout(self._transport.timeout)
-        gate = OutageGate(
+        calls = self._calls  # not self: the gate must not keep the client alive
+        return OutageGate(
             float(max_outage),
-            lambda: self._probe(timeout),
+            lambda: calls.probe(timeout),
             base_url=self.base_url,
             on_outage=on_outage,
-            on_back=self._loads.forget_all,  # a restarted engine forgot its adapters; loads sent before are void
+            on_back=calls.loads.forget_all,  # a restarted engine forgot its adapters; loads sent before are void
         )
-        return gate, lambda request: gate.run(lambda: self.run(request))
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Return once the engine answers ``GET /health`` and ``GET /v1/models``; probe with capped backoff.
@@ -405,19 +273,10 @@ class SamplerClient:
         """
         checked_seconds(timeout, "timeout")
         probe = probe_timeout(self._transport.timeout)
-        last = probe_until(lambda: self._probe(probe), time.monotonic() + timeout)
+        last = probe_until(lambda: self._calls.probe(probe), time.monotonic() + timeout)
         if last is not None:
             within = f" within {timeout:g} s" if timeout > 0 else ""
             raise EngineConnectionError(f"the engine at {self.base_url} did not answer{within}: {last}") from last
-
-    def _probe(self, timeout: Tuple[float, float]) -> None:
-        """One readiness probe: ``GET /health`` (skipped when the server has none), then ``GET /v1/models``."""
-        try:
-            self._transport.get_text(HEALTH_PATH, timeout=timeout)
-        except EngineStatusError as exc:
-            if exc.status != 404:
-                raise
-        self._transport.get_json(MODELS_PATH, timeout=timeout)
 
     def sample_many(
         self,
@@ -440,12 +299,7 @@ class SamplerClient:
         results = self.imap(requests, return_exceptions=return_exceptions, max_outage=max_outage, on_outage=on_outage)
         if not progress:
             return list(results)
-        try:
-            from tqdm import tqdm
-        except ImportError:
-            raise ImportError("progress=True needs tqdm: pip install 'lora_sampler[cli]'") from None
-        total = len(requests) if isinstance(requests, (list, tuple)) else None
-        return list(tqdm(results, total=total, unit="req"))
+        return collect_with_progress(results, requests)
 
     # -- adapters -------------------------------------------------------------------------------------------
 
@@ -485,7 +339,7 @@ class SamplerClient:
         """
         name = adapter.name if isinstance(adapter, Adapter) else adapter
         self._registry.unload(name, delete_files=delete_files, session_id=session_id)
-        self._loads.forget(name)
+        self._calls.loads.forget(name)
 
     def replicas(self) -> Tuple[str, ...]:
         """Return the replicas' root URLs: ``(base_url,)`` without ``replicas=``; the router's workers right now."""
@@ -504,18 +358,3 @@ class SamplerClient:
         They differ from ``engine_model()`` when the engine runs with ``--served-model-name``.
         """
         return self._registry.served_base_models()
-
-
-def _as_request(item: RequestLike) -> SampleRequest:
-    if isinstance(item, SampleRequest):
-        return item
-    if isinstance(item, Mapping):
-        return SampleRequest(**item)
-    raise TypeError(f"requests must hold SampleRequest values or mappings, got {type(item).__name__}")
-
-
-def _outcome(future: concurrent.futures.Future[SampleOutput], return_exceptions: bool) -> Any:
-    if not return_exceptions:
-        return future.result()
-    error = future.exception()
-    return error if error is not None else future.result()

@@ -1,0 +1,141 @@
+"""One ``sample`` or ``chat`` call through the retry table: adapter resolution, the attempt and the proactive load.
+
+``SampleCalls.run`` turns a ``SampleRequest`` into a ``SampleOutput`` (or the engine's error once the retry table ran
+its course). The pieces the retry wrapper calls back into (``_Attempts``) hold no reference to what holds the
+wrapper, so a client dropped without ``close()`` is freed by reference counting, not by a garbage-cycle collection.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from lora_sampler._adapters.fleet import Fleet
+from lora_sampler._adapters.loads import AdapterLoadCoordinator
+from lora_sampler._adapters.registry import AdapterRegistry
+from lora_sampler._transport.http import EngineTransport, new_id
+from lora_sampler._wire.routes import HEALTH_PATH, LOAD_ADAPTER_PATH, MODELS_PATH
+from lora_sampler.errors import EngineError, EngineStatusError
+from lora_sampler.retry import RetryPolicy, make_retrying
+from lora_sampler.types import SampleOutput, SampleRequest
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Call:
+    """One ``sample`` call as the retry glue sees it (no prompt text is logged from here)."""
+
+    model: str
+    is_adapter: bool
+    session_id: str
+    payload: Dict[str, Any]
+    started: float
+    load_path: Optional[str]
+    parse: Callable[[Any], SampleOutput]
+    is_chat: bool = False
+
+
+class _Attempts:
+    """What the retry wrapper calls: one attempt, and the proactive load before a wait (SPEC §4)."""
+
+    def __init__(
+        self, transport: EngineTransport, fleet: Optional[Fleet], loads: AdapterLoadCoordinator, load_timeout: float
+    ):
+        self._transport = transport
+        self._fleet = fleet
+        self._loads = loads
+        self._load_timeout = load_timeout
+
+    def attempt(self, call: _Call) -> SampleOutput:
+        """Send exactly one completion request for ``call``."""
+        return self._transport.complete(
+            call.payload,
+            model=call.model,
+            adapter=call.is_adapter,
+            session_id=call.session_id,
+            parse=call.parse,
+            chat=call.is_chat,
+        )
+
+    def before_retry(self, call: _Call, error: EngineError, attempt: int) -> None:
+        """Send the proactive load, shared by racing threads; on a fleet, reconcile every replica instead."""
+        if not call.is_adapter or call.load_path is None:
+            return
+        if self._fleet is not None:
+            self._fleet.reconcile(call.model, call.load_path)
+        else:
+            self._loads.load_if_due(call.model, attempt, lambda: self._send_load(call))
+
+    def _send_load(self, call: _Call) -> None:
+        """Ask the engine to load the adapter; best-effort, so every answer and failure is only logged."""
+        payload = {"lora_name": call.model, "lora_path": call.load_path}
+        try:
+            self._transport.post_adapter_command(
+                LOAD_ADAPTER_PATH, call.model, payload, call.session_id, self._load_timeout
+            )
+        except EngineError as exc:
+            # 400 "already been loaded"; 404 runtime updating off or not visible yet (FINDINGS §4d); no answer.
+            logger.debug("Proactive load of %r did not load it: %s", call.model, exc)
+            return
+        logger.debug("Proactive load of %r succeeded", call.model)
+
+
+class SampleCalls:
+    """Runs single requests: resolves the adapter, retries through the race, keeps the registry's counts.
+
+    Args:
+        transport: The engine transport.
+        registry: The client's adapter registry (resolution, publish-once, in-flight counts for lineages).
+        fleet: The replicas to reconcile after a retriable adapter failure, or None for the one engine.
+        retry: The retry policy.
+    """
+
+    def __init__(
+        self, transport: EngineTransport, registry: AdapterRegistry, fleet: Optional[Fleet], retry: RetryPolicy
+    ):
+        self._transport = transport
+        self._registry = registry
+        self.loads = AdapterLoadCoordinator(episode_gap=2 * retry.max_delay + retry.load_timeout)
+        attempts = _Attempts(transport, fleet, self.loads, retry.load_timeout)
+        self._retrying = make_retrying(retry, attempts.attempt, attempts.before_retry)
+
+    def run(self, request: SampleRequest) -> SampleOutput:
+        """Run one ``SampleRequest`` through the retry table and return its output."""
+        if request.adapter is not None:
+            adapter = self._registry.resolve(request.adapter)
+            model, load_path = adapter.name, self._registry.engine_path(adapter)
+        else:
+            model, load_path = str(request.base_model), None
+        call = _Call(
+            model=model,
+            is_adapter=request.adapter is not None,
+            session_id=request.session_id or new_id(),
+            payload=request.to_payload(model),
+            started=time.monotonic(),
+            load_path=load_path,
+            parse=lambda body: SampleOutput.from_json(body, request, model=model),
+            is_chat=request.is_chat,
+        )
+        if not call.is_adapter:
+            return self._retrying(call)
+        self._registry.request_started(model)
+        served = False
+        try:
+            output = self._retrying(call)
+            served = True
+        finally:
+            self._registry.request_finished(model, served=served)
+        self.loads.forget(model)
+        return output
+
+    def probe(self, timeout: Tuple[float, float]) -> None:
+        """One readiness probe: ``GET /health`` (skipped when the server has none), then ``GET /v1/models``."""
+        try:
+            self._transport.get_text(HEALTH_PATH, timeout=timeout)
+        except EngineStatusError as exc:
+            if exc.status != 404:
+                raise
+        self._transport.get_json(MODELS_PATH, timeout=timeout)
