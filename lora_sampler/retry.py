@@ -11,7 +11,25 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator, Iterator, Optional, Protocol, Sequence, Tuple, TypeVar, Union, cast
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Generator,
+    Iterator,
+    Mapping,
+    NamedTuple,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    TypeVar,
+    Union,
+    cast,
+)
+
+if TYPE_CHECKING:  # annotations only: typing.TypeGuard is Python 3.10+
+    from typing import TypeGuard
 
 import backoff
 import urllib3
@@ -121,16 +139,17 @@ class RetryPolicy:
         object.__setattr__(self, "on_giveup", _as_hooks(self.on_giveup, "on_giveup"))
 
     def should_retry(self, error: BaseException) -> bool:
-        """Apply the retry table (SPEC §4) to one failed attempt; the error alone decides."""
-        if not isinstance(error, EngineError):
-            return False  # not from the engine: a bug or a bad answer, never masked by retries
-        if isinstance(error, (EngineConnectionError, EngineTimeoutError)):
-            return True  # transport: refused, reset, DNS, timeout (a load is sent first for adapters)
-        if isinstance(error, (ModelNotFoundError, AdapterNotReadyError)):
-            return error.adapter  # the adapter-load race; for a base model it is a typo
-        if isinstance(error, EngineStatusError) and error.status in OVERLOAD_STATUSES:
-            return self.retry_overloaded  # 429/503: raised at once unless opted in
-        return False  # 401/403/422, other 400s, other 4xx, 5xx: real errors surface at once
+        """Apply the retry table (SPEC §4) to one failed attempt, one row a line; the error alone decides.
+
+        The rows' errors are classified once, by the transport (``EngineStatusError.from_response``).
+        """
+        if is_transport_failure(error):
+            return True  # transport error (refused, reset, DNS, timeout): retry; adapters get a load first
+        if is_adapter_race(error):
+            return error.adapter  # 404, 400 "does not exist"/"not found"/"could not be loaded"/JSON: adapters only
+        if is_overloaded(error):
+            return self.retry_overloaded  # 429/503: raised at once unless the policy opts in
+        return False  # any other 400, 401/403/422, other 4xx, 5xx, and anything not from the engine: raise
 
     def delays(self) -> Iterator[float]:
         """Yield the nominal waits: ``base_delay`` doubling each time, capped at ``max_delay``, forever."""
@@ -150,6 +169,22 @@ class RetryPolicy:
 
 
 DEFAULT_RETRY_POLICY = RetryPolicy()
+
+
+def is_transport_failure(error: BaseException) -> bool:
+    """Tell whether the request got no answer: refused, reset, DNS, timeout (row 1 of SPEC §4; an outage sign)."""
+    return isinstance(error, (EngineConnectionError, EngineTimeoutError))
+
+
+def is_adapter_race(error: BaseException) -> TypeGuard[EngineStatusError]:
+    """Tell whether the engine does not serve the name (yet): the adapter-load race for an adapter, else a typo."""
+    return isinstance(error, (ModelNotFoundError, AdapterNotReadyError))
+
+
+def is_overloaded(error: BaseException) -> bool:
+    """Tell whether the engine said "busy, try later" (429 or 503)."""
+    return isinstance(error, EngineStatusError) and error.status in OVERLOAD_STATUSES
+
 
 _testing_lock = threading.Lock()
 _testing = False
@@ -242,58 +277,84 @@ def make_retrying(
         A function with ``attempt``'s signature that retries per the policy and raises the last error, its
         ``attempts`` field set, when retries run out or the error is never retried.
     """
+    glue = _BackoffGlue(policy, before_wait)
+    decorated: Callable[[CallT], ResultT] = backoff.on_exception(
+        glue.waits,
+        EngineError,
+        max_tries=policy.max_attempts,
+        jitter=None,  # applied in ``waits``, so Retry-After is never jittered below its value
+        giveup=glue.is_final,
+        on_backoff=glue.on_backoff,
+        on_giveup=glue.on_giveup,
+        logger=None,  # backoff's own ERROR line on give-up would duplicate the raised error
+    )(attempt)
+    return decorated
 
-    def wait_gen() -> Generator[float, Any, None]:
-        # backoff primes the generator with send(None), then sends each failed attempt's exception.
+
+class _Failure(NamedTuple):
+    """One failed attempt as backoff reports it; ``from_details`` is the only reader of backoff's dict."""
+
+    call: RetryCall
+    error: EngineError
+    tries: int
+    wait: float
+
+    @classmethod
+    def from_details(cls, details: Mapping[str, Any]) -> _Failure:
+        """Read the call, its error, the attempts so far and the coming wait (0 on give-up)."""
+        return cls(details["args"][0], details["exception"], details["tries"], details.get("wait") or 0.0)
+
+    def event(self, max_attempts: int) -> RetryEvent:
+        """The ``RetryEvent`` the hooks receive for this failure."""
+        elapsed = time.monotonic() - self.call.started
+        return RetryEvent(
+            self.tries, max_attempts, self.wait, elapsed, self.error, self.call.model, self.call.is_adapter
+        )
+
+
+class _BackoffGlue:
+    """The policy as backoff's callbacks: the wait generator, the give-up test and the two event handlers."""
+
+    def __init__(self, policy: RetryPolicy, before_wait: Callable[[Any, EngineError, int], None]):
+        self._policy = policy
+        self._before_wait = before_wait
+
+    def waits(self) -> Generator[float, Any, None]:
+        """Yield each wait; backoff primes it with ``send(None)``, then sends each failed attempt's exception."""
         error = yield 0.0
-        for nominal in policy.delays():
-            error = yield policy.wait_for(nominal, error)
+        for nominal in self._policy.delays():
+            error = yield self._policy.wait_for(nominal, error)
 
-    def on_backoff(details: Any) -> None:
-        call, error, tries, wait = details["args"][0], details["exception"], details["tries"], details["wait"]
+    def is_final(self, error: BaseException) -> bool:
+        """Tell backoff to stop: the table says this error is never retried."""
+        return not self._policy.should_retry(error)
+
+    def on_backoff(self, details: Mapping[str, Any]) -> None:
+        """Before a wait: the proactive load (best-effort), the INFO line, then the user's ``on_retry`` hooks."""
+        failure = _Failure.from_details(details)
+        call, error = failure.call, failure.error
         try:
-            before_wait(call, error, tries)
+            self._before_wait(call, error, failure.tries)
         except Exception:  # best-effort by contract: never replaces the engine error
             logger.exception("lora_sampler: preparing the retry of %r failed", call.model)
         logger.info(
             "Retrying %s %r: attempt %d of %d failed (%s; request id %s); next attempt in %.3f s",
             "LoRA adapter" if call.is_adapter else "base model",
             call.model,
-            tries,
-            policy.max_attempts,
+            failure.tries,
+            self._policy.max_attempts,
             short_cause(error),
             error.request_id or "none",
-            wait,
+            failure.wait,
         )
-        _call_hooks(
-            policy.on_retry,
-            RetryEvent(tries, policy.max_attempts, wait, _elapsed(call), error, call.model, call.is_adapter),
-        )
+        _call_hooks(self._policy.on_retry, failure.event(self._policy.max_attempts))
 
-    def on_giveup(details: Any) -> None:
-        call, error, tries = details["args"][0], details["exception"], details["tries"]
-        error.attempts = tries
-        if policy.should_retry(error):  # retries ran out; errors never retried fire no give-up hook
-            _call_hooks(
-                policy.on_giveup,
-                RetryEvent(tries, policy.max_attempts, 0.0, _elapsed(call), error, call.model, call.is_adapter),
-            )
-
-    decorated: Callable[[CallT], ResultT] = backoff.on_exception(
-        wait_gen,
-        EngineError,
-        max_tries=policy.max_attempts,
-        jitter=None,  # applied inside wait_gen, so Retry-After is never jittered below its value
-        giveup=lambda error: not policy.should_retry(error),
-        on_backoff=on_backoff,
-        on_giveup=on_giveup,
-        logger=None,  # backoff's own ERROR line on give-up would duplicate the raised error
-    )(attempt)
-    return decorated
-
-
-def _elapsed(call: RetryCall) -> float:
-    return time.monotonic() - call.started
+    def on_giveup(self, details: Mapping[str, Any]) -> None:
+        """On the last failure: stamp the attempts on the error; ``on_giveup`` hooks only if retries ran out."""
+        failure = _Failure.from_details(details)
+        failure.error.attempts = failure.tries
+        if self._policy.should_retry(failure.error):  # errors never retried fire no give-up hook
+            _call_hooks(self._policy.on_giveup, failure.event(self._policy.max_attempts))
 
 
 def _call_hooks(hooks: Hooks, event: RetryEvent) -> None:

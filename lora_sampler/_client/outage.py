@@ -1,9 +1,8 @@
 """Outages during long jobs (SPEC §10): which failures mean "the engine is away", probing it, holding work meanwhile.
 
-``is_outage`` classifies a failure that the retry table already gave up on; ``probe_until`` probes with capped
-backoff; ``OutageGate`` holds the requests of one ``imap`` call while the engine is away and lets them run again
-once it answers. No HTTP of its own: the client hands in its probe. Reads error classes and the router's messages
-only, so it does not depend on how the transport builds its errors.
+``is_outage`` reads a failure the retry table gave up on (its transport row, or vllm-router's no-worker answer);
+``probe_until`` probes with capped backoff; ``OutageGate`` holds the requests of one ``imap`` call while the engine
+is away and lets them run again once it answers. No HTTP of its own: the client hands in its probe.
 """
 
 from __future__ import annotations
@@ -14,10 +13,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Tuple, TypeVar
 
-import requests
-
 from lora_sampler._wire.refusals import is_router_outage
 from lora_sampler.errors import EngineConnectionError, EngineStatusError, short_cause
+from lora_sampler.retry import is_transport_failure
 from lora_sampler.types import Timeout, split_timeout
 
 logger = logging.getLogger(__name__)
@@ -46,10 +44,10 @@ def checked_seconds(value: object, argument: str) -> float:
 def is_outage(error: BaseException) -> bool:
     """Tell whether a failure means the engine (or every worker behind a router) is away, not that a request is bad.
 
-    Outage-class: transport errors (refused, reset, timeout) once the retry table gave up, and the router's own
-    500 ``Request failed: error sending request for url ...`` and 503 ``No available workers ...``.
+    Outage-class: the retry table's transport row (refused, reset, timeout) once retries gave up, and the router's
+    own 500 ``Request failed: error sending request for url ...`` and 503 ``No available workers ...``.
     """
-    if isinstance(error, (requests.ConnectionError, requests.Timeout)):
+    if is_transport_failure(error):
         return True
     return isinstance(error, EngineStatusError) and is_router_outage(error.status, error.engine_message)
 
