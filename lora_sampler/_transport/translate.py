@@ -1,0 +1,187 @@
+"""The one translation point: low-level exceptions, statuses and bodies become lora_sampler's values and errors.
+
+``TRANSPORT_ERRORS`` is the table from requests' and urllib3's exceptions to ours, most specific row first (in the
+spirit of httpx's ``map_httpcore_exceptions``); ``Translator.mapped`` wraps every call into the libraries. Statuses
+go through ``check_status`` and bodies through ``decode_json``. Every message and excerpt is redacted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any, Callable, Iterator, Mapping, Optional, Tuple, Type, TypeVar, cast
+
+import requests
+import urllib3
+from requests.structures import CaseInsensitiveDict
+from urllib3.exceptions import (
+    ConnectTimeoutError,
+    NewConnectionError,
+    ProtocolError,
+    ProxyError,
+    ReadTimeoutError,
+    SSLError,
+)
+
+from lora_sampler._transport.exchange import Answer, Exchange
+from lora_sampler._transport.reader import TooLargeError
+from lora_sampler._transport.secrets import Secrets
+from lora_sampler._transport.urls import without_userinfo
+from lora_sampler.errors import (
+    EngineConnectionError,
+    EngineConnectTimeoutError,
+    EngineError,
+    EngineProtocolError,
+    EngineStatusError,
+    EngineTimeoutError,
+)
+
+T = TypeVar("T")
+
+#: What each low-level exception means, most specific first: ``(types, our class, what the engine did)``.
+#: urllib3's NewConnectionError subclasses ConnectTimeoutError for history's sake: a refusal is no timeout.
+TRANSPORT_ERRORS: Tuple[Tuple[Tuple[Type[BaseException], ...], Type[EngineError], str], ...] = (
+    ((NewConnectionError,), EngineConnectionError, "could not be reached"),
+    ((requests.ConnectTimeout, ConnectTimeoutError), EngineConnectTimeoutError, "did not accept a connection in time"),
+    ((requests.Timeout, ReadTimeoutError), EngineTimeoutError, "did not answer in full within the read timeout"),
+    (
+        (requests.ConnectionError, requests.exceptions.ChunkedEncodingError, ProtocolError, ProxyError, SSLError),
+        EngineConnectionError,
+        "could not be reached or dropped the connection",
+    ),
+    ((OSError,), EngineConnectionError, "could not be reached or dropped the connection"),
+    ((requests.RequestException, urllib3.exceptions.HTTPError), EngineError, "request failed"),
+)
+_CAUGHT = (requests.RequestException, urllib3.exceptions.HTTPError, OSError, TooLargeError)
+
+
+class Translator:
+    """Builds every error of one engine's transport, with its secrets redacted.
+
+    Args:
+        base_url: The printable engine root, named in every message.
+        secrets: The credentials to redact.
+        max_response_bytes: The size limit, named when an answer is over it.
+        headers: The headers every request carries.
+    """
+
+    def __init__(self, base_url: str, secrets: Secrets, max_response_bytes: int, headers: Mapping[str, str]):
+        self.base_url = base_url
+        self.headers = headers
+        self.secrets = secrets
+        self.max_response_bytes = max_response_bytes
+
+    @contextlib.contextmanager
+    def mapped(self, exchange: Exchange, raw: Any = None) -> Iterator[None]:
+        """Turn any low-level exception raised inside into the matching ``EngineError``.
+
+        Args:
+            exchange: The request being sent.
+            raw: The urllib3 response whose body is being read, once its status and headers are in.
+        """
+        try:
+            yield
+        except _CAUGHT as exc:
+            if isinstance(exc, EngineError):
+                raise
+            head = Answer.head_of(raw) if raw is not None else None
+            raise self.transport_error(exc, exchange, head) from None
+
+    def transport_error(self, exc: BaseException, exchange: Exchange, head: Optional[Answer] = None) -> EngineError:
+        """Return the ``EngineError`` a low-level exception stands for (the first matching row of the table)."""
+        if isinstance(exc, TooLargeError):
+            fix = "raise max_response_bytes if such answers are expected"
+            problem = f"an answer that {exc.what}, over max_response_bytes={self.max_response_bytes}"
+            return self.protocol_error(exchange, head or Answer(0, "", {}, b""), problem, fix)
+        error_class, problem = next((row[1], row[2]) for row in TRANSPORT_ERRORS if isinstance(exc, row[0]))
+        detail = self.secrets.redact(without_userinfo(f"{type(exc).__name__}: {exc}"))
+        message = (
+            f"{exchange.method} {exchange.path}{exchange.describe()}: the engine at {self.base_url} {problem} "
+            f"({detail}); check base_url, that the engine is running, and the timeout (timeout=, or lora-sampler "
+            "sample --timeout)"
+        )
+        return error_class(message, model=exchange.model, adapter=exchange.adapter, request_id=exchange.request_id)
+
+    def decode_json(self, exchange: Exchange, answer: Answer, parse: Optional[Callable[[Any], T]]) -> T:
+        """Check the status, decode the body and hand it to ``parse``; the result, or the error it stands for.
+
+        A ``ValueError``, ``TypeError``, ``LookupError`` or ``AttributeError`` that ``parse`` raises means the answer
+        is malformed and becomes ``EngineProtocolError``.
+        """
+        self.check_status(exchange, answer)
+        try:
+            body = json.loads(answer.content)
+        except ValueError:
+            raise self.protocol_error(exchange, answer, "a body that is not JSON") from None
+        if parse is None:
+            if not isinstance(body, dict):
+                raise self.protocol_error(exchange, answer, f"a JSON {type(body).__name__}, not an object")
+            return cast(T, body)
+        try:
+            return parse(body)
+        except (ValueError, TypeError, LookupError, AttributeError) as exc:
+            raise self.protocol_error(exchange, answer, f"an answer that does not fit: {exc}") from None
+
+    def check_status(self, exchange: Exchange, answer: Answer) -> None:
+        """Raise the error an error status or a redirect stands for; return for 2xx."""
+        if 200 <= answer.status < 300:
+            return
+        response = self._as_response(exchange, answer)
+        if 300 <= answer.status < 400:
+            target = without_userinfo(str(answer.headers.get("Location") or "(no Location header)"))
+            error: EngineStatusError = EngineStatusError(
+                f"{exchange.method} {exchange.path}{exchange.describe()}: the engine at {self.base_url} answered "
+                f"HTTP {answer.status}, a redirect to {target}, which is not followed; pass the URL the engine "
+                "really serves as base_url",
+                status=answer.status,
+                engine_message=f"redirect to {target}",
+                response=response,
+                model=exchange.model,
+                adapter=exchange.adapter,
+            )
+        else:
+            error = EngineStatusError.from_response(response, model=exchange.model, adapter=exchange.adapter)
+        error.message = self.secrets.redact(error.message)
+        error.engine_message = self.secrets.redact(error.engine_message)
+        error.args = (error.message,)
+        error.request_id = exchange.request_id
+        raise error
+
+    def protocol_error(self, exchange: Exchange, answer: Answer, problem: str, fix: str = "") -> EngineProtocolError:
+        """Return the error for an answer that is not what was asked."""
+        excerpt = self.secrets.redact(answer.text[:200])
+        content_type = answer.content_type or "no Content-Type"
+        fix = fix or (
+            "check that base_url points at the vLLM server itself (not a proxy's page) and that it serves the "
+            "requested model"
+        )
+        message = (
+            f"{exchange.method} {exchange.path}{exchange.describe()}: the engine at {self.base_url} answered "
+            f"HTTP {answer.status} ({content_type}) with {self.secrets.redact(problem)}; body starts {excerpt!r}; "
+            f"{fix}"
+        )
+        return EngineProtocolError(
+            message,
+            status=answer.status,
+            content_type=answer.content_type,
+            body_excerpt=excerpt,
+            model=exchange.model,
+            adapter=exchange.adapter,
+            request_id=exchange.request_id,
+        )
+
+    def _as_response(self, exchange: Exchange, answer: Answer) -> requests.Response:
+        """Wrap an error answer in a ``requests.Response`` (for ``HTTPError.response``), as requests' adapter would."""
+        url = self.base_url + exchange.path
+        response = requests.Response()
+        response.status_code = answer.status
+        response.headers = CaseInsensitiveDict(answer.headers)
+        response._content = answer.content
+        response.reason = answer.reason
+        response.url = url
+        response.encoding = requests.utils.get_encoding_from_headers(response.headers)
+        request = requests.PreparedRequest()
+        request.method, request.url, request.body = exchange.method, url, exchange.data
+        request.headers = CaseInsensitiveDict({**self.headers, **exchange.headers})
+        response.request = request
+        return response
