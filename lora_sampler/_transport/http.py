@@ -12,13 +12,14 @@ import time
 from typing import Any, Callable, Mapping, Optional, TypeVar, Union
 
 from lora_sampler._defaults import DEFAULT_MAX_WORKERS, DEFAULT_TIMEOUT
-from lora_sampler._transport.exchange import Answer, Exchange, Timeout, new_id, pool_timeout
+from lora_sampler._transport.exchange import Answer, Exchange, new_id, pool_timeout
 from lora_sampler._transport.pool import POOL_HEADROOM, EnginePool
 from lora_sampler._transport.reader import read_whole
 from lora_sampler._transport.secrets import Secrets, redact
 from lora_sampler._transport.translate import Translator
 from lora_sampler._transport.urls import normalise_base_url, split_base_url, without_userinfo
 from lora_sampler._wire.routes import CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH
+from lora_sampler.types import Timeout
 
 __all__ = [
     "DEFAULT_MAX_RESPONSE_BYTES",
