@@ -21,6 +21,7 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Dict, Hashable, Iterable, Iterator, List, Optional, Tuple, Union
 
+from lora_sampler._locks import KeyedLocks
 from lora_sampler.errors import PublishError, UnsafeArchiveError
 
 logger = logging.getLogger(__name__)
@@ -41,21 +42,6 @@ Signature = Tuple[int, int, int, int]
 ARCHIVE_FIX = "re-create it from the adapter folder with plain files only, e.g. tar -czf step.tar.gz -C parent step"
 # Temporary folders: ".tmp-<name>-<host tag>-<pid>-<random>" while publishing, ".del-..." while removing.
 _TEMP_NAME = re.compile(r"^\.(?:tmp|del)-.*-(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]+)-[0-9a-f]{8}$")
-
-
-class KeyedLocks:
-    """One lock per key, so work on the same key runs once while work on other keys runs in parallel."""
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._locks: Dict[Hashable, threading.RLock] = {}
-
-    @contextmanager
-    def hold(self, key: Hashable) -> Iterator[None]:
-        with self._guard:
-            lock = self._locks.setdefault(key, threading.RLock())
-        with lock:
-            yield
 
 
 _cache_guard = threading.Lock()

@@ -17,7 +17,6 @@ from typing import Any, Callable, Dict, Optional
 
 from lora_sampler._adapters.archive import (
     MARKER_FILE,
-    KeyedLocks,
     StrPath,
     cached_digest,
     checkpoint_digest,
@@ -28,6 +27,7 @@ from lora_sampler._adapters.archive import (
     make_temp_folder,
 )
 from lora_sampler._adapters.extract import DEFAULT_LIMITS, PublishLimits, copy_folder, extract_archive
+from lora_sampler._locks import KeyedLocks
 from lora_sampler._wire.archives import strip_archive_suffix
 from lora_sampler.errors import AdapterConfigError, PublishError
 from lora_sampler.names import validate_adapter_name

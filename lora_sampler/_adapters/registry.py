@@ -15,6 +15,7 @@ from typing import Any, Counter, Dict, List, Optional, Set, Tuple, Union
 
 from lora_sampler._adapters.extract import PublishLimits
 from lora_sampler._adapters.fleet import Fleet
+from lora_sampler._locks import KeyedLocks
 from lora_sampler._transport.http import EngineTransport
 from lora_sampler._wire.refusals import is_not_held
 from lora_sampler._wire.routes import MODELS_PATH, UNLOAD_ADAPTER_PATH
@@ -29,6 +30,10 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 class AdapterRegistry:
     """Per-client adapter bookkeeping.
+
+    Locking: every field is written under ``_lock``, and read under it except single-key lookups on the sampling
+    path (a dict or set lookup is atomic). ``_work`` serialises the slow work on one key (one checkpoint's publish,
+    one adapter's preflight) and guards no field.
 
     Args:
         transport: The engine transport (for ``GET /v1/models`` and unloads).
@@ -54,7 +59,7 @@ class AdapterRegistry:
         engine_dir = engine_lora_base_dir if engine_lora_base_dir is not None else self.lora_base_dir
         self.engine_lora_base_dir = os.fspath(engine_dir) if engine_dir is not None else None
         self._lock = threading.Lock()
-        self._key_locks: Dict[str, threading.Lock] = {}
+        self._work = KeyedLocks()
         self._published: Dict[str, Adapter] = {}
         self._checked: Set[str] = set()
         self._base: Optional[List[Tuple[str, str]]] = None
@@ -85,7 +90,8 @@ class AdapterRegistry:
         # Looked up once per name: lora_base_dir is often a network mount, where a stat per request costs.
         local = os.path.join(self.lora_base_dir, name) if self.lora_base_dir else None
         adapter = Adapter(name, local if local and os.path.isdir(local) else None)
-        self._named[name] = adapter
+        with self._lock:
+            self._named[name] = adapter
         return adapter
 
     def engine_path(self, adapter: Adapter) -> Optional[str]:
@@ -94,17 +100,18 @@ class AdapterRegistry:
             return os.path.join(self.engine_lora_base_dir, adapter.name)
         return adapter.path
 
-    def _key_lock(self, key: str) -> threading.Lock:
-        with self._lock:
-            return self._key_locks.setdefault(key, threading.Lock())
-
     def _publish_once(self, checkpoint: PathLike) -> Adapter:
         key = os.path.abspath(os.fspath(checkpoint))
-        with self._key_lock("publish:" + key):
-            adapter = self._published.get(key)
+        adapter = self._published.get(key)
+        if adapter is not None:
+            return adapter
+        with self._work.hold(("publish", key)):  # threads asking for one new checkpoint publish it once
+            with self._lock:
+                adapter = self._published.get(key)
             if adapter is None:
                 adapter = self.publish(checkpoint)
-                self._published[key] = adapter
+                with self._lock:
+                    self._published[key] = adapter
             return adapter
 
     def publish(
@@ -135,9 +142,10 @@ class AdapterRegistry:
         """Check ``adapter_config.json`` against the engine's model once per adapter, before any completion."""
         from lora_sampler._adapters.publish import check_adapter_config
 
-        with self._key_lock("check:" + adapter.name):
-            if adapter.name in self._checked or adapter.path is None:
-                return
+        with self._work.hold(("check", adapter.name)):
+            with self._lock:
+                if adapter.name in self._checked or adapter.path is None:
+                    return
             try:
                 model = self.engine_model()
             except EngineError as exc:
@@ -145,7 +153,8 @@ class AdapterRegistry:
                 logger.debug("Skipping the preflight of %r: %s", adapter.name, exc)
                 return
             check_adapter_config(adapter.path, model)
-            self._checked.add(adapter.name)
+            with self._lock:
+                self._checked.add(adapter.name)
 
     def engine_model(self) -> str:
         """Return the engine's base model: the ``root`` of the base card in ``GET /v1/models`` (cached)."""
@@ -156,9 +165,12 @@ class AdapterRegistry:
         return tuple(name for name, _ in self._base_cards())
 
     def _base_cards(self) -> List[Tuple[str, str]]:
-        if self._base is None:
-            self._base = self._transport.get_json(MODELS_PATH, parse=_base_cards_of)
-        return self._base
+        base = self._base
+        if base is None:
+            base = self._transport.get_json(MODELS_PATH, parse=_base_cards_of)
+            with self._lock:
+                self._base = base
+        return base
 
     # -- unloading and lineages -----------------------------------------------------------------------------
 
@@ -176,9 +188,10 @@ class AdapterRegistry:
             self._fleet.unload_everywhere(name)  # raises naming the replicas that did not let go
         else:
             self._unload_from_engine(name, session_id)
-        with self._lock:
+        with self._lock:  # in place: a publish-once entry written meanwhile for another adapter is kept
             self._checked.discard(name)
-            self._published = {k: v for k, v in self._published.items() if v.name != name}
+            for key in [key for key, published in self._published.items() if published.name == name]:
+                del self._published[key]
             self._named.pop(name, None)
         if delete_files:
             if self.lora_base_dir is None:

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from lora_sampler._locks import KeyedLocks
 from lora_sampler.testing import _bodies as bodies
 from lora_sampler.testing._adapters import AdapterFiles, inspect_adapter
 from lora_sampler.testing._bodies import VllmBody
@@ -39,7 +40,7 @@ class AdapterTable:
         self.runtime_updating = runtime_updating
         self._registered: dict[str, str] = {}  # name -> path: the API server's table
         self._cache: OrderedDict[str, str] = OrderedDict()  # the engine's LRU of loaded adapters
-        self._name_locks: dict[str, threading.Lock] = {}
+        self._resolving = KeyedLocks()  # one resolution per name at a time; guards no field
         self._delays: dict[str, _Delay] = {}
 
     # -- queries and controls ----------------------------------------------------------------------------------------
@@ -88,10 +89,6 @@ class AdapterTable:
             return AdapterFiles("absent")
         return inspect_adapter(path, self._engine.max_lora_rank)
 
-    def _name_lock(self, name: str) -> threading.Lock:
-        with self._lock:
-            return self._name_locks.setdefault(name, threading.Lock())
-
     def _register(self, name: str, path: str) -> None:
         with self._lock:
             self._registered[name] = path
@@ -111,7 +108,7 @@ class AdapterTable:
         missing = bodies.model_not_found(name, engine.model, old_shape=engine.old_error_shape)
         if not self.runtime_updating or engine.lora_dir is None:
             return missing  # without runtime updating the resolver is never consulted (FINDINGS §3)
-        with self._name_lock(name):  # vLLM serializes resolution per name, so racing requests load once
+        with self._resolving.hold(name):  # vLLM serializes resolution per name, so racing requests load once
             with self._lock:
                 if name in self._registered:
                     return None

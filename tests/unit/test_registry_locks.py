@@ -1,0 +1,132 @@
+"""The adapter registry's publish-once map under concurrent unloads, and the keyed-lock helper it uses."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any, Dict, Iterator, List
+
+import pytest
+
+from lora_sampler._adapters import publish as publish_module
+from lora_sampler._adapters.registry import AdapterRegistry
+from lora_sampler._locks import KeyedLocks
+from lora_sampler.types import Adapter
+
+
+class _Transport:
+    """Answers every unload with 200, and ``GET /v1/models`` with one base model."""
+
+    timeout = (1.0, 1.0)
+
+    def post_adapter_command(self, *args: Any) -> str:
+        return ""
+
+    def get_json(self, path: str, *, parse: Any) -> Any:
+        return parse({"data": [{"id": "base", "root": "base"}]})
+
+
+@pytest.fixture
+def fast_switching() -> Iterator[None]:
+    """Switch threads every microsecond, so a race window of a few bytecodes is hit within the test."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(previous)
+
+
+@pytest.mark.usefixtures("fast_switching")
+def test_registry_publish_once_survives_concurrent_unloads(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """Checkpoints resolved by many threads while others unload another adapter: each publishes once, unloads work."""
+    published: Dict[str, int] = {}
+    count_lock = threading.Lock()
+
+    def fake_publish(checkpoint: Any, lora_base_dir: Any, **kwargs: Any) -> Adapter:
+        key = str(checkpoint)
+        with count_lock:
+            published[key] = published.get(key, 0) + 1
+        return Adapter(f"adapter-{len(key)}-{abs(hash(key)) % 10**9}", path=str(tmp_path))
+
+    def slow_check(path: Any, model: str) -> None:
+        time.sleep(0)  # the preflight reads a file: other threads run meanwhile
+
+    monkeypatch.setattr(publish_module, "publish_checkpoint", fake_publish)
+    monkeypatch.setattr(publish_module, "check_adapter_config", slow_check)
+    registry = AdapterRegistry(_Transport(), tmp_path, None)  # type: ignore[arg-type]
+    checkpoints = [f"{tmp_path}/ckpt-{i}.tar.gz" for i in range(400)]
+    stop = threading.Event()
+    errors: List[BaseException] = []
+
+    def resolver(offset: int) -> None:
+        try:
+            for _ in range(3):
+                for checkpoint in checkpoints[offset:] + checkpoints[:offset]:
+                    registry.resolve(checkpoint)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def unloader() -> None:
+        try:
+            while not stop.is_set():
+                registry.unload("unrelated")
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    resolvers = [threading.Thread(target=resolver, args=(i * 50,)) for i in range(8)]
+    unloaders = [threading.Thread(target=unloader) for _ in range(4)]
+    for thread in unloaders + resolvers:
+        thread.start()
+    for thread in resolvers:
+        thread.join()
+    stop.set()
+    for thread in unloaders:
+        thread.join()
+    assert not errors
+    republished = {key: n for key, n in published.items() if n != 1}
+    assert len(published) == len(checkpoints) and not republished
+
+
+def test_keyed_locks_forget_idle_keys() -> None:
+    """A key's lock is dropped once nobody holds or waits for it, also after an exception and a reentrant hold."""
+    locks = KeyedLocks()
+    for key in range(1000):
+        with locks.hold(key):
+            with locks.hold(key):  # reentrant: the same thread again
+                assert len(locks) == 1
+    with pytest.raises(RuntimeError):
+        with locks.hold("failing"):
+            raise RuntimeError("boom")
+    assert len(locks) == 0
+
+
+def test_keyed_locks_serialise_one_key_and_keep_waiters() -> None:
+    """Threads on one key run one at a time; the key is kept while a waiter queues, and dropped after."""
+    locks = KeyedLocks()
+    inside = threading.Event()
+    release = threading.Event()
+    order: List[str] = []
+
+    def first() -> None:
+        with locks.hold("k"):
+            inside.set()
+            release.wait(10)
+            order.append("first")
+
+    def second() -> None:
+        inside.wait(10)
+        with locks.hold("k"):
+            order.append("second")
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    inside.wait(10)
+    with locks.hold("other"):  # another key is free meanwhile
+        assert len(locks) == 2
+    release.set()
+    for thread in threads:
+        thread.join()
+    assert order == ["first", "second"] and len(locks) == 0
