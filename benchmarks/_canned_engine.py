@@ -5,7 +5,9 @@ Answers every ``POST /v1/completions`` with the same 200 body (the shape vLLM se
 an empty 200. It parses no JSON and keeps no state, so the client is what the benchmark measures. Stdlib only;
 run it in its own process::
 
-    python benchmarks/_canned_engine.py --latency-ms 20 [--port 0]
+    python benchmarks/_canned_engine.py --latency-ms 20 [--port 0] [--body FILE]
+
+``--body FILE`` serves that file's bytes as the completion body instead (e.g. a scoring answer with prompt logprobs).
 
 It prints one JSON line ``{"url": "http://127.0.0.1:PORT", "pid": PID}`` once it listens, and serves until
 SIGTERM/SIGINT or until its standard input closes (so it never outlives a benchmark that died).
@@ -85,8 +87,8 @@ NOT_FOUND = _response("404 Not Found", b'{"detail":"Not Found"}')
 class CannedHttp(asyncio.Protocol):
     """One keep-alive connection: parse request heads and bodies, answer each after the service latency."""
 
-    def __init__(self, latency: float):
-        self.latency = latency
+    def __init__(self, latency: float, completion: bytes = COMPLETION):
+        self.latency, self.completion = latency, completion
         self.transport: Optional[asyncio.Transport] = None
         self.buffer = bytearray()
 
@@ -116,7 +118,7 @@ class CannedHttp(asyncio.Protocol):
             del self.buffer[:total]
             target = head.split(b" ", 2)[1] if head.count(b" ") >= 2 else b""
             if target.startswith(b"/v1/completions"):
-                answer = COMPLETION
+                answer = self.completion
             elif target.startswith(b"/v1/models"):
                 answer = MODELS
             elif target.startswith((b"/health", b"/ping")):
@@ -150,13 +152,15 @@ def _watch_stdin(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
     loop.call_soon_threadsafe(stop.set)
 
 
-async def serve(host: str, port: int, latency: float) -> None:
+async def serve(host: str, port: int, latency: float, completion: bytes = COMPLETION) -> None:
     """Listen on ``host:port``, print the URL line, and serve until a signal or the end of stdin."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    server = await loop.create_server(lambda: CannedHttp(latency), host, port, backlog=1024, reuse_address=True)
+    server = await loop.create_server(
+        lambda: CannedHttp(latency, completion), host, port, backlog=1024, reuse_address=True
+    )
     bound = server.sockets[0].getsockname()[1]
     print(json.dumps({"url": f"http://{host}:{bound}", "pid": os.getpid()}), flush=True)
     threading.Thread(target=_watch_stdin, args=(loop, stop), daemon=True).start()
@@ -170,8 +174,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--latency-ms", type=float, default=0.0, help="service latency per completion (default 0)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=0, help="port (default 0: a free one)")
+    parser.add_argument("--body", help="a file whose bytes are the completion body (default: the canned one)")
     args = parser.parse_args(argv)
-    asyncio.run(serve(args.host, args.port, args.latency_ms / 1000.0))
+    completion = COMPLETION
+    if args.body:
+        with open(args.body, "rb") as handle:
+            completion = _response("200 OK", handle.read())
+    asyncio.run(serve(args.host, args.port, args.latency_ms / 1000.0, completion))
     return 0
 
 

@@ -29,7 +29,16 @@ from lora_sampler.errors import (
     UnsafeArchiveError,
 )
 from lora_sampler.retry import RetryEvent, RetryHook, RetryPolicy
-from lora_sampler.types import Adapter, GeneratedSequence, SampleOutput, SampleRequest, SamplingParams
+from lora_sampler.types import (
+    Adapter,
+    GeneratedSequence,
+    PromptTopK,
+    SampleOutput,
+    SampleRequest,
+    SamplingParams,
+    ScoreOutput,
+    ScoreRequest,
+)
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
@@ -51,6 +60,7 @@ __all__ = [
     "ModelNotFoundError",
     "OutageEvent",
     "OutageHook",
+    "PromptTopK",
     "PublishError",
     "PublishLimits",
     "RetryEvent",
@@ -60,6 +70,8 @@ __all__ = [
     "SampleRequest",
     "SamplerClient",
     "SamplingParams",
+    "ScoreOutput",
+    "ScoreRequest",
     "UnsafeArchiveError",
     "__version__",
 ]

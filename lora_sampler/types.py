@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union, cast
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union, cast, overload
 
 from lora_sampler._wire.archives import ARCHIVE_SUFFIXES as ARCHIVE_SUFFIXES  # re-exported: a public name here
 from lora_sampler._wire.archives import has_archive_suffix
@@ -187,14 +187,7 @@ class SampleRequest:
     extra_body: Optional[Mapping[str, Any]] = None
 
     def __post_init__(self) -> None:
-        if (self.adapter is None) == (self.base_model is None):
-            raise ValueError("pass exactly one of adapter= (a LoRA adapter) or base_model= (the engine's model)")
-        if self.adapter is not None and not isinstance(self.adapter, (Adapter, str, os.PathLike)):
-            raise TypeError(f"adapter must be an Adapter, a checkpoint path or a name, got {type(self.adapter)}")
-        if isinstance(self.adapter, str) and not self.adapter.strip():
-            raise ValueError("adapter must not be empty")
-        if self.base_model is not None and (not isinstance(self.base_model, str) or not self.base_model):
-            raise TypeError(f"base_model must be a non-empty str, got {self.base_model!r}")
+        _check_model_choice(self.adapter, self.base_model)
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("pass exactly one of prompt= (token ids or text) or messages= (chat messages)")
         if self.messages is not None:
@@ -209,8 +202,7 @@ class SampleRequest:
             raise TypeError(f"sampling_params must be a SamplingParams, got {type(self.sampling_params).__name__}")
         if not _is_int(self.topk_prompt_logprobs) or self.topk_prompt_logprobs < 0:
             raise ValueError(f"topk_prompt_logprobs must be an int >= 0, got {self.topk_prompt_logprobs!r}")
-        if self.session_id is not None and not isinstance(self.session_id, str):
-            raise TypeError(f"session_id must be a str, got {type(self.session_id).__name__}")
+        _check_session_id(self.session_id)
         if self.extra_body is not None:
             object.__setattr__(self, "extra_body", validated_extra_body(self.extra_body))
 
@@ -245,21 +237,99 @@ class SampleRequest:
         return payload
 
 
-def _validated_prompt(prompt: object) -> Prompt:
+def _check_model_choice(adapter: object, base_model: object) -> None:
+    """Check the ``adapter=`` / ``base_model=`` pair of a request: exactly one, of the right kind."""
+    if (adapter is None) == (base_model is None):
+        raise ValueError("pass exactly one of adapter= (a LoRA adapter) or base_model= (the engine's model)")
+    if adapter is not None and not isinstance(adapter, (Adapter, str, os.PathLike)):
+        raise TypeError(f"adapter must be an Adapter, a checkpoint path or a name, got {type(adapter)}")
+    if isinstance(adapter, str) and not adapter.strip():
+        raise ValueError("adapter must not be empty")
+    if base_model is not None and (not isinstance(base_model, str) or not base_model):
+        raise TypeError(f"base_model must be a non-empty str, got {base_model!r}")
+
+
+def _check_session_id(session_id: object) -> None:
+    if session_id is not None and not isinstance(session_id, str):
+        raise TypeError(f"session_id must be a str, got {type(session_id).__name__}")
+
+
+def _validated_prompt(prompt: object, what: str = "prompt") -> Prompt:
     if isinstance(prompt, str):
         if not prompt:
-            raise ValueError("prompt must not be empty")
+            raise ValueError(f"{what} must not be empty")
         return prompt
     if not isinstance(prompt, (list, tuple)):
-        raise TypeError(f"prompt must be a list of token ids or a str, got {type(prompt).__name__}")
+        raise TypeError(f"{what} must be a list of token ids or a str, got {type(prompt).__name__}")
     if not prompt:
-        raise ValueError("prompt must not be empty")
-    for position, token in enumerate(prompt):
-        if not _is_int(token):
-            raise TypeError(f"prompt token ids must be ints, got {token!r} at position {position}")
-        if token < 0:
-            raise ValueError(f"prompt token ids must be >= 0, got {token} at position {position}")
+        raise ValueError(f"{what} must not be empty")
+    if not set(map(type, prompt)) <= _INT_TYPE:  # one C loop for the usual case; the slow one names the culprit
+        for position, token in enumerate(prompt):
+            if not _is_int(token):
+                raise TypeError(f"{what} token ids must be ints, got {token!r} at position {position}")
+    if min(prompt) < 0:
+        position = next(i for i, token in enumerate(prompt) if token < 0)
+        raise ValueError(f"{what} token ids must be >= 0, got {prompt[position]} at position {position}")
     return tuple(prompt)
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """The arguments of one scoring call: the logprob of each given token under an adapter or the base model.
+
+    Args:
+        prompt: Token ids or text. Without ``completion``, its own tokens are scored, each given those before it.
+        completion: Token ids or text scored after ``prompt`` (each completion token given the prompt and the
+            completion tokens before it); text is tokenized by the engine (``POST /tokenize``, no special tokens).
+        adapter: An ``Adapter``, a checkpoint path, or an adapter name; exclusive with ``base_model``.
+        base_model: The engine's base model name; exclusive with ``adapter``.
+        session_id: Sent as ``X-Session-ID`` with every request of the call (router affinity).
+    """
+
+    prompt: Prompt
+    completion: Optional[Prompt] = None
+    adapter: Optional[AdapterSpec] = None
+    base_model: Optional[str] = None
+    session_id: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        _check_model_choice(self.adapter, self.base_model)
+        object.__setattr__(self, "prompt", _validated_prompt(self.prompt))
+        if self.completion is not None:
+            object.__setattr__(self, "completion", _validated_prompt(self.completion, "completion"))
+        _check_session_id(self.session_id)
+
+
+@dataclass(frozen=True)
+class ScoreOutput:
+    """The answer to one ``ScoreRequest``.
+
+    Attributes:
+        tokens: Every token of the scored sequence: the prompt's, then the completion's (the engine's for text).
+        logprobs: One per token, each given the tokens before it; None for the first.
+        start: Where the scored tokens begin: the completion's first token, or 1 without a completion.
+        model: The model name that served it.
+    """
+
+    tokens: Tuple[int, ...]
+    logprobs: Tuple[Optional[float], ...]
+    start: int
+    model: str = ""
+
+    @property
+    def scored_tokens(self) -> Tuple[int, ...]:
+        """The tokens scored: the completion's, or the prompt's after the first."""
+        return self.tokens[self.start :]
+
+    @property
+    def scored_logprobs(self) -> Tuple[float, ...]:
+        """The logprobs of ``scored_tokens`` (numbers: only the sequence's first token has none)."""
+        return cast(Tuple[float, ...], self.logprobs[self.start :])
+
+    @property
+    def total(self) -> float:
+        """The sum of ``scored_logprobs``: the log-likelihood of the scored tokens (0.0 for none)."""
+        return math.fsum(self.scored_logprobs)
 
 
 @dataclass(frozen=True)
@@ -289,7 +359,7 @@ class SampleOutput:
         sequences: The ``num_samples`` completions.
         prompt_logprobs: Logprob of each prompt token (None for the first), when asked.
         topk_prompt_logprobs: Top-k ``(token_id, logprob)`` pairs at each prompt position (None for the first),
-            trimmed to k, when asked.
+            trimmed to k, when asked: a ``PromptTopK`` view that reads each position from the answer when accessed.
         model: The model name that served it.
         body: The engine's answer as it came (the JSON object), e.g. for the usage counts or the chat template's
             ``prompt_token_ids``; the batch file format writes it as ``response.body``.
@@ -297,7 +367,7 @@ class SampleOutput:
 
     sequences: Tuple[GeneratedSequence, ...]
     prompt_logprobs: Optional[Tuple[Optional[float], ...]] = None
-    topk_prompt_logprobs: Optional[Tuple[Optional[TopK], ...]] = None
+    topk_prompt_logprobs: Optional[Sequence[Optional[TopK]]] = None
     model: str = field(default="")
     body: Optional[Dict[str, Any]] = field(default=None, repr=False, compare=False)
 
@@ -336,19 +406,19 @@ class SampleOutput:
             choices = [choices[position] for position in sorted(expected, key=indices.__getitem__)]
         sequences = tuple(_sequence_from_choice(choice) for choice in choices)
         prompt_lp: Optional[Tuple[Optional[float], ...]] = None
-        topk: Optional[Tuple[Optional[TopK], ...]] = None
+        topk: Optional[PromptTopK] = None
         if request.wants_prompt_logprobs:
             first = choices[0]
             raw = first.get("prompt_logprobs")
-            if not isinstance(raw, list):
+            if not isinstance(raw, list) or not set(map(type, raw)) <= _ENTRY_TYPES:
                 raise ValueError("prompt logprobs were asked for, but its first choice has no 'prompt_logprobs' list")
             prompt_ids = first.get("prompt_token_ids") or (None if isinstance(request.prompt, str) else request.prompt)
-            prompt_lp, topk_all = _read_prompt_logprobs(raw, prompt_ids)
+            if request.prompt_logprobs:
+                prompt_lp = _actual_logprobs(raw, prompt_ids)
+            elif prompt_ids is not None and len(raw) != len(prompt_ids):
+                raise ValueError(f"it has {len(raw)} prompt logprobs for {len(prompt_ids)} prompt tokens")
             if request.topk_prompt_logprobs:
-                k = request.topk_prompt_logprobs
-                topk = tuple(None if entry is None else entry[:k] for entry in topk_all)
-            if not request.prompt_logprobs:
-                prompt_lp = None
+                topk = PromptTopK(raw, request.topk_prompt_logprobs)
         return cls(sequences, prompt_lp, topk, str(answered or ""), body)
 
 
@@ -356,6 +426,7 @@ _DICT_TYPE = {dict}
 _INT_TYPE = {int}
 _NONE_TYPE = type(None)
 _LOGPROB_TYPES = {float, int, _NONE_TYPE}
+_ENTRY_TYPES = {dict, _NONE_TYPE}
 
 
 def _sequence_from_choice(choice: Dict[str, Any]) -> GeneratedSequence:
@@ -394,21 +465,97 @@ def _sequence_from_choice(choice: Dict[str, Any]) -> GeneratedSequence:
     )
 
 
-def _read_prompt_logprobs(
-    raw: List[Optional[Dict[str, Dict[str, Any]]]], prompt_ids: Optional[Sequence[int]]
-) -> Tuple[Tuple[Optional[float], ...], Tuple[Optional[TopK], ...]]:
-    """Split vLLM's prompt_logprobs (``[None, {"id": {"logprob", "rank", ...}}, ...]``) into both views."""
-    actual: List[Optional[float]] = []
-    ranked: List[Optional[TopK]] = []
-    for position, entry in enumerate(raw):
-        if not entry:
-            actual.append(None)
-            ranked.append(None)
-            continue
-        token = prompt_ids[position] if prompt_ids is not None and position < len(prompt_ids) else None
-        chosen = entry.get(str(token)) if token is not None else None
-        actual.append(float(chosen["logprob"]) if chosen else None)
-        # vLLM adds the actual prompt token to the top-k when it ranks lower, so order by rank, then trim.
-        pairs = sorted(entry.items(), key=lambda item: (item[1].get("rank") or 1 << 30, -item[1]["logprob"]))
-        ranked.append(tuple((int(tid), float(info["logprob"])) for tid, info in pairs))
-    return tuple(actual), tuple(ranked)
+def _actual_logprobs(
+    raw: List[Optional[Dict[str, Any]]], prompt_ids: Optional[Sequence[int]]
+) -> Tuple[Optional[float], ...]:
+    """Read each prompt token's own logprob from vLLM's prompt_logprobs (``[None, {"<id>": {"logprob", ...}}, ...]``).
+
+    Every position after the first must hold the prompt token's own entry (vLLM always adds it to the top k), so a
+    missing one is an error rather than a silent ``None``; without the prompt's token ids, every entry is None.
+    """
+    if prompt_ids is None:
+        return (None,) * len(raw)
+    if len(raw) != len(prompt_ids):
+        raise ValueError(f"it has {len(raw)} prompt logprobs for {len(prompt_ids)} prompt tokens")
+    actual: List[Optional[float]] = [None]
+    keys = map(str, prompt_ids)
+    next(keys, None)
+    for position, (entry, key) in enumerate(zip(raw[1:], keys), 1):
+        chosen = entry.get(key) if entry else None
+        if chosen is None:
+            raise ValueError(f"its prompt logprobs at position {position} lack prompt token {key}'s own entry")
+        actual.append(float(chosen["logprob"]))
+    return tuple(actual)
+
+
+def _rank_of(item: Tuple[str, Dict[str, Any]]) -> Tuple[int, float]:
+    info = item[1]
+    return info.get("rank") or 1 << 30, -info["logprob"]
+
+
+def _ranked(entry: Optional[Dict[str, Dict[str, Any]]], k: int) -> Optional[TopK]:
+    """Return the best ``k`` ``(token_id, logprob)`` pairs of one position, by rank (vLLM adds the prompt token)."""
+    if not entry:
+        return None
+    pairs = sorted(entry.items(), key=_rank_of)[:k]
+    return tuple([(int(token), float(info["logprob"])) for token, info in pairs])
+
+
+_UNREAD: Any = object()
+
+
+class PromptTopK(Sequence[Optional[TopK]]):
+    """The top-k ``(token_id, logprob)`` pairs at each prompt position (None for the first), best first.
+
+    A read-only sequence over the engine's answer: each position is read (ranked, trimmed to k, converted) the first
+    time it is accessed, then kept. Decoding a scoring answer thus costs no more than the positions a caller reads.
+    It compares equal to a tuple or list of the same pairs; a malformed position raises ``ValueError`` when read.
+    """
+
+    __slots__ = ("_k", "_raw", "_read")
+
+    def __init__(self, raw: Sequence[Optional[Dict[str, Dict[str, Any]]]], k: int):
+        self._raw, self._k = raw, k
+        self._read: Optional[List[Any]] = None
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    @overload
+    def __getitem__(self, index: int) -> Optional[TopK]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Tuple[Optional[TopK], ...]: ...
+
+    def __getitem__(self, index: Union[int, slice]) -> Any:
+        if isinstance(index, slice):
+            return tuple(self[i] for i in range(*index.indices(len(self._raw))))
+        if self._read is None:
+            self._read = [_UNREAD] * len(self._raw)
+        value = self._read[index]
+        if value is _UNREAD:
+            value = self._read[index] = self._position(index)
+        return value
+
+    def _position(self, index: int) -> Optional[TopK]:
+        try:
+            return _ranked(self._raw[index], self._k)
+        except (TypeError, LookupError, AttributeError, ValueError) as exc:
+            raise ValueError(f"the engine's prompt logprobs at position {index} are malformed: {exc!r}") from None
+
+    def __iter__(self) -> Iterator[Optional[TopK]]:
+        return (self[i] for i in range(len(self._raw)))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (PromptTopK, tuple, list)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        return PromptTopK, (self._raw, self._k)

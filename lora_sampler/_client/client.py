@@ -19,11 +19,21 @@ from lora_sampler._client.calls import SampleCalls
 from lora_sampler._client.fanout import IN_FLIGHT_PER_WORKER, FanOut, RequestLike, Runner
 from lora_sampler._client.outage import OutageGate, OutageHook, checked_seconds, probe_timeout, probe_until
 from lora_sampler._client.progress import collect_with_progress
+from lora_sampler._client.scoring import Scorer
 from lora_sampler._defaults import API_KEY_ENV, DEFAULT_MAX_WORKERS, DEFAULT_TIMEOUT
 from lora_sampler._transport.http import DEFAULT_MAX_RESPONSE_BYTES, EngineTransport, Timeout
 from lora_sampler.errors import EngineConnectionError
 from lora_sampler.retry import DEFAULT_RETRY_POLICY, RetryPolicy
-from lora_sampler.types import Adapter, AdapterSpec, Message, Prompt, SampleOutput, SampleRequest, SamplingParams
+from lora_sampler.types import (
+    Adapter,
+    AdapterSpec,
+    Message,
+    Prompt,
+    SampleOutput,
+    SampleRequest,
+    SamplingParams,
+    ScoreRequest,
+)
 
 __all__ = ["IN_FLIGHT_PER_WORKER", "RequestLike", "Runner", "SamplerClient"]
 
@@ -80,6 +90,7 @@ class SamplerClient:
             self._transport, lora_base_dir, engine_lora_base_dir, publish_limits, fleet=self._fleet
         )
         self._calls = SampleCalls(self._transport, self._registry, self._fleet, retry)
+        self._scorer = Scorer(self._transport, retry, self._calls.run, self._registry.served_base_models)
         self._fanout = FanOut(max_workers)
         self._closed = False
 
@@ -191,6 +202,28 @@ class SamplerClient:
         )
         return self.run(request)
 
+    def compute_logprobs(
+        self,
+        prompt: Prompt,
+        *,
+        adapter: Optional[AdapterSpec] = None,
+        base_model: Optional[str] = None,
+        session_id: Optional[str] = None,
+    ) -> Tuple[Optional[float], ...]:
+        """Return the logprob of each prompt token given those before it (None first), under the retry contract.
+
+        For text, the tokens are the engine's. ``imap``/``sample_many`` take ``ScoreRequest`` values to score many
+        prompts (or completions after prompts) at once; each gives a ``ScoreOutput``.
+
+        Args:
+            prompt: Token ids or text.
+            adapter, base_model, session_id: As for ``sample``.
+        """
+        request = ScoreRequest(prompt, adapter=adapter, base_model=base_model, session_id=session_id)
+        if self._closed:
+            raise RuntimeError("this SamplerClient is closed; create a new one")
+        return self._scorer.score(request).logprobs
+
     def run(self, request: SampleRequest) -> SampleOutput:
         """Run one ``SampleRequest`` (``sample`` or ``chat`` with its arguments held in a value)."""
         if self._closed:
@@ -220,7 +253,8 @@ class SamplerClient:
         generator of a million prompts never becomes a million futures.
 
         Args:
-            requests: ``SampleRequest`` values (``prompt=`` or chat ``messages=``), or mappings of their fields.
+            requests: ``SampleRequest`` values (``prompt=`` or chat ``messages=``), or mappings of their fields; or
+                ``ScoreRequest`` values, whose results are ``ScoreOutput`` values.
             return_exceptions: Yield a failed request's exception instead of raising it (and stopping).
             max_outage: Seconds to wait out an engine outage (SPEC §10). 0 fails requests at once. When > 0, a
                 request that fails outage-class (transport errors once retries ran out; vllm-router's 500/503 with
@@ -230,7 +264,7 @@ class SamplerClient:
             on_outage: Called with an ``OutageEvent`` while the engine is away (from worker threads).
         """
         gate = self._outage_gate(max_outage, on_outage)
-        return self._fanout.imap(requests, self._calls.run, return_exceptions=return_exceptions, gate=gate)
+        return self._fanout.imap(requests, self._scorer.run_any, return_exceptions=return_exceptions, gate=gate)
 
     def imap_unordered(
         self,
@@ -245,7 +279,7 @@ class SamplerClient:
         ``max_outage`` and ``on_outage`` work as in ``imap``.
         """
         gate = self._outage_gate(max_outage, on_outage)
-        return self._fanout.imap_unordered(requests, self._calls.run, return_exceptions=return_exceptions, gate=gate)
+        return self._fanout.imap_unordered(requests, self._scorer.run_any, return_exceptions=return_exceptions, gate=gate)
 
     def _outage_gate(self, max_outage: float, on_outage: Optional[OutageHook]) -> Optional[OutageGate]:
         """Return the outage gate of one fan-out, or None for ``max_outage=0`` (fail at once)."""

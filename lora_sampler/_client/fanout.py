@@ -13,13 +13,13 @@ import threading
 from typing import Any, Callable, Deque, Dict, Iterable, Iterator, Mapping, Optional, Tuple, Union
 
 from lora_sampler._client.outage import OutageGate
-from lora_sampler.types import SampleOutput, SampleRequest
+from lora_sampler.types import SampleOutput, SampleRequest, ScoreRequest
 
 #: ``imap`` keeps at most this many requests per worker submitted ahead of the results it has yielded.
 IN_FLIGHT_PER_WORKER = 2
 
-RequestLike = Union[SampleRequest, Mapping[str, Any]]
-Runner = Callable[[SampleRequest], SampleOutput]
+RequestLike = Union[SampleRequest, ScoreRequest, Mapping[str, Any]]
+Runner = Callable[[Any], Any]
 Future = concurrent.futures.Future
 
 
@@ -44,7 +44,7 @@ class FanOut:
         if executor is not None:
             executor.shutdown(wait=True)
 
-    def submit(self, run: Runner, request: SampleRequest) -> Future[SampleOutput]:
+    def submit(self, run: Runner, request: Union[SampleRequest, ScoreRequest]) -> Future[Any]:
         """Run ``run(request)`` on the pool and return its future.
 
         Raises:
@@ -113,13 +113,13 @@ def _through(gate: Optional[OutageGate], run: Runner) -> Runner:
     return lambda request: gate.run(lambda: run(request))
 
 
-def as_request(item: RequestLike) -> SampleRequest:
-    """Return ``item`` as a ``SampleRequest`` (a mapping holds its fields)."""
-    if isinstance(item, SampleRequest):
+def as_request(item: RequestLike) -> Union[SampleRequest, ScoreRequest]:
+    """Return ``item`` as a ``SampleRequest`` (a mapping holds its fields), or the ``ScoreRequest`` it is."""
+    if isinstance(item, (SampleRequest, ScoreRequest)):
         return item
     if isinstance(item, Mapping):
         return SampleRequest(**item)
-    raise TypeError(f"requests must hold SampleRequest values or mappings, got {type(item).__name__}")
+    raise TypeError(f"requests must hold SampleRequest or ScoreRequest values or mappings, got {type(item).__name__}")
 
 
 def outcome(future: Future[SampleOutput], return_exceptions: bool) -> Any:

@@ -8,7 +8,6 @@ go through ``check_status`` and bodies through ``decode_json``. Every message an
 from __future__ import annotations
 
 import contextlib
-import json
 from typing import Any, Callable, Iterator, Mapping, Optional, Tuple, Type, TypeVar, cast
 
 import requests
@@ -23,6 +22,7 @@ from urllib3.exceptions import (
     SSLError,
 )
 
+from lora_sampler._json import loads
 from lora_sampler._transport.exchange import Answer, Exchange
 from lora_sampler._transport.reader import TooLargeError
 from lora_sampler._transport.secrets import Secrets
@@ -110,7 +110,7 @@ class Translator:
         """
         self.check_status(exchange, answer)
         try:
-            body = json.loads(answer.content)
+            body = loads(answer.content)
         except ValueError:
             raise self.protocol_error(exchange, answer, "a body that is not JSON") from None
         if parse is None:

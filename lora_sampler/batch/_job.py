@@ -27,7 +27,7 @@ from lora_sampler.errors import (
     ModelNotFoundError,
     PublishError,
 )
-from lora_sampler.types import SampleOutput, SampleRequest
+from lora_sampler.types import SampleRequest, ScoreRequest
 
 #: Stop the job after this many consecutive failures that no prompt can get past (dead engine, bad adapter).
 DEFAULT_FAIL_FAST = 8
@@ -142,7 +142,7 @@ class BatchJob:
             return
         if kind == "skipped":
             self.stats.skipped += 1
-        elif isinstance(outcome, SampleOutput):
+        elif not isinstance(outcome, (BaseException, str)):  # a SampleOutput, or a ScoreOutput
             record = self._records.result(line, outcome)
             self.stats.done += 1
             self._consecutive = 0
@@ -229,7 +229,7 @@ class BatchJob:
 
     def _requests(
         self, track: Callable[[int, InputLine], None], *, stop_at_bad: bool, held: Optional[List[InputLine]] = None
-    ) -> Iterator[SampleRequest]:
+    ) -> Iterator[Union[SampleRequest, ScoreRequest]]:
         """Yield the requests to send, reporting skipped and bad lines on the way (runs in the pump thread)."""
         count = 0
         while not self._stopping.is_set():

@@ -28,7 +28,7 @@ from lora_sampler.errors import (
     BatchInputError,
     EngineStatusError,
 )
-from lora_sampler.types import AdapterSpec, SampleOutput, SampleRequest, SamplingParams
+from lora_sampler.types import AdapterSpec, SampleOutput, SampleRequest, SamplingParams, ScoreRequest
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class InputLine:
 
     line_number: int
     id: LineId
-    request: Optional[SampleRequest] = None
+    request: Union[SampleRequest, ScoreRequest, None] = None
     error: str = ""
 
     @property
@@ -71,8 +71,8 @@ class InputLine:
         return id_key(self.id)
 
 
-def parse_line(raw: bytes, line_number: int, defaults: LineDefaults) -> Optional[InputLine]:
-    """Parse one JSONL input line; None for a blank line. Never raises for bad content: see ``InputLine.error``."""
+def read_line_object(raw: bytes, line_number: int) -> Union[InputLine, Tuple[Dict[str, Any], LineId], None]:
+    """Read one JSONL line into its object and id; None for a blank line, an ``InputLine`` error for a bad one."""
     if not raw.strip():
         return None
     try:
@@ -84,6 +84,15 @@ def parse_line(raw: bytes, line_number: int, defaults: LineDefaults) -> Optional
     line_id = obj.get("id", line_number)
     if isinstance(line_id, bool) or not isinstance(line_id, (str, int)):
         return InputLine(line_number, line_number, error=f"id must be a string or an integer, got {line_id!r}")
+    return obj, line_id
+
+
+def parse_line(raw: bytes, line_number: int, defaults: LineDefaults) -> Optional[InputLine]:
+    """Parse one JSONL input line; None for a blank line. Never raises for bad content: see ``InputLine.error``."""
+    read = read_line_object(raw, line_number)
+    if read is None or isinstance(read, InputLine):
+        return read
+    obj, line_id = read
     if "prompt" not in obj and "messages" not in obj:
         return InputLine(
             line_number, line_id, error="the line has no 'prompt' (token ids or text) and no 'messages' (chat)"
@@ -340,8 +349,9 @@ def _remove_stale_temporaries(path: str) -> List[str]:
 # -- records -----------------------------------------------------------------------------------------------------
 
 
-def _number(value: Optional[float]) -> Optional[float]:
-    return None if value is None or math.isnan(value) else value  # NaN is not JSON
+def number_or_none(value: Optional[float]) -> Optional[float]:
+    """Return ``value``, or None for NaN and infinities (which JSON cannot hold)."""
+    return value if value is not None and math.isfinite(value) else None
 
 
 def result_record(line: InputLine, output: SampleOutput) -> Dict[str, Any]:
@@ -352,7 +362,7 @@ def result_record(line: InputLine, output: SampleOutput) -> Dict[str, Any]:
         "sequences": [
             {
                 "tokens": list(s.tokens),
-                "logprobs": [_number(lp) for lp in s.logprobs],
+                "logprobs": [number_or_none(lp) for lp in s.logprobs],
                 "text": s.text,
                 "stop_reason": s.stop_reason,
             }
@@ -360,7 +370,7 @@ def result_record(line: InputLine, output: SampleOutput) -> Dict[str, Any]:
         ],
     }
     if output.prompt_logprobs is not None:
-        record["prompt_logprobs"] = [_number(lp) for lp in output.prompt_logprobs]
+        record["prompt_logprobs"] = [number_or_none(lp) for lp in output.prompt_logprobs]
     return record
 
 
@@ -384,13 +394,13 @@ class RecordFormat:
     """How an output format writes records and reads them back on resume.
 
     Attributes:
-        result: Builds the record of an answered line.
+        result: Builds the record of an answered line (from its ``SampleOutput``, or its ``ScoreOutput``).
         error: Builds the record of a failed line (the error, or a bad line's reason; the model name when known).
         key_of: Reads a record's resume key (see ``prepare_output``).
         message_of: Reads a failed record's message, for the terminal.
     """
 
-    result: Callable[[InputLine, SampleOutput], Dict[str, Any]]
+    result: Callable[[InputLine, Any], Dict[str, Any]]
     error: Callable[[InputLine, Union[BaseException, str], Optional[str]], Dict[str, Any]]
     key_of: RecordKey
     message_of: Callable[[Dict[str, Any]], str]
@@ -407,6 +417,14 @@ def _error_message(record: Dict[str, Any]) -> str:
 
 #: The plain output format: ``{"id", "model", "sequences"}`` or ``{"id", "error"}``.
 PROMPT_RECORDS = RecordFormat(result_record, error_record, record_key, _error_message)
+
+
+@dataclass(frozen=True)
+class LineFormat:
+    """One kind of input line and its records: how a line becomes a request, how its outcome becomes a record."""
+
+    parse: LineParser
+    records: RecordFormat
 
 
 def write_record(stream: IO[str], record: Dict[str, Any]) -> None:

@@ -1,4 +1,4 @@
-"""The ``lora-sampler`` command line: ``sample``, ``doctor``, ``demo``, ``publish``, ``unload``.
+"""The ``lora-sampler`` command line: ``sample``, ``score``, ``doctor``, ``demo``, ``publish``, ``unload``.
 
 Each subcommand parses its flags and calls one plain function; ``main`` alone turns failures into exit codes
 (0 ok, 1 some prompts failed or a doctor check failed, 2 usage, input or engine-unusable error, 130 interrupted).
@@ -82,12 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"largest checkpoint published, extracted, in GiB (default: {DEFAULT_LIMITS.max_total_bytes / GIB:g}; "
         "an archive that expands past it is refused before it fills the shared folder)",
     )
+    job = _job_flags()
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, text: str, *parents: argparse.ArgumentParser) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=text, description=text, parents=[common, *parents])
 
-    sample = add("sample", "sample every prompt of a JSONL file (resumable)", engine)
+    sample = add("sample", "sample every prompt of a JSONL file (resumable)", engine, job)
     sample.epilog = (
         'Input lines: {"id": str|int (default: the line number), "prompt": [token ids] or "text"} (or "messages": '
         '[{"role", "content"}, ...] for chat) plus optional num_samples, max_tokens, temperature, top_p, top_k, '
@@ -105,41 +106,17 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="input format; auto (default): openai-batch when the first line has custom_id and body",
     )
-    sample.add_argument(
-        "--output",
-        default="-",
-        help="JSONL results; running again with the same file resumes (default: stdout, no resume)",
-    )
-    sample.add_argument(
-        "--max-outage",
-        type=float,
-        default=DEFAULT_MAX_OUTAGE,
-        metavar="SECONDS",
-        help="wait this long for an engine that went away (crash, restart, no router worker) before stopping; "
-        f"0 stops at once (default: {DEFAULT_MAX_OUTAGE:g})",
-    )
-    sample.add_argument(
-        "--timeout",
-        default=DEFAULT_TIMEOUT,
-        metavar="CONNECT,READ",
-        help=f"seconds to connect and to wait for each answer (default: {DEFAULT_TIMEOUT}); the startup check "
-        "waits at most 5 s for an answer",
-    )
     for flag, kind, default, text in [
-        ("--concurrency", int, 16, "requests in flight"),
         ("--num-samples", int, 1, "completions per prompt"),
         ("--max-tokens", int, 16, "tokens per completion"),
         ("--temperature", float, 1.0, "sampling temperature"),
         ("--seed", int, None, "sampling seed"),
     ]:
         sample.add_argument(flag, type=kind, default=default, help=f"{text} (default: {default})")
-    for flag, text in [
-        ("--prompt-logprobs", "also return the prompt's logprobs"),
-        ("--ordered", "write results in input order (default: as they finish)"),
-        ("--no-retry-failed", "on resume, keep failed ids as they are instead of running them again"),
-        ("--quiet", "no progress bar and no summary"),
-    ]:
-        sample.add_argument(flag, action="store_true", help=text)
+    sample.add_argument("--prompt-logprobs", action="store_true", help="also return the prompt's logprobs")
+    from lora_sampler.cli._score import add_score_arguments  # its module needs this one's helpers
+
+    add_score_arguments(add("score", "score the tokens of every line of a JSONL file (resumable)", engine, job))
 
     doctor = add("doctor", "check that the engine can serve adapters, and say what to fix", engine)
     doctor.add_argument("--adapter", help="also check this checkpoint's (or adapter's) adapter_config.json")
@@ -151,6 +128,39 @@ def build_parser() -> argparse.ArgumentParser:
     unload.add_argument("name", help="adapter name")
     unload.add_argument("--delete-files", action="store_true", help="then delete its folder (needs --lora-base-dir)")
     return parser
+
+
+def _job_flags() -> argparse.ArgumentParser:
+    """Return the flags every batch job command takes (``sample``, ``score``): output, outages, timeout, pace."""
+    job = argparse.ArgumentParser(add_help=False)
+    job.add_argument(
+        "--output",
+        default="-",
+        help="JSONL results; running again with the same file resumes (default: stdout, no resume)",
+    )
+    job.add_argument(
+        "--max-outage",
+        type=float,
+        default=DEFAULT_MAX_OUTAGE,
+        metavar="SECONDS",
+        help="wait this long for an engine that went away (crash, restart, no router worker) before stopping; "
+        f"0 stops at once (default: {DEFAULT_MAX_OUTAGE:g})",
+    )
+    job.add_argument(
+        "--timeout",
+        default=DEFAULT_TIMEOUT,
+        metavar="CONNECT,READ",
+        help=f"seconds to connect and to wait for each answer (default: {DEFAULT_TIMEOUT}); the startup check "
+        "waits at most 5 s for an answer",
+    )
+    job.add_argument("--concurrency", type=int, default=16, help="requests in flight (default: 16)")
+    for flag, text in [
+        ("--ordered", "write results in input order (default: as they finish)"),
+        ("--no-retry-failed", "on resume, keep failed ids as they are instead of running them again"),
+        ("--quiet", "no progress bar and no summary"),
+    ]:
+        job.add_argument(flag, action="store_true", help=text)
+    return job
 
 
 def _positive_gib(value: str) -> float:
@@ -227,6 +237,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return EXIT_OK if all(f.ok for f in findings) else EXIT_FAILED
 
 
+def cmd_score(args: argparse.Namespace) -> int:
+    """Score every input line under the adapter or the base model."""
+    from lora_sampler.cli._score import score_lines
+
+    check_job_flags(args)
+    return run_job(args, lambda client, model, retries: score_lines(client, model, retries, args))
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run the demo on the built-in test engine."""
     from lora_sampler.cli._demo import run_demo
@@ -248,22 +266,23 @@ def parse_timeout(text: str) -> Tuple[float, float]:
     return values[0], values[1]
 
 
-def cmd_sample(args: argparse.Namespace) -> int:
-    """Preflight the engine and the adapter, then stream the input through the client into the output."""
+def check_job_flags(args: argparse.Namespace) -> None:
+    """Check the flags every batch job takes, before anything is sent."""
     if args.concurrency < 1:
         raise UsageError(f"--concurrency must be >= 1, got {args.concurrency}")
     if args.input != "-" and not os.path.isfile(args.input):
         raise UsageError(f"--input {args.input} is not a file; pass a JSONL file, or - to read stdin")
     if not 0 <= args.max_outage < float("inf"):
         raise UsageError(f"--max-outage takes seconds >= 0 (0 stops at once), got {args.max_outage:g}")
-    if (
-        not (args.adapter or args.base_model)
-        and args.input != "-"
-        and file_format(args.input, args.format) == PROMPT_FORMAT
-    ):
-        raise UsageError("pass --adapter or --base-model (only OpenAI batch lines name their model, in body.model)")
+
+
+#: One batch job on a ready client: ``(client, what --adapter/--base-model resolved to, retry counter) -> status``.
+Job = Callable[[SamplerClient, Union[Adapter, str, None], RetryCounter], int]
+
+
+def run_job(args: argparse.Namespace, job: Job) -> int:
+    """Build the client of a batch job from its flags, preflight the engine and the adapter, then run ``job``."""
     timeout = parse_timeout(args.timeout)
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     retries = RetryCounter()
     client = _client(
         args,
@@ -273,7 +292,27 @@ def cmd_sample(args: argparse.Namespace) -> int:
     )
     abandoned = False
     try:
-        model = _preflight(client, args)
+        return job(client, _preflight(client, args), retries)
+    except BatchAbandoned:
+        abandoned = True  # closing the client would wait for the requests still in flight
+        raise
+    finally:
+        if not abandoned:
+            client.close()
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    """Preflight the engine and the adapter, then stream the input through the client into the output."""
+    check_job_flags(args)
+    if (
+        not (args.adapter or args.base_model)
+        and args.input != "-"
+        and file_format(args.input, args.format) == PROMPT_FORMAT
+    ):
+        raise UsageError("pass --adapter or --base-model (only OpenAI batch lines name their model, in body.model)")
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+
+    def job(client: SamplerClient, model: Union[Adapter, str, None], retries: RetryCounter) -> int:
         defaults = LineDefaults(
             adapter=model if args.adapter else None,
             base_model=args.base_model,
@@ -294,12 +333,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
             max_outage=args.max_outage,
             retries=retries,
         )
-    except BatchAbandoned:
-        abandoned = True  # closing the client would wait for the requests still in flight
-        raise
-    finally:
-        if not abandoned:
-            client.close()
+
+    return run_job(args, job)
 
 
 def _preflight(client: SamplerClient, args: argparse.Namespace) -> Union[Adapter, str, None]:
@@ -334,6 +369,7 @@ def _preflight(client: SamplerClient, args: argparse.Namespace) -> Union[Adapter
 
 COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
     "sample": cmd_sample,
+    "score": cmd_score,
     "doctor": cmd_doctor,
     "demo": cmd_demo,
     "publish": cmd_publish,

@@ -20,6 +20,7 @@ from lora_sampler.batch._lines import (
     PROMPT_RECORDS,
     InputLine,
     LineDefaults,
+    LineFormat,
     LineParser,
     RecordFormat,
     count_lines,
@@ -60,6 +61,7 @@ def run_batch(
     quiet: bool = False,
     max_outage: float = 0.0,
     retries: Optional[RetryCounter] = None,
+    line_format: Optional[LineFormat] = None,
 ) -> int:
     """Stream ``input_path`` to ``output_path`` through ``client``; return the exit status.
 
@@ -77,6 +79,7 @@ def run_batch(
         quiet: No progress bar and no summary.
         max_outage: Seconds to wait out an engine outage before stopping (0: fail fast).
         retries: The counter fed by the client's retry hook, shown on the bar and in the summary.
+        line_format: A fixed kind of line and record (e.g. ``lora-sampler score``'s) instead of ``input_format``.
 
     Raises:
         LoraSamplerError: the job stopped on its own (a duplicate id, an unusable engine, an outage too long), or
@@ -87,7 +90,10 @@ def run_batch(
     to_file = output_path != "-"
     with contextlib.ExitStack() as stack:
         source = sys.stdin.buffer if input_path == "-" else stack.enter_context(open(input_path, "rb"))
-        raw_lines, records, parse = _input_format(client, source, input_format, model)
+        if line_format is not None:
+            raw_lines, records, parse = source, line_format.records, line_format.parse
+        else:
+            raw_lines, records, parse = _input_format(client, source, input_format, model)
         state = prepare_output(output_path, retry_failed=retry_failed, key_of=records.key_of) if to_file else None
         if state is not None and (state.dropped_errors or state.dropped_torn):
             logger.warning(

@@ -25,6 +25,7 @@ from lora_sampler._wire.routes import (
     LOAD_ADAPTER_PATH,
     MODELS_PATH,
     PING_PATH,
+    TOKENIZE_PATH,
     UNLOAD_ADAPTER_PATH,
 )
 from lora_sampler.testing import _bodies as bodies
@@ -35,7 +36,7 @@ from lora_sampler.testing._faults import FAULT_KINDS as FAULT_KINDS  # re-export
 from lora_sampler.testing._faults import FaultScript, fault_answer
 from lora_sampler.testing._observability import EngineStats, new_record
 from lora_sampler.testing._observability import RequestRecord as RequestRecord  # re-exported, as FAULT_KINDS
-from lora_sampler.testing._sampling import BYTE_OFFSET, Sampler, parse_request
+from lora_sampler.testing._sampling import BYTE_OFFSET, Sampler, encode_text, parse_request
 from lora_sampler.testing._server import Handler, Server, hang_up, read_body, send
 
 _POLL_INTERVAL = 0.05  # how often serve_forever checks for shutdown: bounds how long stop() takes
@@ -356,6 +357,7 @@ class FakeEngine:
             MODELS_PATH: ("GET", self._adapters.models),
             COMPLETIONS_PATH: ("POST", self._complete),
             CHAT_COMPLETIONS_PATH: ("POST", self._chat),
+            TOKENIZE_PATH: ("POST", self._tokenize),
             LOAD_ADAPTER_PATH: ("POST", self._adapters.load),
             UNLOAD_ADAPTER_PATH: ("POST", self._adapters.unload),
         }
@@ -411,6 +413,19 @@ class FakeEngine:
         return bodies.completion_response(
             f"cmpl-{uuid.uuid4().hex}", created, name, choices, len(request.prompt), generated, self.system_fingerprint
         )
+
+    def _tokenize(self, payload: dict[str, Any]) -> VllmBody:
+        """``/tokenize``: the sampler's tokenizer (no special tokens to add), in vLLM's ``TokenizeResponse`` shape."""
+        name = payload.get("model") or self.model
+        problem = self._adapters.check_model(name) if isinstance(name, str) else self._bad("model must be a string")
+        if problem is not None:
+            return problem
+        prompt = payload.get("prompt")
+        if not isinstance(prompt, str):
+            return self._bad("prompt must be a string (the fake engine tokenizes completion prompts only)", "prompt")
+        tokens = encode_text(prompt)
+        answer = {"count": len(tokens), "max_model_len": self.max_model_len, "tokens": tokens, "token_strs": None}
+        return bodies.json_body(200, answer)
 
     def _chat(self, payload: dict[str, Any]) -> VllmBody:
         """``/v1/chat/completions``: the completion of the rendered prompt, in the chat shape (``_chat``)."""

@@ -6,6 +6,7 @@ Stdlib only.
 
 from __future__ import annotations
 
+import hashlib
 import random
 import uuid
 from dataclasses import dataclass
@@ -109,7 +110,7 @@ class Sampler:
         self.token_ids: dict[int, list[int]] = {}
         self._prompt_logprobs: list[dict[str, Any] | None] | None = None
         if request.prompt_logprobs is not None:
-            self._prompt_logprobs = self._make_prompt_logprobs(prompt_key, request.prompt_logprobs)
+            self._prompt_logprobs = self._make_prompt_logprobs(model, request.prompt_logprobs)
 
     def choice(self, index: int) -> dict[str, Any]:
         """Generate choice ``index``: stop on a stop token id or stop string, else run to ``max_tokens``."""
@@ -168,26 +169,46 @@ class Sampler:
             tops.append(top)
         return {"text_offset": offsets, "token_logprobs": values, "tokens": tokens, "top_logprobs": tops}
 
-    def _make_prompt_logprobs(self, prompt_key: str, k: int) -> list[dict[str, Any] | None]:
-        """vLLM's prompt_logprobs: None first, then the top k plus the actual token (k or k+1 entries)."""
-        rng = random.Random(f"prompt|{prompt_key}")
-        out: list[dict[str, Any] | None] = [None]
-        for token in self.request.prompt[1:]:
-            rank = rng.randint(1, k + 2)
-            values = sorted((-rng.uniform(0.01, 8.0) for _ in range(max(k, rank))), reverse=True)
-            entries = {str(token): {"logprob": values[rank - 1], "rank": rank, "decoded_token": decode_token(token)}}
-            place = 1
-            while place <= k:
-                if place == rank:
-                    place += 1
-                    continue
-                other = rng.randrange(BYTE_OFFSET, self.vocab_size)
-                if str(other) not in entries:
-                    entries[str(other)] = {
-                        "logprob": values[place - 1],
-                        "rank": place,
-                        "decoded_token": decode_token(other),
-                    }
-                    place += 1
-            out.append(entries)
-        return out
+    def _make_prompt_logprobs(self, model: str, k: int) -> list[dict[str, Any] | None]:
+        """vLLM's prompt_logprobs: None first, then the prompt token's own entry and the top k (k or k+1 entries)."""
+        return prompt_logprobs(model, self.request.prompt, k, self.vocab_size)
+
+
+#: The fake's "model" ranks this many tokens at each position; the rest score below them.
+_RANKED = MAX_LOGPROBS
+
+
+def prompt_logprobs(model: str, prompt: list[int], k: int, vocab_size: int) -> list[dict[str, Any] | None]:
+    """Return vLLM's ``prompt_logprobs`` for ``prompt`` under ``model``: None first, then one entry per token.
+
+    Each entry is keyed by token id strings, the prompt token first (with its rank), then the top ``k`` by rank, as
+    vLLM sends them. Like a real model's, a token's logprob depends only on the model, the tokens before it and the
+    token itself, never on ``k``: scoring a completion after a prompt gives the same logprobs as scoring the whole,
+    and each model name (an adapter's included) gives its own, deterministically.
+    """
+    out: list[dict[str, Any] | None] = [None]
+    prefix = hashlib.blake2b(model.encode("utf-8"), digest_size=16)
+    for position in range(1, len(prompt)):
+        prefix.update(b"%d," % prompt[position - 1])
+        rng = random.Random(prefix.digest())
+        values = sorted((-rng.uniform(0.01, 8.0) for _ in range(_RANKED)), reverse=True)
+        ranked: list[int] = []
+        while len(ranked) < _RANKED:
+            candidate = rng.randrange(BYTE_OFFSET, vocab_size)
+            if candidate not in ranked:
+                ranked.append(candidate)
+        token = prompt[position]
+        if token in ranked:
+            rank, value = ranked.index(token) + 1, values[ranked.index(token)]
+        else:  # below the ranked ones: its own value, from the prefix and the token
+            below = random.Random(prefix.digest() + b"%d" % token)
+            rank, value = _RANKED + 1 + below.randrange(vocab_size), values[-1] - below.uniform(0.01, 4.0)
+        entry = {str(token): _entry(value, rank, token)}
+        for place, other in enumerate(ranked[:k], 1):
+            entry.setdefault(str(other), _entry(values[place - 1], place, other))
+        out.append(entry)
+    return out
+
+
+def _entry(value: float, rank: int, token: int) -> dict[str, Any]:
+    return {"logprob": value, "rank": rank, "decoded_token": decode_token(token)}

@@ -1,0 +1,62 @@
+"""Scoring batch lines: ``{"id", "prompt", "completion"?}`` in, ``{"id", "model", "tokens", "logprobs", "sum"}`` out.
+
+The line parser and the record format of ``lora-sampler score`` (SPEC §15); the streaming, resume and outages are
+``BatchJob``'s, the same as for sampling.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from lora_sampler.batch._lines import (
+    PROMPT_RECORDS,
+    InputLine,
+    LineDefaults,
+    LineFormat,
+    RecordFormat,
+    number_or_none,
+    read_line_object,
+)
+from lora_sampler.types import ScoreOutput, ScoreRequest
+
+#: Keys a scoring line may hold besides its id.
+SCORE_KEYS = ("prompt", "completion", "session_id")
+
+
+def parse_score_line(raw: bytes, line_number: int, defaults: LineDefaults) -> Optional[InputLine]:
+    """Parse one scoring line; None for a blank line. Never raises for bad content: see ``InputLine.error``."""
+    read = read_line_object(raw, line_number)
+    if read is None or isinstance(read, InputLine):
+        return read
+    obj, line_id = read
+    if "prompt" not in obj:
+        hint = " (scoring takes prompt lines; chat messages are not scored)" if "messages" in obj else ""
+        return InputLine(line_number, line_id, error=f"the line has no 'prompt' (token ids or text) to score{hint}")
+    try:
+        request = ScoreRequest(
+            obj["prompt"],
+            obj.get("completion"),
+            adapter=defaults.adapter,
+            base_model=defaults.base_model,
+            session_id=obj.get("session_id"),
+        )
+    except (TypeError, ValueError) as exc:
+        return InputLine(line_number, line_id, error=str(exc))
+    return InputLine(line_number, line_id, request)
+
+
+def score_record(line: InputLine, output: ScoreOutput) -> Dict[str, Any]:
+    """Return the record of a scored line: the scored tokens, their logprobs and their sum."""
+    return {
+        "id": line.id,
+        "model": output.model,
+        "tokens": list(output.scored_tokens),
+        "logprobs": [number_or_none(lp) for lp in output.scored_logprobs],
+        "sum": number_or_none(output.total),
+    }
+
+
+#: Scoring records; errors, resume keys and messages as the sampling records'.
+SCORE_RECORDS = RecordFormat(score_record, PROMPT_RECORDS.error, PROMPT_RECORDS.key_of, PROMPT_RECORDS.message_of)
+#: ``lora-sampler score``'s lines and records.
+SCORE_FORMAT = LineFormat(parse_score_line, SCORE_RECORDS)

@@ -1,0 +1,53 @@
+"""``lora-sampler score``: the logprobs of every line's tokens under one adapter or the base model (SPEC §15).
+
+Its own flags and its job: the preflight, client and job runner are ``sample``'s (resume, progress, summary, exit
+status, ``--max-outage``), with the scoring lines and records of ``batch._score``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Union
+
+from lora_sampler._client.client import SamplerClient
+from lora_sampler.batch._lines import LineDefaults
+from lora_sampler.batch._score import SCORE_FORMAT
+from lora_sampler.cli._runner import run_batch
+from lora_sampler.cli._terminal import RetryCounter
+from lora_sampler.types import Adapter
+
+EPILOG = (
+    'Input lines: {"id": str|int (default: the line number), "prompt": [token ids] or "text", "completion": '
+    '[token ids] or "text" (optional)}. With a completion, its tokens are scored given the prompt (texts are '
+    "tokenized by the engine's /tokenize); without, the prompt's tokens after the first. Output lines: "
+    '{"id", "model", "tokens", "logprobs", "sum"} or {"id", "error"}. Exit status: 0 every line scored, 1 some '
+    "failed, 2 usage, input or engine error, 130 interrupted."
+)
+
+
+def add_score_arguments(score: argparse.ArgumentParser) -> None:
+    """Add ``score``'s own flags (the engine and job flags come from the shared parent parsers)."""
+    score.epilog = EPILOG
+    which = score.add_mutually_exclusive_group(required=True)
+    which.add_argument("--adapter", help="checkpoint (archive or folder; published first) or adapter name")
+    which.add_argument("--base-model", help="score under the engine's base model, by this name")
+    score.add_argument("--input", required=True, help="JSONL lines to score, one object a line; - reads stdin")
+
+
+def score_lines(
+    client: SamplerClient, model: Union[Adapter, str, None], retries: RetryCounter, args: argparse.Namespace
+) -> int:
+    """Score every line of ``--input`` into ``--output`` on a client whose engine and adapter passed the preflight."""
+    return run_batch(
+        client,
+        args.input,
+        args.output,
+        LineDefaults(adapter=model if args.adapter else None, base_model=args.base_model),
+        model=model.name if isinstance(model, Adapter) else model,
+        ordered=args.ordered,
+        retry_failed=not args.no_retry_failed,
+        quiet=args.quiet,
+        max_outage=args.max_outage,
+        retries=retries,
+        line_format=SCORE_FORMAT,
+    )
