@@ -279,7 +279,9 @@ class SamplerClient:
         ``max_outage`` and ``on_outage`` work as in ``imap``.
         """
         gate = self._outage_gate(max_outage, on_outage)
-        return self._fanout.imap_unordered(requests, self._scorer.run_any, return_exceptions=return_exceptions, gate=gate)
+        return self._fanout.imap_unordered(
+            requests, self._scorer.run_any, return_exceptions=return_exceptions, gate=gate
+        )
 
     def _outage_gate(self, max_outage: float, on_outage: Optional[OutageHook]) -> Optional[OutageGate]:
         """Return the outage gate of one fan-out, or None for ``max_outage=0`` (fail at once)."""
