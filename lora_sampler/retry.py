@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import (
@@ -34,6 +33,8 @@ if TYPE_CHECKING:  # annotations only: typing.TypeGuard is Python 3.10+
 import backoff
 import urllib3
 
+from lora_sampler._testmode import is_testing as is_testing  # re-exported: its public home was here
+from lora_sampler._testmode import set_testing as set_testing
 from lora_sampler.errors import (
     AdapterNotReadyError,
     EngineConnectionError,
@@ -186,49 +187,13 @@ def is_overloaded(error: BaseException) -> bool:
     return isinstance(error, EngineStatusError) and error.status in OVERLOAD_STATUSES
 
 
-_testing_lock = threading.Lock()
-_testing = False
-
-
-class _TestingMode:
-    """Restores the previous testing state when used as a context manager."""
-
-    def __init__(self, previous: bool):
-        self._previous = previous
-
-    def __enter__(self) -> _TestingMode:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        set_testing(self._previous)
-
-
-def set_testing(on: bool = True) -> _TestingMode:
-    """Turn every retry wait into 0 s (attempts are kept), for users' own fast tests.
-
-    Works as a call and as a context manager that restores the previous state::
-
-        with lora_sampler.testing.set_testing():
-            ...
-    """
-    global _testing
-    with _testing_lock:
-        previous, _testing = _testing, bool(on)
-    return _TestingMode(previous)
-
-
-def is_testing() -> bool:
-    """Tell whether the testing switch is on (read at wait time)."""
-    return _testing
-
-
 def jitter(wait: float) -> float:
     """Return a wait drawn uniformly from ``[wait / 2, wait]`` (0 in testing mode).
 
     Threads that failed together then retry at different moments, and the total stays between half and all of
     the nominal schedule.
     """
-    if _testing:
+    if is_testing():
         return 0.0
     return random.uniform(wait / 2, wait)
 

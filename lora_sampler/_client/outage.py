@@ -216,43 +216,62 @@ class OutageGate:
             return self._failed is None and (self._episode != episode or self._since is not None)
 
     def _hold(self, error: Exception, episode: int) -> None:
-        """Hold one failed request until the engine answers (return) or the wait is over (raise ``error``)."""
+        """Hold one failed request until the engine answers (return) or the wait is over (raise ``error``).
+
+        One held thread at a time probes, without the lock; the others wait on the condition meanwhile.
+        """
+        if not self._join(error, episode):
+            return  # the outage this request ran into has ended meanwhile: run it again now
+        try:
+            while self._take_probe_turn(episode):
+                try:
+                    outcome: Optional[BaseException] = self._wait_for_engine()
+                except Exception:  # the engine answered, with a refusal: held requests run and report it
+                    outcome = None
+                with self._cond:
+                    self._probing = False
+                    self._end(outcome)
+        finally:
+            with self._cond:
+                self._held -= 1
+                failed = self._failed is not None
+        if failed:
+            raise error
+
+    def _join(self, error: Exception, episode: int) -> bool:
+        """Count a failed request as held, starting the outage if it is the first; False if that outage is over.
+
+        Raises:
+            Exception: ``error`` itself, once the gate has failed.
+        """
         with self._cond:
             if self._failed is not None:
                 raise error
             if self._episode != episode:
-                return  # the outage this request ran into has ended meanwhile: run it again now
+                return False
             self._last = error
             self._held += 1
-            try:
-                if self._since is None:
-                    self._since, self._since_wall = time.monotonic(), time.time()
-                    logger.warning(
-                        "engine unreachable since %s; waiting up to %g s (the engine at %s: %s)",
-                        time.strftime("%H:%M:%S", time.localtime(self._since_wall)),
-                        self.max_outage,
-                        self._base_url,
-                        short_cause(error),
-                    )
-                    self._emit("held")
-                while self._episode == episode and self._failed is None:
-                    if self._probing:
-                        self._cond.wait()
-                        continue
+            if self._since is None:
+                self._since, self._since_wall = time.monotonic(), time.time()
+                logger.warning(
+                    "engine unreachable since %s; waiting up to %g s (the engine at %s: %s)",
+                    time.strftime("%H:%M:%S", time.localtime(self._since_wall)),
+                    self.max_outage,
+                    self._base_url,
+                    short_cause(error),
+                )
+                self._emit("held")
+            return True
+
+    def _take_probe_turn(self, episode: int) -> bool:
+        """Wait while another held thread probes; True when this one is to probe, False once ``episode`` is over."""
+        with self._cond:
+            while self._episode == episode and self._failed is None:
+                if not self._probing:
                     self._probing = True
-                    self._cond.release()
-                    try:
-                        outcome: Optional[BaseException] = self._wait_for_engine()
-                    except Exception:  # the engine answered, with a refusal: held requests run and report it
-                        outcome = None
-                    finally:
-                        self._cond.acquire()
-                        self._probing = False
-                    self._end(outcome)
-            finally:
-                self._held -= 1
-            if self._failed is not None:
-                raise error
+                    return True
+                self._cond.wait()
+            return False
 
     def _wait_for_engine(self) -> Optional[BaseException]:
         """Probe until the engine answers (None) or the outage outlasts ``max_outage`` (the last error)."""

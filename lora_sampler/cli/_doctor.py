@@ -20,6 +20,7 @@ from typing import Iterator, List, Optional, Tuple
 from lora_sampler._adapters.fleet import ReplicasSpec
 from lora_sampler._adapters.publish import CONFIG_FILE, check_adapter_config, remove_adapter_dir
 from lora_sampler._client.client import SamplerClient
+from lora_sampler._testmode import is_testing
 from lora_sampler.errors import (
     AdapterConfigError,
     AdapterNotReadyError,
@@ -32,7 +33,7 @@ from lora_sampler.errors import (
     ModelNotFoundError,
 )
 from lora_sampler.names import validate_adapter_name
-from lora_sampler.retry import RetryPolicy, is_testing
+from lora_sampler.retry import RetryPolicy
 from lora_sampler.types import is_checkpoint_path
 
 _ONCE = RetryPolicy(max_attempts=1)  # each check reads the engine's first answer

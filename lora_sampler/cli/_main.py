@@ -21,6 +21,7 @@ from lora_sampler._adapters.extract import DEFAULT_LIMITS, PublishLimits
 from lora_sampler._adapters.publish import check_adapter_config
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._defaults import API_KEY_ENV
+from lora_sampler._testmode import set_testing
 from lora_sampler._version import __version__
 from lora_sampler.batch._lines import LineDefaults
 from lora_sampler.batch._openai import OPENAI_BATCH_FORMAT, PROMPT_FORMAT, file_format
@@ -28,7 +29,7 @@ from lora_sampler.cli._runner import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, 
 from lora_sampler.cli._terminal import LOG_FORMAT, RetryCounter
 from lora_sampler.errors import LoraSamplerError
 from lora_sampler.names import validate_adapter_name
-from lora_sampler.retry import DEFAULT_RETRY_POLICY, set_testing
+from lora_sampler.retry import DEFAULT_RETRY_POLICY
 from lora_sampler.types import Adapter, SamplingParams, is_checkpoint_path
 
 logger = logging.getLogger(__name__)

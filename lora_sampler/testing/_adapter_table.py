@@ -60,11 +60,12 @@ class AdapterTable:
         with self._lock:
             self._delays[name] = _Delay(deadline, requests)
 
-    def completion_answered_locked(self, model: str | None) -> None:
-        """Count an answered completion against ``model``'s request-count delay; the caller holds the lock."""
-        delay = self._delays.get(model or "")
-        if delay is not None and delay.remaining is not None:
-            delay.remaining -= 1
+    def completion_answered(self, model: str | None) -> None:
+        """Count an answered completion against ``model``'s request-count delay."""
+        with self._lock:
+            delay = self._delays.get(model or "")
+            if delay is not None and delay.remaining is not None:
+                delay.remaining -= 1
 
     # -- files ---------------------------------------------------------------------------------------------------------
 

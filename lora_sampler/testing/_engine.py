@@ -328,6 +328,8 @@ class FakeEngine:
                 answer = bodies.error(500, f"FakeEngine internal error: {exc!r}", "InternalServerError")
             status = answer.status if answer is not None else 0
             self._log(handler, path, model, status, started, fault.kind if fault else None)
+            if path in (COMPLETIONS_PATH, CHAT_COMPLETIONS_PATH) and status:
+                self._adapters.completion_answered(model)  # before the answer leaves: the next request sees it
             if answer is None:
                 hang_up(handler, reset=fault is not None and fault.kind == "refuse")
             else:
@@ -339,11 +341,10 @@ class FakeEngine:
     def _log(
         self, handler: Handler, path: str, model: str | None, status: int, started: float, fault: str | None
     ) -> None:
+        """Append the request to the log; it decides nothing and changes no adapter."""
         record = new_record(handler, path, model, status, started, fault)
         with self._lock:  # logged before the answer leaves, so a client never sees it first
             self._stats.records.append(record)
-            if path in (COMPLETIONS_PATH, CHAT_COMPLETIONS_PATH) and status:
-                self._adapters.completion_answered_locked(model)
 
     def _route(self, handler: Handler, path: str, payload: Any) -> VllmBody:
         if path in (HEALTH_PATH, PING_PATH):
