@@ -47,7 +47,7 @@ def test_front_door_dir_lists_every_public_name_and_refuses_others() -> None:
     """dir() shows the public names before they load, and a misspelt name is an AttributeError naming it."""
     assert set(lora_sampler.__all__) <= set(dir(lora_sampler))
     with pytest.raises(AttributeError, match="SamplerClinet"):
-        getattr(lora_sampler, "SamplerClinet")
+        _ = lora_sampler.SamplerClinet  # type: ignore[attr-defined]
 
 
 def test_front_door_star_import_gives_every_public_name() -> None:
