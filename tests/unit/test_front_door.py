@@ -11,8 +11,7 @@ import pytest
 
 import lora_sampler
 
-_STANDALONE = textwrap.dedent(
-    """
+_STANDALONE = textwrap.dedent("""
     import json, sys, urllib.request
     import lora_sampler.testing
     from lora_sampler.testing import FakeEngine, set_testing
@@ -24,8 +23,7 @@ _STANDALONE = textwrap.dedent(
             status = answer.status
     loaded = [name for name in ("requests", "urllib3", "backoff", "lora_sampler._client") if name in sys.modules]
     print(json.dumps({"status": status, "loaded": loaded}))
-    """
-)
+    """)
 
 
 def test_testing_imports_without_requests_backoff_or_the_client() -> None:
