@@ -11,11 +11,10 @@ import functools
 import logging
 import sys
 import time
-from typing import Any, Dict, Iterable, Optional, Tuple
+from typing import IO, Iterable, Iterator, Optional, Set, Tuple
 
 from lora_sampler._client.client import SamplerClient
-from lora_sampler._client.outage import OutageEvent
-from lora_sampler.batch._job import ENGINE_WIDE_ERRORS, UNUSABLE_ERRORS, BatchJob
+from lora_sampler.batch._job import ENGINE_WIDE_ERRORS, UNUSABLE_ERRORS, BatchJob, BatchStats
 from lora_sampler.batch._lines import (
     PROMPT_RECORDS,
     InputLine,
@@ -23,6 +22,7 @@ from lora_sampler.batch._lines import (
     LineFormat,
     LineParser,
     RecordFormat,
+    ResumeState,
     count_lines,
     parse_line,
     prepare_output,
@@ -35,7 +35,7 @@ from lora_sampler.batch._openai import (
     detect_format,
     parse_batch_line,
 )
-from lora_sampler.cli._terminal import RetryCounter, interrupts_stop, logs_above, progress_bar, say
+from lora_sampler.cli._terminal import JobBar, RetryCounter, interrupts_stop, logs_above, progress_bar
 from lora_sampler.errors import BatchInputError
 
 logger = logging.getLogger(__name__)
@@ -90,73 +90,107 @@ def run_batch(
     to_file = output_path != "-"
     with contextlib.ExitStack() as stack:
         source = sys.stdin.buffer if input_path == "-" else stack.enter_context(open(input_path, "rb"))
-        if line_format is not None:
-            raw_lines, records, parse = source, line_format.records, line_format.parse
-        else:
-            raw_lines, records, parse = _input_format(client, source, input_format, model)
-        state = prepare_output(output_path, retry_failed=retry_failed, key_of=records.key_of) if to_file else None
-        if state is not None and (state.dropped_errors or state.dropped_torn):
-            logger.warning(
-                "Resuming %s: %d ids answered, %d failed ids run again, %d torn lines repaired",
-                output_path,
-                len(state.done),
-                state.dropped_errors,
-                state.dropped_torn,
-            )
+        lines, records = _read_input(client, source, input_path, defaults, model, input_format, line_format)
+        state = _resume(output_path, records, retry_failed) if to_file else None
         total = None if input_path == "-" else count_lines(input_path)  # cheap for a file; stdin cannot be counted
-        bar = progress_bar(total, quiet)
-        if bar is not None:
-            stack.callback(bar.close)
+        view = JobBar(progress_bar(total, quiet), retries, records.message_of)
+        stack.callback(view.close)
         output = stack.enter_context(open(output_path, "a", encoding="utf-8")) if to_file else sys.stdout
-        lines = read_input(raw_lines, defaults, name="<stdin>" if input_path == "-" else input_path, parse=parse)
-
-        def show(**extra: Any) -> None:
-            if bar is not None:
-                bar.set_postfix(retries=retries.value, failed=job.stats.failed, **extra, refresh=False)
-
-        def on_event(kind: str, line: InputLine, record: Optional[Dict[str, Any]]) -> None:
-            if kind == "failed" and record is not None:
-                say(bar, f"lora-sampler: {records.message_of(record)}")
-            if bar is not None:
-                bar.update(1)
-                show()
-
-        def on_outage(event: OutageEvent) -> None:  # worker threads; tqdm holds its own lock
-            if bar is not None:
-                show(**({"engine": f"away {event.waited:.0f}/{event.max_outage:g} s"} if event.kind != "back" else {}))
-                bar.refresh()
-
-        job = BatchJob(
-            client,
-            lines,
-            output,
-            done=state.done if state else set(),
-            ordered=ordered,
-            model=model,
-            on_event=on_event,
-            max_outage=max_outage,
-            on_outage=on_outage,
-            records=records,
-            unusable_errors=UNUSABLE_ERRORS if model is not None else ENGINE_WIDE_ERRORS,  # None: a model per line
-        )
-        with interrupts_stop(job) as interrupts, logs_above(bar):
+        done = state.done if state else set()
+        job = _new_job(client, lines, output, done, records, view, ordered=ordered, model=model, max_outage=max_outage)
+        with interrupts_stop(job) as interrupts, logs_above(view.bar):
             stats = job.run()
-    wall = time.monotonic() - stats.started
     if not quiet:
-        rate = (stats.done + stats.failed) / wall if wall > 0 else 0.0
-        print(
-            f"lora-sampler: {stats.done} done, {stats.failed} failed, {stats.skipped} skipped, {retries.value} "
-            f"retries in {wall:.1f} s ({rate:.1f} requests/s)",
-            file=sys.stderr,
-        )
+        _print_summary(stats, retries)
+    return _exit_status(job, interrupts.count, bool(stats.failed or (state and state.kept_errors)), output_path)
+
+
+def _read_input(
+    client: SamplerClient,
+    source: Iterable[bytes],
+    input_path: str,
+    defaults: LineDefaults,
+    model: Optional[str],
+    input_format: str,
+    line_format: Optional[LineFormat],
+) -> Tuple[Iterator[InputLine], RecordFormat]:
+    """Return the input's lines, parsed lazily in their format, and the format of their output records."""
+    if line_format is not None:
+        raw_lines, records, parse = source, line_format.records, line_format.parse
+    else:
+        raw_lines, records, parse = _input_format(client, source, input_format, model)
+    name = "<stdin>" if input_path == "-" else input_path
+    return read_input(raw_lines, defaults, name=name, parse=parse), records
+
+
+def _new_job(
+    client: SamplerClient,
+    lines: Iterator[InputLine],
+    output: IO[str],
+    done: Set[str],
+    records: RecordFormat,
+    view: JobBar,
+    *,
+    ordered: bool,
+    model: Optional[str],
+    max_outage: float,
+) -> BatchJob:
+    """The job streaming ``lines`` to ``output``, reporting to ``view``; stopped by errors the whole job shares."""
+    return BatchJob(
+        client,
+        lines,
+        output,
+        done=done,
+        ordered=ordered,
+        model=model,
+        on_event=view.on_event,
+        max_outage=max_outage,
+        on_outage=view.on_outage,
+        records=records,
+        unusable_errors=UNUSABLE_ERRORS if model is not None else ENGINE_WIDE_ERRORS,  # None: a model per line
+    )
+
+
+def _exit_status(job: BatchJob, interrupts: int, failures: bool, output_path: str) -> int:
+    """The exit status of a finished job, or the error that stopped it.
+
+    Raises:
+        BatchAbandoned: requests were left in flight after the second Ctrl-C.
+        LoraSamplerError: the job stopped on its own (``job.fatal``).
+    """
     if job.abandoned:
         raise BatchAbandoned
-    if interrupts.count:
+    if interrupts:
         print(f"lora-sampler: interrupted; run again with --output {output_path} to resume", file=sys.stderr)
         return EXIT_INTERRUPTED
     if job.fatal is not None:
         raise job.fatal
-    return EXIT_FAILED if stats.failed or (state is not None and state.kept_errors) else EXIT_OK
+    return EXIT_FAILED if failures else EXIT_OK
+
+
+def _resume(output_path: str, records: RecordFormat, retry_failed: bool) -> ResumeState:
+    """Read what an existing output already holds (the resume set), and say what was repaired."""
+    state = prepare_output(output_path, retry_failed=retry_failed, key_of=records.key_of)
+    if state.dropped_errors or state.dropped_torn:
+        logger.warning(
+            "Resuming %s: %d ids answered, %d failed ids run again, %d torn lines repaired",
+            output_path,
+            len(state.done),
+            state.dropped_errors,
+            state.dropped_torn,
+        )
+    return state
+
+
+def _print_summary(stats: BatchStats, retries: RetryCounter) -> None:
+    """Print the job's one-line summary on stderr: counts, retries, time and rate."""
+    wall = time.monotonic() - stats.started
+    rate = (stats.done + stats.failed) / wall if wall > 0 else 0.0
+    print(
+        f"lora-sampler: {stats.done} done, {stats.failed} failed, {stats.skipped} skipped, {retries.value} "
+        f"retries in {wall:.1f} s ({rate:.1f} requests/s)",
+        file=sys.stderr,
+    )
 
 
 def _input_format(

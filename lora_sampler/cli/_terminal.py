@@ -12,8 +12,9 @@ import sys
 import threading
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
+from lora_sampler._client.outage import OutageEvent
 from lora_sampler.batch._job import DEFAULT_DRAIN_SECONDS, BatchJob
 from lora_sampler.retry import RetryEvent
 
@@ -43,6 +44,47 @@ def progress_bar(total: Optional[int], quiet: bool) -> Any:
     except ImportError:
         return None
     return tqdm(total=total, unit="line", file=sys.stderr, dynamic_ncols=True)
+
+
+class JobBar:
+    """What the progress bar of a batch job shows: one step per line, the failures above it, retries, outages.
+
+    Args:
+        bar: The tqdm bar, or None (quiet, or not a terminal): then only failures are printed.
+        retries: The counter fed by the client's retry hook.
+        message_of: Reads a failed record's message.
+    """
+
+    def __init__(self, bar: Any, retries: RetryCounter, message_of: Callable[[Dict[str, Any]], str]):
+        self.bar = bar
+        self._retries, self._message_of = retries, message_of
+        self._failed = 0
+
+    def on_event(self, kind: str, line: object, record: Optional[Dict[str, Any]]) -> None:
+        """Show one finished line (``BatchJob``'s ``on_event``, in the job's thread)."""
+        if kind == "failed":
+            self._failed += 1
+            if record is not None:
+                say(self.bar, f"lora-sampler: {self._message_of(record)}")
+        if self.bar is not None:
+            self.bar.update(1)
+            self._show()
+
+    def on_outage(self, event: OutageEvent) -> None:
+        """Show how long the engine has been away (from worker threads; tqdm holds its own lock)."""
+        if self.bar is not None:
+            self._show(
+                **({"engine": f"away {event.waited:.0f}/{event.max_outage:g} s"} if event.kind != "back" else {})
+            )
+            self.bar.refresh()
+
+    def close(self) -> None:
+        """Close the bar, if there is one."""
+        if self.bar is not None:
+            self.bar.close()
+
+    def _show(self, **extra: Any) -> None:
+        self.bar.set_postfix(retries=self._retries.value, failed=self._failed, **extra, refresh=False)
 
 
 def say(bar: Any, message: str) -> None:
