@@ -9,7 +9,7 @@ OSError`` catches engine errors too.
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 import requests
 
@@ -63,10 +63,13 @@ class EngineError(LoraSamplerError):
 
 
 class EngineStatusError(EngineError, requests.HTTPError):
-    """The engine answered with an error status that no subclass describes better.
+    """The engine answered with an error status; the base of the classes named by status (as the OpenAI SDK does).
 
-    Raised at once (5xx, 422, any other 400): retrying would not change the answer. Read ``status`` and
-    ``engine_message``; ``response`` is the ``requests.Response``.
+    Raised at once (5xx, 422, any other 400): retrying would not change the answer. Read ``status`` (also
+    ``status_code``) and ``engine_message``; ``response`` is the ``requests.Response``. The class says the status:
+    ``BadRequestError`` 400, ``AuthenticationError`` 401, ``PermissionDeniedError`` 403, ``ModelNotFoundError``
+    (a ``NotFoundError``) 404, ``UnprocessableEntityError`` 422, ``RateLimitError`` 429, ``InternalServerError``
+    5xx; other statuses raise this class itself.
     """
 
     def __init__(
@@ -87,6 +90,11 @@ class EngineStatusError(EngineError, requests.HTTPError):
         # Set after RequestException.__init__, which resets both to None.
         self.response = response
         self.request = response.request if response is not None else None
+
+    @property
+    def status_code(self) -> int:
+        """The HTTP status, as the OpenAI SDK and ``requests.Response`` name it (the same as ``status``)."""
+        return self.status
 
     @classmethod
     def from_response(cls, response: requests.Response, *, model: Optional[str], adapter: bool) -> EngineStatusError:
@@ -120,10 +128,43 @@ class EngineStatusError(EngineError, requests.HTTPError):
         return ""
 
 
-class ModelNotFoundError(EngineStatusError):
+class BadRequestError(EngineStatusError):
+    """The engine answered 400 (the OpenAI SDK's name): a bad parameter, an over-length prompt; raised at once."""
+
+
+class AuthenticationError(EngineStatusError):
+    """The engine refused the API key (401, and 403 as ``PermissionDeniedError``). Pass ``api_key=``."""
+
+    @staticmethod
+    def hint(adapter: bool) -> str:
+        return "Pass api_key= (or --api-key) or set LORA_SAMPLER_API_KEY to the engine's --api-key"
+
+
+class PermissionDeniedError(AuthenticationError):
+    """The engine answered 403 (the OpenAI SDK's name); also an ``AuthenticationError``, as 403 always was here."""
+
+
+class NotFoundError(EngineStatusError):
+    """The engine answered 404 (the OpenAI SDK's name); what lora_sampler raises for it is ``ModelNotFoundError``."""
+
+
+class UnprocessableEntityError(EngineStatusError):
+    """The engine answered 422 (the OpenAI SDK's name): the body did not validate; raised at once."""
+
+
+class RateLimitError(EngineStatusError):
+    """The engine answered 429 (the OpenAI SDK's name); retried only with ``RetryPolicy(retry_overloaded=True)``."""
+
+
+class InternalServerError(EngineStatusError):
+    """The engine answered 500 or above (the OpenAI SDK's name; 503 included); raised at once (SPEC §4)."""
+
+
+class ModelNotFoundError(NotFoundError):
     """The engine does not know the model name (404, or a 400 saying it does not exist).
 
-    For a LoRA adapter this is the adapter-load race and is retried; for a base model it is a typo.
+    For a LoRA adapter this is the adapter-load race and is retried; for a base model it is a typo. The 400 form
+    is raised as ``ModelNotFoundBadRequestError``, which is also a ``BadRequestError``.
     """
 
     @staticmethod
@@ -136,20 +177,31 @@ class ModelNotFoundError(EngineStatusError):
         return "Check the base model name against the engine's GET /v1/models"
 
 
-class AdapterNotReadyError(EngineStatusError):
-    """The engine found the adapter directory but could not load it (half-written or invalid); retried."""
+class ModelNotFoundBadRequestError(ModelNotFoundError, BadRequestError):
+    """A 400 whose words say the model does not exist: a ``ModelNotFoundError`` and a ``BadRequestError``."""
+
+
+class AdapterNotFoundError(ModelNotFoundError):
+    """A bare adapter name that is neither in ``lora_base_dir`` nor on the engine; found before any completion.
+
+    ``status`` is 404, the answer the engine would give; ``suggestions`` holds the closest published names.
+
+    Attributes:
+        suggestions: The closest adapter names found in ``lora_base_dir`` and on the engine, best first.
+    """
+
+    def __init__(self, message: str = "", *, suggestions: Sequence[str] = (), **kwargs: Any):
+        kwargs.setdefault("status", 404)
+        super().__init__(message, **kwargs)
+        self.suggestions = tuple(suggestions)
+
+
+class AdapterNotReadyError(BadRequestError):
+    """The engine found the adapter directory but could not load it (half-written or invalid); a 400, retried."""
 
     @staticmethod
     def hint(adapter: bool) -> str:
         return "Publish adapters atomically (client.publish) and check adapter_config.json and the weights"
-
-
-class AuthenticationError(EngineStatusError):
-    """The engine refused the API key (401/403). Pass ``api_key=`` or set ``LORA_SAMPLER_API_KEY``."""
-
-    @staticmethod
-    def hint(adapter: bool) -> str:
-        return "Pass api_key= (or --api-key) or set LORA_SAMPLER_API_KEY to the engine's --api-key"
 
 
 class EngineProtocolError(EngineError):
@@ -268,15 +320,25 @@ def short_cause(error: Optional[BaseException]) -> str:
     return type(error).__name__
 
 
+#: The class of each status no engine words refine, named as the OpenAI SDK names them.
+_STATUS_CLASSES: Dict[int, type[EngineStatusError]] = {
+    400: BadRequestError,
+    401: AuthenticationError,
+    403: PermissionDeniedError,
+    422: UnprocessableEntityError,
+    429: RateLimitError,
+}
+
+
 def classify_status(status: int, engine_message: str) -> type[EngineStatusError]:
     """Pick the error class for an engine status and message (the classification half of SPEC §4)."""
-    if status in (401, 403):
-        return AuthenticationError
     if is_not_loaded(status, engine_message):
         return AdapterNotReadyError
     if is_not_found(status, engine_message):
-        return ModelNotFoundError
-    return EngineStatusError
+        return ModelNotFoundError if status == 404 else ModelNotFoundBadRequestError
+    if status >= 500:
+        return InternalServerError
+    return _STATUS_CLASSES.get(status, EngineStatusError)
 
 
 def _path_of(response: requests.Response) -> str:

@@ -68,7 +68,7 @@ def test_ray_run_file_2000_prompts_two_actors_lagging_adapter(ray_local: Any, en
     failed = [row for row in rows if row["error"] is not None]
     assert len(failed) == 5
     assert all(row["error_status"] == 500 and "scripted outage" in row["error"] for row in failed)
-    assert all(row["error_type"] == "EngineStatusError" and row["tokens"] == [] for row in failed)
+    assert all(row["error_type"] == "InternalServerError" and row["tokens"] == [] for row in failed)
     answered = [row for row in rows if row["error"] is None]
     assert all(len(row["tokens"]) == 1 and len(row["tokens"][0]) == len(row["logprobs"][0]) for row in answered)
     assert all(row["stop_reason"][0] in ("stop", "length") for row in answered)

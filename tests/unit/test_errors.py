@@ -64,9 +64,9 @@ def test_errors_transport_classes_match_requests() -> None:
         (_bodies.adapter_config_json_error('{"a": "b'), errors.AdapterNotReadyError),
         (_bodies.adapter_config_json_error('{"a" 1}'), errors.AdapterNotReadyError),
         (_bodies.unauthorized(), errors.AuthenticationError),
-        (_bodies.prompt_too_long(256, 300), errors.EngineStatusError),
-        (_bodies.token_out_of_vocab(5000), errors.EngineStatusError),
-        (_bodies.retry_later(), errors.EngineStatusError),
+        (_bodies.prompt_too_long(256, 300), errors.BadRequestError),
+        (_bodies.token_out_of_vocab(5000), errors.BadRequestError),
+        (_bodies.retry_later(), errors.InternalServerError),
         (_bodies.route_not_found(), errors.ModelNotFoundError),
     ],
 )
@@ -75,6 +75,56 @@ def test_errors_classify_vllm_bodies(body: _bodies.VllmBody, expected: type) -> 
     error = errors.EngineStatusError.from_response(fake_response(body), model="a", adapter=True)
     assert type(error) is expected
     assert error.engine_message == body.message
+
+
+def _status_body(status: int, message: str = "refused") -> _bodies.VllmBody:
+    return _bodies.error(status, message, "Error")
+
+
+@pytest.mark.parametrize(
+    ("status", "message", "expected"),
+    [
+        (400, "bad parameter", "BadRequestError"),
+        (401, "Unauthorized", "AuthenticationError"),
+        (403, "Forbidden", "PermissionDeniedError"),
+        (404, "The model `x` does not exist.", "ModelNotFoundError"),
+        (422, "field required", "UnprocessableEntityError"),
+        (429, "slow down", "RateLimitError"),
+        (500, "boom", "InternalServerError"),
+        (503, "busy", "InternalServerError"),
+        (409, "conflict", "EngineStatusError"),
+    ],
+)
+def test_errors_status_classes_carry_the_openai_sdk_names(status: int, message: str, expected: str) -> None:
+    """Each status raises the class the OpenAI SDK names for it, still an EngineStatusError and an HTTPError."""
+    error = errors.EngineStatusError.from_response(
+        fake_response(_status_body(status, message)), model="a", adapter=False
+    )
+    assert type(error).__name__ == expected and type(error) is getattr(lora_sampler, expected)
+    assert isinstance(error, errors.EngineStatusError) and isinstance(error, requests.HTTPError)
+    assert error.status_code == status == error.status
+
+
+def test_errors_old_meanings_hold_under_the_openai_names() -> None:
+    """403 stays an AuthenticationError, a 400 "does not exist" is a ModelNotFoundError and a BadRequestError."""
+    forbidden = errors.EngineStatusError.from_response(fake_response(_status_body(403)), model="a", adapter=False)
+    assert isinstance(forbidden, errors.AuthenticationError) and isinstance(forbidden, errors.PermissionDeniedError)
+    old = _status_body(400, "The model `a` does not exist.")
+    error = errors.EngineStatusError.from_response(fake_response(old), model="a", adapter=True)
+    assert isinstance(error, errors.ModelNotFoundError) and isinstance(error, errors.BadRequestError)
+    not_ready = errors.EngineStatusError.from_response(
+        fake_response(_bodies.adapter_not_loadable("a")), model="a", adapter=True
+    )
+    assert isinstance(not_ready, errors.BadRequestError) and not_ready.status_code == 400
+    assert issubclass(errors.ModelNotFoundError, errors.NotFoundError)
+
+
+def test_errors_status_classes_pickle_with_their_status() -> None:
+    """A classified error keeps its class, status and status_code through pickle, without the live response."""
+    for status in (400, 401, 403, 404, 422, 429, 500):
+        error = errors.EngineStatusError.from_response(fake_response(_status_body(status)), model="a", adapter=False)
+        clone = pickle.loads(pickle.dumps(error))
+        assert type(clone) is type(error) and clone.status_code == status and clone.response is None
 
 
 def test_errors_read_router_plain_text_and_401_string_shape() -> None:
