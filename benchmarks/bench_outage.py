@@ -29,8 +29,8 @@ from typing import Any, Dict, List, Optional
 
 import _common
 
-from lora_sampler.cli._demo import build_adapter_archive
 from lora_sampler.publish import default_adapter_name
+from lora_sampler.testing import write_adapter_archive
 from lora_sampler.testing._process import EngineProcess
 
 CONCURRENCY, LATENCY = 16, 0.01
@@ -56,7 +56,7 @@ def scenario(root: str, lines: int, max_outage: float, restart_after: Optional[f
             handle.write(json.dumps({"id": f"p{number}", "prompt": [5 + number % 200, 6, 7]}) + "\n")
     restarted: Optional[EngineProcess] = None
     with EngineProcess(lora_dir, latency=LATENCY, env=ENV) as engine:
-        archive = build_adapter_archive(os.path.join(work, "step-1.tar.gz"), engine.model)
+        archive = write_adapter_archive(os.path.join(work, "step-1.tar.gz"), engine.model)
         argv = [sys.executable, "-m", "lora_sampler", "sample", "--base-url", engine.url, "--lora-base-dir", lora_dir]
         argv += ["--adapter", archive, "--input", source, "--output", target, "--concurrency", str(CONCURRENCY)]
         argv += ["--quiet", "--max-outage", str(max_outage)]

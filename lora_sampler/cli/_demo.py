@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tarfile
 import tempfile
 
 from lora_sampler._adapters.publish import default_adapter_name
@@ -20,7 +19,7 @@ from lora_sampler.batch._lines import LineDefaults
 from lora_sampler.cli._runner import run_batch
 from lora_sampler.cli._terminal import RetryCounter
 from lora_sampler.retry import DEFAULT_RETRY_POLICY
-from lora_sampler.testing import FakeEngine, write_adapter
+from lora_sampler.testing import FakeEngine, write_adapter_archive
 from lora_sampler.types import SamplingParams
 
 #: Completions for the adapter the engine answers 404 before it sees the published folder.
@@ -35,16 +34,6 @@ DEMO_PROMPTS = [
 ]
 
 
-def build_adapter_archive(path: str, base_model: str) -> str:
-    """Write a small LoRA adapter archive for ``base_model``: adapter_config.json plus safetensors weights."""
-    with tempfile.TemporaryDirectory() as folder:
-        write_adapter(folder, base_model, rank=4)
-        with tarfile.open(path, "w:gz") as tar:
-            for name in sorted(os.listdir(folder)):
-                tar.add(os.path.join(folder, name), arcname=name)
-    return path
-
-
 def run_demo() -> int:
     """Run the demo; return the exit status of the batch."""
     with tempfile.TemporaryDirectory(prefix="lora-sampler-demo-") as root:
@@ -56,7 +45,7 @@ def run_demo() -> int:
             for number, prompt in enumerate(DEMO_PROMPTS, 1):
                 f.write(json.dumps({"id": f"p{number}", "prompt": prompt}) + "\n")
         with FakeEngine(lora_dir=lora_dir, latency=0.01) as engine:
-            archive = build_adapter_archive(os.path.join(root, "step-100.tar.gz"), engine.model)
+            archive = write_adapter_archive(os.path.join(root, "step-100.tar.gz"), engine.model, rank=4)
             name = default_adapter_name(archive)
             engine.set_visibility_delay(name, requests=DEMO_LAG_REQUESTS)
             print(f"demo: test engine serving {engine.model!r} at {engine.url}")

@@ -6,7 +6,7 @@ Stdlib only and never imports pytest; the ``lora_engine`` fixture lives in ``pyt
 from __future__ import annotations
 
 from lora_sampler._testmode import set_testing
-from lora_sampler.testing._adapters import write_adapter
+from lora_sampler.testing._adapters import write_adapter, write_adapter_archive
 from lora_sampler.testing._bodies import VLLM_BODIES, VllmBody
 from lora_sampler.testing._chat import CHAT_TEMPLATE, render_chat
 from lora_sampler.testing._engine import FAULT_KINDS, FakeEngine, RequestRecord
@@ -24,4 +24,5 @@ __all__ = [
     "render_chat",
     "set_testing",
     "write_adapter",
+    "write_adapter_archive",
 ]

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import struct
+import tarfile
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +34,26 @@ def write_adapter(path: str | os.PathLike[str], base_model: str, *, rank: int = 
     header += b" " * (-len(header) % 8)
     with open(os.path.join(path, WEIGHT_NAMES[0]), "wb") as handle:
         handle.write(struct.pack("<Q", len(header)) + header + bytes(rank * 16))
+    return path
+
+
+def write_adapter_archive(
+    path: str | os.PathLike[str], base_model: str, *, rank: int = 8, peft_type: str = "LORA"
+) -> str:
+    """Write a ready ``.tar.gz`` adapter checkpoint for ``base_model`` (what ``publish`` and ``adapter=`` take).
+
+    The archive holds ``adapter_config.json`` and a valid tiny ``adapter_model.safetensors`` at its top level, as a
+    training run saves them; missing parent folders are created. Returns the path.
+    """
+    path = os.fspath(path)
+    parent = os.path.dirname(path)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    with tempfile.TemporaryDirectory() as folder:
+        write_adapter(folder, base_model, rank=rank, peft_type=peft_type)
+        with tarfile.open(path, "w:gz") as tar:
+            for name in sorted(os.listdir(folder)):
+                tar.add(os.path.join(folder, name), arcname=name)
     return path
 
 

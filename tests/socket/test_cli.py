@@ -19,8 +19,7 @@ from typing import Any, Dict, Iterator, List, Optional
 import pytest
 
 from lora_sampler.cli import main
-from lora_sampler.cli._demo import build_adapter_archive
-from lora_sampler.testing import FakeEngine
+from lora_sampler.testing import FakeEngine, write_adapter_archive
 
 REPO = Path(__file__).resolve().parents[2]
 COMPLETIONS = "/v1/completions"
@@ -31,7 +30,7 @@ WAIT_SECONDS = 60.0
 @pytest.fixture
 def archive(tmp_path: Path, engine: FakeEngine) -> str:
     """An adapter archive made for the engine's model."""
-    return build_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
+    return write_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
 
 
 def write_prompts(path: Path, count: int, *, extra: Optional[Dict[int, str]] = None) -> Path:
@@ -241,7 +240,7 @@ def test_cli_sample_adapter_for_another_base_model_exits_2(
     engine: FakeEngine, lora_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A checkpoint made for another model is refused before any completion is sent."""
-    wrong = build_adapter_archive(str(tmp_path / "wrong.tar.gz"), "other-model")
+    wrong = write_adapter_archive(str(tmp_path / "wrong.tar.gz"), "other-model")
     inp, out = write_prompts(tmp_path / "in.jsonl", 5), tmp_path / "out.jsonl"
     assert main(sample_args(engine, lora_dir, wrong, inp, out)) == 2
     err = capsys.readouterr().err
@@ -332,7 +331,7 @@ def test_cli_sample_killed_midway_resumes_every_id_once(lora_dir: Path, tmp_path
     count = 300
     inp, out = write_prompts(tmp_path / "in.jsonl", count), tmp_path / "out.jsonl"
     with FakeEngine(lora_dir=lora_dir, latency=0.05) as slow:
-        ckpt = build_adapter_archive(str(tmp_path / "step-1.tar.gz"), slow.model)
+        ckpt = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), slow.model)
         args = sample_args(slow, lora_dir, ckpt, inp, out, "--concurrency", "4")
         with running_cli(args, tmp_path) as proc:
             wait_for_lines(out, 20, proc)
@@ -353,7 +352,7 @@ def test_cli_sample_sigint_exits_130_and_resumes(lora_dir: Path, tmp_path: Path)
     count = 300
     inp, out = write_prompts(tmp_path / "in.jsonl", count), tmp_path / "out.jsonl"
     with FakeEngine(lora_dir=lora_dir, latency=0.05) as slow:
-        ckpt = build_adapter_archive(str(tmp_path / "step-1.tar.gz"), slow.model)
+        ckpt = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), slow.model)
         args = sample_args(slow, lora_dir, ckpt, inp, out, "--concurrency", "4")
         with running_cli(args, tmp_path) as proc:
             wait_for_lines(out, 10, proc)
@@ -371,7 +370,7 @@ def test_cli_sample_second_sigint_abandons_hung_requests(lora_dir: Path, tmp_pat
     """A second SIGINT leaves requests the engine never answers behind: exit 130 at once, output still resumable."""
     inp, out = write_prompts(tmp_path / "in.jsonl", 50), tmp_path / "out.jsonl"
     with FakeEngine(lora_dir=lora_dir, latency=WAIT_SECONDS * 2) as hung:
-        ckpt = build_adapter_archive(str(tmp_path / "step-1.tar.gz"), hung.model)
+        ckpt = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), hung.model)
         args = sample_args(hung, lora_dir, ckpt, inp, out, "--concurrency", "2")
         with running_cli(args, tmp_path) as proc:
             deadline = time.monotonic() + WAIT_SECONDS
@@ -455,7 +454,7 @@ def test_cli_doctor_runtime_updating_off(
 
 def test_cli_doctor_base_model_mismatch(engine: FakeEngine, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """An adapter made for another base model is reported with both names."""
-    wrong = build_adapter_archive(str(tmp_path / "wrong.tar.gz"), "other-model")
+    wrong = write_adapter_archive(str(tmp_path / "wrong.tar.gz"), "other-model")
     assert main(["doctor", "--base-url", engine.url, "--adapter", wrong]) == 1
     out = capsys.readouterr().out
     assert "PROBLEM  adapter config" in out and "other-model" in out and repr(engine.model) in out

@@ -18,9 +18,9 @@ from test_cli import WAIT_SECONDS, ids, main, records, running_cli, sample_args,
 
 from lora_sampler import SampleOutput, SamplerClient, SampleRequest
 from lora_sampler._client.outage import OutageEvent
-from lora_sampler.cli._demo import build_adapter_archive
 from lora_sampler.errors import EngineConnectionError
 from lora_sampler.publish import default_adapter_name
+from lora_sampler.testing import write_adapter_archive
 from lora_sampler.testing._process import EngineProcess
 
 #: The issue's batch: 3,000 lines, 10 ms per request, 16 in flight, killed at about 25 %.
@@ -61,7 +61,7 @@ def test_cli_batch_outlives_an_engine_restart_and_heals_the_forgotten_adapter(
     run again through the adapter-load race (404, proactive load, success).
     """
     inp, out = write_prompts(tmp_path / "in.jsonl", LINES), tmp_path / "out.jsonl"
-    archive = build_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
+    archive = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
     name = default_adapter_name(archive)
     restarted: Optional[EngineProcess] = None
     try:
@@ -91,7 +91,7 @@ def test_cli_engine_that_never_comes_back_exits_2_after_max_outage_then_resumes(
     """``--max-outage 5`` with the engine gone for good: exit 2 in about 5 s, saying so; a rerun later completes."""
     count = 600
     inp, out = write_prompts(tmp_path / "in.jsonl", count), tmp_path / "out.jsonl"
-    archive = build_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
+    archive = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
     args = cli_args(engine, lora_dir, archive, inp, out, "--max-outage", "5")
     with running_cli(args, tmp_path) as proc:
         wait_for_lines(out, 50, proc)
@@ -139,7 +139,7 @@ def test_sample_many_with_max_outage_returns_every_result_across_a_restart(
     engine: EngineProcess, lora_dir: Path, tmp_path: Path, no_waits: None
 ) -> None:
     """The library: ``sample_many(max_outage=30)`` across a kill and a restart returns every result, in order."""
-    archive = build_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
+    archive = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
     events: List[OutageEvent] = []
     restarted: List[EngineProcess] = []
 
@@ -208,7 +208,7 @@ def test_ray_data_sample_batches_wait_out_an_engine_restart(engine: EngineProces
 def test_cli_max_outage_0_keeps_failing_fast(engine: EngineProcess, lora_dir: Path, tmp_path: Path) -> None:
     """``--max-outage 0``: a killed engine stops the job after a few failures (exit 2), as before SPEC §10."""
     inp, out = write_prompts(tmp_path / "in.jsonl", 600), tmp_path / "out.jsonl"
-    archive = build_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
+    archive = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
     with running_cli(cli_args(engine, lora_dir, archive, inp, out, "--max-outage", "0"), tmp_path) as proc:
         wait_for_lines(out, 50, proc)
         engine.kill()
