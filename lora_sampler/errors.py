@@ -325,9 +325,17 @@ _STATUS_CLASSES: Dict[int, type[EngineStatusError]] = {
     400: BadRequestError,
     401: AuthenticationError,
     403: PermissionDeniedError,
+    404: NotFoundError,
     422: UnprocessableEntityError,
     429: RateLimitError,
 }
+
+
+def status_class(status: int) -> type[EngineStatusError]:
+    """Return the class named for ``status`` alone, as the OpenAI SDK names it (``EngineStatusError`` if none)."""
+    if status >= 500:
+        return InternalServerError
+    return _STATUS_CLASSES.get(status, EngineStatusError)
 
 
 def classify_status(status: int, engine_message: str) -> type[EngineStatusError]:
@@ -336,9 +344,7 @@ def classify_status(status: int, engine_message: str) -> type[EngineStatusError]
         return AdapterNotReadyError
     if is_not_found(status, engine_message):
         return ModelNotFoundError if status == 404 else ModelNotFoundBadRequestError
-    if status >= 500:
-        return InternalServerError
-    return _STATUS_CLASSES.get(status, EngineStatusError)
+    return status_class(status)
 
 
 def _path_of(response: requests.Response) -> str:

@@ -15,6 +15,7 @@ from typing import Any, Counter, Dict, List, Optional, Set, Tuple, Union
 
 from lora_sampler._adapters.extract import PublishLimits
 from lora_sampler._adapters.fleet import Fleet
+from lora_sampler._adapters.lookup import find_adapter
 from lora_sampler._locks import KeyedLocks
 from lora_sampler._transport.http import EngineTransport
 from lora_sampler._wire.refusals import is_not_held
@@ -87,9 +88,9 @@ class AdapterRegistry:
 
     def _resolve_name(self, name: str) -> Adapter:
         validate_adapter_name(name, argument="adapter")  # before the engine or lora_base_dir ever sees it
-        # Looked up once per name: lora_base_dir is often a network mount, where a stat per request costs.
-        local = os.path.join(self.lora_base_dir, name) if self.lora_base_dir else None
-        adapter = Adapter(name, local if local and os.path.isdir(local) else None)
+        # Looked up once per name: lora_base_dir is often a network mount, where a stat per request costs. Without
+        # lora_base_dir the engine's own resolver folder may hold the name, so it is sent as given.
+        adapter = find_adapter(name, self.lora_base_dir, self._transport) if self.lora_base_dir else Adapter(name)
         with self._lock:
             self._named[name] = adapter
         return adapter

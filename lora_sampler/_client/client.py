@@ -354,6 +354,20 @@ class SamplerClient:
         """
         return self._registry.publish(checkpoint, name=name, lineage=lineage)
 
+    def resolve_adapter(self, adapter: AdapterSpec) -> Adapter:
+        """Return the ``Adapter`` an ``adapter=`` value means, found as ``sample`` finds it, without sampling.
+
+        A checkpoint path is published (once per client). A bare name is looked up in ``lora_base_dir``, then among
+        the engine's adapters (one ``GET /v1/models``); without ``lora_base_dir`` it is taken as given, since the
+        engine's own resolver folder may hold it.
+
+        Raises:
+            AdapterNotFoundError: with ``lora_base_dir``, a bare name found in neither place; the message names the
+                closest published names.
+            PublishError: a checkpoint that cannot be published or does not fit the engine's model.
+        """
+        return self._registry.resolve(adapter)
+
     def unload(
         self, adapter: Union[Adapter, str], *, delete_files: bool = False, session_id: Optional[str] = None
     ) -> None:

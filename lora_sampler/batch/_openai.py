@@ -27,7 +27,7 @@ from typing import Any, Collection, Dict, Iterable, Iterator, List, Optional, Tu
 from lora_sampler._wire.messages import SAMPLING_FIELDS
 from lora_sampler._wire.routes import CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH
 from lora_sampler.batch._lines import UTF8_BOM, InputLine, LineDefaults, RecordFormat, id_key
-from lora_sampler.errors import EngineStatusError
+from lora_sampler.errors import EngineStatusError, status_class
 from lora_sampler.types import SampleOutput, SampleRequest, SamplingParams
 
 #: The endpoint of a chat line (its ``url``).
@@ -268,7 +268,12 @@ def _engine_error_body(error: EngineStatusError) -> Dict[str, Any]:
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         return body
     return {
-        "error": {"message": error.engine_message, "type": type(error).__name__, "param": None, "code": error.status}
+        "error": {
+            "message": error.engine_message or error.message,
+            "type": status_class(error.status).__name__,  # vLLM's body names the status as the OpenAI SDK does
+            "param": None,
+            "code": error.status,
+        }
     }
 
 

@@ -18,7 +18,6 @@ import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from lora_sampler._adapters.extract import DEFAULT_LIMITS, PublishLimits
-from lora_sampler._adapters.publish import check_adapter_config
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._defaults import API_KEY_ENV
 from lora_sampler._testmode import set_testing
@@ -344,7 +343,7 @@ def _preflight(client: SamplerClient, args: argparse.Namespace) -> Union[Adapter
     None: no --adapter or --base-model, so each batch line names its model (body.model).
     """
     client.wait_ready(0)  # one probe: the connect timeout and a short read timeout, so a hung engine shows in seconds
-    engine_model = client.engine_model()  # one GET /v1/models
+    client.engine_model()  # one GET /v1/models: a refused key or an engine with no base model stops here
     if not (args.adapter or args.base_model):
         return None
     if args.base_model:
@@ -360,10 +359,8 @@ def _preflight(client: SamplerClient, args: argparse.Namespace) -> Union[Adapter
             raise UsageError("--adapter CKPT needs --lora-base-dir (the engine's resolver folder) to publish into")
         return client.publish(args.adapter)  # checks adapter_config.json against the engine's model
     validate_adapter_name(args.adapter, argument="--adapter")  # before it becomes a path under --lora-base-dir
-    folder = os.path.join(args.lora_base_dir or "", args.adapter)
-    if args.lora_base_dir and os.path.isdir(folder):
-        check_adapter_config(folder, engine_model)
-    return str(args.adapter)
+    # In --lora-base-dir (its adapter_config.json checked) or on the engine, else one error naming the closest names.
+    return client.resolve_adapter(args.adapter)
 
 
 # -- main --------------------------------------------------------------------------------------------------------

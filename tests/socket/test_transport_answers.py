@@ -400,6 +400,7 @@ def test_answers_cli_and_doctor_refuse_a_dot_dot_adapter_before_reading_its_conf
     tmp_path: Any, monkeypatch: Any, capsys: Any
 ) -> None:
     """`sample --adapter ..` exits 2 naming the rule, and doctor reports it, without reading lora_base_dir/../."""
+    from lora_sampler._adapters import publish
     from lora_sampler.cli import _doctor as doctor
     from lora_sampler.cli import _main as cli
 
@@ -407,7 +408,7 @@ def test_answers_cli_and_doctor_refuse_a_dot_dot_adapter_before_reading_its_conf
     loras.mkdir()
     (tmp_path / "adapter_config.json").write_text("{}")
     read: List[str] = []
-    monkeypatch.setattr(cli, "check_adapter_config", lambda path, model: read.append(path))
+    monkeypatch.setattr(publish, "check_adapter_config", lambda path, model: read.append(path))
     monkeypatch.setattr(doctor, "check_adapter_config", lambda path, model: read.append(path))
     models = json.dumps({"object": "list", "data": [{"id": "m", "root": "m", "parent": None}]}).encode()
     inp = tmp_path / "in.jsonl"

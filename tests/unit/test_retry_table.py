@@ -59,6 +59,11 @@ def calls_to(url: str) -> int:
     return sum(1 for call in responses.calls if call.request.url == url)
 
 
+def posts() -> List[Any]:
+    """The POSTs sent (a bare adapter name not in lora_base_dir is first looked up with GET /v1/models)."""
+    return [call for call in responses.calls if call.request.method == "POST"]
+
+
 def make_client(tmp_path: Any, **kwargs: Any) -> SamplerClient:
     return SamplerClient(BASE, lora_base_dir=tmp_path, **kwargs)
 
@@ -274,7 +279,7 @@ def test_retry_happy_path_is_one_request_without_retry(tmp_path: Any) -> None:
     retries: List[RetryEvent] = []
     with make_client(tmp_path, retry=RetryPolicy(on_retry=retries.append)) as client:
         client.sample([1, 2, 3], adapter=ADAPTER)
-    assert len(responses.calls) == 1 and retries == []
+    assert len(posts()) == 1 and retries == []
 
 
 @responses.activate
@@ -285,10 +290,10 @@ def test_retry_load_uses_its_own_timeout_and_session_header(tmp_path: Any, no_wa
     responses.add(responses.POST, LOAD, body=_bodies.already_loaded(ADAPTER).body, status=400)
     with make_client(tmp_path, retry=RetryPolicy(load_timeout=3.5), timeout=(2.0, 30.0)) as client:
         client.sample([1, 2, 3], adapter=ADAPTER, session_id="sess-A")
-    first, load, _ = responses.calls
+    first, load, _ = posts()
     assert load.request.req_kwargs["timeout"] == 3.5
     assert first.request.req_kwargs["timeout"] == (2.0, 30.0)
-    assert {c.request.headers["X-Session-ID"] for c in responses.calls} == {"sess-A"}
+    assert {c.request.headers["X-Session-ID"] for c in posts()} == {"sess-A"}
 
 
 @responses.activate
@@ -301,7 +306,7 @@ def test_retry_fresh_session_id_per_call_shared_by_its_retries(tmp_path: Any, no
     with make_client(tmp_path) as client:
         client.sample([1], adapter=ADAPTER)
         client.sample([1], adapter=ADAPTER)
-    ids = [c.request.headers["X-Session-ID"] for c in responses.calls]
+    ids = [c.request.headers["X-Session-ID"] for c in posts()]
     assert len(ids) == 6 and len(set(ids[:3])) == 1 and len(set(ids[3:])) == 1 and ids[0] != ids[3]
 
 
@@ -336,7 +341,7 @@ def test_retry_engine_lora_base_dir_is_the_load_path(tmp_path: Any, no_waits: No
     responses.add(responses.POST, LOAD, body=_bodies.load_success(ADAPTER).body)
     with make_client(tmp_path, engine_lora_base_dir="/mnt/loras") as client:
         client.sample([1], adapter=ADAPTER)
-    assert json.loads(responses.calls[1].request.body)["lora_path"] == "/mnt/loras/" + ADAPTER
+    assert json.loads(posts()[1].request.body)["lora_path"] == "/mnt/loras/" + ADAPTER
 
 
 IN_AN_HOUR = email.utils.formatdate(time.time() + 3600, usegmt=True)
