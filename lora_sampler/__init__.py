@@ -51,6 +51,7 @@ if TYPE_CHECKING:  # the names as mypy and IDEs see them; at run time ``__getatt
         SamplingParams,
         ScoreOutput,
         ScoreRequest,
+        Usage,
     )
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
@@ -94,6 +95,7 @@ __all__ = [
     "ScoreRequest",
     "UnprocessableEntityError",
     "UnsafeArchiveError",
+    "Usage",
     "__version__",
 ]
 
@@ -113,6 +115,7 @@ _NAMES_BY_MODULE = {
         "SamplingParams",
         "ScoreOutput",
         "ScoreRequest",
+        "Usage",
     ),
 }
 _HOMES: Dict[str, str] = {name: module for module, names in _NAMES_BY_MODULE.items() for name in names}

@@ -6,11 +6,14 @@ naming the argument, before any request). No I/O here.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union, cast, overload
 
+from lora_sampler import _views
 from lora_sampler._wire.archives import ARCHIVE_SUFFIXES as ARCHIVE_SUFFIXES  # re-exported: a public name here
 from lora_sampler._wire.archives import has_archive_suffix
 from lora_sampler._wire.messages import SAMPLING_FIELDS, validated_extra_body, validated_messages
@@ -28,6 +31,20 @@ Timeout = Union[float, Tuple[float, float]]
 def split_timeout(timeout: Timeout) -> Tuple[float, float]:
     """Return ``(connect, read)`` of a timeout given as a pair or as one number for both."""
     return timeout if isinstance(timeout, tuple) else (timeout, timeout)
+
+
+def validated_timeout(timeout: object, argument: str = "timeout") -> Timeout:
+    """Return ``timeout`` if it is seconds > 0 (one finite number, or a ``(connect, read)`` pair of them).
+
+    Raises:
+        TypeError, ValueError: anything else, naming the argument and the form it takes.
+    """
+    values = timeout if isinstance(timeout, tuple) else (timeout,)
+    if len(values) not in (1, 2) or not all(_is_number(v) and 0 < v < math.inf for v in values):
+        raise ValueError(
+            f"{argument} takes seconds > 0: one number, or (connect, read) such as (10, 300); got {timeout!r}"
+        )
+    return cast(Timeout, timeout)
 
 
 def _is_int(value: object) -> bool:
@@ -173,6 +190,8 @@ class SampleRequest:
             ``prompt``. The engine applies the model's chat template.
         extra_body: Further body fields sent as given (vLLM's extra parameters, e.g. ``repetition_penalty``); a
             field this request sets itself (``_messages.OWN_FIELDS``) is refused.
+        timeout: ``(connect, read)`` seconds (or one number for both) for this request's attempts, in place of the
+            client's ``timeout``; None keeps the client's.
     """
 
     prompt: Optional[Prompt] = None
@@ -185,6 +204,7 @@ class SampleRequest:
     session_id: Optional[str] = None
     messages: Optional[Sequence[Message]] = None
     extra_body: Optional[Mapping[str, Any]] = None
+    timeout: Optional[Timeout] = None
 
     def __post_init__(self) -> None:
         _check_model_choice(self.adapter, self.base_model)
@@ -205,6 +225,8 @@ class SampleRequest:
         _check_session_id(self.session_id)
         if self.extra_body is not None:
             object.__setattr__(self, "extra_body", validated_extra_body(self.extra_body))
+        if self.timeout is not None:
+            object.__setattr__(self, "timeout", validated_timeout(self.timeout))
 
     @property
     def is_chat(self) -> bool:
@@ -252,6 +274,39 @@ def _check_model_choice(adapter: object, base_model: object) -> None:
 def _check_session_id(session_id: object) -> None:
     if session_id is not None and not isinstance(session_id, str):
         raise TypeError(f"session_id must be a str, got {type(session_id).__name__}")
+
+
+_REQUEST_FIELDS = frozenset(f.name for f in dataclass_fields(SampleRequest)) - {"prompt"}
+#: Keyword arguments of ``sample``/``chat``/``submit`` (and keys of request mappings) that build a ``SamplingParams``.
+SAMPLING_KEYWORDS = (*SAMPLING_FIELDS, "stop")
+
+
+def build_request(prompt: Optional[Prompt] = None, **fields: Any) -> SampleRequest:
+    """Return the ``SampleRequest`` of ``fields``, where sampling fields may come as keyword arguments.
+
+    ``max_tokens=``, ``temperature=``, ``top_p=``, ``top_k=``, ``seed=`` and ``stop=`` (the OpenAI SDK's habit)
+    build the ``SamplingParams``; None leaves a field at its default.
+
+    Raises:
+        TypeError: sampling keywords given together with ``sampling_params=``, or an unknown field.
+    """
+    given = {name: fields.pop(name) for name in SAMPLING_KEYWORDS if name in fields}
+    given = {name: value for name, value in given.items() if value is not None}
+    if given:
+        if fields.get("sampling_params") is not None:
+            raise TypeError(
+                f"pass sampling fields either as sampling_params=SamplingParams(...) or as keyword arguments "
+                f"({', '.join(sorted(given))}=...), not both"
+            )
+        fields["sampling_params"] = SamplingParams(**given)
+    unknown = sorted(set(fields) - _REQUEST_FIELDS)
+    if unknown:
+        raise TypeError(
+            f"unknown request field(s) {', '.join(map(repr, unknown))}; a request takes "
+            f"{', '.join(sorted(_REQUEST_FIELDS))} and the sampling fields {', '.join(SAMPLING_KEYWORDS)} (vLLM's "
+            "other body fields go in extra_body=)"
+        )
+    return SampleRequest(prompt, **fields)
 
 
 def _validated_prompt(prompt: object, what: str = "prompt") -> Prompt:
@@ -350,6 +405,45 @@ class GeneratedSequence:
     text: str = ""
     matched_stop: Union[str, int, None] = None
 
+    def __repr__(self) -> str:
+        return _views.sequence_repr(self)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Return the plain-dict form (JSON types; a non-finite logprob becomes None)."""
+        return _views.sequence_dict(self)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts of one answer, as the engine reported them (the OpenAI SDK's ``usage``).
+
+    Attributes:
+        prompt_tokens: Tokens of the prompt (the rendered chat for ``chat``).
+        completion_tokens: Tokens generated, over all sequences.
+        total_tokens: Their sum.
+    """
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+    @classmethod
+    def from_body(cls, body: Optional[Mapping[str, Any]]) -> Optional[Usage]:
+        """Read the ``usage`` object of an answer; None when the answer has none."""
+        usage = body.get("usage") if isinstance(body, Mapping) else None
+        if not isinstance(usage, Mapping):
+            return None
+        prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+        return cls(prompt, completion, int(usage.get("total_tokens") or prompt + completion))
+
+    def to_dict(self) -> Dict[str, int]:
+        """Return the counts as a plain dict."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+        }
+
 
 @dataclass(frozen=True)
 class SampleOutput:
@@ -370,6 +464,26 @@ class SampleOutput:
     topk_prompt_logprobs: Optional[Sequence[Optional[TopK]]] = None
     model: str = field(default="")
     body: Optional[Dict[str, Any]] = field(default=None, repr=False, compare=False)
+
+    def __repr__(self) -> str:
+        return _views.output_repr(self)
+
+    def _repr_html_(self) -> str:
+        """The notebook display: one table row per sequence."""
+        return _views.output_html(self)
+
+    @property
+    def usage(self) -> Optional[Usage]:
+        """The engine's token counts for this answer (``prompt_tokens``, ``completion_tokens``, ``total_tokens``)."""
+        return Usage.from_body(self.body)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Return every value in plain JSON types: model, sequences, prompt logprobs, top-k and usage (not ``body``)."""
+        return _views.output_dict(self)
+
+    def to_json(self, **dumps_options: Any) -> str:
+        """Return ``to_dict()`` as strict JSON (``json.dumps`` options, e.g. ``indent=2``, pass through)."""
+        return json.dumps(self.to_dict(), allow_nan=False, **dumps_options)
 
     @classmethod
     def from_json(cls, body: Any, request: SampleRequest, *, model: Optional[str] = None) -> SampleOutput:

@@ -15,8 +15,14 @@ from typing import Any, Callable, Dict, Optional, Tuple
 from lora_sampler._adapters.fleet import Fleet
 from lora_sampler._adapters.loads import AdapterLoadCoordinator
 from lora_sampler._adapters.registry import AdapterRegistry
-from lora_sampler._transport.http import EngineTransport, new_id
-from lora_sampler._wire.routes import HEALTH_PATH, LOAD_ADAPTER_PATH, MODELS_PATH
+from lora_sampler._transport.http import EngineTransport, Timeout, new_id
+from lora_sampler._wire.routes import (
+    CHAT_COMPLETIONS_PATH,
+    COMPLETIONS_PATH,
+    HEALTH_PATH,
+    LOAD_ADAPTER_PATH,
+    MODELS_PATH,
+)
 from lora_sampler.errors import EngineError, EngineStatusError
 from lora_sampler.retry import RetryPolicy, make_retrying
 from lora_sampler.types import SampleOutput, SampleRequest
@@ -36,6 +42,7 @@ class _Call:
     load_path: Optional[str]
     parse: Callable[[Any], SampleOutput]
     is_chat: bool = False
+    timeout: Optional[Timeout] = None
 
 
 class _Attempts:
@@ -51,13 +58,14 @@ class _Attempts:
 
     def attempt(self, call: _Call) -> SampleOutput:
         """Send exactly one completion request for ``call``."""
-        return self._transport.complete(
+        return self._transport.post_json(
+            CHAT_COMPLETIONS_PATH if call.is_chat else COMPLETIONS_PATH,
             call.payload,
             model=call.model,
             adapter=call.is_adapter,
             session_id=call.session_id,
+            timeout=call.timeout,
             parse=call.parse,
-            chat=call.is_chat,
         )
 
     def before_retry(self, call: _Call, error: EngineError, attempt: int) -> None:
@@ -118,6 +126,7 @@ class SampleCalls:
             load_path=load_path,
             parse=lambda body: SampleOutput.from_json(body, request, model=model),
             is_chat=request.is_chat,
+            timeout=request.timeout,
         )
         if not call.is_adapter:
             return self._retrying(call)

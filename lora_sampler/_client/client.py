@@ -10,7 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import time
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from lora_sampler._adapters.extract import PublishLimits
 from lora_sampler._adapters.fleet import Fleet, ReplicasSpec
@@ -33,6 +33,8 @@ from lora_sampler.types import (
     SampleRequest,
     SamplingParams,
     ScoreRequest,
+    StopSpec,
+    build_request,
 )
 
 __all__ = ["IN_FLIGHT_PER_WORKER", "RequestLike", "Runner", "SamplerClient"]
@@ -134,6 +136,14 @@ class SamplerClient:
         prompt_logprobs: bool = False,
         topk_prompt_logprobs: int = 0,
         session_id: Optional[str] = None,
+        max_tokens: Optional[int] = None,
+        temperature: Optional[float] = None,
+        top_p: Optional[float] = None,
+        top_k: Optional[int] = None,
+        seed: Optional[int] = None,
+        stop: StopSpec = None,
+        extra_body: Optional[Mapping[str, Any]] = None,
+        timeout: Optional[Timeout] = None,
     ) -> SampleOutput:
         """Sample ``num_samples`` completions of ``prompt`` from an adapter or the base model, retrying the race.
 
@@ -147,26 +157,21 @@ class SamplerClient:
             prompt_logprobs: Also return each prompt token's logprob.
             topk_prompt_logprobs: Also return the top-k logprobs at each prompt position.
             session_id: Sent as ``X-Session-ID`` with the request, its retries and its load (router affinity).
+            max_tokens, temperature, top_p, top_k, seed, stop: ``SamplingParams`` fields as keyword arguments, as
+                the OpenAI SDK takes them; exclusive with ``sampling_params``.
+            extra_body: Further body fields sent as given (vLLM's extra parameters, e.g. ``repetition_penalty``).
+            timeout: Seconds for this call's attempts (one number, or ``(connect, read)``) instead of the client's.
 
         Returns:
             The ``SampleOutput``.
 
         Raises:
             ValueError, TypeError: bad arguments, before any request.
+            AdapterNotFoundError: a bare adapter name in neither ``lora_base_dir`` nor the engine, before any request.
             PublishError: the checkpoint cannot be published or its adapter_config.json does not fit the engine.
             EngineError: the engine's answer after the retry table ran its course (also a requests exception).
         """
-        request = SampleRequest(
-            prompt,
-            adapter,
-            base_model,
-            num_samples,
-            sampling_params,
-            prompt_logprobs,
-            topk_prompt_logprobs,
-            session_id,
-        )
-        return self.run(request)
+        return self.run(build_request(**_arguments(locals())))
 
     def chat(
         self,
@@ -177,6 +182,14 @@ class SamplerClient:
         num_samples: int = 1,
         sampling_params: Optional[SamplingParams] = None,
         session_id: Optional[str] = None,
+        max_tokens: Optional[int] = None,
+        temperature: Optional[float] = None,
+        top_p: Optional[float] = None,
+        top_k: Optional[int] = None,
+        seed: Optional[int] = None,
+        stop: StopSpec = None,
+        extra_body: Optional[Mapping[str, Any]] = None,
+        timeout: Optional[Timeout] = None,
     ) -> SampleOutput:
         """Sample ``num_samples`` chat replies to ``messages`` through ``/v1/chat/completions``, retrying the race.
 
@@ -186,21 +199,14 @@ class SamplerClient:
         Args:
             messages: ``[{"role": "system"|"developer"|"user"|"assistant"|"tool", "content": str}, ...]``.
             adapter, base_model, num_samples, sampling_params, session_id: As for ``sample``.
+            max_tokens, temperature, top_p, top_k, seed, stop, extra_body, timeout: As for ``sample``.
 
         Raises:
             ValueError, TypeError: bad messages or arguments, before any request.
             EngineError: the engine's answer after the retry table ran its course (a model without a chat
                 template answers 400, raised at once).
         """
-        request = SampleRequest(
-            adapter=adapter,
-            base_model=base_model,
-            num_samples=num_samples,
-            sampling_params=sampling_params,
-            session_id=session_id,
-            messages=messages,
-        )
-        return self.run(request)
+        return self.run(build_request(**_arguments(locals())))
 
     def compute_logprobs(
         self,
@@ -235,9 +241,10 @@ class SamplerClient:
     def submit(self, prompt: Optional[Prompt] = None, **kwargs: Any) -> concurrent.futures.Future[SampleOutput]:
         """Run ``sample(prompt, **kwargs)`` (or ``chat`` with ``messages=``) on the thread pool; return its future.
 
-        Arguments are validated here, so a bad one raises at once rather than inside the future.
+        Takes ``sample``'s keyword arguments (sampling fields, ``extra_body`` and ``timeout`` included). Arguments
+        are validated here, so a bad one raises at once rather than inside the future.
         """
-        return self._fanout.submit(self._calls.run, SampleRequest(prompt, **kwargs))
+        return self._fanout.submit(self._calls.run, build_request(prompt, **kwargs))
 
     def imap(
         self,
@@ -408,3 +415,8 @@ class SamplerClient:
         They differ from ``engine_model()`` when the engine runs with ``--served-model-name``.
         """
         return self._registry.served_base_models()
+
+
+def _arguments(names: Dict[str, Any]) -> Dict[str, Any]:
+    """The call's arguments from its ``locals()``, without ``self``; ``messages`` stays a field of the request."""
+    return {name: value for name, value in names.items() if name != "self"}

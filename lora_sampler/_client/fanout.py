@@ -13,7 +13,7 @@ import threading
 from typing import Any, Callable, Deque, Dict, Iterable, Iterator, Mapping, Optional, Tuple, Union
 
 from lora_sampler._client.outage import OutageGate
-from lora_sampler.types import SampleOutput, SampleRequest, ScoreRequest
+from lora_sampler.types import SampleOutput, SampleRequest, ScoreRequest, build_request
 
 #: ``imap`` keeps at most this many requests per worker submitted ahead of the results it has yielded.
 IN_FLIGHT_PER_WORKER = 2
@@ -114,11 +114,11 @@ def _through(gate: Optional[OutageGate], run: Runner) -> Runner:
 
 
 def as_request(item: RequestLike) -> Union[SampleRequest, ScoreRequest]:
-    """Return ``item`` as a ``SampleRequest`` (a mapping holds its fields), or the ``ScoreRequest`` it is."""
+    """Return ``item`` as a request: a mapping of ``SampleRequest`` fields (``max_tokens`` and such too), or as is."""
     if isinstance(item, (SampleRequest, ScoreRequest)):
         return item
     if isinstance(item, Mapping):
-        return SampleRequest(**item)
+        return build_request(**item)
     raise TypeError(f"requests must hold SampleRequest or ScoreRequest values or mappings, got {type(item).__name__}")
 
 
