@@ -22,6 +22,8 @@ from lora_sampler.retry import DEFAULT_RETRY_POLICY
 from lora_sampler.testing import FakeEngine, write_adapter_archive
 from lora_sampler.types import SamplingParams
 
+#: The archive writer under the name tests imported it by before it became public in ``lora_sampler.testing``.
+build_adapter_archive = write_adapter_archive
 #: Completions for the adapter the engine answers 404 before it sees the published folder.
 DEMO_LAG_REQUESTS = 3
 DEMO_PROMPTS = [

@@ -16,8 +16,7 @@ import requests
 from lora_sampler import EngineConnectionError, ModelNotFoundError, RetryPolicy, SamplerClient, ScoreRequest
 from lora_sampler._wire.routes import COMPLETIONS_PATH, LOAD_ADAPTER_PATH, TOKENIZE_PATH
 from lora_sampler.cli import main
-from lora_sampler.cli._demo import build_adapter_archive
-from lora_sampler.testing import FakeEngine, write_adapter
+from lora_sampler.testing import FakeEngine, write_adapter, write_adapter_archive
 
 FAST = RetryPolicy(base_delay=0.01, max_delay=0.05)
 
@@ -169,7 +168,7 @@ def test_cli_score_writes_scored_tokens_logprobs_and_sum(engine: FakeEngine, tmp
 
 def test_cli_score_adapter_checkpoint_differs_from_base(engine: FakeEngine, lora_dir: Path, tmp_path: Path) -> None:
     """--adapter CKPT publishes the checkpoint and scores under it: its sums are not the base model's."""
-    archive = build_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
+    archive = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
     inp, base_out, adapter_out = tmp_path / "in.jsonl", tmp_path / "base.jsonl", tmp_path / "adapter.jsonl"
     inp.write_text("".join(json.dumps({"id": i, "prompt": [5, 6, 7 + i]}) + "\n" for i in range(5)), encoding="utf-8")
     assert main(score_args(engine, inp, base_out)) == 0
