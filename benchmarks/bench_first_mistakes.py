@@ -56,6 +56,13 @@ def _run(command: List[str], checkout: str, cwd: str) -> Dict[str, Any]:
     }
 
 
+def _lines(path: str) -> int:
+    if not os.path.exists(path):
+        return 0
+    with open(path, encoding="utf-8") as handle:
+        return sum(1 for _ in handle)
+
+
 def measure(checkout: str) -> Dict[str, Any]:
     """Run both mistakes once against a fresh engine; return what each cost."""
     with tempfile.TemporaryDirectory() as work:
@@ -69,24 +76,11 @@ def measure(checkout: str) -> Dict[str, Any]:
             prompts, output = os.path.join(work, "prompts.jsonl"), os.path.join(work, "out.jsonl")
             with open(prompts, "w", encoding="utf-8") as handle:
                 handle.writelines(json.dumps({"id": i, "prompt": f"prompt {i}"}) + "\n" for i in range(100))
-            cli = _run(
-                [
-                    sys.executable,
-                    "-S",
-                    "-m",
-                    "lora_sampler",
-                    "sample",
-                    "--base-url",
-                    engine.url,
-                    "--lora-base-dir",
-                    lora_dir,
-                ]
-                + ["--adapter", "step-400", "--input", prompts, "--output", output, "--quiet"],
-                checkout,
-                work,
-            )
+            argv = ["sample", "--base-url", engine.url, "--lora-base-dir", lora_dir, "--adapter", "step-400"]
+            argv += ["--input", prompts, "--output", output, "--quiet"]
+            cli = _run([sys.executable, "-S", "-m", "lora_sampler", *argv], checkout, work)
             cli["completions_sent"] = engine.calls(COMPLETIONS_PATH)
-            cli["error_rows"] = sum(1 for _ in open(output, encoding="utf-8")) if os.path.exists(output) else 0
+            cli["error_rows"] = _lines(output)
     return {"library": library, "cli": cli}
 
 
