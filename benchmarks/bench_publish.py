@@ -12,17 +12,26 @@ every case of every payload, alternating, in a rotated order:
 - ``publish cold, no fsync``: the same without fsync (what the fsyncs cost);
 - ``publish cached``: again into a folder already holding it (the fast path).
 
-Target: publish cold at most 1.5x the ``tarfile`` extract on each payload (wall time). The CPU time of each case
+Target: publish cold at most 1.5x the ``tarfile`` extract on each payload (wall time).
+
+``--storage`` measures the storage row instead (SPEC §14): a random-weights archive (200 MiB) on a real S3 API server
+on loopback (moto, in its own process group), alternating in rounds ``publish from the URL`` (streamed once through
+the extraction) with ``download, then publish`` (s3fs's ``get`` to a local file, then ``publish_checkpoint`` of it)
+and ``one GET to a file, then publish`` (the same single streamed GET the URL publish reads, written to a file: the
+two steps without the ranged parts, which cost moto a read of the whole object each), all cold (digest cache
+cleared, fsync on). Target: the URL at most 0.8x the two steps. The CPU time of each case
 (this process's threads, plus ``tar`` and ``gzip`` for ``tar x``) is reported beside it: on a loaded machine it
 moves less than wall time. Page caches stay warm (the machine is shared; nothing is dropped).
 
     python benchmarks/bench_publish.py [--random-mb 200 --zeros-mb 256 --bf16-mb 200 --rounds 3]
     python benchmarks/bench_publish.py --payloads zeros --zeros-mb 64 --rounds 3   # one payload
+    python benchmarks/bench_publish.py --storage [--storage-mb 200 --rounds 5]   # lora_sampler[s3] and moto[server]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -220,6 +229,129 @@ def run(sizes: Dict[str, int], rounds: int, workdir: Optional[str]) -> Dict[str,
     }
 
 
+#: Target from issue 20: publishing from the URL costs at most this many "download, then publish" runs.
+STORAGE_TARGET_RATIO = 0.8
+FROM_URL, DOWNLOAD_THEN_PUBLISH, ONE_GET_THEN_PUBLISH = (
+    "publish from the URL",
+    "download, then publish",
+    "one GET to a file, then publish",
+)
+STORAGE_CASES = (FROM_URL, DOWNLOAD_THEN_PUBLISH, ONE_GET_THEN_PUBLISH)
+
+
+def download_in_one_get(url: str, local: str) -> None:
+    """Copy the object to ``local`` over the same single streamed GET the URL publish reads (no ranged parts)."""
+    from lora_sampler._adapters import storage
+
+    with storage.open_object(storage.probe(url)) as reader, open(local, "wb") as out:
+        shutil.copyfileobj(reader, out, 1 << 20)
+
+
+def storage_case(case: str, url: str, root: str) -> float:
+    """Run one storage case cold into a fresh folder under ``root`` (removed afterwards); return its seconds."""
+    import s3fs
+
+    base = tempfile.mkdtemp(prefix="storage-", dir=root)
+    local = os.path.join(root, "downloaded.tar.gz")
+    publish.clear_digest_cache()
+
+    def two_steps() -> None:
+        if case == DOWNLOAD_THEN_PUBLISH:
+            s3fs.S3FileSystem().get(url, local)  # the storage library's own download (ranged parts)
+        else:
+            download_in_one_get(url, local)
+        publish.publish_checkpoint(local, base)
+
+    try:
+        return timed(partial(publish.publish_checkpoint, url, base) if case == FROM_URL else two_steps)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(local)
+
+
+def run_storage(size: int, rounds: int, workdir: Optional[str]) -> Dict[str, Any]:
+    """Time the storage cases against a loopback S3 server, alternating (rotated order) in each round."""
+    sys.path.insert(0, os.path.join(_common.REPO, "tests", "storage"))
+    from _s3server import S3Server, boto3_client
+
+    root = tempfile.mkdtemp(prefix="bench-storage-", dir=workdir)
+    samples: Dict[str, List[float]] = {case: [] for case in STORAGE_CASES}
+    cpu: Dict[str, List[float]] = {case: [] for case in STORAGE_CASES}
+    load: List[float] = []
+    try:
+        with S3Server() as server:
+            os.environ.update(
+                AWS_ACCESS_KEY_ID="testing",
+                AWS_SECRET_ACCESS_KEY="testing",
+                AWS_ENDPOINT_URL=server.endpoint,
+                AWS_DEFAULT_REGION="us-east-1",
+                AWS_EC2_METADATA_DISABLED="true",
+            )
+            archive = build_archive(root, "random", size)
+            archive_bytes = os.path.getsize(archive)
+            s3 = boto3_client(server.endpoint)
+            s3.create_bucket(Bucket="ckpts")
+            s3.upload_file(archive, "ckpts", "run1/step-400.tar.gz")
+            os.unlink(archive)
+            url = "s3://ckpts/run1/step-400.tar.gz"
+            storage_case(FROM_URL, url, root)  # warm-up: connections, imports, the server's first reads
+            for round_number in range(rounds):
+                load.append(os.getloadavg()[0])
+                turn = round_number % len(STORAGE_CASES)
+                order = STORAGE_CASES[turn:] + STORAGE_CASES[:turn]
+                for case in order:
+                    samples[case].append(storage_case(case, url, root))
+                    cpu[case].append(last_cpu[0])
+            requests_served = server.counts()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    medians = {case: _common.median(values) for case, values in samples.items()}
+    ratio = medians[FROM_URL] / medians[DOWNLOAD_THEN_PUBLISH]
+    ratio_one_get = medians[FROM_URL] / medians[ONE_GET_THEN_PUBLISH]
+    return {
+        "benchmark": "publish_storage",
+        "stamp": _common.stamp(),
+        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "machine": _common.machine(),
+        "load_average_1min": load,
+        "payload_bytes": size,
+        "archive_bytes": archive_bytes,
+        "rounds": rounds,
+        "server_requests": requests_served,
+        "samples_s": samples,
+        "median_s": medians,
+        "cpu_samples_s": cpu,
+        "cpu_median_s": {case: _common.median(values) for case, values in cpu.items()},
+        "ratio_url_to_two_steps": ratio,
+        "ratio_url_to_one_get_then_publish": ratio_one_get,
+        "targets": {
+            "not slower than download, then publish": ratio <= 1.0,
+            f"url <= {STORAGE_TARGET_RATIO}x download, then publish": ratio <= STORAGE_TARGET_RATIO,
+            "not slower than one GET to a file, then publish": ratio_one_get <= 1.0,
+            f"url <= {STORAGE_TARGET_RATIO}x one GET to a file, then publish": ratio_one_get <= STORAGE_TARGET_RATIO,
+        },
+    }
+
+
+def main_storage(size_mb: int, rounds: int, workdir: Optional[str], json_path: Optional[str]) -> int:
+    result = run_storage(size_mb << 20, rounds, workdir)
+    print(f"{rounds} rounds; {_common.describe_machine(result['machine'])}; load {result['load_average_1min']}")
+    print(f"\nstorage: {size_mb} MiB of random weights in a {result['archive_bytes']:,}-byte .tar.gz on loopback S3")
+    medians, cpu, two_steps = result["median_s"], result["cpu_median_s"], result["median_s"][DOWNLOAD_THEN_PUBLISH]
+    rows = [[case, medians[case] * 1000, medians[case] / two_steps, cpu[case] * 1000] for case in STORAGE_CASES]
+    print(_common.table(["case", "median ms", "x two steps", "CPU ms"], rows))
+    for target, ok in result["targets"].items():
+        print(f"{_common.verdict(ok)}  {target}")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=2)
+        print(f"results: {json_path}")
+    else:
+        print(f"results: {_common.write_results('bench_publish_storage', result)}")
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--payloads", default=",".join(PAYLOADS), help="comma-separated: random,zeros,bf16")
@@ -229,7 +361,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each case (default 3)")
     parser.add_argument("--json", help="write the results here (default: benchmarks/results/bench_publish.json)")
     parser.add_argument("--workdir", help="folder for the archives and targets (default: the system temp folder)")
+    parser.add_argument("--storage", action="store_true", help="the storage row: publish from a loopback S3 URL")
+    parser.add_argument("--storage-mb", type=int, default=200, help="MiB of random weights on S3 (default 200)")
     args = parser.parse_args(argv)
+    if args.storage:
+        return main_storage(args.storage_mb, args.rounds, args.workdir, args.json)
     megabytes = {"random": args.random_mb, "zeros": args.zeros_mb, "bf16": args.bf16_mb}
     kinds = [kind.strip() for kind in args.payloads.split(",") if kind.strip()]
     unknown = [kind for kind in kinds if kind not in PAYLOADS]

@@ -18,6 +18,9 @@ from lora_sampler._wire.archives import ARCHIVE_SUFFIXES as ARCHIVE_SUFFIXES  # 
 from lora_sampler._wire.archives import has_archive_suffix
 from lora_sampler._wire.messages import SAMPLING_FIELDS, validated_extra_body, validated_messages
 
+#: URL schemes of object stores whose objects and prefixes are checkpoint paths (SPEC §14).
+STORAGE_SCHEMES = ("s3", "gs", "gcs")
+
 Prompt = Union[str, Sequence[int]]
 #: One chat message: ``{"role": ..., "content": ...}`` (other keys, e.g. ``name``, are sent as given).
 Message = Mapping[str, Any]
@@ -164,13 +167,21 @@ def model_cards(body: Any) -> List[Dict[str, Any]]:
     return cards
 
 
+def is_storage_url(value: object) -> bool:
+    """Tell whether a checkpoint path is an object-store URL (``s3://bucket/key``, ``gs://bucket/key``)."""
+    if not isinstance(value, str):
+        return False
+    scheme, separator, rest = value.partition("://")
+    return bool(separator) and bool(rest) and scheme.lower() in STORAGE_SCHEMES
+
+
 def is_checkpoint_path(adapter: object) -> bool:
-    """Tell whether an ``adapter=`` value names a checkpoint on disk rather than an adapter name (SPEC §3)."""
+    """Tell whether an ``adapter=`` value names a checkpoint (on disk or in storage) rather than an adapter name."""
     if isinstance(adapter, os.PathLike):
         return True
     if not isinstance(adapter, str):
         return False
-    return os.sep in adapter or "/" in adapter or has_archive_suffix(adapter)
+    return is_storage_url(adapter) or os.sep in adapter or "/" in adapter or has_archive_suffix(adapter)
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,21 @@ def checkpoint_digest(path: StrPath) -> str:
     return digest
 
 
+def folder_digest(root: str) -> str:
+    """Return the ``checkpoint_digest`` of a folder, uncached (for a freshly downloaded copy of one)."""
+    return _sha256_folder(list_folder_files(root))
+
+
+def lookup_digest(key: Hashable) -> Optional[str]:
+    """Return the digest remembered under ``key`` (e.g. a storage object's URL, ETag and size), or None."""
+    return _cached(key)
+
+
+def remember_digest(key: Hashable, digest: str) -> None:
+    """Remember ``digest`` under ``key`` in the process-wide cache (forgotten by ``clear_digest_cache``)."""
+    _remember(key, digest)
+
+
 def cached_digest(path: StrPath) -> Optional[str]:
     """Return the cached ``checkpoint_digest`` of an unchanged checkpoint, or None (nothing is hashed)."""
     return _cached(_cache_key(os.path.realpath(os.fspath(path))))

@@ -1,10 +1,10 @@
 """One pass from a checkpoint to files on the target filesystem: hashing, decompression, bounds, verification.
 
-``extract_archive`` reads an archive once, front to back: it hashes the raw bytes, decompresses them with the
-standard library's buffered readers, lets tarfile read the uncompressed stream, writes each checked member, and reads
-to the end so the compressed stream's own checks run. ``copy_folder`` copies a folder checkpoint. Both stay inside
-the folder they are handed and raise ``PublishError`` for what goes wrong on either side (a corrupted archive, a
-bound, a full disk). Member safety rules live in ``_archive.check_member``.
+``extract_archive`` reads an archive (a file, or a stream from storage) once, front to back: it hashes the raw
+bytes, decompresses them with the standard library's buffered readers, lets tarfile read the uncompressed stream,
+writes each checked member, and reads to the end so the compressed stream's own checks run. ``copy_files`` copies a
+folder checkpoint's files. Both stay inside the folder they are handed and raise ``PublishError`` for what goes
+wrong on either side (a corrupted archive, a bound, a full disk).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import shutil
 import tarfile
 import threading
 import zlib
-from contextlib import suppress
+from contextlib import nullcontext, suppress
 from dataclasses import dataclass
 from functools import partial
-from typing import IO, Any, Dict, Optional, cast
+from typing import IO, Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 from lora_sampler._adapters.archive import (
     ARCHIVE_FIX,
@@ -85,34 +85,89 @@ _FADV_DONTNEED: Optional[int] = getattr(os, "POSIX_FADV_DONTNEED", None) if hasa
 _O_BINARY = getattr(os, "O_BINARY", 0)
 
 
+#: Opens one file of a folder checkpoint for reading (a local file, or an object in storage).
+FileOpener = Callable[[], ContextManager[Union[IO[bytes], io.RawIOBase]]]
+
+
 def copy_folder(source: str, dest: str, *, limits: PublishLimits = DEFAULT_LIMITS, durable: bool = True) -> None:
     """Copy a checkpoint folder's files into the existing, empty folder ``dest``, as plain files.
-
-    The sizes are known up front, so ``limits.max_total_bytes`` and the free space of ``dest``'s filesystem are
-    checked before the first byte is written.
 
     Raises:
         PublishError: the folder is larger than ``limits.max_total_bytes``, or there is not enough free space.
     """
-    files = list_folder_files(source)
-    sizes = [os.path.getsize(full) for _, full in files]
-    total = sum(sizes)
+    files: List[Tuple[str, int, FileOpener]] = [
+        (rel, os.path.getsize(full), partial(_open_binary, full)) for rel, full in list_folder_files(source)
+    ]
+    copy_files(source, files, dest, limits=limits, durable=durable)
+
+
+def _open_binary(path: str) -> IO[bytes]:
+    return open(path, "rb")
+
+
+def copy_files(
+    source: str,
+    files: Sequence[Tuple[str, int, FileOpener]],
+    dest: str,
+    *,
+    limits: PublishLimits = DEFAULT_LIMITS,
+    durable: bool = True,
+    untrusted: bool = False,
+) -> None:
+    """Copy ``(relative path, size, opener)`` files into the existing, empty folder ``dest``, as plain files.
+
+    The sizes are known up front, so ``limits.max_total_bytes`` and the free space of ``dest``'s filesystem are
+    checked before the first byte is written. ``untrusted`` paths (object keys in storage, which may hold ``..``
+    or absolute parts) go through the archive members' rules and bounds first.
+
+    Raises:
+        UnsafeArchiveError: an untrusted path is hostile, or the files exceed one of ``limits``.
+        PublishError: there is not enough free space, or a file cannot be read or written.
+    """
+    total = sum(size for _, size, _ in files)
     if total > limits.max_total_bytes:
-        largest = max(range(len(files)), key=sizes.__getitem__)
+        rel, size, _ = max(files, key=lambda file: file[1])
         raise UnsafeArchiveError(
-            f"refusing checkpoint {source}: its files add up to {total} bytes (largest: {files[largest][0]!r}, "
-            f"{sizes[largest]} bytes), more than max_total_bytes={limits.max_total_bytes}; "
-            + _raise_hint("max_total_bytes")
+            f"refusing checkpoint {source}: its files add up to {total} bytes (largest: {rel!r}, "
+            f"{size} bytes), more than max_total_bytes={limits.max_total_bytes}; " + _raise_hint("max_total_bytes")
         )
     writer = _Writer(source, dest, durable)
+    if untrusted:
+        _check_stored_paths(source, [rel for rel, _, _ in files], limits, writer.name_max)
     writer.check_free_space(total, files[0][0] if files else "")
-    for (rel, full), size in zip(files, sizes):
-        with open(full, "rb") as src:
+    for rel, size, opener in files:
+        with opener() as src:
             writer.write_file(rel, src, size)
     writer.finish()
 
 
-def extract_archive(archive: str, dest: str, *, limits: PublishLimits = DEFAULT_LIMITS, durable: bool = True) -> str:
+def _check_stored_paths(source: str, rels: Sequence[str], limits: PublishLimits, name_max: int) -> None:
+    """Hold object keys to the rules of archive members: relative, no ``..``, no duplicates, within the bounds."""
+    if len(rels) > limits.max_members:
+        raise UnsafeArchiveError(
+            f"refusing checkpoint {source}: {len(rels)} files, more than max_members={limits.max_members}; an "
+            "adapter checkpoint holds a handful of files. " + _raise_hint("max_members")
+        )
+    kinds: Dict[str, bool] = {}
+    for rel in rels:
+        member = tarfile.TarInfo(rel)
+        checked = check_member(member, source)
+        if checked is None or checked != rel:
+            raise UnsafeArchiveError(
+                f"refusing checkpoint {source}: the file {rel!r} has an unusual path; {ARCHIVE_FIX}"
+            )
+        _check_name(checked, member, source, limits, name_max)
+        check_layout(checked, member, kinds, source)
+
+
+def extract_archive(
+    archive: str,
+    dest: str,
+    *,
+    limits: PublishLimits = DEFAULT_LIMITS,
+    durable: bool = True,
+    reader: Optional[io.RawIOBase] = None,
+) -> str:
     """Extract a tar archive (plain, gzip, bzip2 or xz) into the existing, empty folder ``dest``; return its sha256.
 
     One front-to-back pass over the file: its raw bytes are hashed as they are read (the digest returned is
@@ -130,10 +185,12 @@ def extract_archive(archive: str, dest: str, *, limits: PublishLimits = DEFAULT_
     mid-archive leaves partial files in ``dest``, which the caller removes.
 
     Args:
-        archive: The archive file.
+        archive: The archive file (or, with ``stream``, its URL, named in errors).
         dest: An existing, empty folder on the target filesystem.
         limits: Bounds on the total size, the member count and the member name length.
         durable: fsync every file and folder written.
+        reader: A raw stream of the archive's bytes to read instead of the file (an object in storage), read once
+            front to back: no local copy of the archive is made. Its owner closes it.
 
     Raises:
         UnsafeArchiveError: a member is hostile, or the archive exceeds one of ``limits``.
@@ -144,7 +201,7 @@ def extract_archive(archive: str, dest: str, *, limits: PublishLimits = DEFAULT_
     writer = _Writer(archive, dest, durable)
     count = 0
     try:
-        with open(archive, "rb", buffering=0) as file, _HashingReader(file) as raw:
+        with _opened(archive, reader) as file, _HashingReader(file) as raw:
             compressed = io.BufferedReader(raw, buffer_size=COPY_CHUNK_SIZE)
             stream = _TarStream(_decompressor(compressed))
             with tarfile.open(fileobj=cast(IO[bytes], stream), mode="r:") as tar:
@@ -193,6 +250,11 @@ def extract_archive(archive: str, dest: str, *, limits: PublishLimits = DEFAULT_
     return digest
 
 
+def _opened(archive: str, reader: Optional[io.RawIOBase]) -> ContextManager[io.RawIOBase]:
+    """The archive's raw bytes: the reader handed in (its owner closes it), or the file opened unbuffered."""
+    return nullcontext(reader) if reader is not None else cast(io.RawIOBase, open(archive, "rb", buffering=0))
+
+
 class _HashingReader(io.RawIOBase):
     """A raw reader that hashes every byte it hands out, in a thread of its own (sha256 releases the GIL).
 
@@ -201,7 +263,7 @@ class _HashingReader(io.RawIOBase):
     and ``close`` in any case (it stops the thread).
     """
 
-    def __init__(self, file: io.FileIO) -> None:
+    def __init__(self, file: io.RawIOBase) -> None:
         super().__init__()
         self._file = file
         self._sha256 = hashlib.sha256()
@@ -351,7 +413,7 @@ class _Writer:
                 "into a folder on a larger filesystem"
             )
 
-    def write_file(self, rel: str, src: IO[bytes], size: int) -> None:
+    def write_file(self, rel: str, src: Union[IO[bytes], io.RawIOBase], size: int) -> None:
         target = os.path.join(self.dest, *rel.split("/"))
         self._make_folder(os.path.dirname(target))
         try:

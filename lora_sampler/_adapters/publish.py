@@ -13,8 +13,10 @@ import logging
 import os
 import re
 import shutil
-from typing import Any, Callable, Dict, Optional
+from functools import partial
+from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 
+from lora_sampler._adapters import storage
 from lora_sampler._adapters.archive import (
     MARKER_FILE,
     StrPath,
@@ -22,16 +24,26 @@ from lora_sampler._adapters.archive import (
     checkpoint_digest,
     clean_stale_temporaries,
     clear_digest_cache,
+    folder_digest,
     fsync_folders,
     hashing_in_one_pass,
+    lookup_digest,
     make_temp_folder,
+    remember_digest,
 )
-from lora_sampler._adapters.extract import DEFAULT_LIMITS, PublishLimits, copy_folder, extract_archive
+from lora_sampler._adapters.extract import (
+    DEFAULT_LIMITS,
+    FileOpener,
+    PublishLimits,
+    copy_files,
+    copy_folder,
+    extract_archive,
+)
 from lora_sampler._locks import KeyedLocks
 from lora_sampler._wire.archives import strip_archive_suffix
 from lora_sampler.errors import AdapterConfigError, PublishError
 from lora_sampler.names import validate_adapter_name
-from lora_sampler.types import Adapter
+from lora_sampler.types import Adapter, is_storage_url
 
 __all__ = [
     "CONFIG_FILE",
@@ -78,10 +90,10 @@ def default_adapter_name(checkpoint: StrPath, digest: Optional[str] = None) -> s
     return validate_adapter_name(f"{_name_stem(path)}-{(digest or checkpoint_digest(path))[:DEFAULT_DIGEST_CHARS]}")
 
 
-def _name_stem(path: str) -> str:
+def _name_stem(path: str, is_folder: Optional[bool] = None) -> str:
     """The readable part of a default name: the file name without its archive suffix, in the rule's characters."""
-    stem = os.path.basename(path)
-    if not os.path.isdir(path):
+    stem = path.rstrip("/").rsplit("/", 1)[-1] if is_storage_url(path) else os.path.basename(path)
+    if not (os.path.isdir(path) if is_folder is None else is_folder):
         stem = strip_archive_suffix(stem)
     stem = re.sub(r"\.{2,}", ".", _UNSAFE_NAME_CHARS.sub("-", stem))
     return stem.lstrip(".-")[:DEFAULT_STEM_LENGTH].rstrip(".-") or "adapter"
@@ -93,6 +105,7 @@ def publish_checkpoint(
     *,
     name: Optional[str] = None,
     limits: PublishLimits = DEFAULT_LIMITS,
+    storage_options: Optional[Mapping[str, Any]] = None,
 ) -> Adapter:
     """Publish a checkpoint as ``<lora_base_dir>/<name>``, complete or not at all.
 
@@ -101,14 +114,18 @@ def publish_checkpoint(
     one ``os.rename``. Any number of threads and processes publishing the same checkpoint all succeed and leave one
     folder: a rename failing with ``EEXIST``/``ENOTEMPTY`` means another publisher won, and its digest is verified.
     A folder already holding the same digest is returned at once, without extracting. An archive nothing can have
-    published yet is read once: hashed while it is extracted, its compressed stream verified to the end.
+    published yet is read once: hashed while it is extracted, its compressed stream verified to the end. A storage
+    URL's object is streamed through the same pass (no local copy); publishing it again costs one metadata request.
 
     Args:
         checkpoint: A ``.tar.gz``/``.tgz``/``.tar`` (or bzip2/xz) archive of an adapter folder (files at its root
-            or inside one top-level folder), or the adapter folder itself.
+            or inside one top-level folder), or the adapter folder itself; either may be a storage URL
+            (``s3://bucket/key``, ``gs://bucket/prefix/``).
         lora_base_dir: The engine resolver's folder (``VLLM_LORA_RESOLVER_CACHE_DIR``) as this machine sees it.
         name: The adapter name; default ``default_adapter_name(checkpoint)``.
         limits: Bounds on the extracted size, the member count and the member name length (``PublishLimits``).
+        storage_options: Options of the storage library (fsspec's s3fs/gcsfs) for a storage URL; None uses its
+            standard chain (``AWS_*`` variables, ``AWS_ENDPOINT_URL``, profiles, roles).
 
     Returns:
         The published ``Adapter`` (name, folder, sha256 digest of the checkpoint, checkpoint path).
@@ -126,26 +143,97 @@ def publish_checkpoint(
         validate_adapter_name(name)
     if not isinstance(limits, PublishLimits):
         raise TypeError(f"limits must be a PublishLimits, got {type(limits).__name__}")
-    source = os.path.abspath(os.fspath(checkpoint))
     base = os.path.abspath(os.fspath(lora_base_dir))
     if not os.path.isdir(base):
         raise PublishError(
             f"lora_base_dir {base} is not a folder; create it, or pass the engine's VLLM_LORA_RESOLVER_CACHE_DIR "
             "as this machine sees it"
         )
+    if is_storage_url(checkpoint):
+        return _publish_stored(str(checkpoint), base, name, limits, storage_options)
+    source = os.path.abspath(os.fspath(checkpoint))
     if not os.path.exists(source):
         raise PublishError(f"checkpoint {source} does not exist; pass an adapter archive or folder")
     if not os.path.isdir(source) and cached_digest(source) is None and not _may_be_published(source, base, name):
         with hashing_in_one_pass(source) as remember:
             if cached_digest(source) is None:  # another thread of this process may have published it meanwhile
-                return _publish_cold(source, base, name, None, limits, remember)
+                return _publish_cold(source, base, name, partial(_extract_file, source, limits, None, remember))
     digest = checkpoint_digest(source)
     name = name or default_adapter_name(source, digest)
     with _publish_locks.hold((os.path.realpath(base), name)):  # threads of this process extract once
         existing = _published_adapter(os.path.join(base, name), name, digest, source)
         if existing is not None:
             return existing
-        return _publish_cold(source, base, name, digest, limits, None)
+        if os.path.isdir(source):
+            return _publish_cold(source, base, name, partial(_copy_local_folder, source, limits, digest))
+        return _publish_cold(source, base, name, partial(_extract_file, source, limits, digest, None))
+
+
+def _extract_file(
+    source: str, limits: PublishLimits, digest: Optional[str], remember: Optional[Callable[[str], None]], temp: str
+) -> str:
+    """Extract a local archive into ``temp``; return its digest (checked against ``digest``, or remembered)."""
+    read = extract_archive(source, temp, limits=limits, durable=DEFAULT_DURABLE)
+    if digest is not None and read != digest:
+        raise PublishError(f"checkpoint {source} changed while it was being published; publish it again")
+    if remember is not None:
+        remember(read)
+    return read
+
+
+def _copy_local_folder(source: str, limits: PublishLimits, digest: str, temp: str) -> str:
+    copy_folder(source, temp, limits=limits, durable=DEFAULT_DURABLE)
+    return digest
+
+
+def _publish_stored(
+    url: str, base: str, name: Optional[str], limits: PublishLimits, options: Optional[Mapping[str, Any]]
+) -> Adapter:
+    """Publish a storage URL: one metadata request when this object (URL, ETag or version, size) is published.
+
+    The digest of a fingerprint is remembered per process and recorded in the published folder's marker, so a new
+    process finds it there too; otherwise the object is streamed once through the extraction (or the folder's files
+    copied) into the temporary folder, as for a local checkpoint.
+    """
+    stored = storage.probe(url, options)
+    files = [f for f in storage.list_folder(url, options) if f.rel != MARKER_FILE] if stored.is_folder else []
+    if stored.is_folder and not files:
+        raise PublishError(f"cannot publish {url}: the prefix holds no files; pass an adapter folder or archive URL")
+    record: List[Any] = [[f.rel, f.etag, f.size] for f in files] or [stored.etag, stored.version, stored.size]
+    key: Hashable = ("stored", url, json.dumps(record))
+    stem = _name_stem(url, stored.is_folder)
+    with _publish_locks.hold((os.path.realpath(base), key)):  # threads of this process download once
+        digest = lookup_digest(key) or _digest_in_markers(base, name, stem, url, record)
+        if digest is not None:
+            known = name or _named(stem, digest)
+            existing = _published_adapter(os.path.join(base, known), known, digest, url)
+            if existing is not None:
+                remember_digest(key, digest)
+                return existing
+        if stored.is_folder:
+            opened = [(f.rel, f.size, storage.opener(f, options)) for f in files]
+            fill = partial(_copy_stored_folder, url, opened, limits)
+        else:
+            fill = partial(_extract_stored, stored, limits, options)
+        adapter = _publish_cold(url, base, name, fill, stem=stem, stored=record)
+        remember_digest(key, str(adapter.digest))
+        return adapter
+
+
+def _extract_stored(
+    stored: storage.StoredObject, limits: PublishLimits, options: Optional[Mapping[str, Any]], temp: str
+) -> str:
+    """Stream one object through the one-pass extraction into ``temp``; return its digest."""
+    with storage.open_object(stored, options) as stream:
+        return extract_archive(stored.url, temp, limits=limits, durable=DEFAULT_DURABLE, reader=stream)
+
+
+def _copy_stored_folder(
+    url: str, files: Sequence[Tuple[str, int, FileOpener]], limits: PublishLimits, temp: str
+) -> str:
+    """Download a folder's objects into ``temp`` (paths held to the archive rules); return its folder digest."""
+    copy_files(url, files, temp, limits=limits, durable=DEFAULT_DURABLE, untrusted=True)
+    return folder_digest(temp)
 
 
 def _may_be_published(source: str, base: str, name: Optional[str]) -> bool:
@@ -156,46 +244,56 @@ def _may_be_published(source: str, base: str, name: Optional[str]) -> bool:
     return any(default.fullmatch(entry) for entry in os.listdir(base))
 
 
+def _digest_in_markers(base: str, name: Optional[str], stem: str, url: str, record: List[Any]) -> Optional[str]:
+    """Return the digest a published folder recorded for exactly this stored object (URL and fingerprint), if any."""
+    default = re.compile(re.escape(stem) + f"-[0-9a-f]{{{DEFAULT_DIGEST_CHARS}}}")
+    entries = [name] if name is not None else [entry for entry in os.listdir(base) if default.fullmatch(entry)]
+    for entry in entries:
+        marker = _read_marker(os.path.join(base, entry))
+        if marker.get("source") == url and marker.get("stored") == record and isinstance(marker.get("digest"), str):
+            return str(marker["digest"])
+    return None
+
+
+def _named(stem: str, digest: str) -> str:
+    return validate_adapter_name(f"{stem}-{digest[:DEFAULT_DIGEST_CHARS]}")
+
+
 def _publish_cold(
     source: str,
     base: str,
     name: Optional[str],
-    digest: Optional[str],
-    limits: PublishLimits,
-    remember: Optional[Callable[[str], None]],
+    fill: Callable[[str], str],
+    *,
+    stem: Optional[str] = None,
+    stored: Optional[List[Any]] = None,
 ) -> Adapter:
-    """Fill a temporary folder, check it, and rename it into place; the temporary folder never outlives the call.
+    """Fill a temporary folder (``fill(temp)`` returns the digest), check it, and rename it into place.
 
-    ``digest`` None means it is computed in the same pass as the extraction (and ``remember`` caches it).
+    The temporary folder never outlives the call, whatever ``fill`` raises.
     """
     clean_stale_temporaries(base)
-    temp = make_temp_folder(base, "tmp", name or _name_stem(source))
+    stem = stem or _name_stem(source)
+    temp = make_temp_folder(base, "tmp", name or stem)
     try:
-        if os.path.isdir(source):
-            copy_folder(source, temp, limits=limits, durable=DEFAULT_DURABLE)
-        else:
-            read = extract_archive(source, temp, limits=limits, durable=DEFAULT_DURABLE)
-            if digest is not None and read != digest:
-                raise PublishError(f"checkpoint {source} changed while it was being published; publish it again")
-            if remember is not None:
-                remember(read)
-            digest = read
-        assert digest is not None
-        name = name or default_adapter_name(source, digest)
+        digest = fill(temp)
+        name = name or _named(stem, digest)
         target = os.path.join(base, name)
         with _publish_locks.hold((os.path.realpath(base), name)):
             existing = _published_adapter(target, name, digest, source)
             if existing is not None:  # published by another process before this one looked
                 return existing
-            return _rename_into_place(temp, source, base, target, name, digest)
+            return _rename_into_place(temp, source, base, target, name, digest, stored)
     finally:
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def _rename_into_place(temp: str, source: str, base: str, target: str, name: str, digest: str) -> Adapter:
+def _rename_into_place(
+    temp: str, source: str, base: str, target: str, name: str, digest: str, stored: Optional[List[Any]]
+) -> Adapter:
     root = _adapter_root(temp, source)
     check_adapter_config(root, None)
-    _write_marker(root, digest, source)
+    _write_marker(root, digest, source, stored)
     try:
         os.rename(root, target)
     except OSError as error:
@@ -217,7 +315,7 @@ def _published_adapter(target: str, name: str, digest: str, source: str) -> Opti
     if not os.path.lexists(target):
         return None
     adapter = Adapter(name=name, path=target, digest=digest, source=source)
-    if os.path.realpath(source) == os.path.realpath(target):
+    if not is_storage_url(source) and os.path.realpath(source) == os.path.realpath(target):
         return adapter  # the checkpoint folder is already in place under this name
     published = read_published_digest(target)
     if published == digest:
@@ -233,17 +331,23 @@ def _published_adapter(target: str, name: str, digest: str, source: str) -> Opti
 
 def read_published_digest(adapter_dir: StrPath) -> Optional[str]:
     """Return the checkpoint digest recorded in a folder published by lora_sampler, or None."""
+    digest = _read_marker(adapter_dir).get("digest")
+    return digest if isinstance(digest, str) else None
+
+
+def _read_marker(adapter_dir: StrPath) -> Dict[str, Any]:
     try:
         with open(os.path.join(os.fspath(adapter_dir), MARKER_FILE), encoding="utf-8") as f:
             record = json.load(f)
     except (OSError, ValueError):
-        return None
-    digest = record.get("digest") if isinstance(record, dict) else None
-    return digest if isinstance(digest, str) else None
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
-def _write_marker(root: str, digest: str, source: str) -> None:
-    record = {"digest": digest, "algorithm": "sha256", "source": source, "published_by": "lora_sampler"}
+def _write_marker(root: str, digest: str, source: str, stored: Optional[List[Any]] = None) -> None:
+    record: Dict[str, Any] = {"digest": digest, "algorithm": "sha256", "source": source, "published_by": "lora_sampler"}
+    if stored is not None:  # the storage object's fingerprint, so a later process republishes with one request
+        record["stored"] = stored
     with open(os.path.join(root, MARKER_FILE), "w", encoding="utf-8") as f:
         json.dump(record, f)
         if DEFAULT_DURABLE:

@@ -11,7 +11,7 @@ import collections
 import logging
 import os
 import threading
-from typing import Any, Counter, Dict, List, Optional, Set, Tuple, Union
+from typing import Any, Counter, Dict, List, Mapping, Optional, Set, Tuple, Union
 
 from lora_sampler._adapters.extract import PublishLimits
 from lora_sampler._adapters.fleet import Fleet
@@ -22,7 +22,7 @@ from lora_sampler._wire.refusals import is_not_held
 from lora_sampler._wire.routes import MODELS_PATH, UNLOAD_ADAPTER_PATH
 from lora_sampler.errors import EngineError, EngineStatusError, LoraSamplerError
 from lora_sampler.names import validate_adapter_name
-from lora_sampler.types import Adapter, AdapterSpec, is_checkpoint_path, model_cards
+from lora_sampler.types import Adapter, AdapterSpec, is_checkpoint_path, is_storage_url, model_cards
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,7 @@ class AdapterRegistry:
         engine_lora_base_dir: The same directory as the engine sees it; defaults to ``lora_base_dir``.
         publish_limits: Bounds for every publish (``publish.PublishLimits``); None for the defaults.
         fleet: The replicas to load on after a publish and to unload from, or None for the one engine.
+        storage_options: Options of the storage library for checkpoint URLs (``s3://``, ``gs://``), or None.
     """
 
     def __init__(
@@ -52,8 +53,10 @@ class AdapterRegistry:
         publish_limits: Optional[PublishLimits] = None,
         *,
         fleet: Optional[Fleet] = None,
+        storage_options: Optional[Mapping[str, Any]] = None,
     ):
         self._transport = transport
+        self._storage_options = dict(storage_options) if storage_options is not None else None
         self._fleet = fleet
         self.publish_limits = publish_limits if publish_limits is not None else PublishLimits()
         self.lora_base_dir = os.path.abspath(os.fspath(lora_base_dir)) if lora_base_dir is not None else None
@@ -102,7 +105,7 @@ class AdapterRegistry:
         return adapter.path
 
     def _publish_once(self, checkpoint: PathLike) -> Adapter:
-        key = os.path.abspath(os.fspath(checkpoint))
+        key = str(checkpoint) if is_storage_url(checkpoint) else os.path.abspath(os.fspath(checkpoint))
         adapter = self._published.get(key)
         if adapter is not None:
             return adapter
@@ -127,7 +130,9 @@ class AdapterRegistry:
 
         if self.lora_base_dir is None:
             raise ValueError("publishing a checkpoint needs lora_base_dir= (the engine's resolver directory)")
-        adapter = publish_checkpoint(checkpoint, self.lora_base_dir, name=name, limits=self.publish_limits)
+        adapter = publish_checkpoint(
+            checkpoint, self.lora_base_dir, name=name, limits=self.publish_limits, storage_options=self._storage_options
+        )
         self._preflight(adapter)
         if self._fleet is not None:
             self._fleet.load_everywhere(adapter.name, str(self.engine_path(adapter)))

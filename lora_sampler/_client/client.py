@@ -60,6 +60,8 @@ class SamplerClient:
         max_response_bytes: Largest answer accepted (default 256 MiB); a larger one raises ``EngineProtocolError``.
         replicas: None (``base_url`` is one engine), ``"router"`` (a vllm-router's ``GET /list_workers``) or replica
             root URLs: adapters are then loaded on, reconciled on and unloaded from every replica (SPEC §9).
+        storage_options: Options of the storage library (fsspec's s3fs/gcsfs, e.g. ``{"endpoint_url": ...}``) for
+            checkpoint URLs (``s3://``, ``gs://``); None uses its standard chain (``AWS_*``, profiles, roles).
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class SamplerClient:
         publish_limits: Optional[PublishLimits] = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         replicas: ReplicasSpec = None,
+        storage_options: Optional[Dict[str, Any]] = None,
     ):
         if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
             raise ValueError(f"max_workers must be an int >= 1, got {max_workers!r}")
@@ -89,7 +92,12 @@ class SamplerClient:
         self._transport = EngineTransport(base_url, max_workers=max_workers, **options)
         self._fleet = None if replicas is None else Fleet(self._transport, replicas, retry, options)
         self._registry = AdapterRegistry(
-            self._transport, lora_base_dir, engine_lora_base_dir, publish_limits, fleet=self._fleet
+            self._transport,
+            lora_base_dir,
+            engine_lora_base_dir,
+            publish_limits,
+            fleet=self._fleet,
+            storage_options=storage_options,
         )
         self._calls = SampleCalls(self._transport, self._registry, self._fleet, retry)
         self._scorer = Scorer(self._transport, retry, self._calls.run, self._registry.served_base_models)
@@ -352,7 +360,7 @@ class SamplerClient:
         """Publish a checkpoint into ``lora_base_dir`` (atomic, content-named) and check it fits the engine.
 
         Args:
-            checkpoint: A ``.tar.gz``/``.tgz``/``.tar`` archive or an adapter directory.
+            checkpoint: A ``.tar.gz``/``.tgz``/``.tar`` archive or an adapter directory, or a storage URL of one.
             name: The adapter name; default: the checkpoint's stem plus a short content digest.
             lineage: Retire (unload) the previous adapter of this lineage once this one has served a request.
 

@@ -498,8 +498,8 @@ def losing_rename(monkeypatch: pytest.MonkeyPatch, rival: Callable[[], object]) 
     real_write_marker = publish._write_marker
     fired: List[bool] = []
 
-    def write_marker_then_lose(root: str, digest: str, source: str) -> None:
-        real_write_marker(root, digest, source)
+    def write_marker_then_lose(root: str, digest: str, source: str, stored: object = None) -> None:
+        real_write_marker(root, digest, source, stored)
         if not fired:
             fired.append(True)
             rival()

@@ -1,0 +1,68 @@
+"""Fixtures for the storage tests: a real S3 API server (moto) on loopback, dummy credentials, adapter archives.
+
+Each test module skips itself where moto, boto3 or s3fs are missing (the default tox envs); ``tox -e storage`` has
+them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from _s3server import BUCKET, DUMMY_KEY, S3Server, boto3_client
+
+
+@pytest.fixture
+def s3_server() -> Iterator[S3Server]:
+    """A fresh moto S3 server process on 127.0.0.1 (its own process group), killed after the test."""
+    server = S3Server()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
+    """A boto3 client of the server holding bucket ``ckpts``; the environment points the library at the server.
+
+    Only dummy credentials and the loopback endpoint are set (never a real AWS account): no profile, no shared
+    config, no instance-metadata lookups. fsspec's cached filesystems are forgotten so each test sees its server.
+    """
+    import s3fs
+
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", DUMMY_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", DUMMY_KEY)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    s3fs.S3FileSystem.clear_instance_cache()
+    client = boto3_client(s3_server.endpoint)
+    client.create_bucket(Bucket=BUCKET)
+    yield client
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.fixture
+def lora_dir(tmp_path: Path) -> Path:
+    """The engine's resolver folder (``tmp_path / "loras"``)."""
+    folder = tmp_path / "loras"
+    folder.mkdir()
+    return folder
+
+
+@pytest.fixture
+def engine(lora_dir: Path) -> Iterator[Any]:
+    """A running FakeEngine whose resolver reads ``lora_dir``, stopped after the test."""
+    from lora_sampler.testing import FakeEngine
+
+    started = FakeEngine(lora_dir=lora_dir).start()
+    try:
+        yield started
+    finally:
+        started.stop()

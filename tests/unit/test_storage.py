@@ -1,0 +1,124 @@
+"""Storage URLs without a server: detection, the missing extra, the stream seam of the extraction, redaction."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+import tarfile
+from typing import Iterator, List
+
+import pytest
+
+from lora_sampler._adapters import storage
+from lora_sampler._adapters.extract import extract_archive
+from lora_sampler.errors import PublishError
+from lora_sampler.publish import checkpoint_digest, publish_checkpoint
+from lora_sampler.testing import write_adapter
+from lora_sampler.types import is_checkpoint_path, is_storage_url
+
+
+def make_archive(tmp_path: pathlib.Path) -> pathlib.Path:
+    write_adapter(tmp_path / "src" / "step-9", "tiny-base")
+    archive = tmp_path / "step-9.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(tmp_path / "src" / "step-9", arcname="step-9")
+    return archive
+
+
+def chunks_of(data: bytes, size: int) -> Iterator[bytes]:
+    return iter([data[i : i + size] for i in range(0, len(data), size)])
+
+
+@pytest.mark.parametrize("url", ["s3://ckpts/run/step-1.tar.gz", "gs://ckpts/run/step-1/", "GCS://b/k", "S3://b/k"])
+def test_types_storage_urls_are_checkpoint_paths(url: str) -> None:
+    """s3://, gs:// (and gcsfs's gcs://) URLs are checkpoint paths, whatever the scheme's case."""
+    assert is_storage_url(url) and is_checkpoint_path(url)
+
+
+@pytest.mark.parametrize("value", ["s3://", "http://host/x.tar.gz", "step-1", "s3:/b/k", 7])
+def test_types_other_values_are_not_storage_urls(value: object) -> None:
+    """An empty URL, other schemes, names and non-strings are not storage URLs."""
+    assert not is_storage_url(value)
+
+
+@pytest.mark.parametrize(
+    ("url", "extra", "module"), [("s3://b/k.tar.gz", "s3", "s3fs"), ("gs://b/k.tar.gz", "gcs", "gcsfs")]
+)
+def test_storage_url_without_the_extra_names_it(
+    url: str, extra: str, module: str, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the storage library a URL is a PublishError naming the extra to install; nothing is written."""
+    monkeypatch.setitem(sys.modules, module, None)  # import now raises ImportError, as if not installed
+    with pytest.raises(PublishError) as caught:
+        publish_checkpoint(url, tmp_path)
+    assert f"pip install 'lora_sampler[{extra}]'" in str(caught.value) and url in str(caught.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_storage_without_fsspec_names_the_extra(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fsspec itself missing names the same extra."""
+    monkeypatch.setitem(sys.modules, "fsspec", None)
+    with pytest.raises(PublishError, match=r"lora_sampler\[s3\]"):
+        publish_checkpoint("s3://b/k.tar.gz", tmp_path)
+
+
+def test_extract_archive_reads_a_stream_like_the_file(tmp_path: pathlib.Path) -> None:
+    """An archive streamed in odd-sized chunks extracts the same files and gives the file's digest."""
+    archive = make_archive(tmp_path)
+    data = archive.read_bytes()
+    stream = storage._ReadAhead(chunks_of(data, 777), "s3://b/step-9.tar.gz", len(data), None)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    try:
+        digest = extract_archive("s3://b/step-9.tar.gz", str(dest), reader=stream)
+    finally:
+        stream.close()
+    assert digest == checkpoint_digest(archive)
+    assert (dest / "step-9" / "adapter_config.json").is_file()
+
+
+def test_storage_short_object_is_a_publish_error(tmp_path: pathlib.Path) -> None:
+    """A stream that ends before the object's size is a PublishError naming the URL and both sizes."""
+    stream = storage._ReadAhead(iter([b"abc"]), "s3://b/k", 10, None)
+    try:
+        assert stream.read(100) == b"abc"
+        with pytest.raises(PublishError, match=r"s3://b/k: the object ended after 3 of its 10 bytes"):
+            stream.read(100)
+    finally:
+        stream.close()
+
+
+def test_storage_download_error_blanks_the_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A download error naming a secret of the options or the environment is raised with the secret blanked."""
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "token-from-env-123")
+
+    def failing() -> Iterator[bytes]:
+        yield b"ab"
+        raise ConnectionError("reset by peer; key=hunter2secret token-from-env-123")
+
+    options = {"key": "AKIDEXAMPLE", "secret": "hunter2secret", "client_kwargs": {"region_name": "us-east-1"}}
+    stream = storage._ReadAhead(failing(), "s3://b/k", 10, options)
+    try:
+        with pytest.raises(PublishError) as caught:
+            while stream.read(100):
+                pass
+    finally:
+        stream.close()
+    message = str(caught.value)
+    assert "s3://b/k" in message and "ConnectionError" in message
+    assert "hunter2secret" not in message and "token-from-env-123" not in message
+
+
+def test_storage_reader_closed_early_stops_its_thread() -> None:
+    """Closing the reader before the end stops the download thread (an endless source is not drained)."""
+    endless: List[int] = []
+
+    def forever() -> Iterator[bytes]:
+        while True:
+            endless.append(1)
+            yield b"x" * 1024
+
+    stream = storage._ReadAhead(forever(), "s3://b/k", 1 << 40, None)
+    assert stream.read(10) == b"x" * 10
+    stream.close()
+    assert not stream._thread.is_alive()
