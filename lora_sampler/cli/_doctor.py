@@ -19,6 +19,7 @@ from typing import Iterator, List, Optional, Tuple
 
 from lora_sampler._adapters.fleet import ReplicasSpec
 from lora_sampler._adapters.publish import CONFIG_FILE, check_adapter_config, remove_adapter_dir
+from lora_sampler._adapters.storage import probe
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._testmode import is_testing
 from lora_sampler.errors import (
@@ -31,10 +32,11 @@ from lora_sampler.errors import (
     EngineTimeoutError,
     LoraSamplerError,
     ModelNotFoundError,
+    PublishError,
 )
 from lora_sampler.names import validate_adapter_name
 from lora_sampler.retry import RetryPolicy
-from lora_sampler.types import is_checkpoint_path
+from lora_sampler.types import is_checkpoint_path, is_storage_url
 
 _ONCE = RetryPolicy(max_attempts=1)  # each check reads the engine's first answer
 _TIMEOUT = (5.0, 30.0)
@@ -248,6 +250,8 @@ def check_adapter(adapter: str, lora_base_dir: Optional[str], model: str) -> Fin
     """Check that an adapter's ``adapter_config.json`` is a LoRA made for the engine's model (SPEC §5)."""
     check = "adapter config"
     path = adapter
+    if is_storage_url(adapter):
+        return _check_stored(adapter)
     if not is_checkpoint_path(adapter):
         try:
             validate_adapter_name(adapter, argument="--adapter")  # before it becomes a path under lora_base_dir
@@ -265,6 +269,16 @@ def check_adapter(adapter: str, lora_base_dir: Optional[str], model: str) -> Fin
     except (AdapterConfigError, OSError, tarfile.TarError) as exc:
         return Finding(check, False, str(exc), "fix adapter_config.json as the message says, then publish again")
     return Finding(check, True, f"{adapter}: a LoRA for {model!r}")
+
+
+def _check_stored(url: str) -> Finding:
+    """Check that a storage URL is reachable with one metadata request; its config is checked when published."""
+    try:
+        stored = probe(url)
+    except PublishError as exc:
+        return Finding("adapter config", False, str(exc), "fix the URL or the credentials as the message says")
+    what = "a folder" if stored.is_folder else f"an object of {stored.size} bytes"
+    return Finding("adapter config", True, f"{url}: {what}; its adapter_config.json is checked when it is published")
 
 
 def _check_archive_config(archive: str, model: str) -> None:

@@ -90,3 +90,17 @@ def test_storage_cli_missing_object_exits_2(
     assert main(["publish", missing, *flags]) == 2
     assert missing in capsys.readouterr().err
     assert engine.calls("/v1/completions") == 0
+
+
+def test_storage_cli_doctor_probes_the_url(
+    s3: Any, engine: FakeEngine, lora_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """doctor --adapter s3://... reports the object found (one metadata request), and a missing key as a problem."""
+    s3.upload_file(str(build_archive(tmp_path, "step-400", model=engine.model)), BUCKET, "run1/step-400.tar.gz")
+    flags = ["doctor", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--adapter"]
+    assert main([*flags, URL]) == 0
+    assert f"{URL}: an object of" in capsys.readouterr().out
+    missing = f"s3://{BUCKET}/run1/missing.tar.gz"
+    assert main([*flags, missing]) == 1
+    problems = [line for line in capsys.readouterr().out.splitlines() if line.startswith("PROBLEM")]
+    assert len(problems) == 1 and missing in problems[0]
