@@ -510,41 +510,51 @@ class SampleOutput:
             ValueError: the body is not exactly the answer: not ``num_samples`` choices, a choice without token
                 ids or their logprobs, prompt logprobs missing when asked, or another model.
         """
-        if not isinstance(body, dict):
-            raise ValueError(f"it is a JSON {type(body).__name__}, not a completion object")
-        answered = body.get("model")
-        if model is not None and answered != model:
-            raise ValueError(
-                f"it answers for model {answered!r}, not the requested {model!r} (an adapter silently not applied, "
-                "or a proxy that fell back to another model)"
-            )
-        choices = body.get("choices")
-        if not isinstance(choices, list) or not set(map(type, choices)) <= _DICT_TYPE:
-            raise ValueError("it has no 'choices' list of objects; is base_url a vLLM server?")
-        if len(choices) != request.num_samples:
-            raise ValueError(f"it holds {len(choices)} choices where num_samples={request.num_samples} were asked")
-        indices = [choice.get("index", position) for position, choice in enumerate(choices)]
-        expected = list(range(len(choices)))
-        if indices != expected:
-            if sorted(indices) != expected:
-                raise ValueError(f"its choice indices are {indices}, not 0..{len(choices) - 1} once each")
-            choices = [choices[position] for position in sorted(expected, key=indices.__getitem__)]
+        choices = _choices_of(body, request, model)
         sequences = tuple(_sequence_from_choice(choice) for choice in choices)
-        prompt_lp: Optional[Tuple[Optional[float], ...]] = None
-        topk: Optional[PromptTopK] = None
-        if request.wants_prompt_logprobs:
-            first = choices[0]
-            raw = first.get("prompt_logprobs")
-            if not isinstance(raw, list) or not set(map(type, raw)) <= _ENTRY_TYPES:
-                raise ValueError("prompt logprobs were asked for, but its first choice has no 'prompt_logprobs' list")
-            prompt_ids = first.get("prompt_token_ids") or (None if isinstance(request.prompt, str) else request.prompt)
-            if request.prompt_logprobs:
-                prompt_lp = _actual_logprobs(raw, prompt_ids)
-            elif prompt_ids is not None and len(raw) != len(prompt_ids):
-                raise ValueError(f"it has {len(raw)} prompt logprobs for {len(prompt_ids)} prompt tokens")
-            if request.topk_prompt_logprobs:
-                topk = PromptTopK(raw, request.topk_prompt_logprobs)
-        return cls(sequences, prompt_lp, topk, str(answered or ""), body)
+        prompt_lp, topk = _prompt_logprobs_of(choices[0], request) if request.wants_prompt_logprobs else (None, None)
+        return cls(sequences, prompt_lp, topk, str(body.get("model") or ""), body)
+
+
+def _choices_of(body: Any, request: SampleRequest, model: Optional[str]) -> List[Dict[str, Any]]:
+    """Return an answer's choices in index order, once it is checked to be the requested model's ``n`` choices."""
+    if not isinstance(body, dict):
+        raise ValueError(f"it is a JSON {type(body).__name__}, not a completion object")
+    answered = body.get("model")
+    if model is not None and answered != model:
+        raise ValueError(
+            f"it answers for model {answered!r}, not the requested {model!r} (an adapter silently not applied, "
+            "or a proxy that fell back to another model)"
+        )
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not set(map(type, choices)) <= _DICT_TYPE:
+        raise ValueError("it has no 'choices' list of objects; is base_url a vLLM server?")
+    if len(choices) != request.num_samples:
+        raise ValueError(f"it holds {len(choices)} choices where num_samples={request.num_samples} were asked")
+    indices = [choice.get("index", position) for position, choice in enumerate(choices)]
+    expected = list(range(len(choices)))
+    if indices != expected:
+        if sorted(indices) != expected:
+            raise ValueError(f"its choice indices are {indices}, not 0..{len(choices) - 1} once each")
+        choices = [choices[position] for position in sorted(expected, key=indices.__getitem__)]
+    return choices
+
+
+def _prompt_logprobs_of(
+    first: Dict[str, Any], request: SampleRequest
+) -> Tuple[Optional[Tuple[Optional[float], ...]], Optional[PromptTopK]]:
+    """Read the prompt logprobs asked for from the first choice: each token's own, and the top-k view."""
+    raw = first.get("prompt_logprobs")
+    if not isinstance(raw, list) or not set(map(type, raw)) <= _ENTRY_TYPES:
+        raise ValueError("prompt logprobs were asked for, but its first choice has no 'prompt_logprobs' list")
+    prompt_ids = first.get("prompt_token_ids") or (None if isinstance(request.prompt, str) else request.prompt)
+    prompt_lp: Optional[Tuple[Optional[float], ...]] = None
+    if request.prompt_logprobs:
+        prompt_lp = _actual_logprobs(raw, prompt_ids)
+    elif prompt_ids is not None and len(raw) != len(prompt_ids):
+        raise ValueError(f"it has {len(raw)} prompt logprobs for {len(prompt_ids)} prompt tokens")
+    topk = PromptTopK(raw, request.topk_prompt_logprobs) if request.topk_prompt_logprobs else None
+    return prompt_lp, topk
 
 
 _DICT_TYPE = {dict}

@@ -200,33 +200,39 @@ def check_member(member: tarfile.TarInfo, archive: str) -> Optional[str]:
     Raises:
         UnsafeArchiveError: naming the member and why.
     """
-    name = member.name
+    parts = [part for part in member.name.split("/") if part not in ("", ".")]
+    reason = _path_problem(member.name, parts) or _kind_problem(member)
+    if reason is None and not parts and not member.isdir():
+        reason = "is a file without a name"
+    if reason is not None:
+        raise UnsafeArchiveError(f"refusing archive {archive}: member {member.name!r} {reason}; {ARCHIVE_FIX}")
+    return "/".join(parts) if parts else None  # None: the archive's root folder
 
-    def refuse(reason: str) -> UnsafeArchiveError:
-        return UnsafeArchiveError(f"refusing archive {archive}: member {name!r} {reason}; {ARCHIVE_FIX}")
 
+def _path_problem(name: str, parts: List[str]) -> Optional[str]:
+    """Say why a member's path could land outside the folder, or None when it cannot."""
     if "\\" in name or "\0" in name:
-        raise refuse("contains a backslash or NUL, which could escape the folder on some systems")
+        return "contains a backslash or NUL, which could escape the folder on some systems"
     if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
-        raise refuse("is an absolute path")
-    parts = [part for part in name.split("/") if part not in ("", ".")]
+        return "is an absolute path"
     if ".." in parts:
-        raise refuse("has a '..' segment, which points outside the adapter folder")
+        return "has a '..' segment, which points outside the adapter folder"
+    return None
+
+
+def _kind_problem(member: tarfile.TarInfo) -> Optional[str]:
+    """Say why a member is not a regular file or a folder, or None when it is one."""
     if member.issym():
-        raise refuse(f"is a symbolic link to {member.linkname!r} (links are not allowed in adapter archives)")
+        return f"is a symbolic link to {member.linkname!r} (links are not allowed in adapter archives)"
     if member.islnk():
-        raise refuse(f"is a hard link to {member.linkname!r} (links are not allowed in adapter archives)")
+        return f"is a hard link to {member.linkname!r} (links are not allowed in adapter archives)"
     if member.ischr() or member.isblk():
-        raise refuse("is a device file")
+        return "is a device file"
     if member.isfifo():
-        raise refuse("is a FIFO")
+        return "is a FIFO"
     if not (member.isreg() or member.isdir()):
-        raise refuse(f"has unsupported type {member.type!r}")
-    if not parts:
-        if member.isdir():
-            return None
-        raise refuse("is a file without a name")
-    return "/".join(parts)
+        return f"has unsupported type {member.type!r}"
+    return None
 
 
 def check_layout(rel: str, member: tarfile.TarInfo, kinds: Dict[str, bool], archive: str) -> None:

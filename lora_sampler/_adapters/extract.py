@@ -196,45 +196,13 @@ def extract_archive(
         UnsafeArchiveError: a member is hostile, or the archive exceeds one of ``limits``.
         PublishError: the file is not a readable tar archive, is corrupted or truncated, or the disk is full.
     """
-    data_filter = getattr(tarfile, "data_filter", None)
-    kinds: Dict[str, bool] = {}  # relative path -> is a folder
     writer = _Writer(archive, dest, durable)
-    count = 0
     try:
         with _opened(archive, reader) as file, _HashingReader(file) as raw:
             compressed = io.BufferedReader(raw, buffer_size=COPY_CHUNK_SIZE)
             stream = _TarStream(_decompressor(compressed))
             with tarfile.open(fileobj=cast(IO[bytes], stream), mode="r:") as tar:
-                for member in tar:
-                    count += 1
-                    if count > limits.max_members:
-                        raise UnsafeArchiveError(
-                            f"refusing archive {archive}: more than max_members={limits.max_members} members (member "
-                            f"{member.name!r}); an adapter checkpoint holds a handful of files. "
-                            + _raise_hint("max_members")
-                        )
-                    rel = check_member(member, archive)
-                    if rel is None:
-                        continue
-                    _check_name(rel, member, archive, limits, writer.name_max)
-                    check_layout(rel, member, kinds, archive)
-                    if data_filter is not None:
-                        run_data_filter(data_filter, member, dest, archive)
-                    if member.isdir():
-                        writer.make_folder(rel)
-                        continue
-                    if writer.total + member.size > limits.max_total_bytes:
-                        raise UnsafeArchiveError(
-                            f"refusing archive {archive}: member {member.name!r} ({member.size} bytes) brings the "
-                            f"extracted size past max_total_bytes={limits.max_total_bytes}; "
-                            + _raise_hint("max_total_bytes")
-                        )
-                    writer.check_free_space(member.size, member.name)
-                    src = tar.extractfile(member)
-                    if src is None:  # pragma: no cover - check_member admits only regular files here
-                        raise UnsafeArchiveError(f"refusing archive {archive}: member {member.name!r} has no data")
-                    with src:
-                        writer.write_file(rel, src, member.size)
+                _extract_members(tar, archive, dest, limits, writer)
                 end = tar.offset  # where the end-of-archive marker (or a damaged header) starts
             stream.finish(end, archive)  # the gzip CRC and length, bzip2's and xz's checks are verified here
             while compressed.read(COPY_CHUNK_SIZE):  # bytes after the last compressed stream (bz2/xz ignore them)
@@ -253,6 +221,46 @@ def extract_archive(
 def _opened(archive: str, reader: Optional[io.RawIOBase]) -> ContextManager[io.RawIOBase]:
     """The archive's raw bytes: the reader handed in (its owner closes it), or the file opened unbuffered."""
     return nullcontext(reader) if reader is not None else cast(io.RawIOBase, open(archive, "rb", buffering=0))
+
+
+def _extract_members(tar: tarfile.TarFile, archive: str, dest: str, limits: PublishLimits, writer: _Writer) -> None:
+    """Check each member of ``tar`` and write the folders and regular files among them into ``dest``."""
+    data_filter = getattr(tarfile, "data_filter", None)
+    kinds: Dict[str, bool] = {}  # relative path -> is a folder
+    for count, member in enumerate(tar, 1):
+        if count > limits.max_members:
+            raise UnsafeArchiveError(
+                f"refusing archive {archive}: more than max_members={limits.max_members} members (member "
+                f"{member.name!r}); an adapter checkpoint holds a handful of files. " + _raise_hint("max_members")
+            )
+        rel = check_member(member, archive)
+        if rel is None:
+            continue
+        _check_name(rel, member, archive, limits, writer.name_max)
+        check_layout(rel, member, kinds, archive)
+        if data_filter is not None:
+            run_data_filter(data_filter, member, dest, archive)
+        if member.isdir():
+            writer.make_folder(rel)
+        else:
+            _extract_file(tar, member, rel, archive, limits, writer)
+
+
+def _extract_file(
+    tar: tarfile.TarFile, member: tarfile.TarInfo, rel: str, archive: str, limits: PublishLimits, writer: _Writer
+) -> None:
+    """Write one regular file member, within the total size bound and the free space."""
+    if writer.total + member.size > limits.max_total_bytes:
+        raise UnsafeArchiveError(
+            f"refusing archive {archive}: member {member.name!r} ({member.size} bytes) brings the "
+            f"extracted size past max_total_bytes={limits.max_total_bytes}; " + _raise_hint("max_total_bytes")
+        )
+    writer.check_free_space(member.size, member.name)
+    src = tar.extractfile(member)
+    if src is None:  # pragma: no cover - check_member admits only regular files here
+        raise UnsafeArchiveError(f"refusing archive {archive}: member {member.name!r} has no data")
+    with src:
+        writer.write_file(rel, src, member.size)
 
 
 class _HashingReader(io.RawIOBase):

@@ -28,7 +28,7 @@ from lora_sampler._wire.messages import SAMPLING_FIELDS
 from lora_sampler._wire.routes import CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH
 from lora_sampler.batch._lines import UTF8_BOM, InputLine, LineDefaults, RecordFormat, id_key
 from lora_sampler.errors import EngineStatusError, status_class
-from lora_sampler.types import SampleOutput, SampleRequest, SamplingParams
+from lora_sampler.types import AdapterSpec, SampleOutput, SampleRequest, SamplingParams
 
 #: The endpoint of a chat line (its ``url``).
 CHAT_URL = CHAT_COMPLETIONS_PATH
@@ -118,24 +118,8 @@ def parse_batch_line(
 
 
 def _request(obj: Dict[str, Any], defaults: LineDefaults, base_models: Collection[str]) -> SampleRequest:
-    unknown = sorted(set(obj) - set(LINE_KEYS))
-    if unknown:
-        raise _Refused(f"unknown key {unknown[0]!r}; a batch line holds only {', '.join(LINE_KEYS)}")
-    if obj.get("method") != "POST":
-        raise _Refused(f"method must be \"POST\", got {obj.get('method')!r}")
-    url = obj.get("url")
-    if url not in BATCH_URLS:
-        raise _Refused(f"url {url!r} is not supported; use {' or '.join(BATCH_URLS)}")
-    body = obj.get("body")
-    if not isinstance(body, dict):
-        raise _Refused(f"body must be a JSON object, got {type(body).__name__}")
-    rest = dict(body)
-    model = rest.pop("model", None)
-    adapter, base_model = defaults.adapter, defaults.base_model
-    if adapter is None and base_model is None:
-        if not isinstance(model, str) or not model:
-            raise _Refused("body.model must name the adapter (or the base model); or pass --adapter")
-        adapter, base_model = (None, model) if model in base_models else (model, None)
+    url, rest = _envelope(obj)
+    adapter, base_model = _target(rest.pop("model", None), defaults, base_models)
     chat = url == CHAT_URL
     text_field, other_field = ("messages", "prompt") if chat else ("prompt", "messages")
     if other_field in rest:
@@ -143,11 +127,7 @@ def _request(obj: Dict[str, Any], defaults: LineDefaults, base_models: Collectio
     if text_field not in rest:
         raise _Refused(f"body.{text_field} is missing")
     text = rest.pop(text_field)
-    num_samples = rest.pop("n", None)
-    if num_samples is None:
-        num_samples = defaults.num_samples
-    elif isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise _Refused(f"body.n must be an integer >= 1, got {num_samples!r}")
+    num_samples = _num_samples(rest.pop("n", None), defaults.num_samples)
     params = _sampling_params(rest, defaults.sampling_params, chat)
     prompt_logprobs = _refuse_unsendable(rest, chat)
     try:
@@ -164,6 +144,43 @@ def _request(obj: Dict[str, Any], defaults: LineDefaults, base_models: Collectio
         )
     except (TypeError, ValueError) as exc:  # the prompt or the messages: SampleRequest names them
         raise _Refused(f"body.{exc}" if str(exc).startswith(text_field) else str(exc)) from None
+
+
+def _envelope(obj: Dict[str, Any]) -> Tuple[str, Dict[str, Any]]:
+    """Check a line's keys, method and url; return the url and a copy of its body."""
+    unknown = sorted(set(obj) - set(LINE_KEYS))
+    if unknown:
+        raise _Refused(f"unknown key {unknown[0]!r}; a batch line holds only {', '.join(LINE_KEYS)}")
+    if obj.get("method") != "POST":
+        raise _Refused(f"method must be \"POST\", got {obj.get('method')!r}")
+    url = obj.get("url")
+    if url not in BATCH_URLS:
+        raise _Refused(f"url {url!r} is not supported; use {' or '.join(BATCH_URLS)}")
+    body = obj.get("body")
+    if not isinstance(body, dict):
+        raise _Refused(f"body must be a JSON object, got {type(body).__name__}")
+    return str(url), dict(body)
+
+
+def _target(
+    model: Any, defaults: LineDefaults, base_models: Collection[str]
+) -> Tuple[Optional[AdapterSpec], Optional[str]]:
+    """Return ``(adapter, base_model)``: the command's, else body.model (a base model when the engine serves it)."""
+    adapter, base_model = defaults.adapter, defaults.base_model
+    if adapter is not None or base_model is not None:
+        return adapter, base_model
+    if not isinstance(model, str) or not model:
+        raise _Refused("body.model must name the adapter (or the base model); or pass --adapter")
+    return (None, model) if model in base_models else (model, None)
+
+
+def _num_samples(value: Any, default: int) -> int:
+    """Return body.n, checked, or the default when it is absent or null."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _Refused(f"body.n must be an integer >= 1, got {value!r}")
+    return value
 
 
 def _sampling_params(rest: Dict[str, Any], defaults: SamplingParams, chat: bool) -> SamplingParams:

@@ -62,6 +62,31 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--log-level", help="DEBUG, INFO (shows every retry), WARNING (default; demo: INFO), ERROR")
+    engine, job = _engine_flags(), _job_flags()
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, text: str, *parents: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=text, description=text, parents=[common, *parents])
+
+    _add_sample_arguments(add("sample", "sample every prompt of a JSONL file (resumable)", engine, job), epilog)
+    from lora_sampler.cli._score import add_score_arguments  # its module needs this one's helpers
+
+    add_score_arguments(add("score", "score the tokens of every line of a JSONL file (resumable)", engine, job))
+
+    doctor = add("doctor", "check that the engine can serve adapters, and say what to fix", engine)
+    doctor.add_argument("--adapter", help="also check this checkpoint's (or adapter's) adapter_config.json")
+    add("demo", "run a small batch through the built-in test engine, load race included")
+    publish = add("publish", "publish a checkpoint into --lora-base-dir; print the adapter name", engine)
+    publish.add_argument("checkpoint", help="adapter archive (.tar.gz/.tgz/.tar, or bzip2/xz) or folder")
+    publish.add_argument("--name", help="adapter name (default: derived from the checkpoint's content)")
+    unload = add("unload", "unload an adapter from the engine; print its name", engine)
+    unload.add_argument("name", help="adapter name")
+    unload.add_argument("--delete-files", action="store_true", help="then delete its folder (needs --lora-base-dir)")
+    return parser
+
+
+def _engine_flags() -> argparse.ArgumentParser:
+    """Return the flags every command that talks to an engine takes: where it is, its key, folder and fleet."""
     engine = argparse.ArgumentParser(add_help=False)
     engine.add_argument("--base-url", required=True, help="engine root URL, e.g. http://127.0.0.1:8000")
     engine.add_argument("--api-key", help=f"engine API key (default: ${API_KEY_ENV}); never printed")
@@ -82,13 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"largest checkpoint published, extracted, in GiB (default: {DEFAULT_LIMITS.max_total_bytes / GIB:g}; "
         "an archive that expands past it is refused before it fills the shared folder)",
     )
-    job = _job_flags()
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    return engine
 
-    def add(name: str, text: str, *parents: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=text, description=text, parents=[common, *parents])
 
-    sample = add("sample", "sample every prompt of a JSONL file (resumable)", engine, job)
+def _add_sample_arguments(sample: argparse.ArgumentParser, epilog: str) -> None:
+    """Add the ``sample`` command's own flags: what to sample, the input and its format, the sampling."""
     sample.epilog = (
         'Input lines: {"id": str|int (default: the line number), "prompt": [token ids] or "text"} (or "messages": '
         '[{"role", "content"}, ...] for chat) plus optional num_samples, max_tokens, temperature, top_p, top_k, '
@@ -114,20 +137,6 @@ def build_parser() -> argparse.ArgumentParser:
     ]:
         sample.add_argument(flag, type=kind, default=default, help=f"{text} (default: {default})")
     sample.add_argument("--prompt-logprobs", action="store_true", help="also return the prompt's logprobs")
-    from lora_sampler.cli._score import add_score_arguments  # its module needs this one's helpers
-
-    add_score_arguments(add("score", "score the tokens of every line of a JSONL file (resumable)", engine, job))
-
-    doctor = add("doctor", "check that the engine can serve adapters, and say what to fix", engine)
-    doctor.add_argument("--adapter", help="also check this checkpoint's (or adapter's) adapter_config.json")
-    add("demo", "run a small batch through the built-in test engine, load race included")
-    publish = add("publish", "publish a checkpoint into --lora-base-dir; print the adapter name", engine)
-    publish.add_argument("checkpoint", help="adapter archive (.tar.gz/.tgz/.tar, or bzip2/xz) or folder")
-    publish.add_argument("--name", help="adapter name (default: derived from the checkpoint's content)")
-    unload = add("unload", "unload an adapter from the engine; print its name", engine)
-    unload.add_argument("name", help="adapter name")
-    unload.add_argument("--delete-files", action="store_true", help="then delete its folder (needs --lora-base-dir)")
-    return parser
 
 
 def _job_flags() -> argparse.ArgumentParser:

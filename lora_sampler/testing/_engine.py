@@ -36,7 +36,7 @@ from lora_sampler.testing._faults import FAULT_KINDS as FAULT_KINDS  # re-export
 from lora_sampler.testing._faults import FaultScript, fault_answer
 from lora_sampler.testing._observability import EngineStats, new_record
 from lora_sampler.testing._observability import RequestRecord as RequestRecord  # re-exported, as FAULT_KINDS
-from lora_sampler.testing._sampling import BYTE_OFFSET, Sampler, encode_text, parse_request
+from lora_sampler.testing._sampling import BYTE_OFFSET, CompletionRequest, Sampler, encode_text, parse_request
 from lora_sampler.testing._server import Handler, Server, hang_up, read_body, send
 
 _POLL_INTERVAL = 0.05  # how often serve_forever checks for shutdown: bounds how long stop() takes
@@ -389,18 +389,9 @@ class FakeEngine:
         request = parse_request(payload)
         if isinstance(request, str):
             return self._bad(request)
-        if request.temperature < 1e-5 and request.n > 1:  # vLLM's _SAMPLING_EPS: greedy gives one sample
-            return bodies.greedy_needs_one_sample(request.n, old_shape=self.old_error_shape)
-        if request.max_tokens > self.max_model_len:
-            return bodies.max_tokens_too_large(request.max_tokens, self.max_model_len, old_shape=self.old_error_shape)
-        if len(request.prompt) > self.max_model_len:
-            return bodies.prompt_too_long(self.max_model_len, len(request.prompt), old_shape=self.old_error_shape)
-        max_tokens = min(request.max_tokens, self.max_model_len - len(request.prompt))  # clamped (FINDINGS §4e)
-        if max_tokens < 1:
-            return bodies.max_tokens_zero(old_shape=self.old_error_shape)
-        for token_id in request.prompt:
-            if not 0 <= token_id < self.vocab_size:
-                return bodies.token_out_of_vocab(token_id, old_shape=self.old_error_shape)
+        problem, max_tokens = self._check_lengths(request)
+        if problem is not None:
+            return problem
         problem = self._adapters.touch(name)
         if problem is not None:
             return problem
@@ -427,6 +418,26 @@ class FakeEngine:
         tokens = encode_text(prompt)
         answer = {"count": len(tokens), "max_model_len": self.max_model_len, "tokens": tokens, "token_strs": None}
         return bodies.json_body(200, answer)
+
+    def _check_lengths(self, request: CompletionRequest) -> tuple[VllmBody | None, int]:
+        """vLLM's checks of a parsed completion request, in its order; the refusal, or None and the clamped limit."""
+        if request.temperature < 1e-5 and request.n > 1:  # vLLM's _SAMPLING_EPS: greedy gives one sample
+            return bodies.greedy_needs_one_sample(request.n, old_shape=self.old_error_shape), 0
+        if request.max_tokens > self.max_model_len:
+            too_large = bodies.max_tokens_too_large(
+                request.max_tokens, self.max_model_len, old_shape=self.old_error_shape
+            )
+            return too_large, 0
+        if len(request.prompt) > self.max_model_len:
+            too_long = bodies.prompt_too_long(self.max_model_len, len(request.prompt), old_shape=self.old_error_shape)
+            return too_long, 0
+        max_tokens = min(request.max_tokens, self.max_model_len - len(request.prompt))  # clamped (FINDINGS §4e)
+        if max_tokens < 1:
+            return bodies.max_tokens_zero(old_shape=self.old_error_shape), 0
+        for token_id in request.prompt:
+            if not 0 <= token_id < self.vocab_size:
+                return bodies.token_out_of_vocab(token_id, old_shape=self.old_error_shape), 0
+        return None, max_tokens
 
     def _chat(self, payload: dict[str, Any]) -> VllmBody:
         """``/v1/chat/completions``: the completion of the rendered prompt, in the chat shape (``_chat``)."""
