@@ -16,6 +16,7 @@ from _s3server import BUCKET, S3Server, build_archive
 
 from lora_sampler import SamplerClient
 from lora_sampler.cli import main
+from lora_sampler.publish import default_adapter_name
 from lora_sampler.testing import FakeEngine
 
 URL = f"s3://{BUCKET}/run1/step-400.tar.gz"
@@ -26,8 +27,11 @@ pytestmark = pytest.mark.usefixtures("no_waits")
 def test_storage_sample_publishes_the_url_on_first_use(
     s3: Any, s3_server: S3Server, engine: FakeEngine, lora_dir: Path, tmp_path: Path
 ) -> None:
-    """Eight threads sample adapter="s3://..." at once: one download, one folder, every completion answered."""
-    s3.upload_file(str(build_archive(tmp_path, "step-400", model=engine.model)), BUCKET, "run1/step-400.tar.gz")
+    """Eight threads sample adapter="s3://..." at once through the race: one download, one folder, all answered."""
+    archive = build_archive(tmp_path, "step-400", model=engine.model)
+    s3.upload_file(str(archive), BUCKET, "run1/step-400.tar.gz")
+    name = default_adapter_name(archive)  # the same bytes get the same name from storage
+    engine.set_visibility_delay(name, requests=4)  # the resolver does not see the folder for the first 4 tries
     before = s3_server.counts()
     outputs: List[Any] = []
     with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
@@ -40,10 +44,9 @@ def test_storage_sample_publishes_the_url_on_first_use(
             thread.join(60)
         again = client.sample([3], adapter=URL)
     assert len(outputs) == 8 and all(output.sequences for output in outputs) and again.sequences
-    published = [entry.name for entry in lora_dir.iterdir()]
-    assert len(published) == 1 and published[0].startswith("step-400-")
+    assert [entry.name for entry in lora_dir.iterdir()] == [name]
     assert s3_server.counts()["GET"] - before.get("GET", 0) == 1
-    assert engine.calls("/v1/completions") == 9
+    assert engine.calls("/v1/completions", model=name) > 9  # the race really happened, and was ridden out
 
 
 def test_storage_client_passes_storage_options(
