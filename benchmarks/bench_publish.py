@@ -175,6 +175,17 @@ def medians_of(samples: Dict[str, Dict[str, List[float]]]) -> Dict[str, Dict[str
     return {kind: {case: _common.median(values) for case, values in cases.items()} for kind, cases in samples.items()}
 
 
+def result_header(name: str, load: List[float]) -> Dict[str, Any]:
+    """The fields every results file of this script starts with: what ran, when, where, and the machine's load."""
+    return {
+        "benchmark": name,
+        "stamp": _common.stamp(),
+        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "machine": _common.machine(),
+        "load_average_1min": load,
+    }
+
+
 def run(sizes: Dict[str, int], rounds: int, workdir: Optional[str]) -> Dict[str, Any]:
     """Run the rounds, alternating payloads and cases, and return every sample, the medians and the ratios."""
     root = tempfile.mkdtemp(prefix="bench-publish-", dir=workdir)
@@ -206,11 +217,7 @@ def run(sizes: Dict[str, int], rounds: int, workdir: Optional[str]) -> Dict[str,
         kind: {case: _common.median(values) for case, values in cases.items()} for kind, cases in cpu.items()
     }
     return {
-        "benchmark": "publish",
-        "stamp": _common.stamp(),
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-        "machine": _common.machine(),
-        "load_average_1min": load,
+        **result_header("publish", load),
         "payload_bytes": sizes,
         "archive_bytes": archive_bytes,
         "rounds": rounds,
@@ -310,11 +317,7 @@ def run_storage(size: int, rounds: int, workdir: Optional[str]) -> Dict[str, Any
     ratio = medians[FROM_URL] / medians[DOWNLOAD_THEN_PUBLISH]
     ratio_one_get = medians[FROM_URL] / medians[ONE_GET_THEN_PUBLISH]
     return {
-        "benchmark": "publish_storage",
-        "stamp": _common.stamp(),
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-        "machine": _common.machine(),
-        "load_average_1min": load,
+        **result_header("publish_storage", load),
         "payload_bytes": size,
         "archive_bytes": archive_bytes,
         "rounds": rounds,

@@ -1,7 +1,8 @@
-"""Shared fixtures: every test starts and ends with the retry testing switch off."""
+"""Shared fixtures: the retry testing switch off at the start and end of every test, and the resolver folder."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -21,3 +22,11 @@ def no_waits() -> Iterator[None]:
     """Retry waits are 0 s for this test (attempts are kept)."""
     with retry.set_testing(True):
         yield
+
+
+@pytest.fixture
+def lora_dir(tmp_path: Path) -> Path:
+    """The engine's resolver folder (``tmp_path / "loras"``)."""
+    folder = tmp_path / "loras"
+    folder.mkdir()
+    return folder

@@ -1,4 +1,4 @@
-"""Fixtures shared by the loopback tests: the resolver folder and running FakeEngines, always stopped afterwards.
+"""Fixtures shared by the loopback tests: running FakeEngines reading ``lora_dir``, always stopped afterwards.
 
 A module that needs engine options overrides ``engine_options`` (e.g. ``{"max_loras": 2}``).
 """
@@ -13,14 +13,6 @@ import pytest
 from lora_sampler.testing import FakeEngine
 
 EngineFactory = Callable[..., FakeEngine]
-
-
-@pytest.fixture
-def lora_dir(tmp_path: Path) -> Path:
-    """The engine's resolver folder (``tmp_path / "loras"``)."""
-    folder = tmp_path / "loras"
-    folder.mkdir()
-    return folder
 
 
 @pytest.fixture

@@ -49,14 +49,6 @@ def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
 
 
 @pytest.fixture
-def lora_dir(tmp_path: Path) -> Path:
-    """The engine's resolver folder (``tmp_path / "loras"``)."""
-    folder = tmp_path / "loras"
-    folder.mkdir()
-    return folder
-
-
-@pytest.fixture
 def engine(lora_dir: Path) -> Iterator[Any]:
     """A running FakeEngine whose resolver reads ``lora_dir``, stopped after the test."""
     from lora_sampler.testing import FakeEngine

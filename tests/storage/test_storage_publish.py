@@ -16,7 +16,7 @@ pytest.importorskip("boto3")
 from _s3server import BUCKET, S3Server, build_archive, make_user, temporaries
 
 from lora_sampler import publish
-from lora_sampler._adapters import extract
+from lora_sampler._adapters import extract, storage
 from lora_sampler.errors import PublishError, UnsafeArchiveError
 from lora_sampler.publish import publish_checkpoint
 
@@ -204,3 +204,11 @@ def test_storage_marker_records_the_fingerprint(s3: Any, tmp_path: Path, lora_di
 def delta(before: dict, after: dict) -> dict:
     """The requests answered between two ``counts()``, by method."""
     return {method: after[method] - before.get(method, 0) for method in after if after[method] != before.get(method, 0)}
+
+
+def test_storage_expand_globs_objects_and_prefixes(s3: Any) -> None:
+    """A glob over storage URLs matches archive objects and folder prefixes, as s3:// URLs."""
+    for key in ("run1/step-1.tar.gz", "run1/step-20.tar.gz", "run1/step-3/adapter_config.json", "run1/other.txt"):
+        s3.put_object(Bucket=BUCKET, Key=key, Body=b"x")
+    found = storage.expand(f"s3://{BUCKET}/run1/step-*")
+    assert sorted(found) == [f"s3://{BUCKET}/run1/{name}" for name in ("step-1.tar.gz", "step-20.tar.gz", "step-3")]
