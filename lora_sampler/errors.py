@@ -1,9 +1,9 @@
 """Exceptions raised by lora_sampler, and the one place that reads vLLM's error bodies.
 
-``EngineStatusError.from_response`` classifies an engine answer once; the retry table in ``retry.py`` then
-decides by class alone. Engine errors are also the matching ``requests`` exceptions, so code written against
-plain requests keeps working. Because ``requests.RequestException`` derives from ``OSError``, an ``except
-OSError`` catches engine errors too.
+``EngineStatusError.from_response`` classifies an engine answer once, into the class the retry table acts on.
+Engine errors are also the matching ``requests`` exceptions, so code written against plain requests keeps
+working. Because ``requests.RequestException`` derives from ``OSError``, an ``except OSError`` catches engine
+errors too.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""Filesystem mechanics for ``publish.py``: content digests (cached), archive member rules, temporary folders.
+"""Filesystem mechanics of publishing: content digests (cached), archive member rules, temporary folders.
 
-Never renames into place and never publishes. Archive members are checked by our own rules on every Python version
-(``check_member``, ``check_layout``); tarfile's ``data`` filter runs as a second line where it exists. The
-extraction itself is ``_extract``.
+Never extracts, renames into place or publishes. Archive members are checked by our own rules on every Python
+version (``check_member``, ``check_layout``); tarfile's ``data`` filter runs as a second line where it exists.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Turns an ``adapter=`` value into an ``Adapter`` (publishing a checkpoint path once per client, however many
 threads ask), checks each adapter's config against the engine's model once, and retires older adapters of a
-lineage. Filesystem work is delegated to ``publish``; it sends only models/unload requests itself.
+lineage. It touches no file itself, and sends only ``GET /v1/models`` and unload requests.
 """
 
 from __future__ import annotations

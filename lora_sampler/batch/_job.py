@@ -1,8 +1,8 @@
 """``BatchJob``: stream parsed input lines through ``SamplerClient.imap``/``imap_unordered`` into the output.
 
 The client bounds the requests in flight; one pump thread drives it, and the calling thread alone writes records,
-so a stop never tears a line. Parsing, resume and records live in ``batch``; outages in ``_outage``; the terminal
-(progress, signals) in ``_batch_runner`` and ``_terminal``.
+so a stop never tears a line. It stops on errors the whole job shares (an unusable engine, an outage too long).
+It parses nothing and shows nothing: lines come in parsed, and progress leaves through ``on_event``.
 """
 
 from __future__ import annotations

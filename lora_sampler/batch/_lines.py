@@ -1,8 +1,7 @@
 """Batch evaluation: JSONL in, JSONL out, resumable, with memory flat whatever the input size.
 
 Owns input parsing (one ``InputLine`` per line), the resume set (ids only), torn-line repair and the atomic
-rewrite of the output, and result records. No HTTP and no threads (``_batch_job`` runs the lines through the
-client), no argparse, tqdm or signals (``cli``).
+rewrite of the output, and result records. No HTTP, no threads, no argparse, tqdm or signals.
 """
 
 from __future__ import annotations

@@ -2,8 +2,6 @@
 
 Each subcommand parses its flags and calls one plain function; ``main`` alone turns failures into exit codes
 (0 ok, 1 some prompts failed or a doctor check failed, 2 usage, input or engine-unusable error, 130 interrupted).
-The batch run lives in ``_batch_runner`` (shared with the demo), its parts in ``batch``/``_batch_job``/``_outage``,
-the terminal in ``_terminal``, the checks in ``doctor``.
 ``LORA_SAMPLER_TESTING=1`` in the environment turns every retry wait to 0 s; it exists for tests that run the CLI
 in a subprocess.
 """

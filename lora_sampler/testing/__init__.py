@@ -1,6 +1,7 @@
 """Test helpers for code that uses lora_sampler: ``FakeEngine``, a loopback stand-in for vLLM (SPEC §7).
 
-Stdlib only and never imports pytest; the ``lora_engine`` fixture lives in ``pytest_plugin``.
+Stdlib only: importing it loads neither requests, backoff nor the client, and never pytest (the ``lora_engine``
+fixture is a separate pytest plugin module).
 """
 
 from __future__ import annotations

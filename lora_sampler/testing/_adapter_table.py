@@ -1,8 +1,8 @@
 """FakeEngine's adapter table: registered names, the "GPU" LRU of ``max_loras``, the lazy filesystem resolver,
 visibility delays, load/unload and the reload whose failure kills the engine (FINDINGS §2-§5).
 
-It does not route, log, script faults or own the engine's lifecycle (``_engine``), nor read adapter files itself
-(``_adapters``); it reads the engine's settings live and shares the engine's lock. Stdlib only.
+It answers adapter questions only: it does not route, log, script faults, parse adapter files or run the engine's
+lifecycle; it reads the engine's settings live and shares the engine's lock. Stdlib only.
 """
 
 from __future__ import annotations

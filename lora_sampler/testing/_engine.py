@@ -1,8 +1,8 @@
 """FakeEngine: a loopback stand-in for vLLM's OpenAI server with LoRA adapters (SPEC §7).
 
-Owns the lifecycle (threads, connections, engine death), routing, completions and the public controls; it delegates
-the adapter table (``_adapter_table``), faults (``_faults``) and the request log (``_observability``). It does not
-tokenize or sample (``_sampling``), read adapter files (``_adapters``) or speak HTTP (``_server``). Stdlib only.
+Owns the lifecycle (threads, connections, engine death), routing, completions and the public controls, and
+hands adapter questions, scripted faults and the request log to the objects it holds. It does not tokenize,
+sample, parse adapter files or speak HTTP itself. Stdlib only.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Scripted faults for FakeEngine: the queue ``inject_fault`` fills and the answer each fault gives.
 
 Owns validating, matching and consuming scripted faults and turning one into a verbatim body (or no answer).
-It does not log requests, route or speak HTTP (``_engine``, ``_server``), and holds no lock of its own: the
-engine's lock guards it. Stdlib only.
+It does not log requests, route or speak HTTP, and holds no lock of its own: the engine's lock guards it.
+Stdlib only.
 """
 
 from __future__ import annotations

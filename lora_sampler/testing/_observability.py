@@ -1,7 +1,7 @@
 """What FakeEngine lets a test observe: the request log (``RequestRecord``) and the connection and load counters.
 
-Owns the records and counters and their locked queries; it decides nothing about answers, faults or adapters
-(``_engine``, ``_faults``, ``_adapter_table``) and holds no lock of its own: it shares the engine's. Stdlib only.
+Owns the records and counters and their locked queries; it decides nothing about answers, faults or adapters,
+and holds no lock of its own: it shares the engine's. Stdlib only.
 """
 
 from __future__ import annotations

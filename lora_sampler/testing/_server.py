@@ -1,7 +1,7 @@
 """The HTTP layer under FakeEngine: the threaded loopback server, its quiet handler and the wire helpers.
 
-Owns reading request bodies and writing or dropping answers; every routing, fault and adapter decision is
-FakeEngine's (``_engine``), which this module only calls into. Stdlib only.
+Owns reading request bodies and writing or dropping answers; it makes no routing, fault or adapter decision and
+only calls into the engine it serves. Stdlib only.
 """
 
 from __future__ import annotations
