@@ -3,13 +3,16 @@
 The benchmarks start it through ``_common.ServerProcess``, so the engine's threads never share the client's GIL::
 
     python benchmarks/_run_fake_engine.py --lora-dir DIR [--model bench/base-model] [--latency 0]
+        [--load-latency 0] [--slots N --swap-latency S]
 
 It prints ``{"url": ..., "pid": ..., "model": ...}`` once it listens, then answers one JSON line per command line:
 
 * ``{"op": "write_adapter", "name": N}``: write a minimal valid adapter into ``DIR/N``;
 * ``{"op": "delay", "name": N, "seconds": S}``: ``set_visibility_delay(N, seconds=S)``;
 * ``{"op": "stats", "name": N}``: completions and loads the engine logged for ``N``, by status;
-* ``{"op": "reset"}``: clear the request log.
+* ``{"op": "reset"}``: clear the request log;
+* ``{"op": "log"}``: every completion as ``[model, started, finished, status]`` (monotonic seconds), the adapter
+  swaps into slots, and the adapters still registered.
 
 It stops on end of input, SIGTERM or SIGINT.
 """
@@ -63,6 +66,11 @@ def handle(engine: FakeEngine, lora_dir: str, command: Dict[str, Any]) -> Dict[s
     if op == "reset":
         engine.reset_log()
         return {"ok": True}
+    if op == "log":
+        completions = [
+            [r.model, r.started, r.finished, r.status] for r in engine.requests if r.path == COMPLETIONS_PATH
+        ]
+        return {"completions": completions, "swaps": engine.adapter_swaps, "loaded": engine.loaded_adapters}
     return {"error": f"unknown op {op!r}"}
 
 
@@ -72,13 +80,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--lora-dir", required=True, help="the resolver directory")
     parser.add_argument("--model", default="bench/base-model", help="the base model name")
     parser.add_argument("--latency", type=float, default=0.0, help="service seconds per completion (default 0)")
+    parser.add_argument("--load-latency", type=float, default=0.0, help="seconds per adapter load (default 0)")
+    parser.add_argument("--slots", type=int, help="adapter slots of a running batch (default: no limit)")
+    parser.add_argument("--swap-latency", type=float, default=0.0, help="seconds per swap into a slot (default 0)")
     parser.add_argument("--backlog", type=int, help="listen backlog of the engine's server (default: socketserver's 5)")
     args = parser.parse_args(argv)
     if args.backlog:
         # The stdlib servers' class attribute (FakeEngine's server derives from TCPServer), read at listen().
         socketserver.TCPServer.request_queue_size = args.backlog
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    with FakeEngine(model=args.model, lora_dir=args.lora_dir, latency=args.latency, max_loras=1024) as engine:
+    settings: Dict[str, Any] = {"latency": args.latency, "load_latency": args.load_latency, "max_loras": 1024}
+    settings.update(lora_slots=args.slots, swap_latency=args.swap_latency)
+    with FakeEngine(model=args.model, lora_dir=args.lora_dir, **settings) as engine:
         print(json.dumps({"url": engine.url, "pid": os.getpid(), "model": engine.model}), flush=True)
         _common.serve_commands(lambda command: handle(engine, args.lora_dir, command))
     return 0

@@ -268,6 +268,18 @@ class AdapterConfigError(PublishError, ValueError):
     """``adapter_config.json`` is missing, unreadable, not LoRA, or made for another base model."""
 
 
+class IncompleteCheckpointError(LoraSamplerError):
+    """A sweep's checkpoint never became complete (absent, still changing, or not reading to its end).
+
+    Attributes:
+        path: The checkpoint.
+    """
+
+    def __init__(self, message: str = "", *, path: Optional[str] = None, **kwargs: Any):
+        super().__init__(message, **kwargs)
+        self.path = path
+
+
 class BatchInputError(LoraSamplerError, ValueError):
     """A line of a batch input file is unusable.
 

@@ -352,6 +352,26 @@ class SamplerClient:
             return list(results)
         return collect_with_progress(results, requests)
 
+    def sweep(
+        self, checkpoints: Any, requests: Any, *, output_dir: Union[str, os.PathLike[str]], **options: Any
+    ) -> Any:
+        """Sample the same requests from every checkpoint of a training run, each once; yield a report per checkpoint.
+
+        ``lora-sampler sweep`` as a generator (SPEC §13): each ``CheckpointReport`` comes once its checkpoint is done
+        and its ``sweep.jsonl`` line is written; running it again resumes. The options (``window``, ``watch``,
+        ``idle_timeout``, ``settle``, ``keep_loaded``, ``delete_retired``, ``max_outage``, ``num_samples``,
+        ``sampling_params``, ``prompt_logprobs``, ``on_outage``) are those of ``lora_sampler.batch.sweep``.
+
+        Args:
+            checkpoints: A path or glob of archives or adapter folders (natural order), a list of them, or a
+                ``lora_sampler.batch.Manifest`` (a training run's ``checkpoints.jsonl``).
+            requests: A JSONL file of prompt or messages lines, or a sequence of such mappings or ``SampleRequest``.
+            output_dir: Where ``<adapter>.jsonl`` per checkpoint and ``sweep.jsonl`` go.
+        """
+        from lora_sampler.batch._sweep import sweep  # batch is the layer above this one
+
+        return sweep(self, checkpoints, requests, output_dir=output_dir, **options)
+
     # -- adapters -------------------------------------------------------------------------------------------
 
     def publish(

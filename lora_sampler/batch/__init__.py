@@ -1,4 +1,4 @@
-"""Batch jobs as a library: input lines, output records and resumable output files."""
+"""Batch jobs as a library: input lines, output records, resumable output files, and checkpoint sweeps."""
 
 from __future__ import annotations
 
@@ -23,8 +23,21 @@ from lora_sampler.batch._lines import (
     result_record,
     write_record,
 )
+from lora_sampler.batch._sources import Checkpoint, Manifest, checkpoint_fingerprint, expand_pattern
+from lora_sampler.batch._steps import EvaluationStep, SampleStep
+from lora_sampler.batch._sweep import CheckpointReport, Sweep, SweepSettings, sweep
 
 __all__ = [
+    "Checkpoint",
+    "CheckpointReport",
+    "EvaluationStep",
+    "Manifest",
+    "SampleStep",
+    "Sweep",
+    "SweepSettings",
+    "checkpoint_fingerprint",
+    "expand_pattern",
+    "sweep",
     "InputLine",
     "LineDefaults",
     "LineId",

@@ -1,4 +1,4 @@
-"""The ``lora-sampler`` command line: ``sample``, ``score``, ``doctor``, ``demo``, ``publish``, ``unload``.
+"""The ``lora-sampler`` command line: ``sample``, ``score``, ``sweep``, ``doctor``, ``demo``, ``publish``, ``unload``.
 
 Each subcommand parses its flags and calls one plain function; ``main`` alone turns failures into exit codes
 (0 ok, 1 some prompts failed or a doctor check failed, 2 usage, input or engine-unusable error, 130 interrupted).
@@ -22,7 +22,10 @@ from lora_sampler._testmode import set_testing
 from lora_sampler._version import __version__
 from lora_sampler.batch._lines import LineDefaults
 from lora_sampler.batch._openai import OPENAI_BATCH_FORMAT, PROMPT_FORMAT, file_format
+from lora_sampler.batch._sources import DEFAULT_IDLE_TIMEOUT, DEFAULT_SETTLE
+from lora_sampler.batch._sweep import DEFAULT_WINDOW
 from lora_sampler.cli._runner import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, BatchAbandoned, run_batch
+from lora_sampler.cli._sweep_runner import check_plot_dependency, run_sweep
 from lora_sampler.cli._terminal import LOG_FORMAT, RetryCounter
 from lora_sampler.errors import LoraSamplerError
 from lora_sampler.names import validate_adapter_name
@@ -60,13 +63,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--log-level", help="DEBUG, INFO (shows every retry), WARNING (default; demo: INFO), ERROR")
-    engine, job = _engine_flags(), _job_flags()
+    engine, pace, sampling = _engine_flags(), _pace_flags(), _sampling_flags()
+    job = _job_flags(pace)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, text: str, *parents: argparse.ArgumentParser) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=text, description=text, parents=[common, *parents])
 
-    _add_sample_arguments(add("sample", "sample every prompt of a JSONL file (resumable)", engine, job), epilog)
+    _add_sample_arguments(
+        add("sample", "sample every prompt of a JSONL file (resumable)", engine, job, sampling), epilog
+    )
+    _add_sweep_flags(
+        add("sweep", "sample the same prompts from every checkpoint of a training run", engine, pace, sampling)
+    )
     from lora_sampler.cli._score import add_score_arguments  # its module needs this one's helpers
 
     add_score_arguments(add("score", "score the tokens of every line of a JSONL file (resumable)", engine, job))
@@ -109,7 +118,7 @@ def _engine_flags() -> argparse.ArgumentParser:
 
 
 def _add_sample_arguments(sample: argparse.ArgumentParser, epilog: str) -> None:
-    """Add the ``sample`` command's own flags: what to sample, the input and its format, the sampling."""
+    """Add the ``sample`` command's own flags: what to sample, the input and its format."""
     sample.epilog = (
         'Input lines: {"id": str|int (default: the line number), "prompt": [token ids] or "text"} (or "messages": '
         '[{"role", "content"}, ...] for chat) plus optional num_samples, max_tokens, temperature, top_p, top_k, '
@@ -127,25 +136,12 @@ def _add_sample_arguments(sample: argparse.ArgumentParser, epilog: str) -> None:
         default="auto",
         help="input format; auto (default): openai-batch when the first line has custom_id and body",
     )
-    for flag, kind, default, text in [
-        ("--num-samples", int, 1, "completions per prompt"),
-        ("--max-tokens", int, 16, "tokens per completion"),
-        ("--temperature", float, 1.0, "sampling temperature"),
-        ("--seed", int, None, "sampling seed"),
-    ]:
-        sample.add_argument(flag, type=kind, default=default, help=f"{text} (default: {default})")
-    sample.add_argument("--prompt-logprobs", action="store_true", help="also return the prompt's logprobs")
 
 
-def _job_flags() -> argparse.ArgumentParser:
-    """Return the flags every batch job command takes (``sample``, ``score``): output, outages, timeout, pace."""
-    job = argparse.ArgumentParser(add_help=False)
-    job.add_argument(
-        "--output",
-        default="-",
-        help="JSONL results; running again with the same file resumes (default: stdout, no resume)",
-    )
-    job.add_argument(
+def _pace_flags() -> argparse.ArgumentParser:
+    """Return the flags of every command that runs many requests (``sample``, ``score``, ``sweep``)."""
+    pace = argparse.ArgumentParser(add_help=False)
+    pace.add_argument(
         "--max-outage",
         type=float,
         default=DEFAULT_MAX_OUTAGE,
@@ -153,21 +149,93 @@ def _job_flags() -> argparse.ArgumentParser:
         help="wait this long for an engine that went away (crash, restart, no router worker) before stopping; "
         f"0 stops at once (default: {DEFAULT_MAX_OUTAGE:g})",
     )
-    job.add_argument(
+    pace.add_argument(
         "--timeout",
         default=DEFAULT_TIMEOUT,
         metavar="CONNECT,READ",
         help=f"seconds to connect and to wait for each answer (default: {DEFAULT_TIMEOUT}); the startup check "
         "waits at most 5 s for an answer",
     )
-    job.add_argument("--concurrency", type=int, default=16, help="requests in flight (default: 16)")
+    pace.add_argument("--concurrency", type=int, default=16, help="requests in flight (default: 16)")
+    pace.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
+    return pace
+
+
+def _job_flags(pace: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Return the flags every one-output batch job takes (``sample``, ``score``): output, order, resume, pace."""
+    job = argparse.ArgumentParser(add_help=False, parents=[pace])
+    job.add_argument(
+        "--output",
+        default="-",
+        help="JSONL results; running again with the same file resumes (default: stdout, no resume)",
+    )
     for flag, text in [
         ("--ordered", "write results in input order (default: as they finish)"),
         ("--no-retry-failed", "on resume, keep failed ids as they are instead of running them again"),
-        ("--quiet", "no progress bar and no summary"),
     ]:
         job.add_argument(flag, action="store_true", help=text)
     return job
+
+
+def _sampling_flags() -> argparse.ArgumentParser:
+    """Return the sampling defaults of every line (``sample``, ``sweep``)."""
+    sampling = argparse.ArgumentParser(add_help=False)
+    for flag, kind, default, text in [
+        ("--num-samples", int, 1, "completions per prompt"),
+        ("--max-tokens", int, 16, "tokens per completion"),
+        ("--temperature", float, 1.0, "sampling temperature"),
+        ("--seed", int, None, "sampling seed"),
+    ]:
+        sampling.add_argument(flag, type=kind, default=default, help=f"{text} (default: {default})")
+    sampling.add_argument("--prompt-logprobs", action="store_true", help="also return the prompt's logprobs")
+    return sampling
+
+
+def _add_sweep_flags(sweep: argparse.ArgumentParser) -> None:
+    """Add the flags of ``sweep`` beyond the shared ones (SPEC §13)."""
+    sweep.epilog = (
+        "Every checkpoint once, in natural order (step-200 before step-1000), each complete before it is taken; "
+        "DIR/<adapter>.jsonl per checkpoint in sample's record format and DIR/sweep.jsonl with one line per "
+        "finished checkpoint. Running the same command again resumes. Exit status: 0 every checkpoint and row "
+        "answered, 1 some rows or checkpoints failed, 2 usage or engine error, 130 interrupted."
+    )
+    which = sweep.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--checkpoints",
+        nargs="+",
+        metavar="PATTERN",
+        help="checkpoint archives or adapter folders: paths or globs (quote them to re-glob on --watch)",
+    )
+    which.add_argument(
+        "--manifest",
+        metavar="FILE",
+        help="the training run's checkpoints.jsonl: name, sampler_path (or path), batch (or step), final",
+    )
+    sweep.add_argument("--input", required=True, help="JSONL prompt or messages lines, one object a line")
+    sweep.add_argument("--output-dir", required=True, metavar="DIR", help="where outputs and sweep.jsonl go")
+    sweep.add_argument(
+        "--window", type=int, default=DEFAULT_WINDOW, help=f"checkpoints in flight at once (default: {DEFAULT_WINDOW})"
+    )
+    sweep.add_argument("--watch", action="store_true", help="follow a run that is still training")
+    sweep.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=DEFAULT_IDLE_TIMEOUT,
+        metavar="SECONDS",
+        help=f"--watch ends after this long with nothing new (default: {DEFAULT_IDLE_TIMEOUT:g})",
+    )
+    sweep.add_argument(
+        "--settle",
+        type=float,
+        default=DEFAULT_SETTLE,
+        metavar="SECONDS",
+        help=f"a checkpoint is taken once unchanged this long and complete (default: {DEFAULT_SETTLE:g})",
+    )
+    sweep.add_argument("--keep-loaded", action="store_true", help="leave finished adapters loaded on the engine")
+    sweep.add_argument(
+        "--delete-retired", action="store_true", help="delete a finished adapter's folder once its unload is confirmed"
+    )
+    sweep.add_argument("--plot", metavar="FILE.png", help="draw the per-checkpoint means against the step (matplotlib)")
 
 
 def _positive_gib(value: str) -> float:
@@ -275,10 +343,14 @@ def parse_timeout(text: str) -> Tuple[float, float]:
 
 def check_job_flags(args: argparse.Namespace) -> None:
     """Check the flags every batch job takes, before anything is sent."""
-    if args.concurrency < 1:
-        raise UsageError(f"--concurrency must be >= 1, got {args.concurrency}")
+    _check_pace_flags(args)
     if args.input != "-" and not os.path.isfile(args.input):
         raise UsageError(f"--input {args.input} is not a file; pass a JSONL file, or - to read stdin")
+
+
+def _check_pace_flags(args: argparse.Namespace) -> None:
+    if args.concurrency < 1:
+        raise UsageError(f"--concurrency must be >= 1, got {args.concurrency}")
     if not 0 <= args.max_outage < float("inf"):
         raise UsageError(f"--max-outage takes seconds >= 0 (0 stops at once), got {args.max_outage:g}")
 
@@ -287,8 +359,13 @@ def check_job_flags(args: argparse.Namespace) -> None:
 Job = Callable[[SamplerClient, Union[Adapter, str, None], RetryCounter], int]
 
 
-def run_job(args: argparse.Namespace, job: Job) -> int:
-    """Build the client of a batch job from its flags, preflight the engine and the adapter, then run ``job``."""
+def run_job(
+    args: argparse.Namespace, job: Job, preflight: Optional[Callable[[SamplerClient, argparse.Namespace], Any]] = None
+) -> int:
+    """Build the client of a batch job from its flags, preflight the engine and the adapter, then run ``job``.
+
+    ``preflight`` replaces the check of the engine and of ``--adapter``/``--base-model`` (``_preflight``).
+    """
     timeout = parse_timeout(args.timeout)
     retries = RetryCounter()
     client = _client(
@@ -299,7 +376,7 @@ def run_job(args: argparse.Namespace, job: Job) -> int:
     )
     abandoned = False
     try:
-        return job(client, _preflight(client, args), retries)
+        return job(client, (preflight or _preflight)(client, args), retries)
     except BatchAbandoned:
         abandoned = True  # closing the client would wait for the requests still in flight
         raise
@@ -344,6 +421,53 @@ def cmd_sample(args: argparse.Namespace) -> int:
     return run_job(args, job)
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """Check the flags and the engine, then sweep every checkpoint through one client."""
+    _check_pace_flags(args)
+    _check_sweep_args(args)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    defaults = LineDefaults(num_samples=args.num_samples, sampling_params=params, prompt_logprobs=args.prompt_logprobs)
+    return run_job(args, lambda client, _, retries: run_sweep(client, args, defaults, retries), _engine_preflight)
+
+
+def _engine_preflight(client: SamplerClient, args: argparse.Namespace) -> None:
+    """Fail at once on a dead or hung engine or a refused key (each checkpoint is checked as it is published)."""
+    client.wait_ready(0)
+    client.engine_model()
+
+
+def _check_sweep_args(args: argparse.Namespace) -> None:
+    """Refuse sweep flags that cannot work, before any request."""
+    if not args.lora_base_dir:
+        raise UsageError("sweep needs --lora-base-dir (the engine's resolver folder) to publish each checkpoint into")
+    _check_sweep_input(args.input)
+    if args.window < 1:
+        raise UsageError(f"--window must be >= 1, got {args.window}")
+    for flag, value in (("--idle-timeout", args.idle_timeout), ("--settle", args.settle)):
+        if not 0 <= value < float("inf"):
+            raise UsageError(f"{flag} takes seconds >= 0, got {value:g}")
+    if args.keep_loaded and args.delete_retired:
+        raise UsageError("--delete-retired deletes unloaded adapters' folders; it cannot go with --keep-loaded")
+    if args.manifest and not args.watch and not os.path.isfile(args.manifest):
+        raise UsageError(f"--manifest {args.manifest} is not a file (pass --watch to wait for it)")
+    if args.plot:
+        try:
+            check_plot_dependency()
+        except ImportError as error:
+            raise UsageError(str(error)) from None
+
+
+def _check_sweep_input(path: str) -> None:
+    """A sweep's input is a file of prompt or messages lines (batch lines name their own models)."""
+    if not os.path.isfile(path):
+        raise UsageError(f"--input {path} is not a file; pass a JSONL file of prompt or messages lines")
+    if file_format(path, "auto") != PROMPT_FORMAT:
+        raise UsageError(
+            f"--input {path} holds OpenAI batch lines, which name their own models; a sweep takes prompt or "
+            "messages lines and samples each from every checkpoint"
+        )
+
+
 def _preflight(client: SamplerClient, args: argparse.Namespace) -> Union[Adapter, str, None]:
     """Fail at once on a dead or hung engine, a refused key or an unusable adapter; return what to sample.
 
@@ -375,6 +499,7 @@ def _preflight(client: SamplerClient, args: argparse.Namespace) -> Union[Adapter
 COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
     "sample": cmd_sample,
     "score": cmd_score,
+    "sweep": cmd_sweep,
     "doctor": cmd_doctor,
     "demo": cmd_demo,
     "publish": cmd_publish,

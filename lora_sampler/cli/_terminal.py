@@ -12,10 +12,10 @@ import sys
 import threading
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional, Protocol
 
 from lora_sampler._client.outage import OutageEvent
-from lora_sampler.batch._job import DEFAULT_DRAIN_SECONDS, BatchJob
+from lora_sampler.batch._job import DEFAULT_DRAIN_SECONDS
 from lora_sampler.retry import RetryEvent
 
 #: The format of lora_sampler's log lines on stderr.
@@ -132,8 +132,16 @@ class Interrupts:
     count: int = 0
 
 
+class Stoppable(Protocol):
+    """A ``BatchJob`` or a ``Sweep``: what Ctrl-C stops."""
+
+    def stop(self, grace: float = DEFAULT_DRAIN_SECONDS) -> None:
+        """Take no new work; abandon what is in flight after ``grace`` seconds."""
+        ...
+
+
 @contextlib.contextmanager
-def interrupts_stop(job: BatchJob) -> Iterator[Interrupts]:
+def interrupts_stop(job: Stoppable) -> Iterator[Interrupts]:
     """First Ctrl-C: take no new lines and give in-flight requests a few seconds; the second: stop now."""
     state = Interrupts()
     if threading.current_thread() is not threading.main_thread():

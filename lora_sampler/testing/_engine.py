@@ -38,6 +38,7 @@ from lora_sampler.testing._observability import EngineStats, new_record
 from lora_sampler.testing._observability import RequestRecord as RequestRecord  # re-exported, as FAULT_KINDS
 from lora_sampler.testing._sampling import BYTE_OFFSET, CompletionRequest, Sampler, encode_text, parse_request
 from lora_sampler.testing._server import Handler, Server, hang_up, read_body, send
+from lora_sampler.testing._slots import AdapterSlots
 
 _POLL_INTERVAL = 0.05  # how often serve_forever checks for shutdown: bounds how long stop() takes
 
@@ -59,6 +60,10 @@ class FakeEngine:
         old_error_shape: send error fields at the top level, as older vLLM builds do.
         chat_template: whether the model has a chat template; without one, ``/v1/chat/completions`` answers vLLM's
             400 (``no_chat_template``). The template is fixed and documented in ``_chat`` (and the README).
+        lora_slots: adapters a running batch may hold at once (vLLM's ``--max-loras`` as its scheduler applies it);
+            None (default): no limit. A completion for an adapter in no slot waits for an idle slot, then swaps it
+            in for ``swap_latency`` seconds; ``adapter_swaps`` counts the swaps (``_slots``).
+        swap_latency: seconds per swap into a slot (read live, like ``latency``).
 
     Error messages are sanitized as vLLM does (file paths read ``<path>``), and every completion carries a
     ``system_fingerprint`` shaped as vLLM's default, ``vllm-0.32.0-<hash8>`` (the ``system_fingerprint`` attribute).
@@ -81,15 +86,20 @@ class FakeEngine:
         port: int = 0,
         old_error_shape: bool = False,
         chat_template: bool = True,
+        lora_slots: int | None = None,
+        swap_latency: float = 0.0,
     ) -> None:
         if vocab_size < BYTE_OFFSET + 256 or max_model_len < 1 or max_loras < 1:
             raise ValueError("need vocab_size >= 260, max_model_len >= 1 and max_loras >= 1")
+        if lora_slots is not None and lora_slots < 1:
+            raise ValueError(f"lora_slots must be None or >= 1, got {lora_slots}")
         self.model, self.api_key, self.old_error_shape = model, api_key, old_error_shape
         self.chat_template = chat_template
         self.lora_dir = None if lora_dir is None else os.fspath(lora_dir)
         self.max_loras, self.max_lora_rank = max_loras, max_lora_rank
         self.max_model_len, self.vocab_size = max_model_len, vocab_size
         self.latency, self.load_latency, self.host = latency, load_latency, host
+        self.lora_slots, self.swap_latency = lora_slots, swap_latency
         self._requested_port = port
         self._port: int | None = None
         settings = {"model": model, "max_model_len": max_model_len, "max_loras": max_loras, "rank": max_lora_rank}
@@ -103,6 +113,7 @@ class FakeEngine:
         self._stats = EngineStats(self._lock)
         self._faults = FaultScript()
         self._adapters = AdapterTable(self, self._lock, self._stats, runtime_updating=runtime_lora_updating)
+        self._slots = AdapterSlots(self, self._lock, self._stats)
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
 
@@ -295,6 +306,22 @@ class FakeEngine:
         return self._adapters.cached()
 
     @property
+    def adapter_swaps(self) -> int:
+        """Swaps of an adapter into a slot (with ``lora_slots``; since start or ``reset_log``)."""
+        return self._stats.swaps
+
+    @property
+    def swap_log(self) -> list[tuple[float, str]]:
+        """``(time.monotonic(), adapter)`` of each swap into a slot, oldest first."""
+        with self._lock:
+            return list(self._stats.swap_log)
+
+    @property
+    def slotted_adapters(self) -> list[str]:
+        """Adapters in slots now (with ``lora_slots``), least recently used first."""
+        return self._slots.held()
+
+    @property
     def is_dead(self) -> bool:
         """True once the engine core died (FINDINGS §5)."""
         return self._dead
@@ -395,7 +422,8 @@ class FakeEngine:
         problem = self._adapters.touch(name)
         if problem is not None:
             return problem
-        self._pause("latency")
+        with self._slots.holding(name):
+            self._pause("latency")
         if self._dead:  # in-flight requests share the death (FINDINGS §5)
             return bodies.engine_dead(old_shape=self.old_error_shape)
         sampler = Sampler(name, request, max_tokens, self.vocab_size)

@@ -63,6 +63,8 @@ class EngineStats:
         self.in_flight = self.opened = self.loads = self.max_loads = self.lazy_loads = 0
         self._loads_by_name: dict[str, int] = {}
         self._max_loads_by_name: dict[str, int] = {}
+        self.swaps = 0
+        self.swap_log: list[tuple[float, str]] = []  # (monotonic time, adapter) of each swap into a slot
 
     def requests(self) -> list[RequestRecord]:
         with self._lock:
@@ -73,10 +75,11 @@ class EngineStats:
             return sum(1 for r in self.records if r.path == path and (model is None or r.model == model))
 
     def reset(self) -> None:
-        """Clear the log, the connection count and the load peaks (not the loads in flight)."""
+        """Clear the log, the connection count, the load peaks and the swaps (not the loads in flight)."""
         with self._lock:
             self.records.clear()
-            self.opened = self.max_loads = self.lazy_loads = 0
+            self.opened = self.max_loads = self.lazy_loads = self.swaps = 0
+            self.swap_log.clear()
             self._max_loads_by_name.clear()
 
     def max_loads_for(self, name: str) -> int:
@@ -88,6 +91,10 @@ class EngineStats:
         self._loads_by_name[name] = self._loads_by_name.get(name, 0) + 1
         self.max_loads = max(self.max_loads, self.loads)
         self._max_loads_by_name[name] = max(self._max_loads_by_name.get(name, 0), self._loads_by_name[name])
+
+    def swap_started_locked(self, name: str) -> None:
+        self.swaps += 1
+        self.swap_log.append((time.monotonic(), name))
 
     def load_finished_locked(self, name: str) -> None:
         self.loads -= 1

@@ -94,7 +94,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # before asking for the shared engine (RUNS_BEFORE_SHARED_ENGINE, e.g. vLLM's run-batch). A test that kills and
     # restarts the shared engine goes last, so no other test sees the restart. The sort is stable.
     def order(item: pytest.Item) -> tuple[int, bool]:
-        if "vllm_engine_static" in getattr(item, "fixturenames", ()):
+        if {"vllm_engine_static", "vllm_engine_one_lora"} & set(getattr(item, "fixturenames", ())):
             first = 0
         else:
             first = 1 if getattr(getattr(item, "module", None), "RUNS_BEFORE_SHARED_ENGINE", False) else 2
@@ -265,6 +265,14 @@ def _log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
         return f"<no log: {exc}>"
 
 
+def _with_max_loras(flags: Sequence[str], max_loras: int | None) -> list[str]:
+    """Return ``flags`` with ``--max-loras`` set to ``max_loras`` (unchanged when None)."""
+    changed = list(flags)
+    if max_loras is not None:
+        changed[changed.index("--max-loras") + 1] = str(max_loras)
+    return changed
+
+
 def _launch(
     env: Any,
     workdir: Path,
@@ -274,10 +282,12 @@ def _launch(
     resolver: bool = True,
     port: int | None = None,
     api_key: str | None = None,
+    max_loras: int | None = None,
 ) -> RealEngine:
     """Start the server process (does not wait for it).
 
-    ``port`` and ``api_key`` default to fresh ones; without ``resolver``, the resolver plugin stays off.
+    ``port`` and ``api_key`` default to fresh ones; without ``resolver``, the resolver plugin stays off;
+    ``max_loras`` replaces ``--max-loras`` of ``ENGINE_FLAGS``.
     """
     port = port or _free_port()
     api_key = api_key or f"test-{secrets.token_hex(8)}"
@@ -307,7 +317,7 @@ def _launch(
         "vllm.entrypoints.launchers.api_server.entry",
         "--model",
         model,
-        *ENGINE_FLAGS,
+        *_with_max_loras(ENGINE_FLAGS, max_loras),
         "--port",
         str(port),
         "--api-key",
@@ -393,7 +403,8 @@ def start_engine(
         workdir: A fresh directory for the resolver directory and the engine log.
         runtime_lora_updating: Whether to set ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``.
         report: Receives progress lines (readiness, timings); stderr when ``None``.
-        launch: ``resolver=False`` (no resolver plugin), ``port=`` (e.g. a restart's), ``api_key=`` (a fleet's).
+        launch: ``resolver=False`` (no resolver plugin), ``port=`` (e.g. a restart's), ``api_key=`` (a fleet's),
+            ``max_loras=`` (instead of ``ENGINE_FLAGS``' 4).
 
     Returns:
         The running engine.
@@ -501,6 +512,22 @@ def vllm_engine_static(
     """
     workdir = tmp_path_factory.mktemp("vllm-engine-static")
     engine = start_engine(vllm_env, workdir, runtime_lora_updating=False, report=_reporter(pytestconfig))
+    try:
+        yield engine
+    finally:
+        engine.stop()
+
+
+@pytest.fixture()
+def vllm_engine_one_lora(
+    vllm_env: Any, tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+) -> Iterator[RealEngine]:
+    """A second real engine started with ``--max-loras 1`` (one adapter per batch), for the test that asks for it.
+
+    Function scope and collected first, as ``vllm_engine_static``: it has stopped before the shared engine starts.
+    """
+    workdir = tmp_path_factory.mktemp("vllm-engine-one-lora")
+    engine = start_engine(vllm_env, workdir, max_loras=1, report=_reporter(pytestconfig))
     try:
         yield engine
     finally:

@@ -1,0 +1,277 @@
+"""Sweeping a training run: ``lora-sampler sweep`` versus a shell loop of ``sample`` runs and one interleaved batch.
+
+K checkpoint archives x N prompts on a FakeEngine in its own process with a per-request latency, a load latency
+and adapter slots with a swap cost (as vLLM with ``--max-loras``). Each arm runs the real CLI in a subprocess:
+
+* ``loop``: one ``lora-sampler sample --adapter step-K.tar.gz`` run per checkpoint, in ``ls`` order, as users do;
+* ``batch``: one ``sample`` run of an OpenAI batch file naming all K adapters, lines interleaved;
+* ``sweep``: one ``lora-sampler sweep --checkpoints 'run/step-*.tar.gz'``.
+
+Reported per arm: wall time, engine idle time between the first and the last completion (nothing in flight),
+adapter swaps into slots, adapters still loaded at the end, and the order checkpoints were taken in. The target
+(SPEC §13): the sweep within 1.1x of K times one checkpoint's steady-state time, idle between checkpoints under one
+request's latency, and faster than both alternatives::
+
+    python benchmarks/bench_sweep.py                     # K=8 x 500 prompts, 2 slots
+    python benchmarks/bench_sweep.py --checkpoints 4 --prompts 200 --slots 0 --arms loop   # the issue's loop
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import _common  # (also puts the checkout's lora_sampler on sys.path)
+
+from lora_sampler._adapters.publish import default_adapter_name
+from lora_sampler.testing import write_adapter_archive
+
+ENV = {"LORA_SAMPLER_TESTING": "0", "PYTHONDONTWRITEBYTECODE": "1"}
+MODEL = "bench/base-model"
+
+
+def make_run(root: str, count: int, prompts: int) -> Tuple[List[str], str]:
+    """Write ``count`` distinct archives ``run/step-<100 k>.tar.gz`` (aged a minute) and the prompts file."""
+    run = os.path.join(root, "run")
+    os.makedirs(run)
+    archives = []
+    steps = (
+        [100, 200, 1000, 2000] if count == 4 else [100 * (k + 1) if k < count // 2 else 1000 * k for k in range(count)]
+    )
+    for index, step in enumerate(steps):
+        path = write_adapter_archive(os.path.join(run, f"step-{step}.tar.gz"), MODEL, rank=1 + index % 8)
+        past = time.time() - 60  # written by the training run a while ago: settled
+        os.utime(path, (past, past))
+        archives.append(path)
+    source = os.path.join(root, "prompts.jsonl")
+    with open(source, "w", encoding="utf-8") as handle:
+        for number in range(prompts):
+            handle.write(json.dumps({"id": f"p{number}", "prompt": [5 + number % 200, 6, 7]}) + "\n")
+    return archives, source
+
+
+def engine(args: argparse.Namespace, lora_dir: str) -> _common.ServerProcess:
+    """Return (not started) a FakeEngine process with the run's latencies and slots."""
+    argv = [sys.executable, os.path.join(_common.HERE, "_run_fake_engine.py"), "--lora-dir", lora_dir]
+    argv += ["--model", MODEL, "--latency", str(args.latency), "--load-latency", str(args.load_latency)]
+    if args.slots:
+        argv += ["--slots", str(args.slots), "--swap-latency", str(args.swap_latency)]
+    return _common.ServerProcess(argv)
+
+
+def cli(argv: Sequence[str]) -> float:
+    """Run ``lora-sampler ARGV`` in a subprocess of its own; return its wall time (a failure stops the benchmark)."""
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "lora_sampler", *argv],
+        env=dict(os.environ, **ENV),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        timeout=1800,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"lora-sampler {argv[0]} exited {done.returncode}: {done.stderr[-2000:]}")
+    return time.monotonic() - started
+
+
+def run_loop(
+    server: _common.ServerProcess, work: str, archives: List[str], source: str, args: argparse.Namespace
+) -> Dict[str, Any]:
+    """One ``sample`` run per archive, in ``ls`` (lexicographic) order."""
+    runs = []
+    for archive in sorted(glob.glob(os.path.join(os.path.dirname(archives[0]), "step-*.tar.gz"))):
+        output = os.path.join(work, "out", os.path.basename(archive) + ".jsonl")
+        argv = [
+            "sample",
+            "--base-url",
+            server.url,
+            "--lora-base-dir",
+            os.path.join(work, "loras"),
+            "--adapter",
+            archive,
+        ]
+        runs.append(cli([*argv, "--input", source, "--output", output, "--concurrency", str(args.concurrency)]))
+    return {"run_seconds": runs}
+
+
+def run_batch(
+    server: _common.ServerProcess, work: str, archives: List[str], source: str, args: argparse.Namespace
+) -> Dict[str, Any]:
+    """One ``sample`` run of an OpenAI batch file naming every adapter, lines interleaved (published first)."""
+    names = []
+    for archive in archives:
+        names.append(default_adapter_name(archive))
+        cli(["publish", "--base-url", server.url, "--lora-base-dir", os.path.join(work, "loras"), archive])
+    batch = os.path.join(work, "batch.jsonl")
+    with open(source, encoding="utf-8") as lines, open(batch, "w", encoding="utf-8") as out:
+        for line in lines:
+            prompt = json.loads(line)
+            for name in names:
+                body = {"model": name, "prompt": prompt["prompt"], "max_tokens": 16}
+                record = {"custom_id": f"{name}/{prompt['id']}", "method": "POST", "url": "/v1/completions"}
+                out.write(json.dumps({**record, "body": body}) + "\n")
+    argv = ["sample", "--base-url", server.url, "--lora-base-dir", os.path.join(work, "loras"), "--input", batch]
+    cli([*argv, "--output", os.path.join(work, "batch-out.jsonl"), "--concurrency", str(args.concurrency)])
+    return {"published_untimed": True}
+
+
+def run_sweep(
+    server: _common.ServerProcess, work: str, archives: List[str], source: str, args: argparse.Namespace
+) -> Dict[str, Any]:
+    """One ``lora-sampler sweep`` over the run's archives."""
+    pattern = os.path.join(os.path.dirname(archives[0]), "step-*.tar.gz")
+    argv = ["sweep", "--base-url", server.url, "--lora-base-dir", os.path.join(work, "loras"), "--checkpoints", pattern]
+    cli([*argv, "--input", source, "--output-dir", os.path.join(work, "out"), "--concurrency", str(args.concurrency)])
+    return {}
+
+
+def run_one(
+    server: _common.ServerProcess, work: str, archives: List[str], source: str, args: argparse.Namespace
+) -> Dict[str, Any]:
+    """One checkpoint's steady state: a ``sample`` run of an adapter already published and loaded (by a first run)."""
+    argv = [
+        "sample",
+        "--base-url",
+        server.url,
+        "--lora-base-dir",
+        os.path.join(work, "loras"),
+        "--adapter",
+        archives[0],
+    ]
+    argv += ["--input", source, "--concurrency", str(args.concurrency)]
+    cli([*argv, "--output", os.path.join(work, "warm.jsonl")])
+    server.command(op="reset")  # the figures are the second run's
+    return {"warm_run_seconds": cli([*argv, "--output", os.path.join(work, "steady.jsonl")])}
+
+
+ARMS = {"one": run_one, "loop": run_loop, "batch": run_batch, "sweep": run_sweep}
+
+
+def engine_figures(log: Dict[str, Any], latency: float) -> Dict[str, Any]:
+    """Idle time (nothing in flight) between the first and last completion, the gaps at each change of adapter,
+    the order adapters were first served in, and the swaps."""
+    completions = sorted((start, end, model) for model, start, end, status in log["completions"] if status == 200)
+    starts: Dict[str, List[float]] = {}
+    for start, _, model in completions:
+        starts.setdefault(model, []).append(start)
+    order = sorted(starts, key=lambda model: _common.median(starts[model]))  # a warm-up request comes early
+    idle, gaps = 0.0, []
+    busy_until = completions[0][1] if completions else 0.0
+    for start, end, _ in completions:
+        if start > busy_until:
+            idle += start - busy_until
+        busy_until = max(busy_until, end)
+    for previous, following in zip(order, order[1:]):
+        last = max(end for start, end, model in completions if model == previous)
+        first = min(start for start, end, model in completions if model == following)
+        gaps.append(max(0.0, first - last))
+    span = completions[-1][1] - completions[0][0] if completions else 0.0
+    return {
+        "completions": len(completions),
+        "engine_span_seconds": span,
+        "engine_idle_seconds": idle,
+        "idle_between_checkpoints": gaps,
+        "max_idle_between_checkpoints": max(gaps, default=0.0),
+        "swaps": log["swaps"],
+        "loaded_at_end": len(log["loaded"]),
+        "served_order": order,
+        "request_latency": latency,
+    }
+
+
+def run_arm(name: str, args: argparse.Namespace) -> Dict[str, Any]:
+    """Run one arm on a fresh engine, run folder and resolver folder; return its figures."""
+    with tempfile.TemporaryDirectory(prefix=f"bench-sweep-{name}-") as work:
+        archives, source = make_run(work, args.checkpoints, args.prompts)
+        lora_dir = os.path.join(work, "loras")
+        os.makedirs(os.path.join(work, "out"))
+        os.makedirs(lora_dir)
+        with engine(args, lora_dir) as server:
+            started = time.monotonic()
+            extra = ARMS[name](server, work, archives, source, args)
+            wall = time.monotonic() - started
+            log = server.command(op="log")
+        figures = engine_figures(log, args.latency)
+        steps = {default_adapter_name(a): os.path.basename(a) for a in archives}
+        figures["served_order"] = [steps.get(model, model) for model in figures["served_order"]]
+    return {"arm": name, "wall_seconds": wall, **figures, **extra}
+
+
+def _goals(
+    sweep: Optional[Dict[str, Any]], results: List[Dict[str, Any]], steady: Optional[float], latency: float
+) -> Dict[str, Optional[bool]]:
+    """SPEC §13's targets, judged on this run (None: an arm needed was not run)."""
+    if sweep is None:
+        return {}
+    others = [r["wall_seconds"] for r in results if r["arm"] in ("loop", "batch")]
+    return {
+        "sweep within 1.1x of K x one checkpoint's steady state": (
+            None if steady is None else (sweep["engine_span_seconds"] <= 1.1 * steady)
+        ),
+        "engine idle between checkpoints under one request's latency": sweep["max_idle_between_checkpoints"] < latency,
+        "sweep faster than the loop and the interleaved batch": bool(others) and sweep["wall_seconds"] < min(others),
+    }
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the arms, print the table and write ``results/bench_sweep.json``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoints", type=int, default=8, help="K archives (4 or up to 8; default 8)")
+    parser.add_argument("--prompts", type=int, default=500, help="prompts per checkpoint (default 500)")
+    parser.add_argument("--concurrency", type=int, default=8, help="requests in flight (default 8)")
+    parser.add_argument("--latency", type=float, default=0.01, help="engine seconds per request (default 0.01)")
+    parser.add_argument("--load-latency", type=float, default=0.2, help="seconds per adapter load (default 0.2)")
+    parser.add_argument("--slots", type=int, default=2, help="adapter slots, 0 for none (default 2)")
+    parser.add_argument("--swap-latency", type=float, default=0.05, help="seconds per swap (default 0.05)")
+    parser.add_argument("--arms", default="one,loop,batch,sweep", help="comma-separated arms (default: all)")
+    parser.add_argument("--name", default="bench_sweep", help="results file name (default bench_sweep)")
+    args = parser.parse_args(argv)
+    results = [run_arm(name, args) for name in args.arms.split(",")]
+    ideal = args.checkpoints * args.prompts * args.latency / args.concurrency
+    one = next((r for r in results if r["arm"] == "one"), None)
+    steady = None if one is None else args.checkpoints * one["engine_span_seconds"]
+    headers = ["arm", "wall s", "engine idle s", "max idle between ckpts s", "swaps", "loaded at end", "order"]
+    rows = [
+        [
+            r["arm"],
+            r["wall_seconds"],
+            r["engine_idle_seconds"],
+            r["max_idle_between_checkpoints"],
+            r["swaps"],
+            r["loaded_at_end"],
+            " ".join(o.split(".")[0] for o in r["served_order"]),
+        ]
+        for r in results
+    ]
+    print(_common.table(headers, rows))
+    print(f"K x N x latency / concurrency: {ideal:.2f} s; K x one checkpoint's steady state: {steady or 0:.2f} s")
+    sweep = next((r for r in results if r["arm"] == "sweep"), None)
+    goals = _goals(sweep, results, steady, args.latency)
+    for goal, ok in goals.items():
+        print(f"{_common.verdict(ok)}  {goal}")
+    payload = {
+        "stamp": _common.stamp(),
+        "machine": _common.machine(),
+        "settings": vars(args),
+        "ideal_seconds": ideal,
+        "steady_state_seconds": steady,
+        "goals": {goal: _common.verdict(ok) for goal, ok in goals.items()},
+        "arms": results,
+        "markdown": _common.markdown_table(headers, rows),
+    }
+    print("wrote", _common.write_results(args.name, payload))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

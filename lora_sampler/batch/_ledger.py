@@ -1,0 +1,159 @@
+"""``sweep.jsonl``: one line per finished checkpoint, appended atomically, so a kill loses nothing and repeats nothing.
+
+Owns reading the ledger on resume (finished checkpoints; failed ones dropped so they run again; a torn last line
+repaired), the lock that keeps a second sweep out of the same folder, and the durable append. No HTTP, no threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import tempfile
+from typing import Any, Dict, List, Optional
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no lock, one sweep per folder is then the user's care
+    fcntl = None  # type: ignore[assignment]
+
+from lora_sampler.errors import LoraSamplerError
+
+logger = logging.getLogger(__name__)
+
+#: The ledger's file name in the output folder.
+LEDGER_NAME = "sweep.jsonl"
+
+
+class Ledger:
+    """The ledger of one output folder, held open for appending while a sweep runs (use it as a context manager).
+
+    Opening it takes an exclusive lock on the folder (a second sweep into it is refused), reads the finished
+    checkpoints, and rewrites the file atomically without the lines that must go: error lines (those checkpoints run
+    again), a torn last line (a kill mid-write), and repeats of a checkpoint. Each ``append`` is one ``write`` of one
+    whole line, then ``fsync``.
+
+    Args:
+        output_dir: The sweep's output folder (created when missing).
+
+    Raises:
+        LoraSamplerError: another sweep holds the folder.
+    """
+
+    def __init__(self, output_dir: str):
+        os.makedirs(output_dir, exist_ok=True)
+        self.path = os.path.join(output_dir, LEDGER_NAME)
+        self._lock_fd = _lock_folder(output_dir)
+        try:
+            #: The finished checkpoints' lines, by checkpoint, in file order.
+            self.finished: Dict[str, Dict[str, Any]] = {}
+            #: Checkpoints recorded as failed by earlier runs (they run again).
+            self.retried: List[str] = []
+            self._repair()
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except BaseException:
+            self._unlock()
+            raise
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the file and release the folder. Idempotent."""
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+        self._unlock()
+
+    def append(self, entry: Dict[str, Any]) -> None:
+        """Append one line durably (one ``write``, then ``fsync``); a finished one joins ``finished``."""
+        data = (json.dumps(entry, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
+        os.fsync(self._fd)
+        if "error" not in entry:
+            self.finished[str(entry["checkpoint"])] = entry
+
+    def _repair(self) -> None:
+        """Read the ledger; rewrite it atomically when lines must go (see the class docstring)."""
+        if not os.path.exists(self.path):
+            return
+        kept: List[bytes] = []
+        dropped = 0
+        with open(self.path, "rb") as handle:
+            for raw in handle:
+                entry = _entry(raw)
+                checkpoint = None if entry is None else entry.get("checkpoint")
+                if entry is None or not isinstance(checkpoint, str) or checkpoint in self.finished:
+                    dropped += 1
+                elif "error" in entry:
+                    self.retried.append(checkpoint)
+                    dropped += 1
+                else:
+                    self.finished[checkpoint] = entry
+                    kept.append(raw)
+        if dropped:
+            _replace(self.path, kept)
+            logger.info("%s: %d finished checkpoints kept, %d lines dropped", self.path, len(kept), dropped)
+
+    def _unlock(self) -> None:
+        fd, self._lock_fd = self._lock_fd, -1
+        if fd >= 0:
+            os.close(fd)  # closing the descriptor releases the flock
+
+
+def read_ledger(path: str) -> List[Dict[str, Any]]:
+    """Return every whole line of a ledger, in file order (for the summary and the plot); [] when there is none."""
+    if not os.path.exists(path):
+        return []
+    with open(path, "rb") as handle:
+        return [entry for entry in map(_entry, handle) if entry is not None]
+
+
+def _entry(raw: bytes) -> Optional[Dict[str, Any]]:
+    if not raw.endswith(b"\n"):
+        return None  # torn by a kill mid-write
+    try:
+        entry = json.loads(raw.decode("utf-8"))
+    except ValueError:
+        return None
+    return entry if isinstance(entry, dict) else None
+
+
+def _replace(path: str, lines: List[bytes]) -> None:
+    """Write ``lines`` to a temporary file beside ``path``, fsync it, and move it over ``path``."""
+    fd, temp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=os.path.dirname(path))
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.writelines(lines)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise
+
+
+def _lock_folder(folder: str) -> int:
+    """Hold an exclusive ``flock`` on the folder itself; -1 where locks do not work."""
+    if fcntl is None:  # pragma: no cover - Windows
+        return -1
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise LoraSamplerError(
+            f"another sweep is writing to {folder}; wait for it to end, or pass another --output-dir"
+        ) from None
+    except OSError as error:  # a filesystem without locks: go on unlocked
+        os.close(fd)
+        logger.debug("cannot lock %s (%s); one sweep per folder is up to you", folder, error)
+        return -1
+    return fd

@@ -1,0 +1,122 @@
+"""What a sweep does with one checkpoint: the evaluation step (``SampleStep`` today).
+
+A step turns the sweep's input into one checkpoint's request lines, names the output's record format, and reads a
+finished output file back into the checkpoint's ledger fields. The scheduler (``_sweep``) knows nothing else about
+the evaluation, so another step (scoring) plugs in beside this one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Dict, Iterator, Mapping, Optional, Protocol, Sequence, Union
+
+from lora_sampler.batch._lines import PROMPT_RECORDS, InputLine, LineDefaults, RecordFormat, parse_line, read_input
+from lora_sampler.errors import BatchInputError
+from lora_sampler.types import Adapter, SampleRequest
+
+#: The sweep's input: a JSONL file of prompt or messages lines, or the lines themselves (mappings with the
+#: keys of such a line, or ``SampleRequest`` values, whose ids are their 1-based positions).
+SweepInput = Union[str, "os.PathLike[str]", Sequence[Union[Mapping[str, Any], SampleRequest]]]
+
+
+class EvaluationStep(Protocol):
+    """One checkpoint's evaluation, as the sweep scheduler drives it."""
+
+    #: The output's record format (what ``BatchJob`` writes and resume reads).
+    records: RecordFormat
+
+    def lines(self, adapter: Adapter) -> Iterator[InputLine]:
+        """Yield the input lines, each request aimed at ``adapter``."""
+        ...
+
+    def summary(self, output_path: str) -> Dict[str, Any]:
+        """Read a finished output file into the checkpoint's ledger fields (``rows`` and ``failed`` at least)."""
+        ...
+
+
+class SampleStep:
+    """Sample every input line from the checkpoint's adapter, in ``sample``'s record format.
+
+    Args:
+        source: The input (``SweepInput``); a file is read again for each checkpoint, so memory stays flat.
+        defaults: What every line gets unless it says otherwise (its ``adapter`` is replaced per checkpoint).
+    """
+
+    records = PROMPT_RECORDS
+
+    def __init__(self, source: SweepInput, defaults: Optional[LineDefaults] = None):
+        if isinstance(source, (str, os.PathLike)):
+            self._path: Optional[str] = os.fspath(source)
+            self._items: Sequence[Union[Mapping[str, Any], SampleRequest]] = ()
+        elif isinstance(source, Sequence):
+            self._path, self._items = None, source  # type: ignore[assignment]  # str was taken above
+        else:
+            raise TypeError(
+                f"the sweep's input must be a JSONL path or a sequence of lines, got {type(source).__name__}"
+            )
+        self._defaults = defaults or LineDefaults()
+
+    def lines(self, adapter: Adapter) -> Iterator[InputLine]:
+        """Yield the input lines aimed at ``adapter`` (read afresh each time).
+
+        Raises:
+            BatchInputError: an id repeats an earlier line's (as ``read_input``).
+        """
+        defaults = dataclasses.replace(self._defaults, adapter=adapter, base_model=None)
+        if self._path is not None:
+            with open(self._path, "rb") as handle:
+                yield from read_input(handle, defaults, name=self._path)
+            return
+        seen: Dict[str, int] = {}
+        for number, item in enumerate(self._items, 1):
+            line = _item_line(item, number, defaults, adapter)
+            first = seen.setdefault(line.key, number)
+            if first != number:
+                raise BatchInputError(
+                    f"requests[{number - 1}] repeats the id {line.id!r} of requests[{first - 1}]; give every line a "
+                    "unique id (or none: its position is used)"
+                )
+            yield line
+
+    def summary(self, output_path: str) -> Dict[str, Any]:
+        """``rows``, ``failed``, ``tokens`` (generated), ``mean_logprob`` (per generated token) and ``mean_length``
+        (generated tokens per sequence) of an output file."""
+        return summarize_output(output_path)
+
+
+def _item_line(item: Any, number: int, defaults: LineDefaults, adapter: Adapter) -> InputLine:
+    """The input line of one item of a sequence input: a ``SampleRequest`` (id: its position) or a line mapping."""
+    if isinstance(item, SampleRequest):
+        return InputLine(number, number, dataclasses.replace(item, adapter=adapter, base_model=None))
+    if not isinstance(item, Mapping):
+        raise TypeError(f"requests must hold mappings or SampleRequest values, got {type(item).__name__}")
+    line = parse_line(json.dumps(dict(item)).encode("utf-8"), number, defaults)
+    return line if line is not None else InputLine(number, number, error="an empty line")
+
+
+def summarize_output(path: str) -> Dict[str, Any]:
+    """Read a prompt-format output file: rows, failed rows, generated tokens, mean logprob and mean length."""
+    rows = failed = tokens = sequences = counted = 0
+    total = 0.0
+    with open(path, "rb") as handle:
+        for raw in handle:
+            record = json.loads(raw)
+            rows += 1
+            if "error" in record:
+                failed += 1
+                continue
+            for sequence in record.get("sequences", ()):
+                sequences += 1
+                tokens += len(sequence.get("tokens", ()))
+                values = [lp for lp in sequence.get("logprobs", ()) if lp is not None]
+                total += sum(values)
+                counted += len(values)
+    return {
+        "rows": rows,
+        "failed": failed,
+        "tokens": tokens,
+        "mean_logprob": total / counted if counted else None,
+        "mean_length": tokens / sequences if sequences else None,
+    }

@@ -1,0 +1,466 @@
+"""The sweep scheduler: every checkpoint of a training run through one client, each once, the engine kept busy.
+
+Owns the window of checkpoints in flight, the hand-over (the next checkpoint is published and warmed while the
+previous one's last rows run, and its requests queue right behind them), unloads, ledger lines and reports. What
+happens to one checkpoint's lines is the step's (``_steps``); where checkpoints come from is ``_sources``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Union
+
+from lora_sampler._client.client import SamplerClient
+from lora_sampler._client.outage import OutageHook, checked_seconds
+from lora_sampler.batch._job import DEFAULT_DRAIN_SECONDS, DEFAULT_FAIL_FAST, BatchJob
+from lora_sampler.batch._ledger import Ledger
+from lora_sampler.batch._lines import InputLine, LineDefaults, prepare_output
+from lora_sampler.batch._sources import (
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_SETTLE,
+    Checkpoint,
+    CheckpointSource,
+    Manifest,
+    Unusable,
+    listing,
+)
+from lora_sampler.batch._steps import EvaluationStep, SampleStep, SweepInput
+from lora_sampler.errors import BatchInputError, IncompleteCheckpointError, LoraSamplerError
+from lora_sampler.types import Adapter, SampleRequest, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+#: Checkpoints with requests in flight at once (``--window``).
+DEFAULT_WINDOW = 2
+#: Seconds between looks for new checkpoints while there is room in the window.
+POLL_SECONDS = 0.25
+
+Checkpoints = Union[str, Sequence[str], Manifest]
+#: Called in a checkpoint's thread with ``(checkpoint, "done"|"failed"|"skipped", line, record)``.
+RowHook = Callable[[Checkpoint, str, InputLine, Optional[Dict[str, Any]]], None]
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    """How a sweep runs (the flags of ``lora-sampler sweep``; see SPEC §13)."""
+
+    output_dir: str
+    window: int = DEFAULT_WINDOW
+    watch: bool = False
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT
+    settle: float = DEFAULT_SETTLE
+    keep_loaded: bool = False
+    delete_retired: bool = False
+    max_outage: float = 0.0
+    fail_fast: int = DEFAULT_FAIL_FAST
+    storage_options: Optional[Mapping[str, Any]] = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
+            raise ValueError(f"window must be an int >= 1, got {self.window!r}")
+        for name in ("idle_timeout", "settle", "max_outage"):
+            checked_seconds(getattr(self, name), name)
+        if self.keep_loaded and self.delete_retired:
+            raise ValueError("delete_retired deletes the folders of unloaded adapters; it cannot go with keep_loaded")
+
+
+@dataclass
+class CheckpointReport:
+    """One finished checkpoint: its ``sweep.jsonl`` line (``ledger_line``), or the error that made it unusable.
+
+    ``rows`` counts the lines of its output file over every run that wrote to it; ``mean_logprob`` is per generated
+    token, ``mean_length`` in generated tokens per sequence; ``extra`` holds a step's own fields.
+    """
+
+    checkpoint: str
+    step: Optional[int] = None
+    adapter: Optional[str] = None
+    output: Optional[str] = None
+    rows: int = 0
+    failed: int = 0
+    tokens: int = 0
+    mean_logprob: Optional[float] = None
+    mean_length: Optional[float] = None
+    seconds: float = 0.0
+    error: Optional[Dict[str, str]] = None
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """Whether the checkpoint was usable and every row answered."""
+        return self.error is None and self.failed == 0
+
+    def ledger_line(self) -> Dict[str, Any]:
+        """Return the ``sweep.jsonl`` line (SPEC §13)."""
+        if self.error is not None:
+            return {"checkpoint": self.checkpoint, "error": dict(self.error)}
+        line: Dict[str, Any] = {"checkpoint": self.checkpoint, "adapter": self.adapter, "output": self.output}
+        line.update(rows=self.rows, failed=self.failed, tokens=self.tokens, mean_logprob=self.mean_logprob)
+        line.update(mean_length=self.mean_length, seconds=round(self.seconds, 3), step=self.step, **self.extra)
+        return line
+
+    @classmethod
+    def from_ledger(cls, line: Mapping[str, Any]) -> CheckpointReport:
+        """Read a ``sweep.jsonl`` line back."""
+        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        report = cls(**{k: v for k, v in line.items() if k in known})
+        report.extra = {k: v for k, v in line.items() if k not in known}
+        return report
+
+    @classmethod
+    def failure(cls, checkpoint: Checkpoint, error: BaseException, seconds: float = 0.0) -> CheckpointReport:
+        """The report of a checkpoint that could not be used."""
+        message = str(error) or repr(error)
+        return cls(
+            checkpoint.path, checkpoint.step, seconds=seconds, error={"type": type(error).__name__, "message": message}
+        )
+
+
+class _SweepFatal(Exception):
+    """The engine (or the input) is unusable for every checkpoint: the sweep stops."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class Sweep:
+    """One sweep: ``run()`` yields a ``CheckpointReport`` per checkpoint as it finishes; ``stop()`` ends it early.
+
+    Args:
+        client: The client every checkpoint goes through (its ``max_workers`` is the concurrency).
+        checkpoints: A path or glob, a list of them, or a ``Manifest``.
+        step: The evaluation of one checkpoint (``SampleStep``).
+        settings: ``SweepSettings``.
+        on_row: Called for every row, from the checkpoint's thread (progress bars).
+        on_outage: Called with each ``OutageEvent``, from worker threads.
+    """
+
+    def __init__(
+        self,
+        client: SamplerClient,
+        checkpoints: Checkpoints,
+        step: EvaluationStep,
+        settings: SweepSettings,
+        *,
+        on_row: Optional[RowHook] = None,
+        on_outage: Optional[OutageHook] = None,
+    ):
+        self.client, self.step, self.settings = client, step, settings
+        self.on_row, self.on_outage = on_row, on_outage
+        self._checkpoints = checkpoints
+        self._listing = listing(checkpoints, settings.storage_options)
+        self._stopping = threading.Event()
+        self._finished: queue.Queue[_CheckpointRun] = queue.Queue()
+        self._active: List[_CheckpointRun] = []
+        self._lock = threading.Lock()
+        #: Set once a second stop left requests in flight (the outputs stay resumable).
+        self.abandoned = False
+        #: The ledger's path, once ``run`` opened it.
+        self.ledger_path: Optional[str] = None
+
+    @property
+    def stopped(self) -> bool:
+        """Whether ``stop`` was called."""
+        return self._stopping.is_set()
+
+    def stop(self, grace: float = DEFAULT_DRAIN_SECONDS) -> None:
+        """Take no new checkpoint or line; abandon the requests in flight after ``grace`` seconds (0: at once)."""
+        self._stopping.set()
+        with self._lock:
+            runs = list(self._active)
+        for run in runs:
+            run.stop(grace)
+
+    def run(self) -> Iterator[CheckpointReport]:
+        """Evaluate every checkpoint not yet in the ledger; yield each report once its ledger line is written.
+
+        Raises:
+            ValueError: without a watch, the patterns or the manifest name no checkpoint.
+            LoraSamplerError: another sweep holds the output folder, or the engine or the input is unusable.
+        """
+        with Ledger(self.settings.output_dir) as ledger:
+            self.ledger_path = ledger.path
+            settings = self.settings
+            source = CheckpointSource(
+                self._listing,
+                skip=ledger.finished,
+                watch=settings.watch,
+                settle=settings.settle,
+                idle_timeout=settings.idle_timeout,
+                storage_options=settings.storage_options,
+            )
+            if not settings.watch and not ledger.finished and not self._listing():
+                raise ValueError(f"{_describe(self._checkpoints)} names no checkpoint archive or adapter folder")
+            try:
+                yield from self._schedule(source, ledger)
+            finally:
+                self.stop(0.0 if self._active else DEFAULT_DRAIN_SECONDS)
+                for run in self._active:
+                    run.join()
+
+    def _schedule(self, source: CheckpointSource, ledger: Ledger) -> Iterator[CheckpointReport]:
+        after = threading.Event()
+        after.set()
+        while True:
+            while not self.stopped and len(self._active) < self.settings.window:
+                item = source.poll()
+                if item is None:
+                    break
+                if isinstance(item, Unusable):
+                    error = IncompleteCheckpointError(item.reason, path=item.checkpoint.path)
+                    yield self._record(CheckpointReport.failure(item.checkpoint, error), source, ledger)
+                    continue
+                run = _CheckpointRun(self, item, after)
+                after = run.inputs_done
+                with self._lock:
+                    self._active.append(run)
+                run.start()
+            if not self._active:
+                if source.ended or self.stopped:
+                    return
+                self._stopping.wait(POLL_SECONDS)
+                continue
+            try:
+                run = self._finished.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                continue
+            run.join()
+            with self._lock:
+                self._active.remove(run)
+            if run.fatal is not None:
+                self.stop(0.0)
+                raise run.fatal
+            if run.report is not None:
+                yield self._record(run.report, source, ledger)
+
+    def _record(self, report: CheckpointReport, source: CheckpointSource, ledger: Ledger) -> CheckpointReport:
+        ledger.append(report.ledger_line())
+        source.finished(report.checkpoint)
+        return report
+
+
+class _CheckpointRun(threading.Thread):
+    """One checkpoint in its own thread: publish, warm, wait for the previous one's input to end, run, retire.
+
+    ``inputs_done`` is set once every one of its requests was handed to the client (or it ended early): the next
+    checkpoint's requests then queue right behind its last ones, so the client's workers never run dry.
+    """
+
+    def __init__(self, sweep: Sweep, checkpoint: Checkpoint, after: threading.Event):
+        super().__init__(name=f"lora_sampler-sweep-{os.path.basename(checkpoint.path)}", daemon=True)
+        self.sweep, self.checkpoint, self.after = sweep, checkpoint, after
+        self.inputs_done = threading.Event()
+        self.report: Optional[CheckpointReport] = None
+        self.fatal: Optional[BaseException] = None
+        self._job: Optional[BatchJob] = None
+        self._grace: Optional[float] = None
+        self._lock = threading.Lock()
+
+    def stop(self, grace: float) -> None:
+        """Stop this checkpoint's job (now, or as soon as it starts)."""
+        with self._lock:
+            self._grace = grace if self._grace is None else min(grace, self._grace)
+            job = self._job
+        if job is not None:
+            job.stop(grace)
+
+    def run(self) -> None:
+        started = time.monotonic()
+        try:
+            self.report = self._evaluate(started)
+        except _SweepFatal as fatal:
+            self.fatal = fatal.error
+        except (LoraSamplerError, OSError, ValueError, TypeError) as error:
+            self.report = CheckpointReport.failure(self.checkpoint, error, time.monotonic() - started)
+        except BaseException as error:  # a bug: surface it in the sweep's thread
+            self.fatal = error
+        finally:
+            self.inputs_done.set()
+            self.sweep._finished.put(self)
+
+    def _evaluate(self, started: float) -> Optional[CheckpointReport]:
+        sweep = self.sweep
+        client, step, settings = sweep.client, sweep.step, sweep.settings
+        adapter = client.publish(self.checkpoint.path)
+        output = os.path.join(settings.output_dir, f"{adapter.name}.jsonl")
+        state = prepare_output(output, key_of=step.records.key_of)
+        warm = _warm_up(client, step, adapter, state.done)
+        try:
+            with open(output, "a", encoding="utf-8") as out:
+                job = BatchJob(
+                    client,
+                    self._gated(step.lines(adapter)),
+                    out,
+                    done=state.done,
+                    model=adapter.name,
+                    on_event=self._on_event,
+                    fail_fast=settings.fail_fast,
+                    max_outage=settings.max_outage,
+                    on_outage=sweep.on_outage,
+                    records=step.records,
+                )
+                with self._lock:
+                    self._job, grace = job, self._grace
+                if grace is not None:
+                    job.stop(grace)
+                job.run()
+        finally:
+            if warm is not None:
+                warm.join()
+        if job.abandoned:
+            sweep.abandoned = True
+        if job.abandoned or sweep.stopped:
+            return None  # not finished: the next run resumes its output
+        self._retire(adapter)
+        if job.fatal is not None:
+            self._judge(job.fatal)
+        summary = step.summary(output)
+        known = {name: summary.pop(name) for name in _SUMMARY_FIELDS if name in summary}
+        return CheckpointReport(
+            self.checkpoint.path,
+            self.checkpoint.step,
+            adapter.name,
+            os.path.basename(output),
+            seconds=time.monotonic() - started,
+            extra=summary,
+            **known,
+        )
+
+    def _gated(self, lines: Iterator[InputLine]) -> Iterator[InputLine]:
+        """The lines, once the previous checkpoint's have all been handed out (or the sweep stops)."""
+        try:
+            while not self.after.wait(0.05):
+                if self.sweep.stopped:
+                    return
+            yield from lines
+        finally:
+            self.inputs_done.set()
+            close = getattr(lines, "close", None)
+            if close is not None:
+                close()
+
+    def _on_event(self, kind: str, line: InputLine, record: Optional[Dict[str, Any]]) -> None:
+        if self.sweep.on_row is not None:
+            self.sweep.on_row(self.checkpoint, kind, line, record)
+
+    def _judge(self, error: LoraSamplerError) -> None:
+        """A job that stopped on its own: the input or the engine is at fault (the sweep stops), or the checkpoint."""
+        if isinstance(error, BatchInputError):
+            raise _SweepFatal(error)
+        try:
+            self.sweep.client.wait_ready(0)
+        except LoraSamplerError:
+            raise _SweepFatal(error) from None
+        raise error  # the engine answers: this checkpoint's adapter is unusable
+
+    def _retire(self, adapter: Adapter) -> None:
+        """Unload the finished adapter (every replica); delete its folder with ``delete_retired``."""
+        settings = self.sweep.settings
+        if settings.keep_loaded:
+            return
+        try:
+            self.sweep.client.unload(adapter, delete_files=settings.delete_retired)
+        except (LoraSamplerError, OSError, ValueError) as error:
+            logger.warning(
+                "Could not unload adapter %r of %s (its files are kept): %s", adapter.name, self.checkpoint.path, error
+            )
+
+
+_SUMMARY_FIELDS = ("rows", "failed", "tokens", "mean_logprob", "mean_length")
+
+
+def _warm_up(
+    client: SamplerClient, step: EvaluationStep, adapter: Adapter, done: Set[str]
+) -> Optional[threading.Thread]:
+    """Send one short request for the adapter in the background, so the engine loads it before its rows come.
+
+    The request is the first line still to run, cut to one token; its answer is dropped. None: nothing to run.
+    """
+    first: Any = None
+    lines = step.lines(adapter)
+    try:
+        for line in lines:
+            if line.request is not None and line.key not in done:
+                first = line.request
+                break
+    except BatchInputError:
+        return None  # the job reports it
+    finally:
+        close = getattr(lines, "close", None)
+        if close is not None:
+            close()
+    if first is None:
+        return None
+    one_token = SamplingParams(max_tokens=1)
+    if isinstance(first, SampleRequest):
+        short = dataclasses.replace(
+            first, num_samples=1, sampling_params=one_token, prompt_logprobs=False, topk_prompt_logprobs=0
+        )
+    else:  # another step's request (scoring): the same prompt, sampled for one token
+        short = SampleRequest(first.prompt, adapter=adapter, sampling_params=one_token)
+
+    def send() -> None:
+        try:
+            client.run(short)
+        except Exception as error:  # the rows meet the same failure and report it
+            logger.debug("Warm-up request for %r failed: %s", adapter.name, error)
+
+    thread = threading.Thread(target=send, name=f"lora_sampler-warm-{adapter.name}", daemon=True)
+    thread.start()
+    return thread
+
+
+def _describe(checkpoints: Checkpoints) -> str:
+    if isinstance(checkpoints, Manifest):
+        return f"the manifest {checkpoints.path}"
+    patterns = [checkpoints] if isinstance(checkpoints, str) else list(checkpoints)
+    return "the pattern " + " ".join(patterns)
+
+
+def sweep(
+    client: SamplerClient,
+    checkpoints: Checkpoints,
+    requests: SweepInput,
+    *,
+    output_dir: Union[str, os.PathLike[str]],
+    window: int = DEFAULT_WINDOW,
+    watch: bool = False,
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+    settle: float = DEFAULT_SETTLE,
+    keep_loaded: bool = False,
+    delete_retired: bool = False,
+    max_outage: float = 0.0,
+    num_samples: int = 1,
+    sampling_params: Optional[SamplingParams] = None,
+    prompt_logprobs: bool = False,
+    storage_options: Optional[Mapping[str, Any]] = None,
+    on_outage: Optional[OutageHook] = None,
+    step: Optional[EvaluationStep] = None,
+) -> Iterator[CheckpointReport]:
+    """Sample the same requests from every checkpoint of a training run; yield one report per checkpoint.
+
+    See ``SamplerClient.sweep``; ``step`` replaces the sampling of each line by another evaluation.
+    """
+    defaults = LineDefaults(
+        num_samples=num_samples, sampling_params=sampling_params or SamplingParams(), prompt_logprobs=prompt_logprobs
+    )
+    settings = SweepSettings(
+        os.fspath(output_dir),
+        window=window,
+        watch=watch,
+        idle_timeout=idle_timeout,
+        settle=settle,
+        keep_loaded=keep_loaded,
+        delete_retired=delete_retired,
+        max_outage=max_outage,
+        storage_options=storage_options,
+    )
+    chosen = step if step is not None else SampleStep(requests, defaults)
+    return Sweep(client, checkpoints, chosen, settings, on_outage=on_outage).run()

@@ -1,0 +1,149 @@
+"""``lora-sampler sweep`` on the terminal: the progress bar, a line per finished checkpoint, Ctrl-C, the summary
+table and ``--plot``. The sweep itself is ``batch._sweep``; matplotlib (the ``plot`` extra) is imported only here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+from typing import Any, Dict, List, Optional, Sequence
+
+from lora_sampler._client.client import SamplerClient
+from lora_sampler.batch._ledger import read_ledger
+from lora_sampler.batch._lines import PROMPT_RECORDS, InputLine, LineDefaults
+from lora_sampler.batch._sources import Checkpoint, Manifest
+from lora_sampler.batch._steps import SampleStep
+from lora_sampler.batch._sweep import Sweep, SweepSettings
+from lora_sampler.cli._runner import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, BatchAbandoned
+from lora_sampler.cli._terminal import JobBar, RetryCounter, interrupts_stop, logs_above, progress_bar, say
+
+#: The summary table's columns, and the ledger field each shows.
+COLUMNS = (
+    ("checkpoint", "checkpoint"),
+    ("rows", "rows"),
+    ("failed", "failed"),
+    ("mean logprob", "mean_logprob"),
+    ("mean length", "mean_length"),
+    ("rows/s", "rows_per_second"),
+)
+_PLOT_EXTRA = "--plot needs matplotlib: pip install 'lora_sampler[plot]'"
+
+
+def check_plot_dependency() -> None:
+    """Fail before the sweep when ``--plot`` cannot be drawn.
+
+    Raises:
+        ImportError: matplotlib is not installed (the message names the ``plot`` extra).
+    """
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ImportError(_PLOT_EXTRA) from None
+
+
+def run_sweep(client: SamplerClient, args: argparse.Namespace, defaults: LineDefaults, retries: RetryCounter) -> int:
+    """Sweep the checkpoints the flags name; print each as it finishes and the table at the end; return the status."""
+    settings = SweepSettings(
+        args.output_dir,
+        window=args.window,
+        watch=args.watch,
+        idle_timeout=args.idle_timeout,
+        settle=args.settle,
+        keep_loaded=args.keep_loaded,
+        delete_retired=args.delete_retired,
+        max_outage=args.max_outage,
+    )
+    bar = progress_bar(None, args.quiet)
+    shown = JobBar(bar, retries, PROMPT_RECORDS.message_of)
+    lock = threading.Lock()  # several checkpoints' threads report rows
+
+    def on_row(checkpoint: Checkpoint, kind: str, line: InputLine, record: Optional[Dict[str, Any]]) -> None:
+        with lock:
+            shown.on_event(kind, line, record)
+
+    checkpoints = Manifest(args.manifest) if args.manifest else list(args.checkpoints)
+    step = SampleStep(args.input, defaults)
+    sweep = Sweep(client, checkpoints, step, settings, on_row=on_row, on_outage=shown.on_outage)
+    try:
+        with interrupts_stop(sweep) as interrupts, logs_above(bar):
+            for report in sweep.run():
+                if not args.quiet:
+                    line = report.ledger_line()
+                    detail = line["error"]["message"] if report.error else f"{report.rows} rows, {report.failed} failed"
+                    say(bar, f"lora-sampler: {report.checkpoint}: {detail} ({report.seconds:.1f} s)")
+    finally:
+        shown.close()
+    if sweep.abandoned:
+        raise BatchAbandoned
+    return _finish(read_ledger(sweep.ledger_path) if sweep.ledger_path else [], args, interrupted=interrupts.count > 0)
+
+
+def _finish(entries: List[Dict[str, Any]], args: argparse.Namespace, *, interrupted: bool) -> int:
+    """Print the table, draw the plot, and return the exit status from the whole ledger."""
+    if not args.quiet:
+        print(summary_table(entries))
+    if args.plot:
+        draw_plot(entries, args.plot)
+        if not args.quiet:
+            print(f"lora-sampler: plotted {len(entries)} checkpoints into {args.plot}", file=sys.stderr)
+    if interrupted:
+        print(f"lora-sampler: interrupted; run again with --output-dir {args.output_dir} to resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    failed = any("error" in entry or entry.get("failed") for entry in entries)
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def summary_table(entries: Sequence[Dict[str, Any]]) -> str:
+    """Return the summary table: one row per ledger line; an unusable checkpoint shows its error instead."""
+    table = [[title for title, _ in COLUMNS]]
+    errors: Dict[int, str] = {}
+    for entry in entries:
+        if "error" in entry:
+            errors[len(table)] = f"{entry['error'].get('type')}: {entry['error'].get('message')}"
+            table.append([_short(entry["checkpoint"])])
+            continue
+        seconds = entry.get("seconds") or 0.0
+        values = dict(entry, rows_per_second=entry["rows"] / seconds if seconds else None)
+        table.append([_short(entry["checkpoint"])] + [_cell(values.get(key)) for _, key in COLUMNS[1:]])
+    widths = [max(len(row[i]) for row in table if i < len(row)) for i in range(len(COLUMNS))]
+    lines = []
+    for number, row in enumerate(table):
+        cells = [cell.ljust(widths[0]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)]
+        lines.append(("  ".join(cells) + ("  error: " + errors[number] if number in errors else "")).rstrip())
+    return "\n".join(lines)
+
+
+def _short(checkpoint: str) -> str:
+    return checkpoint.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 100 else f"{value:.0f}"
+    return str(value)
+
+
+def draw_plot(entries: Sequence[Dict[str, Any]], path: str) -> None:
+    """Draw mean logprob and mean length per checkpoint against the step into ``path`` (matplotlib, no display)."""
+    check_plot_dependency()
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed
+    from matplotlib import pyplot
+
+    done = [entry for entry in entries if "error" not in entry]
+    steps = [entry.get("step") if entry.get("step") is not None else index for index, entry in enumerate(done)]
+    figure, axes = pyplot.subplots(2, 1, sharex=True, figsize=(7, 5))
+    for axis, key, label in ((axes[0], "mean_logprob", "mean logprob"), (axes[1], "mean_length", "mean length")):
+        points = [(step, entry[key]) for step, entry in zip(steps, done) if entry.get(key) is not None]
+        axis.plot([p[0] for p in points], [p[1] for p in points], marker="o")
+        axis.set_ylabel(label)
+        axis.grid(True, alpha=0.3)
+    axes[1].set_xlabel("step")
+    figure.suptitle("per-checkpoint means")
+    figure.tight_layout()
+    figure.savefig(path)
+    pyplot.close(figure)

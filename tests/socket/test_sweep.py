@@ -1,0 +1,302 @@
+"""``lora-sampler sweep`` and ``SamplerClient.sweep`` against a FakeEngine on loopback (in process).
+
+The issue's shell loop, redone as a sweep: natural order, every adapter unloaded at the end, one ledger line per
+checkpoint, a bad checkpoint recorded while the rest are answered, the window held, resume.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+import pytest
+
+from lora_sampler import SamplerClient
+from lora_sampler.batch._sources import Manifest
+from lora_sampler.cli import main
+from lora_sampler.testing import FakeEngine, write_adapter_archive
+from lora_sampler.types import SampleRequest, SamplingParams
+
+COMPLETIONS = "/v1/completions"
+STEPS = (100, 200, 1000, 2000)
+
+
+@pytest.fixture
+def engine_options() -> Dict[str, Any]:
+    """Every request takes a little engine time, so checkpoints overlap as they would on a real engine."""
+    return {"latency": 0.002}
+
+
+def aged(path: str, seconds: float = 60.0) -> str:
+    """Set a file's times into the past: written by the training run a while ago, so it is settled."""
+    past = time.time() - seconds
+    os.utime(path, (past, past))
+    return path
+
+
+def make_run(folder: Path, model: str, steps: Tuple[int, ...] = STEPS) -> List[str]:
+    """Write one distinct, settled archive ``step-N.tar.gz`` per step."""
+    folder.mkdir(exist_ok=True)
+    return [
+        aged(write_adapter_archive(str(folder / f"step-{step}.tar.gz"), model, rank=1 + index % 8))
+        for index, step in enumerate(steps)
+    ]
+
+
+def write_prompts(path: Path, count: int) -> Path:
+    """Write ``count`` prompt lines with ids ``p0..``."""
+    with path.open("w", encoding="utf-8") as handle:
+        for number in range(count):
+            handle.write(json.dumps({"id": f"p{number}", "prompt": [5 + number % 200, 6, 7]}) + "\n")
+    return path
+
+
+def ledger(out: Path) -> List[Dict[str, Any]]:
+    """The lines of ``sweep.jsonl``; each must be whole."""
+    text = (out / "sweep.jsonl").read_text()
+    assert text.endswith("\n")
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def sweep_args(engine: FakeEngine, lora_dir: Path, inp: Path, out: Path, *more: str) -> List[str]:
+    """The argv of a sweep run (quiet unless told otherwise)."""
+    return [
+        "sweep",
+        "--base-url",
+        engine.url,
+        "--lora-base-dir",
+        str(lora_dir),
+        "--input",
+        str(inp),
+        "--output-dir",
+        str(out),
+        "--concurrency",
+        "8",
+        *more,
+    ]
+
+
+def ids_per_output(out: Path) -> Dict[str, List[Any]]:
+    """The ids of every output file but the ledger."""
+    found = {}
+    for path in sorted(out.glob("*.jsonl")):
+        if path.name != "sweep.jsonl":
+            found[path.name] = [json.loads(line)["id"] for line in path.read_text().splitlines()]
+    return found
+
+
+def test_sweep_takes_checkpoints_in_natural_order_and_unloads_each(
+    engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The issue's loop as one sweep: step-200 before step-1000, every row once, nothing left loaded, a table."""
+    make_run(tmp_path / "run", engine.model)
+    inp, out = write_prompts(tmp_path / "prompts.jsonl", 50), tmp_path / "out"
+    pattern = str(tmp_path / "run" / "step-*.tar.gz")
+    assert main(sweep_args(engine, lora_dir, inp, out, "--checkpoints", pattern, "--window", "1")) == 0
+    lines = ledger(out)
+    assert [line["step"] for line in lines] == list(STEPS)
+    assert all(line["rows"] == 50 and line["failed"] == 0 and line["tokens"] == 50 * 16 for line in lines)
+    assert set(lines[0]) == {
+        "checkpoint",
+        "adapter",
+        "output",
+        "rows",
+        "failed",
+        "tokens",
+        "mean_logprob",
+        "mean_length",
+        "seconds",
+        "step",
+    }
+    outputs = ids_per_output(out)
+    assert sorted(outputs) == sorted(line["output"] for line in lines)
+    assert all(sorted(ids) == sorted(f"p{n}" for n in range(50)) for ids in outputs.values())
+    served = [r.model for r in engine.requests if r.path == COMPLETIONS]
+    first_seen = list(dict.fromkeys(served))
+    assert first_seen == [line["adapter"] for line in lines]  # window 1: one checkpoint after the other
+    assert engine.loaded_adapters == []  # each unloaded once done
+    table = capsys.readouterr().out
+    assert "mean logprob" in table and "step-1000.tar.gz" in table
+
+
+def test_sweep_window_bounds_the_checkpoints_in_flight(
+    make_engine: Any, lora_dir: Path, tmp_path: Path, no_waits: None
+) -> None:
+    """From the engine's request log: never more than --window adapters with completions in flight at once."""
+    engine = make_engine(latency=0.005)
+    make_run(tmp_path / "run", engine.model, (1, 2, 3, 4, 5, 6))
+    inp, out = write_prompts(tmp_path / "prompts.jsonl", 40), tmp_path / "out"
+    argv = sweep_args(engine, lora_dir, inp, out, "--checkpoints", str(tmp_path / "run" / "*.tar.gz"), "--quiet")
+    assert main([*argv, "--window", "2"]) == 0
+    spans = [(r.started, r.finished, r.model) for r in engine.requests if r.path == COMPLETIONS]
+    most = 0
+    for start, _, _ in spans:
+        at_once = {model for s, f, model in spans if s <= start < f}
+        most = max(most, len(at_once))
+    assert most == 2  # the next checkpoint starts during the last rows of the previous one, never a third
+    assert len(ledger(out)) == 6
+
+
+def test_sweep_records_a_bad_checkpoint_and_answers_the_rest(
+    engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
+) -> None:
+    """A corrupt archive and one for another base model, in the middle: each recorded with its error, exit 1."""
+    run = tmp_path / "run"
+    make_run(run, engine.model, (100, 400))
+    aged(write_adapter_archive(str(run / "step-300.tar.gz"), "another/model", rank=3))
+    (run / "step-200.tar.gz").write_bytes(b"\x1f\x8b not really gzip")
+    aged(str(run / "step-200.tar.gz"))
+    inp, out = write_prompts(tmp_path / "prompts.jsonl", 20), tmp_path / "out"
+    assert main(sweep_args(engine, lora_dir, inp, out, "--checkpoints", str(run / "*.tar.gz"), "--quiet")) == 1
+    by_step = {os.path.basename(line["checkpoint"]): line for line in ledger(out)}
+    assert len(by_step) == 4
+    assert by_step["step-200.tar.gz"]["error"]["type"] == "IncompleteCheckpointError"
+    assert by_step["step-300.tar.gz"]["error"]["type"] == "AdapterConfigError"
+    assert "another/model" in by_step["step-300.tar.gz"]["error"]["message"]
+    assert by_step["step-100.tar.gz"]["rows"] == by_step["step-400.tar.gz"]["rows"] == 20
+
+
+def test_sweep_resume_skips_finished_and_retries_failed_checkpoints(
+    engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
+) -> None:
+    """Run again after fixing the bad checkpoint: only it runs, and the ledger has one line per checkpoint."""
+    run = tmp_path / "run"
+    make_run(run, engine.model, (1, 3))
+    broken = run / "step-2.tar.gz"
+    broken.write_bytes(b"garbage")
+    aged(str(broken))
+    inp, out = write_prompts(tmp_path / "prompts.jsonl", 30), tmp_path / "out"
+    argv = sweep_args(engine, lora_dir, inp, out, "--checkpoints", str(run / "*.tar.gz"), "--quiet")
+    assert main(argv) == 1
+    broken.unlink()
+    aged(write_adapter_archive(str(broken), engine.model, rank=5))
+    engine.reset_log()
+    assert main(argv) == 0
+    assert {r.model for r in engine.requests if r.path == COMPLETIONS} == {ledger(out)[-1]["adapter"]}
+    lines = ledger(out)
+    assert sorted(os.path.basename(line["checkpoint"]) for line in lines) == [
+        "step-1.tar.gz",
+        "step-2.tar.gz",
+        "step-3.tar.gz",
+    ]
+    assert all("error" not in line and line["rows"] == 30 for line in lines)
+    engine.reset_log()
+    assert main(argv) == 0  # everything done: nothing is sent
+    assert engine.calls(COMPLETIONS) == 0 and len(ledger(out)) == 3
+
+
+def test_sweep_keep_loaded_and_delete_retired(
+    engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
+) -> None:
+    """--keep-loaded leaves every adapter on the engine; --delete-retired removes the unloaded adapters' folders."""
+    make_run(tmp_path / "run", engine.model, (1, 2))
+    inp = write_prompts(tmp_path / "prompts.jsonl", 10)
+    pattern = str(tmp_path / "run" / "*.tar.gz")
+    kept = sweep_args(engine, lora_dir, inp, tmp_path / "kept", "--checkpoints", pattern, "--quiet", "--keep-loaded")
+    assert main(kept) == 0
+    names = [line["adapter"] for line in ledger(tmp_path / "kept")]
+    assert sorted(engine.loaded_adapters) == sorted(names)
+    for name in names:
+        engine_unload = main(["unload", "--base-url", engine.url, name])
+        assert engine_unload == 0
+    deleted = sweep_args(engine, lora_dir, inp, tmp_path / "deleted", "--checkpoints", pattern, "--quiet")
+    assert main([*deleted, "--delete-retired"]) == 0
+    assert engine.loaded_adapters == [] and not any((lora_dir / name).exists() for name in names)
+
+
+def test_sweep_reads_a_manifest_in_file_order(
+    engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
+) -> None:
+    """A manifest's checkpoints are taken in its order, state-only lines skipped, its step recorded."""
+    archives = make_run(tmp_path / "run", engine.model, (5, 7))
+    manifest = tmp_path / "run" / "checkpoints.jsonl"
+    manifest.write_text(
+        json.dumps({"name": "b", "batch": 70, "sampler_path": os.path.basename(archives[1])})
+        + "\n"
+        + json.dumps({"name": "state", "batch": 70, "state_path": "tinker://state"})
+        + "\n"
+        + json.dumps({"name": "a", "batch": 50, "sampler_path": archives[0], "final": True})
+        + "\n"
+    )
+    inp, out = write_prompts(tmp_path / "prompts.jsonl", 10), tmp_path / "out"
+    argv = sweep_args(engine, lora_dir, inp, out, "--manifest", str(manifest), "--quiet", "--window", "1")
+    assert main(argv) == 0
+    assert [(line["checkpoint"], line["step"]) for line in ledger(out)] == [(archives[1], 70), (archives[0], 50)]
+
+
+def test_client_sweep_yields_a_report_per_checkpoint(
+    engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
+) -> None:
+    """SamplerClient.sweep from Python: requests as mappings or SampleRequest values, one report per checkpoint."""
+    make_run(tmp_path / "run", engine.model, (10, 20))
+    own = SampleRequest([7, 8], base_model="replaced", sampling_params=SamplingParams(max_tokens=5))
+    requests: List[Any] = [{"id": "a", "prompt": [5, 6]}, own]  # a SampleRequest keeps its own parameters
+    with SamplerClient(engine.url, lora_base_dir=lora_dir, max_workers=4) as client:
+        reports = list(
+            client.sweep(
+                str(tmp_path / "run" / "*.tar.gz"),
+                requests,
+                output_dir=tmp_path / "out",
+                sampling_params=SamplingParams(max_tokens=3),
+            )
+        )
+    reports.sort(key=lambda r: r.step or 0)  # in the order they finished: with a window of 2, either may be first
+    assert [r.step for r in reports] == [10, 20] and all(r.ok and r.rows == 2 for r in reports)
+    assert [(r.mean_length, r.tokens) for r in reports] == [(4, 8), (4, 8)], reports
+    output = (tmp_path / "out" / str(reports[0].output)).read_text().splitlines()
+    assert sorted(json.dumps(json.loads(line)["id"]) for line in output) == ['"a"', "2"]
+    with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
+        again = list(client.sweep(Manifest(str(tmp_path / "none.jsonl")), requests, output_dir=tmp_path / "out"))
+    assert again == []  # the ledger covers them and a missing manifest names nothing new
+
+
+def test_sweep_refuses_openai_batch_input_and_missing_patterns(
+    engine: FakeEngine, lora_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Usage errors name the problem: batch lines name their own models; a pattern matching nothing."""
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text(json.dumps({"custom_id": "1", "method": "POST", "url": "/v1/completions", "body": {}}) + "\n")
+    pattern = str(tmp_path / "none" / "*.tar.gz")
+    assert main(sweep_args(engine, lora_dir, batch, tmp_path / "out", "--checkpoints", pattern)) == 2
+    assert "OpenAI batch lines" in capsys.readouterr().err
+    inp = write_prompts(tmp_path / "prompts.jsonl", 3)
+    assert main(sweep_args(engine, lora_dir, inp, tmp_path / "out", "--checkpoints", pattern)) == 2
+    assert "names no checkpoint" in capsys.readouterr().err
+
+
+def test_sweep_plot_draws_a_png(engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None) -> None:
+    """--plot FILE.png writes a PNG of the per-checkpoint means."""
+    pytest.importorskip("matplotlib")
+    make_run(tmp_path / "run", engine.model, (1, 2))
+    inp, plot = write_prompts(tmp_path / "prompts.jsonl", 5), tmp_path / "means.png"
+    argv = sweep_args(engine, lora_dir, inp, tmp_path / "out", "--checkpoints", str(tmp_path / "run" / "*.tar.gz"))
+    assert main([*argv, "--quiet", "--plot", str(plot)]) == 0
+    assert plot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_sweep_plot_without_matplotlib_names_the_extra(
+    engine: FakeEngine,
+    lora_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Without matplotlib, --plot is refused before any request, naming the plot extra."""
+    real_import = builtins.__import__
+
+    def no_matplotlib(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name.split(".")[0] == "matplotlib":
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    make_run(tmp_path / "run", engine.model, (1,))
+    inp = write_prompts(tmp_path / "prompts.jsonl", 5)
+    argv = sweep_args(engine, lora_dir, inp, tmp_path / "out", "--checkpoints", str(tmp_path / "run" / "*.tar.gz"))
+    assert main([*argv, "--plot", str(tmp_path / "p.png")]) == 2
+    assert "pip install 'lora_sampler[plot]'" in capsys.readouterr().err
+    assert engine.calls(COMPLETIONS) == 0

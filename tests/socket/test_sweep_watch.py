@@ -1,0 +1,204 @@
+"""``lora-sampler sweep`` as a process: SIGKILL at several points then resume, and ``--watch`` on a training run
+that is still writing (a slow checkpoint, the manifest's final line). Every CLI runs in its own process group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List
+
+import pytest
+
+from lora_sampler._adapters.publish import default_adapter_name
+from lora_sampler.cli import main
+from lora_sampler.testing import FakeEngine, write_adapter_archive
+
+REPO = Path(__file__).resolve().parents[2]
+COMPLETIONS = "/v1/completions"
+WAIT_SECONDS = 60.0  # upper bound on any wait (never reached when things work)
+
+
+def aged(path: str, seconds: float = 60.0) -> str:
+    """Set a file's times into the past, so it counts as settled."""
+    past = time.time() - seconds
+    os.utime(path, (past, past))
+    return path
+
+
+def write_prompts(path: Path, count: int) -> Path:
+    """Write ``count`` prompt lines with ids ``p0..``."""
+    with path.open("w", encoding="utf-8") as handle:
+        for number in range(count):
+            handle.write(json.dumps({"id": f"p{number}", "prompt": [5 + number % 200, 6, 7]}) + "\n")
+    return path
+
+
+def lines_of(path: Path) -> List[Dict[str, Any]]:
+    """The whole lines of a JSONL file ([] when absent)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_bytes().split(b"\n") if line.strip()]
+
+
+@contextlib.contextmanager
+def cli(args: List[str], cwd: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``python -m lora_sampler ARGS`` in its own process group; the group is always killed afterwards."""
+    env = dict(os.environ, LORA_SAMPLER_TESTING="1")
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    with (cwd / "cli.stderr").open("ab") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lora_sampler", *args],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            env=env,
+            start_new_session=True,
+        )
+    try:
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def wait_until(check: Callable[[], bool], proc: subprocess.Popen[bytes]) -> bool:
+    """Wait (bounded) until ``check()``; False when the process ended first."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.005)
+    raise AssertionError("the sweep never reached the kill point")
+
+
+def test_sweep_sigkill_at_several_points_then_resume_answers_every_row_once(
+    make_engine: Any, lora_dir: Path, tmp_path: Path
+) -> None:
+    """Killed mid-checkpoint, right after a ledger line, mid-publish and at random: every (checkpoint, id) once."""
+    engine: FakeEngine = make_engine(latency=0.004)
+    run = tmp_path / "run"
+    run.mkdir()
+    for index, step in enumerate((1, 2, 3, 4, 5)):
+        aged(write_adapter_archive(str(run / f"step-{step}.tar.gz"), engine.model, rank=1 + index))
+    inp, out = write_prompts(tmp_path / "prompts.jsonl", 60), tmp_path / "out"
+    argv = ["sweep", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--input", str(inp)]
+    argv += ["--output-dir", str(out), "--checkpoints", str(run / "*.tar.gz"), "--concurrency", "4", "--quiet"]
+    ledger = out / "sweep.jsonl"
+
+    def outputs() -> List[Path]:
+        return [p for p in out.glob("*.jsonl") if p.name != "sweep.jsonl"] if out.exists() else []
+
+    kill_points: List[Callable[[], bool]] = [
+        lambda: any(len(lines_of(p)) >= 10 for p in outputs()),  # inside the first checkpoint
+        lambda: len(lines_of(ledger)) >= 1,  # just after a ledger line
+        lambda: len(outputs()) >= 3,  # a new checkpoint was just published
+        lambda: len(lines_of(ledger)) >= 3,
+    ]
+    killed = 0
+    for point in kill_points:
+        with cli(argv, tmp_path) as proc:
+            if wait_until(point, proc):
+                os.killpg(proc.pid, signal.SIGKILL)
+                killed += 1
+            proc.wait()
+    assert killed >= 3  # the kills landed inside the sweep, not after it ended
+    with cli(argv, tmp_path) as proc:
+        assert proc.wait(timeout=WAIT_SECONDS) == 0, (tmp_path / "cli.stderr").read_text()
+    entries = lines_of(ledger)
+    assert sorted(os.path.basename(e["checkpoint"]) for e in entries) == [f"step-{n}.tar.gz" for n in range(1, 6)]
+    assert all(e["rows"] == 60 and e["failed"] == 0 for e in entries)
+    for path in outputs():
+        ids = [record["id"] for record in lines_of(path)]
+        assert sorted(ids) == sorted(f"p{n}" for n in range(60)), path.name  # each id exactly once
+    assert engine.loaded_adapters == []
+
+
+def test_sweep_watch_waits_for_a_checkpoint_written_slowly(
+    engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
+) -> None:
+    """A checkpoint written in pieces (with a pause longer than --settle) is evaluated once, and only whole."""
+    run = tmp_path / "run"
+    run.mkdir()
+    aged(write_adapter_archive(str(run / "step-1.tar.gz"), engine.model, rank=1))
+    whole = Path(write_adapter_archive(str(tmp_path / "whole.tar.gz"), engine.model, rank=2)).read_bytes()
+    slow = run / "step-2.tar.gz"
+
+    def write_slowly() -> None:
+        time.sleep(0.3)
+        with slow.open("wb") as handle:
+            for start in range(0, len(whole), len(whole) // 4 + 1):
+                handle.write(whole[start : start + len(whole) // 4 + 1])
+                handle.flush()
+                time.sleep(0.6)  # longer than --settle: settled, but it does not read to its end yet
+
+    writer = threading.Thread(target=write_slowly)
+    writer.start()
+    inp, out = write_prompts(tmp_path / "prompts.jsonl", 20), tmp_path / "out"
+    argv = ["sweep", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--input", str(inp)]
+    argv += ["--output-dir", str(out), "--checkpoints", str(run / "*.tar.gz"), "--quiet", "--watch"]
+    try:
+        assert main([*argv, "--settle", "0.4", "--idle-timeout", "1.5"]) == 0
+    finally:
+        writer.join()
+    entries = lines_of(out / "sweep.jsonl")
+    assert [os.path.basename(e["checkpoint"]) for e in entries] == ["step-1.tar.gz", "step-2.tar.gz"]
+    assert entries[1]["adapter"] == default_adapter_name(str(slow))  # the whole archive's content name
+    assert all(e["rows"] == 20 for e in entries)
+    published = sorted(p.name for p in lora_dir.iterdir())
+    assert published == sorted(e["adapter"] for e in entries)  # nothing half-written was ever published
+
+
+def test_sweep_watch_ends_with_the_manifests_final_checkpoint(
+    engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
+) -> None:
+    """A watch on a manifest ends once the line marked final is done, long before --idle-timeout."""
+    run = tmp_path / "run"
+    run.mkdir()
+    manifest = run / "checkpoints.jsonl"
+    first = aged(write_adapter_archive(str(run / "step-100.tar.gz"), engine.model, rank=1))
+    manifest.write_text(json.dumps({"name": "000100", "batch": 100, "sampler_path": first}) + "\n")
+
+    def train() -> None:
+        time.sleep(0.5)
+        final = write_adapter_archive(str(run / "step-200.tar.gz"), engine.model, rank=2)
+        with manifest.open("a") as handle:
+            handle.write(json.dumps({"name": "final", "batch": 200, "sampler_path": final, "final": True}) + "\n")
+
+    trainer = threading.Thread(target=train)
+    trainer.start()
+    inp, out = write_prompts(tmp_path / "prompts.jsonl", 10), tmp_path / "out"
+    argv = ["sweep", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--input", str(inp)]
+    argv += ["--output-dir", str(out), "--manifest", str(manifest), "--quiet", "--watch", "--idle-timeout", "120"]
+    started = time.monotonic()
+    try:
+        assert main([*argv, "--settle", "0.2"]) == 0
+    finally:
+        trainer.join()
+    assert time.monotonic() - started < 60  # ended by the final line, not by the idle timeout
+    assert [e["step"] for e in lines_of(out / "sweep.jsonl")] == [100, 200]
+
+
+@pytest.mark.parametrize("window", [1, 3])
+def test_sweep_window_one_and_three_answer_everything(
+    engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None, window: int
+) -> None:
+    """Other windows run every checkpoint once too."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for step in (1, 2, 3, 4):
+        aged(write_adapter_archive(str(run / f"step-{step}.tar.gz"), engine.model, rank=step))
+    inp, out = write_prompts(tmp_path / "prompts.jsonl", 15), tmp_path / "out"
+    argv = ["sweep", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--input", str(inp)]
+    argv += ["--output-dir", str(out), "--checkpoints", str(run / "*.tar.gz"), "--quiet", "--window", str(window)]
+    assert main(argv) == 0
+    assert sorted(e["step"] for e in lines_of(out / "sweep.jsonl")) == [1, 2, 3, 4]

@@ -1,0 +1,192 @@
+"""A sweep's sources and ledger without an engine: natural order, the manifest, the settle/complete probe, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+import time
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from lora_sampler.batch._ledger import LEDGER_NAME, Ledger, read_ledger
+from lora_sampler.batch._sources import (
+    CheckpointSource,
+    Manifest,
+    Unusable,
+    checkpoint_fingerprint,
+    expand_pattern,
+    listing,
+    natural_key,
+    read_manifest,
+    step_of,
+)
+from lora_sampler.errors import BatchInputError, LoraSamplerError
+from lora_sampler.testing import write_adapter, write_adapter_archive
+
+
+def aged(path: str, seconds: float = 60.0) -> str:
+    """Set a file's times ``seconds`` into the past (written by the training run a while ago)."""
+    past = time.time() - seconds
+    os.utime(path, (past, past))
+    return path
+
+
+def test_natural_key_orders_numbers_as_numbers() -> None:
+    """step-200 sorts before step-1000, and digits inside names compare as numbers."""
+    names = ["step-1000", "step-200", "step-20", "run2/step-3", "run10/step-1"]
+    assert sorted(names, key=natural_key) == ["run2/step-3", "run10/step-1", "step-20", "step-200", "step-1000"]
+
+
+def test_expand_pattern_takes_archives_and_folders_in_natural_order(tmp_path: Path) -> None:
+    """A glob keeps archives and adapter folders, in natural order, and ignores other files."""
+    for step in (1000, 200, 2000, 100):
+        (tmp_path / f"step-{step}.tar.gz").write_bytes(b"x")
+    (tmp_path / "step-300.tar.gz.partial").write_bytes(b"x")
+    (tmp_path / "step-50").mkdir()
+    found = expand_pattern(str(tmp_path / "step-*"))
+    assert [os.path.basename(p) for p in found] == [
+        "step-50",
+        "step-100.tar.gz",
+        "step-200.tar.gz",
+        "step-1000.tar.gz",
+        "step-2000.tar.gz",
+    ]
+    assert expand_pattern(str(tmp_path / "step-7.tar.gz")) == []  # not there yet: a watch waits for it
+
+
+def test_step_of_reads_the_last_number_of_the_name() -> None:
+    """The step is the last run of digits of the name, without the archive suffix."""
+    assert step_of("/runs/r3/step-1200.tar.gz") == 1200
+    assert step_of("/runs/r3/ckpt_000300/") == 300
+    assert step_of("/runs/final.tar") is None
+
+
+def test_read_manifest_skips_state_only_lines_and_resolves_relative_paths(tmp_path: Path) -> None:
+    """Manifest lines: sampler_path or path, batch or step, final; state-only lines and a torn last line skipped."""
+    manifest = tmp_path / "checkpoints.jsonl"
+    lines = [
+        {"name": "000100", "batch": 100, "state_path": "tinker://state/1"},
+        {"name": "000100", "batch": 100, "sampler_path": "ckpts/step-100.tar.gz", "loss": 1.5},
+        {"name": "000200", "step": 200, "path": "/abs/step-200"},
+        {"name": "final", "batch": 300, "sampler_path": "ckpts/step-300.tar.gz", "final": True},
+    ]
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"name": "000400", "sampler')
+    got = read_manifest(str(manifest))
+    assert [(c.path, c.step, c.final) for c in got] == [
+        (str(tmp_path / "ckpts" / "step-100.tar.gz"), 100, False),
+        ("/abs/step-200", 200, False),
+        (str(tmp_path / "ckpts" / "step-300.tar.gz"), 300, True),
+    ]
+
+
+def test_read_manifest_refuses_a_bad_line_in_the_middle(tmp_path: Path) -> None:
+    """A complete line that is not JSON is an input error naming the line."""
+    manifest = tmp_path / "checkpoints.jsonl"
+    manifest.write_text('{"sampler_path": "a.tar"}\nnot json\n{"sampler_path": "b.tar"}\n')
+    with pytest.raises(BatchInputError, match="line 2 is not JSON"):
+        read_manifest(str(manifest))
+
+
+def test_checkpoint_fingerprint_tells_a_truncated_archive(tmp_path: Path) -> None:
+    """An archive cut in half does not read to its end; the whole one does."""
+    archive = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), "tiny-base")
+    data = Path(archive).read_bytes()
+    half = tmp_path / "step-2.tar.gz"
+    half.write_bytes(data[: len(data) // 2])
+    assert checkpoint_fingerprint(archive)[1] is None
+    assert "does not read to its end" in str(checkpoint_fingerprint(str(half))[1])
+
+
+def test_checkpoint_fingerprint_tells_a_folder_still_being_written(tmp_path: Path) -> None:
+    """A folder whose safetensors file is shorter than its header says is incomplete; whole, it is complete."""
+    folder = write_adapter(tmp_path / "step-5", "tiny-base")
+    weights = next(p for p in Path(folder).iterdir() if p.suffix == ".safetensors")
+    whole = weights.read_bytes()
+    weights.write_bytes(whole[:-8])
+    assert "its header declares" in str(checkpoint_fingerprint(folder)[1])
+    weights.write_bytes(whole)
+    assert checkpoint_fingerprint(folder)[1] is None
+
+
+def test_source_waits_for_a_changing_checkpoint_then_takes_it(tmp_path: Path) -> None:
+    """A fresh archive is taken only after it stayed unchanged for the settle time."""
+    archive = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), "tiny-base")
+    source = CheckpointSource(listing(str(tmp_path / "step-*.tar.gz")), settle=0.3)
+    assert source.poll() is None  # seen for the first time, modified just now
+    time.sleep(0.35)
+    taken = source.poll()
+    assert taken is not None and not isinstance(taken, Unusable) and taken.path == archive
+    assert source.poll() is None and source.ended
+
+
+def test_source_without_watch_gives_up_on_an_incomplete_archive(tmp_path: Path) -> None:
+    """Without a watch, a settled archive that does not read to its end comes out as unusable, once."""
+    archive = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), "tiny-base")
+    data = Path(archive).read_bytes()
+    Path(archive).write_bytes(data[: len(data) // 2])
+    aged(archive)
+    source = CheckpointSource(listing(str(tmp_path / "*.tar.gz")), settle=0.1)
+    gave_up = source.poll()
+    assert isinstance(gave_up, Unusable) and "incomplete" in gave_up.reason
+    assert source.poll() is None and source.ended
+
+
+def test_source_skips_checkpoints_done_before(tmp_path: Path) -> None:
+    """Checkpoints in the ledger are not handed out again."""
+    done = aged(write_adapter_archive(str(tmp_path / "step-1.tar.gz"), "tiny-base"))
+    new = aged(write_adapter_archive(str(tmp_path / "step-2.tar.gz"), "tiny-base", rank=2))
+    source = CheckpointSource(listing([str(tmp_path / "*.tar.gz")]), skip=[done], settle=0.1)
+    taken = source.poll()
+    assert taken is not None and not isinstance(taken, Unusable) and taken.path == new
+
+
+def test_source_watch_ends_once_the_final_checkpoint_is_done(tmp_path: Path) -> None:
+    """A watch on a manifest ends as soon as its final checkpoint finished, long before the idle timeout."""
+    archive = aged(write_adapter_archive(str(tmp_path / "step-1.tar.gz"), "tiny-base"))
+    manifest = tmp_path / "checkpoints.jsonl"
+    manifest.write_text(json.dumps({"sampler_path": archive, "batch": 1, "final": True}) + "\n")
+    source = CheckpointSource(listing(Manifest(str(manifest))), watch=True, settle=0.1, idle_timeout=3600)
+    taken = source.poll()
+    assert taken is not None and not isinstance(taken, Unusable) and taken.final
+    assert source.poll() is None and not source.ended  # still watching while it runs
+    source.finished(archive)
+    assert source.poll() is None and source.ended
+
+
+def _lines(path: Path) -> List[str]:
+    return path.read_text().splitlines()
+
+
+def test_ledger_repairs_a_torn_line_and_retries_failed_checkpoints(tmp_path: Path) -> None:
+    """On open: finished lines kept, error lines dropped (they run again), a torn last line dropped."""
+    path = tmp_path / LEDGER_NAME
+    finished = {"checkpoint": "/r/step-1.tar.gz", "adapter": "a", "output": "a.jsonl", "rows": 3}
+    failed = {"checkpoint": "/r/step-2.tar.gz", "error": {"type": "PublishError", "message": "bad"}}
+    path.write_text(json.dumps(finished) + "\n" + json.dumps(failed) + "\n" + '{"checkpoint": "/r/st')
+    with Ledger(str(tmp_path)) as ledger:
+        assert list(ledger.finished) == ["/r/step-1.tar.gz"]
+        assert ledger.retried == ["/r/step-2.tar.gz"]
+        ledger.append({"checkpoint": "/r/step-2.tar.gz", "adapter": "b", "output": "b.jsonl", "rows": 3})
+    assert [entry["checkpoint"] for entry in read_ledger(str(path))] == ["/r/step-1.tar.gz", "/r/step-2.tar.gz"]
+    assert all(line.endswith("}") for line in _lines(path))
+
+
+def test_ledger_refuses_a_second_sweep_into_the_same_folder(tmp_path: Path) -> None:
+    """While one sweep holds the folder, another one is refused with a message naming the folder."""
+    with Ledger(str(tmp_path)):
+        with pytest.raises(LoraSamplerError, match="another sweep is writing to"):
+            Ledger(str(tmp_path))
+    Ledger(str(tmp_path)).close()  # released once the first one closed
+
+
+def test_tar_members_only_listed_are_enough_for_a_complete_archive(tmp_path: Path) -> None:
+    """An uncompressed tar archive that reads to its end is complete."""
+    folder = write_adapter(tmp_path / "adapter", "tiny-base")
+    archive = tmp_path / "step-9.tar"
+    with tarfile.open(archive, "w") as tar:
+        for name in sorted(os.listdir(folder)):
+            tar.add(os.path.join(folder, name), arcname=name)
+    assert checkpoint_fingerprint(str(archive))[1] is None
