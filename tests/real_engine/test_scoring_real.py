@@ -26,9 +26,11 @@ PROMPT = "the model samples a token from the engine and the adapter changes the 
 COMPLETION = " then the request waits and retries the load"
 
 
-def reference(env: Any, adapter_dir: Optional[str], sequences: Sequence[Sequence[int]], texts: Sequence[str]) -> Any:
-    """Run ``peft_reference.py`` in the vLLM venv; return its answer."""
-    request = {"model_dir": str(env.model_dir), "adapter_dir": adapter_dir, "sequences": sequences, "texts": texts}
+def reference(
+    env: Any, adapter_dirs: Sequence[Optional[str]], sequences: Sequence[Sequence[int]], texts: Sequence[str]
+) -> Any:
+    """Run ``peft_reference.py`` once in the vLLM venv (each adapter in turn); return its answer."""
+    request = {"model_dir": str(env.model_dir), "adapter_dirs": adapter_dirs, "sequences": sequences, "texts": texts}
     done = subprocess.run(
         [str(env.python), str(Path(__file__).resolve().parent / "peft_reference.py")],
         input=json.dumps(request),
@@ -58,15 +60,14 @@ def test_real_scoring_equals_peft_forward_pass(vllm_engine: RealEngine, vllm_env
             scored[label] = {"whole": whole, "pair": pair}
     tokens: List[int] = list(scored["base"]["pair"].tokens)
     prompt_tokens = tokens[: scored["base"]["pair"].start]
+    expected = reference(vllm_env, [None, adapter_dir], [prompt_tokens, tokens], [PROMPT, COMPLETION])
+    assert prompt_tokens == expected["tokens"][0]  # vLLM's tokens for the text are the model's tokenizer's
     results: Dict[str, float] = {}
-    for label, adapter in (("base", None), ("adapter", adapter_dir)):
-        expected = reference(vllm_env, adapter, [prompt_tokens, tokens], [PROMPT, COMPLETION])
+    for label, forward in zip(("base", "adapter"), expected["logprobs"]):
         whole, pair = scored[label]["whole"], scored[label]["pair"]
-        assert len(whole) == len(prompt_tokens) == len(expected["tokens"][0])
-        assert prompt_tokens == expected["tokens"][0]  # vLLM's tokens for the text are the model's tokenizer's
-        assert list(pair.tokens) == tokens and pair.start == len(prompt_tokens)
-        results[label] = largest_difference(whole, expected["logprobs"][0])
-        results[f"{label}_pair"] = largest_difference(pair.logprobs, expected["logprobs"][1])
+        assert len(whole) == len(prompt_tokens) and list(pair.tokens) == tokens and pair.start == len(prompt_tokens)
+        results[label] = largest_difference(whole, forward[0])
+        results[f"{label}_pair"] = largest_difference(pair.logprobs, forward[1])
         assert results[label] <= TOLERANCE and results[f"{label}_pair"] <= TOLERANCE, results
     effect = largest_difference(scored["adapter"]["pair"].logprobs, scored["base"]["pair"].logprobs)
     with capsys.disabled():
