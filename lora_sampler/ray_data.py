@@ -283,15 +283,10 @@ def sample_dataset(
     dataset: Any,
     settings: ClientSettings,
     *,
-    adapter: Optional[str] = None,
-    base_model: Optional[str] = None,
-    num_samples: int = 1,
-    sampling_params: Optional[SamplingParams] = None,
-    prompt_column: str = "prompt",
-    session_column: Optional[str] = None,
     actors: int = 2,
     batch_size: int = DEFAULT_BATCH_SIZE,
     num_cpus: float = DEFAULT_ACTOR_CPUS,
+    **options: Any,
 ) -> Any:
     """Return ``dataset`` with the result columns added, sampled by ``actors`` actors (lazy, as Ray Data is).
 
@@ -301,22 +296,16 @@ def sample_dataset(
         actors: Sampling actors; each keeps ``settings.max_workers`` requests in flight.
         batch_size: Rows per batch.
         num_cpus: CPUs reserved per actor.
-
-    The other arguments are ``SampleBatches``'.
+        **options: ``SampleBatches``' keyword arguments (``adapter``, ``base_model``, ``num_samples``,
+            ``sampling_params``, ``prompt_column``, ``session_column``), checked here before any actor starts.
     """
     import ray.data
 
+    SampleBatches(settings, **options)  # TypeError/ValueError for a bad option, here rather than in every actor
     return dataset.map_batches(
         SampleBatches,
         fn_constructor_args=(settings,),
-        fn_constructor_kwargs={
-            "adapter": adapter,
-            "base_model": base_model,
-            "num_samples": num_samples,
-            "sampling_params": sampling_params,
-            "prompt_column": prompt_column,
-            "session_column": session_column,
-        },
+        fn_constructor_kwargs=options,
         batch_format="pyarrow",
         batch_size=batch_size,
         compute=ray.data.ActorPoolStrategy(size=actors),

@@ -23,7 +23,6 @@ from lora_sampler._adapters.archive import (
     cached_digest,
     checkpoint_digest,
     clean_stale_temporaries,
-    clear_digest_cache,
     folder_digest,
     fsync_folders,
     hashing_in_one_pass,
@@ -47,17 +46,14 @@ from lora_sampler.types import Adapter, is_storage_url
 
 __all__ = [
     "CONFIG_FILE",
-    "MARKER_FILE",
-    "PublishLimits",
+    "DEFAULT_DIGEST_CHARS",
+    "DEFAULT_DURABLE",
+    "DEFAULT_STEM_LENGTH",
     "check_adapter_config",
-    "checkpoint_digest",
-    "clean_stale_temporaries",
-    "clear_digest_cache",
     "default_adapter_name",
     "publish_checkpoint",
     "read_published_digest",
     "remove_adapter_dir",
-    "validate_adapter_name",
 ]
 
 logger = logging.getLogger(__name__)

@@ -393,7 +393,7 @@ def test_publish_in_a_new_process_hashes_before_extracting_what_is_there(
     monkeypatch.setattr(_archive, "_sha256_file", lambda path: hashed.append(path) or real_hash(path))
     first = publish_checkpoint(archive, base)
     assert hashed == []  # hashed while extracted
-    publish.clear_digest_cache()
+    _archive.clear_digest_cache()
 
     def no_extract(*args: object, **kwargs: object) -> str:
         raise AssertionError("extracted again")
