@@ -1,7 +1,8 @@
 """The JSON decoder every engine answer goes through: msgspec's when the ``[fast]`` extra is installed, else stdlib's.
 
 Both give the same value for every document the standard library accepts: the fast decoder is tried first and the
-standard library decides whatever it refuses (``NaN``/``Infinity``, out-of-range numbers, lone surrogates).
+standard library decides whatever it refuses (out-of-range numbers, lone surrogates). Both are strict: ``NaN`` and
+``Infinity`` (Python's extension, no JSON) are refused, and so is nesting too deep to decode, as ``ValueError``.
 """
 
 from __future__ import annotations
@@ -17,8 +18,22 @@ except ImportError:  # the fixed dependencies only: the standard library decodes
     msgspec = None  # type: ignore[assignment]
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"it holds {name}, which is not JSON")
+
+
+#: The standard library's decoder, strict: NaN and Infinity never become values.
+_STRICT = json.JSONDecoder(parse_constant=_refuse_constant)
+
+
 def _stdlib_loads(data: Document) -> Any:
-    return json.loads(bytes(data) if isinstance(data, memoryview) else data)
+    if not isinstance(data, str):
+        data = bytes(data)
+        data = data.decode(json.detect_encoding(data), "surrogatepass")
+    try:
+        return _STRICT.decode(data)
+    except RecursionError:
+        raise ValueError("it is nested too deep to decode") from None
 
 
 def _build() -> Callable[[Document], Any]:
@@ -36,7 +51,8 @@ def _build() -> Callable[[Document], Any]:
     return fast_loads
 
 
-#: Decode one JSON document (bytes or text); raises ``ValueError`` exactly when ``json.loads`` does.
+#: Decode one JSON document (bytes or text); raises ``ValueError`` when ``json.loads`` does, and for NaN, Infinity
+#: or nesting too deep (where ``json.loads`` returns a float or raises ``RecursionError``).
 loads: Callable[[Document], Any] = _build()
 #: Which decoder ``loads`` tries first: ``"msgspec"`` or ``"json (stdlib)"``.
 DECODER_NAME = "json (stdlib)" if msgspec is None else "msgspec"

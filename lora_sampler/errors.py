@@ -305,7 +305,7 @@ def read_engine_message(response: requests.Response) -> str:
     message: Any = text
     try:
         body = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # a body nested too deep is no message either
         body = None
     if isinstance(body, dict):
         error = body.get("error")

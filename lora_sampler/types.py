@@ -534,7 +534,7 @@ def _choices_of(body: Any, request: SampleRequest, model: Optional[str]) -> List
     indices = [choice.get("index", position) for position, choice in enumerate(choices)]
     expected = list(range(len(choices)))
     if indices != expected:
-        if sorted(indices) != expected:
+        if not set(map(type, indices)) <= _INT_TYPE or sorted(indices) != expected:
             raise ValueError(f"its choice indices are {indices}, not 0..{len(choices) - 1} once each")
         choices = [choices[position] for position in sorted(expected, key=indices.__getitem__)]
     return choices
@@ -548,6 +548,10 @@ def _prompt_logprobs_of(
     if not isinstance(raw, list) or not set(map(type, raw)) <= _ENTRY_TYPES:
         raise ValueError("prompt logprobs were asked for, but its first choice has no 'prompt_logprobs' list")
     prompt_ids = first.get("prompt_token_ids") or (None if isinstance(request.prompt, str) else request.prompt)
+    if prompt_ids is not None and (
+        not isinstance(prompt_ids, (list, tuple)) or not set(map(type, prompt_ids)) <= _INT_TYPE
+    ):
+        raise ValueError("its 'prompt_token_ids' is not a list of token ids")
     prompt_lp: Optional[Tuple[Optional[float], ...]] = None
     if request.prompt_logprobs:
         prompt_lp = _actual_logprobs(raw, prompt_ids)
@@ -562,6 +566,19 @@ _INT_TYPE = {int}
 _NONE_TYPE = type(None)
 _LOGPROB_TYPES = {float, int, _NONE_TYPE}
 _ENTRY_TYPES = {dict, _NONE_TYPE}
+_NUMBER_TYPES = (int, float)
+_INFINITY = float("inf")
+
+
+def _floats(values: List[Any], what: str) -> Tuple[float, ...]:
+    """Convert JSON numbers to floats; one too large for a float (``10**400``, ``1e400``) is refused as malformed."""
+    try:
+        floats = tuple(map(float, values))
+    except OverflowError:  # an integer such as 10**400
+        raise ValueError(f"{what} holds a number too large for a float") from None
+    if _INFINITY in floats or -_INFINITY in floats:  # a literal such as 1e400: strict JSON writers refuse it
+        raise ValueError(f"{what} holds a number too large for a float")
+    return floats
 
 
 def _sequence_from_choice(choice: Dict[str, Any]) -> GeneratedSequence:
@@ -575,7 +592,8 @@ def _sequence_from_choice(choice: Dict[str, Any]) -> GeneratedSequence:
     message = choice.get("message")
     if isinstance(message, dict):  # a chat choice: logprobs.content holds one {"token", "logprob", ...} per token
         entries = logprobs_block.get("content") if isinstance(logprobs_block, dict) else None
-        token_logprobs = [entry.get("logprob") for entry in entries] if isinstance(entries, list) else None
+        usable = isinstance(entries, list) and set(map(type, entries)) <= _DICT_TYPE
+        token_logprobs = [entry.get("logprob") for entry in cast(List[Dict[str, Any]], entries)] if usable else None
         text = message.get("content")
         where = "logprobs.content"
     else:
@@ -590,9 +608,9 @@ def _sequence_from_choice(choice: Dict[str, Any]) -> GeneratedSequence:
     return GeneratedSequence(
         tokens=tuple(tokens),
         logprobs=(
-            tuple(map(float, token_logprobs))
+            _floats(token_logprobs, f"choice {index}")
             if _NONE_TYPE not in kinds
-            else tuple(float("nan") if lp is None else float(lp) for lp in token_logprobs)
+            else _floats([math.nan if lp is None else lp for lp in token_logprobs], f"choice {index}")
         ),
         stop_reason=str(choice.get("finish_reason") or ""),
         text=str(text or ""),
@@ -617,10 +635,11 @@ def _actual_logprobs(
     next(keys, None)
     for position, (entry, key) in enumerate(zip(raw[1:], keys), 1):
         chosen = entry.get(key) if entry else None
-        if chosen is None:
+        logprob = chosen.get("logprob") if isinstance(chosen, dict) else None
+        if not isinstance(logprob, _NUMBER_TYPES) or isinstance(logprob, bool):
             raise ValueError(f"its prompt logprobs at position {position} lack prompt token {key}'s own entry")
-        actual.append(float(chosen["logprob"]))
-    return tuple(actual)
+        actual.append(logprob)
+    return (None, *_floats(actual[1:], "its prompt logprobs"))
 
 
 def _rank_of(item: Tuple[str, Dict[str, Any]]) -> Tuple[int, float]:
@@ -675,7 +694,7 @@ class PromptTopK(Sequence[Optional[TopK]]):
     def _position(self, index: int) -> Optional[TopK]:
         try:
             return _ranked(self._raw[index], self._k)
-        except (TypeError, LookupError, AttributeError, ValueError) as exc:
+        except (TypeError, LookupError, AttributeError, ValueError, OverflowError) as exc:
             raise ValueError(f"the engine's prompt logprobs at position {index} are malformed: {exc!r}") from None
 
     def __iter__(self) -> Iterator[Optional[TopK]]:

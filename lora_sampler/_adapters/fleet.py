@@ -270,9 +270,9 @@ def _fleet_error(name: str, what: str, failed: Dict[str, str], advice: str = "")
 
 def _worker_urls(body: Any) -> List[str]:
     """Read vllm-router's ``{"urls": [...]}`` answer to ``GET /list_workers``."""
-    urls = body["urls"]
+    urls = body.get("urls") if isinstance(body, dict) else None
     if not isinstance(urls, list) or not all(isinstance(url, str) for url in urls):
-        raise TypeError("'urls' is not a list of strings")
+        raise ValueError("it has no 'urls' list of strings")
     return urls
 
 

@@ -1,6 +1,7 @@
 """The transport: every request to one engine, as calls that return a parsed value or raise an ``EngineError``.
 
-A facade over one module per job: ``pool`` (the session and its connections), ``reader`` (the body, whole and
+A facade over one module per job: ``pool`` (the session and its connections), ``deadline``
+(the whole answer, headers included, bounded at the socket), ``reader`` (the body, whole and
 size-limited) and ``translate`` (the one table from exceptions, statuses and bodies to lora_sampler's errors).
 No retries (the pool's own are off, so retries happen in ``retry.py`` only) and no threads.
 """
@@ -12,6 +13,7 @@ import time
 from typing import Any, Callable, Mapping, Optional, TypeVar, Union
 
 from lora_sampler._defaults import DEFAULT_MAX_WORKERS, DEFAULT_TIMEOUT
+from lora_sampler._transport.deadline import AnswerDeadline
 from lora_sampler._transport.exchange import Answer, Exchange, new_id, pool_timeout
 from lora_sampler._transport.pool import POOL_HEADROOM, EnginePool
 from lora_sampler._transport.reader import read_whole
@@ -50,7 +52,8 @@ class EngineTransport:
         base_url: The engine root, with or without ``/v1``; its path (``http://gw/llm``) is kept on every request.
         api_key: Sent as ``Authorization: Bearer ...`` when given; otherwise a ``user:password@`` in ``base_url``
             (or ``~/.netrc``) is sent as basic auth, as requests would.
-        timeout: ``(connect, read)`` seconds, or one number for both. The read timeout bounds the whole answer.
+        timeout: ``(connect, read)`` seconds, or one number for both. The read timeout bounds the whole answer,
+            status line and headers included.
         max_workers: Threads that may use the session at once; the pool keeps that many connections.
         verify: TLS verification: True, False, or a CA bundle path.
         max_response_bytes: Largest answer accepted; a larger one raises ``EngineProtocolError``.
@@ -172,12 +175,17 @@ class EngineTransport:
         return answer.text
 
     def _send(self, exchange: Exchange) -> Answer:
-        """Send one request and read the whole answer: its body must be in by the read timeout after the headers."""
+        """Send one request and read the whole answer, status line and headers included, by its deadline.
+
+        The deadline is the earlier of connect + read timeout from now and the read timeout from the request being
+        sent: a server dripping its headers or its body cannot stretch an attempt past it.
+        """
         connect, read, _ = pool_timeout(exchange.timeout)
         deadline = time.monotonic() + connect + read
         mapped = self._translator.mapped
-        with mapped(exchange):
+        with mapped(exchange), AnswerDeadline(deadline, read):
             raw = self._pool.open(exchange)
-        with mapped(exchange, raw):
-            content = read_whole(raw, min(deadline, time.monotonic() + read), read, self.max_response_bytes)
+            answer_by = min(deadline, time.monotonic() + read)
+        with mapped(exchange, raw), AnswerDeadline(deadline, read):
+            content = read_whole(raw, answer_by, self.max_response_bytes)
         return Answer(raw.status, str(raw.reason or ""), raw.headers, content)

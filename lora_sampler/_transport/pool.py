@@ -17,6 +17,7 @@ import requests
 import urllib3
 from requests.adapters import HTTPAdapter
 
+from lora_sampler._transport.deadline import DeadlineAdapter
 from lora_sampler._transport.exchange import Exchange, pool_timeout
 from lora_sampler._version import __version__
 
@@ -51,7 +52,7 @@ class EnginePool:
         self.base_url = base_url
         self._prefix = urlsplit(base_url).path
         self.session = requests.Session()
-        self._adapter = HTTPAdapter(pool_connections=4, pool_maxsize=max_workers + POOL_HEADROOM, max_retries=0)
+        self._adapter = DeadlineAdapter(pool_connections=4, pool_maxsize=max_workers + POOL_HEADROOM, max_retries=0)
         self.session.mount("http://", self._adapter)
         self.session.mount("https://", self._adapter)
         # The environment requests users rely on (HTTP(S)_PROXY, NO_PROXY, REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE,

@@ -1,7 +1,7 @@
 """Reading one answer body whole, under its deadline and a size limit.
 
-Each socket wait is cut to the time left, so the read timeout bounds the whole body. No translation: the caller
-maps what this raises.
+The socket-level deadline (``deadline.py``) cuts each wait; the check here also covers answers read without it
+(SOCKS proxies). No translation: the caller maps what this raises.
 """
 
 from __future__ import annotations
@@ -23,13 +23,12 @@ class TooLargeError(Exception):
         self.what = what
 
 
-def read_whole(raw: Any, deadline: float, read_timeout: float, limit: int) -> bytes:
+def read_whole(raw: Any, deadline: float, limit: int) -> bytes:
     """Read the body of urllib3's response ``raw`` in chunks; release or close its connection.
 
     Args:
         raw: The response, status and headers read, body not.
         deadline: The monotonic time by which the body must be in.
-        read_timeout: The read timeout (restored on a reused connection).
         limit: The largest body accepted.
 
     Raises:
@@ -40,22 +39,17 @@ def read_whole(raw: Any, deadline: float, read_timeout: float, limit: int) -> by
     declared = raw.headers.get("Content-Length")
     chunks: List[bytes] = []
     size = 0
-    finished = shortened = False
+    finished = False
     # read1 returns after at most one socket read, so a byte-dripping server meets the deadline check.
     read = getattr(raw, "read1", None) or raw.read
     # Decode gzip/deflate (requests asks for them on the Session path); skipping the decoder otherwise is faster.
     encoded = "Content-Encoding" in raw.headers
-    sock = getattr(getattr(raw, "connection", None), "sock", None)
     try:
         if declared and declared.isdigit() and int(declared) > limit:
             raise TooLargeError(f"declares {declared} bytes")
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise requests.ReadTimeout(f"the whole answer took longer than the read timeout ({read_timeout} s)")
-            if chunks and sock is not None:  # the first read keeps the read timeout urllib3 has just set
-                sock.settimeout(left)
-                shortened = True
+            if time.monotonic() >= deadline:
+                raise requests.ReadTimeout("the whole answer took longer than the read timeout")
             chunk = read(READ_CHUNK_BYTES, decode_content=encoded)
             if not chunk:
                 finished = True
@@ -70,7 +64,5 @@ def read_whole(raw: Any, deadline: float, read_timeout: float, limit: int) -> by
     finally:
         if not finished:
             raw.close()  # the rest of this answer is unread: the connection cannot be reused
-        elif shortened and sock is not None:
-            sock.settimeout(read_timeout)  # a reused connection starts with the full timeout again
         raw.release_conn()
     return b"".join(chunks)

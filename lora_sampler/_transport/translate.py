@@ -8,6 +8,8 @@ go through ``check_status`` and bodies through ``decode_json``. Every message an
 from __future__ import annotations
 
 import contextlib
+import json
+import socket
 from typing import Any, Callable, Iterator, Mapping, Optional, Tuple, Type, TypeVar, cast
 
 import requests
@@ -15,6 +17,7 @@ import urllib3
 from requests.structures import CaseInsensitiveDict
 from urllib3.exceptions import (
     ConnectTimeoutError,
+    DecodeError,
     NewConnectionError,
     ProtocolError,
     ProxyError,
@@ -43,7 +46,16 @@ T = TypeVar("T")
 TRANSPORT_ERRORS: Tuple[Tuple[Tuple[Type[BaseException], ...], Type[EngineError], str], ...] = (
     ((NewConnectionError,), EngineConnectionError, "could not be reached"),
     ((requests.ConnectTimeout, ConnectTimeoutError), EngineConnectTimeoutError, "did not accept a connection in time"),
-    ((requests.Timeout, ReadTimeoutError), EngineTimeoutError, "did not answer in full within the read timeout"),
+    (
+        (requests.Timeout, ReadTimeoutError, socket.timeout),
+        EngineTimeoutError,
+        "did not answer in full within the read timeout",
+    ),
+    (
+        (requests.exceptions.ContentDecodingError, DecodeError),
+        EngineProtocolError,
+        "its Content-Encoding does not decode",
+    ),
     (
         (requests.ConnectionError, requests.exceptions.ChunkedEncodingError, ProtocolError, ProxyError, SSLError),
         EngineConnectionError,
@@ -52,7 +64,23 @@ TRANSPORT_ERRORS: Tuple[Tuple[Tuple[Type[BaseException], ...], Type[EngineError]
     ((OSError,), EngineConnectionError, "could not be reached or dropped the connection"),
     ((requests.RequestException, urllib3.exceptions.HTTPError), EngineError, "request failed"),
 )
+_DECODE_FIX = "check the engine, or the proxy in front of it: it labels its answers with an encoding they lack"
+_NO_ANSWER = Answer(0, "", {}, b"")
 _CAUGHT = (requests.RequestException, urllib3.exceptions.HTTPError, OSError, TooLargeError)
+
+
+def loads_strict(content: bytes) -> Any:
+    """Decode a JSON body strictly: no NaN or Infinity, and no nesting too deep to decode.
+
+    Raises:
+        ValueError: it is not JSON, not UTF-8, holds NaN or Infinity, or is nested too deep; the message says which.
+    """
+    try:
+        return loads(content)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError("a body that is not JSON") from None
+    except ValueError as exc:  # NaN, Infinity, or nested too deep
+        raise ValueError(f"a body that is not strict JSON ({exc})") from None
 
 
 class Translator:
@@ -92,9 +120,11 @@ class Translator:
         if isinstance(exc, TooLargeError):
             fix = "raise max_response_bytes if such answers are expected"
             problem = f"an answer that {exc.what}, over max_response_bytes={self.max_response_bytes}"
-            return self.protocol_error(exchange, head or Answer(0, "", {}, b""), problem, fix)
+            return self.protocol_error(exchange, head or _NO_ANSWER, problem, fix)
         error_class, problem = next((row[1], row[2]) for row in TRANSPORT_ERRORS if isinstance(exc, row[0]))
         detail = self.secrets.redact(without_userinfo(f"{type(exc).__name__}: {exc}"))
+        if error_class is EngineProtocolError:
+            return self.protocol_error(exchange, head or _NO_ANSWER, f"a body that {problem} ({detail})", _DECODE_FIX)
         message = (
             f"{exchange.method} {exchange.path}{exchange.describe()}: the engine at {self.base_url} {problem} "
             f"({detail}); check base_url, that the engine is running, and the timeout (timeout=, or lora-sampler "
@@ -105,21 +135,21 @@ class Translator:
     def decode_json(self, exchange: Exchange, answer: Answer, parse: Optional[Callable[[Any], T]]) -> T:
         """Check the status, decode the body and hand it to ``parse``; the result, or the error it stands for.
 
-        A ``ValueError``, ``TypeError``, ``LookupError`` or ``AttributeError`` that ``parse`` raises means the answer
-        is malformed and becomes ``EngineProtocolError``.
+        ``parse`` raises ``ValueError`` for an answer that does not fit (it becomes ``EngineProtocolError``); any
+        other exception it raises is a bug of the parser and propagates as it is.
         """
         self.check_status(exchange, answer)
         try:
-            body = loads(answer.content)
-        except ValueError:
-            raise self.protocol_error(exchange, answer, "a body that is not JSON") from None
+            body = loads_strict(answer.content)
+        except ValueError as exc:
+            raise self.protocol_error(exchange, answer, str(exc)) from None
         if parse is None:
             if not isinstance(body, dict):
                 raise self.protocol_error(exchange, answer, f"a JSON {type(body).__name__}, not an object")
             return cast(T, body)
         try:
             return parse(body)
-        except (ValueError, TypeError, LookupError, AttributeError) as exc:
+        except ValueError as exc:
             raise self.protocol_error(exchange, answer, f"an answer that does not fit: {exc}") from None
 
     def check_status(self, exchange: Exchange, answer: Answer) -> None:
