@@ -48,34 +48,26 @@ class AnswerDeadline:
         _pending.overall = None
 
 
-class _DeadlineIO(io.RawIOBase):
-    """A socket's raw reader whose every wait is cut to the time left before ``deadline``."""
+class _DeadlineSocketIO(socket.SocketIO):
+    """A socket's raw reader (what ``makefile`` builds) whose every wait is cut to the time left before ``deadline``."""
 
     def __init__(self, sock: socket.socket, deadline: float):
-        super().__init__()
-        self._sock = sock
-        # makefile counts a reference, so the socket stays open while the answer is read after the connection closed.
-        self._raw = sock.makefile("rb", buffering=0)
+        super().__init__(sock, "rb")
+        self._socket = sock
+        # As socket.makefile does: the socket stays open while the answer is read after its connection closed.
+        sock._io_refs += 1  # type: ignore[attr-defined]
         self._deadline = deadline
-
-    def readable(self) -> bool:
-        return True
 
     def readinto(self, buffer: Any) -> Optional[int]:
         left = self._deadline - time.monotonic()
         if left <= 0:
             raise socket.timeout("the whole answer did not arrive within the read timeout")
-        self._sock.settimeout(left)
-        return self._raw.readinto(buffer)
-
-    def close(self) -> None:
-        if not self.closed:
-            self._raw.close()
-        super().close()
+        self._socket.settimeout(left)
+        return super().readinto(buffer)
 
 
 class _DeadlineResponse(http.client.HTTPResponse):
-    """``http.client``'s response, read through a ``_DeadlineIO`` while a deadline is pending on this thread."""
+    """``http.client``'s response, read through a ``_DeadlineSocketIO`` while a deadline is pending on this thread."""
 
     def __init__(self, sock: socket.socket, debuglevel: int = 0, method: Optional[str] = None, url: Any = None):
         super().__init__(cast(socket.socket, _Maker(sock)), debuglevel, method, url)
@@ -94,7 +86,7 @@ class _Maker:
         if overall is None:
             return self._sock.makefile("rb")
         deadline = min(overall, time.monotonic() + _pending.read)
-        return io.BufferedReader(_DeadlineIO(self._sock, deadline))
+        return io.BufferedReader(_DeadlineSocketIO(self._sock, deadline))
 
 
 class _DeadlineHTTPConnection(HTTPConnection):

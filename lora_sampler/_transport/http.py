@@ -18,7 +18,7 @@ from lora_sampler._transport.exchange import Answer, Exchange, new_id, pool_time
 from lora_sampler._transport.pool import POOL_HEADROOM, EnginePool
 from lora_sampler._transport.reader import read_whole
 from lora_sampler._transport.secrets import Secrets, redact
-from lora_sampler._transport.translate import Translator
+from lora_sampler._transport.translate import CAUGHT, Translator
 from lora_sampler._transport.urls import normalise_base_url, split_base_url, without_userinfo
 from lora_sampler._wire.routes import CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH
 from lora_sampler.types import Timeout
@@ -76,7 +76,7 @@ class EngineTransport:
         self.max_response_bytes = max_response_bytes
         self._api_key = api_key
         self._pool = EnginePool(self.base_url, api_key=api_key, basic=userinfo, max_workers=max_workers, verify=verify)
-        self._translator = Translator(self.base_url, Secrets(api_key, userinfo), max_response_bytes, self._pool.headers)
+        self._translator = Translator(self.base_url, Secrets(api_key, self._pool.basic or userinfo), max_response_bytes)
 
     @property
     def has_api_key(self) -> bool:
@@ -182,10 +182,11 @@ class EngineTransport:
         """
         connect, read, _ = pool_timeout(exchange.timeout)
         deadline = time.monotonic() + connect + read
-        mapped = self._translator.mapped
-        with mapped(exchange), AnswerDeadline(deadline, read):
-            raw = self._pool.open(exchange)
-            answer_by = min(deadline, time.monotonic() + read)
-        with mapped(exchange, raw), AnswerDeadline(deadline, read):
-            content = read_whole(raw, answer_by, self.max_response_bytes)
+        raw = None
+        with AnswerDeadline(deadline, read):
+            try:
+                raw = self._pool.open(exchange)
+                content = read_whole(raw, min(deadline, time.monotonic() + read), self.max_response_bytes)
+            except CAUGHT as exc:  # the one translation of the libraries' exceptions
+                raise self._translator.transport_error(exc, exchange, raw) from None
         return Answer(raw.status, str(raw.reason or ""), raw.headers, content)

@@ -1,11 +1,12 @@
 """The secrets a transport sends, and their removal from every text and body it hands on.
 
-An engine or a proxy may echo request headers in an error body: the bearer key and a basic-auth password are
-replaced by ``***`` before any message or excerpt leaves the transport.
+An engine or a proxy may echo request headers in an error body: the bearer key, a basic-auth password, and the
+base64 forms they travel in are replaced by ``***`` before any message, excerpt or error body leaves the transport.
 """
 
 from __future__ import annotations
 
+import base64
 from typing import List, Optional, Tuple
 
 #: What a secret is replaced with.
@@ -28,9 +29,11 @@ class Secrets:
     def __init__(self, api_key: Optional[str] = None, basic: Optional[Tuple[str, str]] = None):
         found: List[str] = []
         if api_key:
-            found.append(api_key)
+            found += [api_key, _b64(api_key)]
         if basic:
-            found.append(basic[1])
+            user, password = basic
+            # The header carries base64("user:password"); an echo may also show it decoded, or the password alone.
+            found += [_b64(f"{user}:{password}"), f"{user}:{password}" if password else "", password]
         # Longest first: a secret that contains another is replaced whole, not around the shorter one.
         self._secrets = sorted({secret for secret in found if secret}, key=len, reverse=True)
 
@@ -42,3 +45,13 @@ class Secrets:
         for secret in self._secrets:
             text = text.replace(secret, REDACTED)
         return text
+
+    def redact_bytes(self, content: bytes) -> bytes:
+        """Return a body with every secret (as UTF-8) replaced by ``***``."""
+        for secret in self._secrets:
+            content = content.replace(secret.encode("utf-8", "surrogatepass"), REDACTED.encode())
+        return content
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode("utf-8", "surrogatepass")).decode("ascii")

@@ -1,16 +1,16 @@
 """The one translation point: low-level exceptions, statuses and bodies become lora_sampler's values and errors.
 
 ``TRANSPORT_ERRORS`` is the table from requests' and urllib3's exceptions to ours, most specific row first (in the
-spirit of httpx's ``map_httpcore_exceptions``); ``Translator.mapped`` wraps every call into the libraries. Statuses
-go through ``check_status`` and bodies through ``decode_json``. Every message and excerpt is redacted.
+spirit of httpx's ``map_httpcore_exceptions``); ``Translator.transport_error`` applies it to whatever the one
+``try`` around the libraries' calls caught (``CAUGHT``). Statuses
+go through ``check_status`` and bodies through ``decode_json``. Every message, excerpt and kept body is redacted.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import socket
-from typing import Any, Callable, Iterator, Mapping, Optional, Tuple, Type, TypeVar, cast
+from typing import Any, Callable, Optional, Tuple, Type, TypeVar, cast
 
 import requests
 import urllib3
@@ -66,7 +66,8 @@ TRANSPORT_ERRORS: Tuple[Tuple[Tuple[Type[BaseException], ...], Type[EngineError]
 )
 _DECODE_FIX = "check the engine, or the proxy in front of it: it labels its answers with an encoding they lack"
 _NO_ANSWER = Answer(0, "", {}, b"")
-_CAUGHT = (requests.RequestException, urllib3.exceptions.HTTPError, OSError, TooLargeError)
+#: Every exception the transport's calls into the libraries may raise; ``Translator.transport_error`` maps them.
+CAUGHT = (requests.RequestException, urllib3.exceptions.HTTPError, OSError, TooLargeError)
 
 
 def loads_strict(content: bytes) -> Any:
@@ -90,33 +91,24 @@ class Translator:
         base_url: The printable engine root, named in every message.
         secrets: The credentials to redact.
         max_response_bytes: The size limit, named when an answer is over it.
-        headers: The headers every request carries.
     """
 
-    def __init__(self, base_url: str, secrets: Secrets, max_response_bytes: int, headers: Mapping[str, str]):
+    def __init__(self, base_url: str, secrets: Secrets, max_response_bytes: int):
         self.base_url = base_url
-        self.headers = headers
         self.secrets = secrets
         self.max_response_bytes = max_response_bytes
 
-    @contextlib.contextmanager
-    def mapped(self, exchange: Exchange, raw: Any = None) -> Iterator[None]:
-        """Turn any low-level exception raised inside into the matching ``EngineError``.
+    def transport_error(self, exc: BaseException, exchange: Exchange, raw: Any = None) -> EngineError:
+        """Return the ``EngineError`` a low-level exception stands for (the first matching row of the table).
 
         Args:
+            exc: What requests or urllib3 raised (one of ``CAUGHT``); an ``EngineError`` is returned as it is.
             exchange: The request being sent.
-            raw: The urllib3 response whose body is being read, once its status and headers are in.
+            raw: The urllib3 response whose body was being read, once its status and headers were in.
         """
-        try:
-            yield
-        except _CAUGHT as exc:
-            if isinstance(exc, EngineError):
-                raise
-            head = Answer.head_of(raw) if raw is not None else None
-            raise self.transport_error(exc, exchange, head) from None
-
-    def transport_error(self, exc: BaseException, exchange: Exchange, head: Optional[Answer] = None) -> EngineError:
-        """Return the ``EngineError`` a low-level exception stands for (the first matching row of the table)."""
+        if isinstance(exc, EngineError):
+            return exc
+        head = Answer.head_of(raw) if raw is not None else None
         if isinstance(exc, TooLargeError):
             fix = "raise max_response_bytes if such answers are expected"
             problem = f"an answer that {exc.what}, over max_response_bytes={self.max_response_bytes}"
@@ -201,17 +193,22 @@ class Translator:
         )
 
     def _as_response(self, exchange: Exchange, answer: Answer) -> requests.Response:
-        """Wrap an error answer in a ``requests.Response`` (for ``HTTPError.response``), as requests' adapter would."""
+        """Wrap an error answer in a ``requests.Response`` (for ``HTTPError.response``), as requests' adapter would.
+
+        Its body has the secrets redacted, and its ``request`` carries the method, the URL and the request's own
+        headers only: no credentials and no prompt reach a hook, a log or an output file through the error.
+        """
         url = self.base_url + exchange.path
         response = requests.Response()
         response.status_code = answer.status
-        response.headers = CaseInsensitiveDict(answer.headers)
-        response._content = answer.content
+        headers = answer.headers.items()
+        response.headers = CaseInsensitiveDict({name: self.secrets.redact(value) for name, value in headers})
+        response._content = self.secrets.redact_bytes(answer.content) if self.secrets else answer.content
         response.reason = answer.reason
         response.url = url
         response.encoding = requests.utils.get_encoding_from_headers(response.headers)
         request = requests.PreparedRequest()
-        request.method, request.url, request.body = exchange.method, url, exchange.data
-        request.headers = CaseInsensitiveDict({**self.headers, **exchange.headers})
+        request.method, request.url, request.body = exchange.method, url, None
+        request.headers = CaseInsensitiveDict(exchange.headers)  # the request id and routing header, no auth
         response.request = request
         return response
