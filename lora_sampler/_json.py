@@ -47,6 +47,8 @@ def _build() -> Callable[[Document], Any]:
             return fast_decode(data)
         except refused:
             return _stdlib_loads(data)  # the standard library's value, or its own error
+        except RecursionError:
+            raise ValueError("it is nested too deep to decode") from None
 
     return fast_loads
 

@@ -87,11 +87,11 @@ def test_hostile_dripped_headers_fail_the_cli_startup_check(tmp_path: Path, caps
 
 @pytest.mark.parametrize(
     "logprob",
-    ["1" + "0" * 400, "NaN", "Infinity", "-Infinity"],
-    ids=["10**400", "NaN", "Infinity", "-Infinity"],
+    ["1" + "0" * 400, "-1e400", "NaN", "Infinity", "-Infinity"],
+    ids=["10**400", "-1e400", "NaN", "Infinity", "-Infinity"],
 )
 def test_hostile_logprob_that_is_no_finite_float_is_a_protocol_error(logprob: str) -> None:
-    """A logprob of 10**400 (OverflowError before), NaN or Infinity is an EngineProtocolError, never a result."""
+    """A logprob of 10**400 (OverflowError before), -1e400, NaN or Infinity is an EngineProtocolError, not a result."""
     with RawServer(answer_with(completion_with_logprob(logprob))) as server:
         with SamplerClient(server.url, retry=ONCE) as client:
             with pytest.raises(EngineProtocolError, match=r"too large for a float|not strict JSON"):

@@ -24,7 +24,9 @@ PASSWORD = "pw-echo-77aa"
 PROMPT = "a private prompt 41d3"
 
 
-def echoing_engine(server_box: List[RawServer], status: str = "400 Bad Request") -> Callable[[socket.socket, int], None]:
+def echoing_engine(
+    server_box: List[RawServer], status: str = "400 Bad Request"
+) -> Callable[[socket.socket, int], None]:
     """Health 200, one base model ``m``, and every other request refused with its own headers in the body."""
 
     def handler(conn: socket.socket, index: int) -> None:

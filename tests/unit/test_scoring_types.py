@@ -92,7 +92,6 @@ def test_from_json_prompt_logprobs_same_with_either_decoder(decode: Decoder) -> 
 @pytest.mark.parametrize(
     "document",
     [
-        b'{"a": [NaN, Infinity, -Infinity]}',
         b'{"big": 123456789012345678901234567890, "neg": -9223372036854775809}',
         b'{"s": "\\ud800", "e": "\\u00e9\\n", "x": 1e400}',
         b'{"a": 1, "a": 2, "f": [0.1, 5e-324, -0.0, 1.7976931348623157e308]}',
@@ -104,6 +103,14 @@ def test_json_loads_equals_stdlib(decode: Decoder, document: bytes) -> None:
     """The decoder gives json.loads' value for what msgspec refuses or reads differently (NaN, big ints, UTF-16)."""
     expected, got = json.loads(document), decode(document)
     assert repr(got) == repr(expected)  # repr: NaN != NaN, and -0.0 == 0.0
+
+
+@pytest.mark.parametrize("decode", decoders())
+@pytest.mark.parametrize("document", [b'{"a": [NaN]}', b'{"a": Infinity}', b"[-Infinity]", b"[" * 100_000])
+def test_json_loads_refuses_nan_infinity_and_deep_nesting(decode: Decoder, document: bytes) -> None:
+    """NaN and Infinity (no JSON) and nesting too deep are a ValueError, where json.loads gives floats or recurses."""
+    with pytest.raises(ValueError, match=r"not JSON|nested too deep"):
+        decode(document)
 
 
 @pytest.mark.parametrize("decode", decoders())
