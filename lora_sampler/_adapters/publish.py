@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional, Seque
 
 from lora_sampler._adapters import storage
 from lora_sampler._adapters.archive import (
+    CONFIG_FILE,
     MARKER_FILE,
     StrPath,
     cached_digest,
@@ -65,8 +66,6 @@ DEFAULT_DIGEST_CHARS = 12
 #: fsync every file and folder before the rename, so a host crash cannot publish empty files (cost: see benchmarks).
 DEFAULT_DURABLE = True
 
-#: The file vLLM's resolver reads from each adapter folder (FINDINGS §2).
-CONFIG_FILE = "adapter_config.json"
 _UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 _publish_locks = KeyedLocks()
 

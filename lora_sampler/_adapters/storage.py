@@ -1,23 +1,26 @@
-"""Checkpoints in object storage (``s3://``, ``gs://``) through fsspec: probe, list, glob and stream one object.
+"""Checkpoints in object storage (``s3://``, ``gs://``) through fsspec: probe, list, glob, stream, settle signature.
 
-Every call goes through one translation point, so a missing object or bucket, denied access or a dropped
-connection is a ``PublishError`` naming the URL and the cause, with every secret of the storage options blanked.
-Nothing here writes to disk; ``extract`` and ``publish`` do that from the streams handed out here.
+One translation point turns whatever the storage library raises into a ``PublishError`` naming the URL and the cause,
+secrets blanked. Nothing here writes to disk: ``extract`` and ``publish`` write from the streams handed out here.
 """
 
 from __future__ import annotations
 
+import datetime
 import importlib
 import io
 import logging
 import os
 import queue
+import re
 import threading
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, ContextManager, Dict, Iterator, List, Mapping, Optional, Tuple
 
+from lora_sampler._adapters.archive import CONFIG_FILE
+from lora_sampler._wire.archives import has_archive_suffix
 from lora_sampler.errors import LoraSamplerError, PublishError
 from lora_sampler.types import is_storage_url
 
@@ -31,6 +34,7 @@ __all__ = [
     "open_object",
     "opener",
     "probe",
+    "settle_signature",
 ]
 
 logger = logging.getLogger(__name__)
@@ -42,6 +46,7 @@ READ_AHEAD_CHUNKS = 32
 #: Block size of the ranged reads on stores without a streamed GET (gcsfs): few requests, bounded memory.
 RANGED_BLOCK_SIZE = 16 << 20
 
+_GLOB_CHARS = re.compile(r"[*?\[]")
 # scheme -> (the fsspec implementation's package, the lora_sampler extra that installs it)
 _BACKENDS: Dict[str, Tuple[str, str]] = {"s3": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs")}
 # Environment variables whose values are secrets, blanked from every message like the storage options' own.
@@ -62,6 +67,7 @@ class StoredObject:
         etag: The store's ETag, or None.
         version: The object's version (S3 ``VersionId``, GCS generation), or None.
         is_folder: The URL is a prefix (an adapter folder), not an object.
+        modified: When the object was last written (seconds since the epoch), or None when the store does not say.
     """
 
     url: str
@@ -69,21 +75,18 @@ class StoredObject:
     etag: Optional[str]
     version: Optional[str]
     is_folder: bool
-
-    @property
-    def fingerprint(self) -> Tuple[str, Optional[str], Optional[str], int]:
-        """The object's identity for the digest cache: changed bytes change the ETag (or version) or the size."""
-        return (self.url, self.etag, self.version, self.size)
+    modified: Optional[float] = None
 
 
 @dataclass(frozen=True)
 class StoredFile:
-    """One object of an adapter folder in storage: its path below the folder, URL, size and ETag."""
+    """One object of an adapter folder in storage: its path below the folder, URL, size, ETag and write time."""
 
     rel: str
     url: str
     size: int
     etag: Optional[str]
+    modified: Optional[float] = None
 
 
 def probe(url: str, options: Optional[Mapping[str, Any]] = None) -> StoredObject:
@@ -101,7 +104,7 @@ def probe(url: str, options: Optional[Mapping[str, Any]] = None) -> StoredObject
         return StoredObject(url, 0, None, None, True)
     etag = info.get("ETag") or info.get("etag")
     version = info.get("VersionId") or info.get("generation")
-    return StoredObject(url, int(info.get("size") or 0), _text(etag), _text(version), False)
+    return StoredObject(url, int(info.get("size") or 0), _text(etag), _text(version), False, _modified(info))
 
 
 def list_folder(url: str, options: Optional[Mapping[str, Any]] = None) -> List[StoredFile]:
@@ -120,18 +123,53 @@ def list_folder(url: str, options: Optional[Mapping[str, Any]] = None) -> List[S
         if not rel or name.endswith("/") or info.get("type") == "directory":
             continue
         etag = _text(info.get("ETag") or info.get("etag"))
-        files.append(StoredFile(rel, _join(url, rel), int(info.get("size") or 0), etag))
+        files.append(StoredFile(rel, _join(url, rel), int(info.get("size") or 0), etag, _modified(info)))
     return sorted(files, key=lambda file: file.rel)
 
 
 def expand(pattern: str, options: Optional[Mapping[str, Any]] = None) -> List[str]:
-    """Return the URLs (objects and prefixes) a glob pattern of storage URLs matches, in the store's order."""
+    """Return the checkpoints a storage URL or glob names now: archive objects and prefixes, in the store's order.
+
+    A URL without glob characters that names nothing (yet) gives an empty list, so a watch can wait for it.
+    """
     fs, path = _filesystem(pattern, options)
     scheme = pattern.split("://", 1)[0]
     with translated(pattern, options, "list"):
         fs.invalidate_cache()
-        matches = fs.glob(path)
-    return [f"{scheme}://{match}" for match in matches]
+        if not _GLOB_CHARS.search(path):
+            return [pattern] if fs.exists(path) else []
+        matches = fs.glob(path, detail=True)
+    return [
+        f"{scheme}://{name}"
+        for name, info in matches.items()
+        if info.get("type") == "directory" or has_archive_suffix(name)
+    ]
+
+
+def settle_signature(url: str, options: Optional[Mapping[str, Any]] = None) -> Tuple[float, Optional[str], Any]:
+    """Return ``(newest write time, problem, signature)`` of a stored checkpoint, for a sweep's settle rule.
+
+    An object is written whole (a store never shows half an upload), so it has no problem; its signature is its
+    ETag, version and size. A prefix's signature is its objects' paths, ETags and sizes; until one of them is
+    ``adapter_config.json`` it is not complete. One request for an object, a listing for a prefix.
+
+    Raises:
+        FileNotFoundError: nothing is at ``url`` (yet).
+        PublishError: the store refused or could not be reached.
+    """
+    try:
+        stored = probe(url, options)
+        files = list_folder(url, options) if stored.is_folder else []
+    except PublishError as error:
+        if isinstance(error.__cause__, FileNotFoundError):
+            raise FileNotFoundError(url) from error
+        raise
+    if not stored.is_folder:
+        return (stored.modified or 0.0, None, ("object", stored.etag, stored.version, stored.size))
+    newest = max((f.modified or 0.0 for f in files), default=0.0)
+    has_config = any(f.rel.split("/")[-1] == CONFIG_FILE and f.rel.count("/") <= 1 for f in files)
+    problem = None if has_config else f"its {CONFIG_FILE} is not in the store yet"
+    return (newest, problem, ("prefix", tuple((f.rel, f.etag, f.size) for f in files)))
 
 
 def opener(file: StoredFile, options: Optional[Mapping[str, Any]] = None) -> Callable[[], ContextManager[io.RawIOBase]]:
@@ -368,3 +406,14 @@ def _join(url: str, rel: str) -> str:
 
 def _text(value: Any) -> Optional[str]:
     return None if value is None else str(value)
+
+
+def _modified(info: Mapping[str, Any]) -> Optional[float]:
+    """Read an object's write time from s3fs (``LastModified``, a datetime) or gcsfs (``updated``, ISO text)."""
+    value = info.get("LastModified") or info.get("updated") or info.get("mtime")
+    if isinstance(value, str):
+        with suppress(ValueError):
+            value = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if isinstance(value, datetime.datetime):
+        return value.timestamp()
+    return float(value) if isinstance(value, (int, float)) else None

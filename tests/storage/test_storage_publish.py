@@ -206,9 +206,33 @@ def delta(before: dict, after: dict) -> dict:
     return {method: after[method] - before.get(method, 0) for method in after if after[method] != before.get(method, 0)}
 
 
-def test_storage_expand_globs_objects_and_prefixes(s3: Any) -> None:
-    """A glob over storage URLs matches archive objects and folder prefixes, as s3:// URLs."""
-    for key in ("run1/step-1.tar.gz", "run1/step-20.tar.gz", "run1/step-3/adapter_config.json", "run1/other.txt"):
+def test_storage_expand_globs_archives_and_prefixes(s3: Any) -> None:
+    """A glob over storage URLs matches archive objects and folder prefixes (not other objects), as s3:// URLs."""
+    for key in ("run1/step-1.tar.gz", "run1/step-20.tgz", "run1/step-3/adapter_config.json", "run1/step-4.txt"):
         s3.put_object(Bucket=BUCKET, Key=key, Body=b"x")
     found = storage.expand(f"s3://{BUCKET}/run1/step-*")
-    assert sorted(found) == [f"s3://{BUCKET}/run1/{name}" for name in ("step-1.tar.gz", "step-20.tar.gz", "step-3")]
+    assert sorted(found) == [f"s3://{BUCKET}/run1/{name}" for name in ("step-1.tar.gz", "step-20.tgz", "step-3")]
+    assert storage.expand(f"s3://{BUCKET}/run1/step-1.tar.gz") == [f"s3://{BUCKET}/run1/step-1.tar.gz"]
+    assert storage.expand(f"s3://{BUCKET}/run1/step-9.tar.gz") == []  # not there yet: a watch waits for it
+
+
+def test_storage_settle_signature_follows_the_object(s3: Any) -> None:
+    """An object's signature changes when it is rewritten; a missing one is FileNotFoundError (not there yet)."""
+    url = f"s3://{BUCKET}/run1/step-1.tar.gz"
+    with pytest.raises(FileNotFoundError):
+        storage.settle_signature(url)
+    s3.put_object(Bucket=BUCKET, Key="run1/step-1.tar.gz", Body=b"one")
+    first = storage.settle_signature(url)
+    s3.put_object(Bucket=BUCKET, Key="run1/step-1.tar.gz", Body=b"two!")
+    second = storage.settle_signature(url)
+    assert first[1] is None and second[1] is None and first[2] != second[2] and second[0] > 0
+
+
+def test_storage_settle_signature_of_a_prefix_waits_for_the_config(s3: Any) -> None:
+    """A prefix without adapter_config.json has a problem (incomplete); once it is uploaded it has none."""
+    url = f"s3://{BUCKET}/run1/step-5"
+    s3.put_object(Bucket=BUCKET, Key="run1/step-5/adapter_model.safetensors", Body=b"w")
+    assert storage.settle_signature(url)[1] == "its adapter_config.json is not in the store yet"
+    s3.put_object(Bucket=BUCKET, Key="run1/step-5/adapter_config.json", Body=b"{}")
+    newest, problem, signature = storage.settle_signature(url)
+    assert problem is None and len(signature[1]) == 2 and newest > 0
