@@ -56,7 +56,8 @@ class AdapterRegistry:
         storage_options: Optional[Mapping[str, Any]] = None,
     ):
         self._transport = transport
-        self._storage_options = dict(storage_options) if storage_options is not None else None
+        #: The storage library's options for checkpoint URLs (publishing, and a sweep's listing), or None.
+        self.storage_options = dict(storage_options) if storage_options is not None else None
         self._fleet = fleet
         self.publish_limits = publish_limits if publish_limits is not None else PublishLimits()
         self.lora_base_dir = os.path.abspath(os.fspath(lora_base_dir)) if lora_base_dir is not None else None
@@ -131,7 +132,7 @@ class AdapterRegistry:
         if self.lora_base_dir is None:
             raise ValueError("publishing a checkpoint needs lora_base_dir= (the engine's resolver directory)")
         adapter = publish_checkpoint(
-            checkpoint, self.lora_base_dir, name=name, limits=self.publish_limits, storage_options=self._storage_options
+            checkpoint, self.lora_base_dir, name=name, limits=self.publish_limits, storage_options=self.storage_options
         )
         self._preflight(adapter)
         if self._fleet is not None:

@@ -34,6 +34,7 @@ __all__ = [
     "open_object",
     "opener",
     "probe",
+    "read_bytes",
     "settle_signature",
 ]
 
@@ -157,19 +158,39 @@ def settle_signature(url: str, options: Optional[Mapping[str, Any]] = None) -> T
         FileNotFoundError: nothing is at ``url`` (yet).
         PublishError: the store refused or could not be reached.
     """
-    try:
+    with _absent_as_not_found(url):
         stored = probe(url, options)
         files = list_folder(url, options) if stored.is_folder else []
-    except PublishError as error:
-        if isinstance(error.__cause__, FileNotFoundError):
-            raise FileNotFoundError(url) from error
-        raise
     if not stored.is_folder:
         return (stored.modified or 0.0, None, ("object", stored.etag, stored.version, stored.size))
     newest = max((f.modified or 0.0 for f in files), default=0.0)
     has_config = any(f.rel.split("/")[-1] == CONFIG_FILE and f.rel.count("/") <= 1 for f in files)
     problem = None if has_config else f"its {CONFIG_FILE} is not in the store yet"
     return (newest, problem, ("prefix", tuple((f.rel, f.etag, f.size) for f in files)))
+
+
+def read_bytes(url: str, options: Optional[Mapping[str, Any]] = None) -> bytes:
+    """Return a small object's bytes (a training run's manifest) from one GET.
+
+    Raises:
+        FileNotFoundError: there is no such object (yet).
+        PublishError: the store refused or could not be reached.
+    """
+    fs, path = _filesystem(url, options)
+    with _absent_as_not_found(url), translated(url, options, "read"):
+        fs.invalidate_cache(path)
+        return bytes(fs.cat_file(path))
+
+
+@contextmanager
+def _absent_as_not_found(url: str) -> Iterator[None]:
+    """Raise a missing object as ``FileNotFoundError`` (a watch waits for it), every other failure unchanged."""
+    try:
+        yield
+    except PublishError as error:
+        if isinstance(error.__cause__, FileNotFoundError):
+            raise FileNotFoundError(url) from error
+        raise
 
 
 def opener(file: StoredFile, options: Optional[Mapping[str, Any]] = None) -> Callable[[], ContextManager[io.RawIOBase]]:

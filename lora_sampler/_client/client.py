@@ -370,6 +370,7 @@ class SamplerClient:
         """
         from lora_sampler.batch._sweep import sweep  # batch is the layer above this one
 
+        options.setdefault("storage_options", self._registry.storage_options)  # list with what publishes
         return sweep(self, checkpoints, requests, output_dir=output_dir, **options)
 
     # -- adapters -------------------------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 
 Owns pattern expansion in natural order (``step-200`` before ``step-1000``), the training run's manifest
 (``checkpoints.jsonl``), the settle/complete probe of one checkpoint, and ``CheckpointSource``, which turns them into
-checkpoints ready to evaluate, each once. Local paths here; storage URLs branch inside ``expand_pattern`` and
-``checkpoint_fingerprint``.
+checkpoints ready to evaluate, each once. Storage URLs (patterns, manifest paths, a manifest itself) are listed,
+fingerprinted and read through the storage layer.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import glob
 import json
 import logging
 import os
+import posixpath
 import re
 import struct
 import tarfile
@@ -20,8 +21,9 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
-from lora_sampler.errors import BatchInputError
-from lora_sampler.types import ARCHIVE_SUFFIXES
+from lora_sampler._adapters import storage
+from lora_sampler.errors import BatchInputError, PublishError
+from lora_sampler.types import ARCHIVE_SUFFIXES, is_storage_url
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +62,11 @@ def expand_pattern(pattern: str, storage_options: Optional[Mapping[str, Any]] = 
     """Return the checkpoints (archives or adapter folders) a path or glob names now, in natural order.
 
     A plain path that does not exist (yet) gives an empty list, so a watch can wait for it. ``**`` matches folders
-    recursively. Local paths come back absolute. ``storage_options`` is for storage URLs (unused for local paths).
+    recursively. Local paths come back absolute. A storage URL's pattern globs the store's listing (archive objects
+    and prefixes), with ``storage_options``.
     """
+    if is_storage_url(pattern):
+        return sorted(set(storage.expand(pattern, storage_options)), key=natural_key)
     local = os.path.expanduser(pattern)
     if _GLOB_CHARS.search(local):
         matches = glob.glob(local, recursive=True)
@@ -83,11 +88,15 @@ def checkpoint_fingerprint(path: str, storage_options: Optional[Mapping[str, Any
     the checkpoint reads to its end (an archive: every member's data and the compression's end; a folder:
     adapter_config.json parses and every safetensors file holds the bytes its header declares), else why it does
     not; the signature (sizes, times, inodes) changes whenever the checkpoint does. The read to the end runs once
-    per signature, so probing a settled checkpoint again costs one ``stat`` per file.
+    per signature, so probing a settled checkpoint again costs one ``stat`` per file. A storage URL costs one
+    metadata request (a listing for a prefix): an object is written whole, so it always reads to its end, and a store
+    that refuses or cannot be reached is its problem (retried at the next look).
 
     Raises:
         FileNotFoundError: nothing is at ``path`` (yet).
     """
+    if is_storage_url(path):
+        return _stored_fingerprint(path, storage_options)
     info = os.stat(path)
     if os.path.isdir(path):
         files = _folder_files(path)
@@ -102,6 +111,14 @@ def checkpoint_fingerprint(path: str, storage_options: Optional[Mapping[str, Any
             _VERDICTS.clear()
         _VERDICTS[key] = _folder_problem(path) if signature[0] == "folder" else _archive_problem(path)
     return (newest, _VERDICTS[key], *signature)
+
+
+def _stored_fingerprint(url: str, storage_options: Optional[Mapping[str, Any]]) -> Tuple[Any, ...]:
+    try:
+        newest, problem, signature = storage.settle_signature(url, storage_options)
+    except PublishError as error:
+        return (0.0, str(error), "unreachable")
+    return (newest, problem, *signature)
 
 
 def _folder_files(root: str) -> List[Tuple[str, int, float, int]]:
@@ -192,17 +209,23 @@ class Manifest:
     path: str
 
 
-def read_manifest(path: str) -> List[Checkpoint]:
+def read_manifest(path: str, storage_options: Optional[Mapping[str, Any]] = None) -> List[Checkpoint]:
     """Read a ``checkpoints.jsonl`` in file order: ``{"name", "sampler_path" (or "path"), "batch" (or "step"),
     "final"}`` per line; other fields are ignored, a line without a sampler path (a state-only save) is skipped,
     and a relative path resolves against the manifest's folder. A last line still being written is left for later.
+    The manifest may itself be a storage URL (then a relative path is a key beside it).
 
     Raises:
         BatchInputError: a complete line is not a JSON object (the message names the line).
+        FileNotFoundError: there is no manifest at ``path`` (yet).
     """
-    folder = os.path.dirname(os.path.abspath(path))
-    with open(path, "rb") as handle:
-        raw_lines = handle.read().split(b"\n")
+    if is_storage_url(path):
+        folder = path.rsplit("/", 1)[0]
+        raw_lines = storage.read_bytes(path, storage_options).split(b"\n")
+    else:
+        folder = os.path.dirname(os.path.abspath(path))
+        with open(path, "rb") as handle:
+            raw_lines = handle.read().split(b"\n")
     checkpoints = []
     for number, raw in enumerate(raw_lines, 1):
         if not raw.strip():
@@ -232,7 +255,11 @@ def _manifest_entry(entry: Any, folder: str, path: str, number: int) -> Optional
         return None  # a state-only save: nothing to sample
     if not isinstance(location, str):
         raise BatchInputError(f"{path}: line {number}: sampler_path must be a string", path=path, line_number=number)
-    if "://" not in location:
+    if "://" in location:
+        pass  # a storage URL, or a training service's own (tinker://), kept as written
+    elif is_storage_url(folder):
+        location = f"{folder}/{posixpath.normpath(location)}"
+    else:
         location = os.path.abspath(os.path.join(folder, os.path.expanduser(location)))
     step = entry.get("batch", entry.get("step"))
     name = entry.get("name")
@@ -268,7 +295,14 @@ def listing(
     """
     if isinstance(checkpoints, Manifest):
         manifest = checkpoints.path
-        return lambda: read_manifest(manifest) if os.path.exists(manifest) else []
+
+        def reread() -> List[Checkpoint]:
+            try:
+                return read_manifest(manifest, storage_options)
+            except FileNotFoundError:  # not written yet: a watch waits for it
+                return []
+
+        return reread
     patterns = [checkpoints] if isinstance(checkpoints, str) else list(checkpoints)
     if not patterns or not all(isinstance(p, str) and p for p in patterns):
         raise ValueError("checkpoints takes a path or glob, a list of them, or a Manifest")

@@ -30,7 +30,7 @@ from lora_sampler.cli._terminal import LOG_FORMAT, RetryCounter
 from lora_sampler.errors import LoraSamplerError
 from lora_sampler.names import validate_adapter_name
 from lora_sampler.retry import DEFAULT_RETRY_POLICY
-from lora_sampler.types import Adapter, SamplingParams, is_checkpoint_path
+from lora_sampler.types import Adapter, SamplingParams, is_checkpoint_path, is_storage_url
 
 logger = logging.getLogger(__name__)
 
@@ -448,7 +448,7 @@ def _check_sweep_args(args: argparse.Namespace) -> None:
             raise UsageError(f"{flag} takes seconds >= 0, got {value:g}")
     if args.keep_loaded and args.delete_retired:
         raise UsageError("--delete-retired deletes unloaded adapters' folders; it cannot go with --keep-loaded")
-    if args.manifest and not args.watch and not os.path.isfile(args.manifest):
+    if args.manifest and not args.watch and not is_storage_url(args.manifest) and not os.path.isfile(args.manifest):
         raise UsageError(f"--manifest {args.manifest} is not a file (pass --watch to wait for it)")
     if args.plot:
         try:

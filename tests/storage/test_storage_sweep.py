@@ -1,0 +1,79 @@
+"""A checkpoint sweep over storage URLs (SPEC §13/§14): an s3:// pattern, and a manifest in the store."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, List
+
+import pytest
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto")
+pytest.importorskip("boto3")
+from _s3server import BUCKET
+
+from lora_sampler import SamplerClient
+from lora_sampler.batch import Manifest
+from lora_sampler.cli import main
+from lora_sampler.testing import FakeEngine, write_adapter_archive
+
+STEPS = (3, 20, 100)
+
+
+def upload_run(s3: Any, folder: Path, model: str) -> List[str]:
+    """Upload ``run1/step-N.tar.gz`` for each step (distinct weights); return their URLs in step order."""
+    urls = []
+    for index, step in enumerate(STEPS):
+        archive = write_adapter_archive(str(folder / f"step-{step}.tar.gz"), model, rank=1 + index)
+        s3.upload_file(archive, BUCKET, f"run1/step-{step}.tar.gz")
+        urls.append(f"s3://{BUCKET}/run1/step-{step}.tar.gz")
+    return urls
+
+
+def ledger(out: Path) -> List[Any]:
+    return [json.loads(line) for line in (out / "sweep.jsonl").read_text().splitlines()]
+
+
+def test_storage_sweep_over_an_s3_pattern(
+    s3: Any, engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
+) -> None:
+    """lora-sampler sweep --checkpoints 's3://.../step-*.tar.gz': natural order, every row once, URLs in the ledger."""
+    urls = upload_run(s3, tmp_path, engine.model)
+    s3.put_object(Bucket=BUCKET, Key="run1/step-7.txt", Body=b"not a checkpoint")
+    inp, out = tmp_path / "prompts.jsonl", tmp_path / "out"
+    inp.write_text("".join(json.dumps({"id": f"p{n}", "prompt": [5, n]}) + "\n" for n in range(6)))
+    argv = ["sweep", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--input", str(inp)]
+    argv += ["--output-dir", str(out), "--checkpoints", f"s3://{BUCKET}/run1/step-*.tar.gz", "--window", "1"]
+    assert main([*argv, "--settle", "0", "--quiet"]) == 0
+    lines = ledger(out)
+    assert [(line["checkpoint"], line["step"]) for line in lines] == list(zip(urls, STEPS))
+    assert all(line["rows"] == 6 and line["failed"] == 0 for line in lines)
+    assert all(line["adapter"].startswith(f"step-{step}-") for line, step in zip(lines, STEPS))
+    assert main([*argv, "--settle", "0", "--quiet"]) == 0  # resumed: nothing left to do
+    assert len(ledger(out)) == 3
+
+
+def test_storage_sweep_reads_a_manifest_in_the_store(
+    s3: Any, engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
+) -> None:
+    """A manifest in the store (client and CLI): relative paths are keys beside it, taken in file order."""
+    urls = upload_run(s3, tmp_path, engine.model)
+    lines = [
+        {"name": "last", "batch": 100, "sampler_path": "step-100.tar.gz"},
+        {"name": "state", "batch": 100, "state_path": "tinker://state"},
+        {"name": "first", "batch": 3, "sampler_path": urls[0], "final": True},
+    ]
+    body = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    s3.put_object(Bucket=BUCKET, Key="run1/checkpoints.jsonl", Body=body)
+    requests = [{"id": "a", "prompt": [5, 6]}]
+    with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
+        manifest = Manifest(f"s3://{BUCKET}/run1/checkpoints.jsonl")
+        reports = list(client.sweep(manifest, requests, output_dir=tmp_path / "out", window=1, settle=0))
+    assert [(r.checkpoint, r.step) for r in reports] == [(urls[2], 100), (urls[0], 3)]
+    assert all(r.ok and r.rows == 1 for r in reports)
+    inp, out = tmp_path / "prompts.jsonl", tmp_path / "cli-out"
+    inp.write_text(json.dumps({"id": "a", "prompt": [5, 6]}) + "\n")
+    argv = ["sweep", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--input", str(inp), "--quiet"]
+    assert main([*argv, "--output-dir", str(out), "--manifest", manifest.path, "--settle", "0"]) == 0
+    assert [line["checkpoint"] for line in ledger(out)] == [urls[2], urls[0]]
