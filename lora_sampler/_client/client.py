@@ -360,7 +360,8 @@ class SamplerClient:
         ``lora-sampler sweep`` as a generator (SPEC §13): each ``CheckpointReport`` comes once its checkpoint is done
         and its ``sweep.jsonl`` line is written; running it again resumes. The options (``window``, ``watch``,
         ``idle_timeout``, ``settle``, ``keep_loaded``, ``delete_retired``, ``max_outage``, ``num_samples``,
-        ``sampling_params``, ``prompt_logprobs``, ``on_outage``) are those of ``lora_sampler.batch.sweep``.
+        ``sampling_params``, ``prompt_logprobs``, ``on_outage``, ``score``) are those of ``lora_sampler.batch.sweep``;
+        ``score=True`` scores each line (``{"id", "prompt", "completion"?}`` or ``ScoreRequest``) instead of sampling.
 
         Args:
             checkpoints: A path or glob of archives or adapter folders (natural order), a list of them, or a

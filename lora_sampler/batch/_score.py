@@ -1,11 +1,13 @@
 """Scoring batch lines: ``{"id", "prompt", "completion"?}`` in, ``{"id", "model", "tokens", "logprobs", "sum"}`` out.
 
-The line parser and the record format of ``lora-sampler score`` (SPEC §15); the streaming, resume and outages are
-``BatchJob``'s, the same as for sampling.
+The line parser and the record format of ``lora-sampler score`` (SPEC §15), and the sweep's scoring step
+(``sweep --score``: every checkpoint scored, its ledger line with the mean logprob per token and per line); the
+streaming, resume and outages are ``BatchJob``'s, the same as for sampling.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Dict, Optional
 
 from lora_sampler.batch._lines import (
@@ -17,6 +19,7 @@ from lora_sampler.batch._lines import (
     number_or_none,
     read_line_object,
 )
+from lora_sampler.batch._steps import SampleStep
 from lora_sampler.types import ScoreOutput, ScoreRequest
 
 #: Keys a scoring line may hold besides its id.
@@ -60,3 +63,45 @@ def score_record(line: InputLine, output: ScoreOutput) -> Dict[str, Any]:
 SCORE_RECORDS = RecordFormat(score_record, PROMPT_RECORDS.error, PROMPT_RECORDS.key_of, PROMPT_RECORDS.message_of)
 #: ``lora-sampler score``'s lines and records.
 SCORE_FORMAT = LineFormat(parse_score_line, SCORE_RECORDS)
+
+
+class ScoreStep(SampleStep):
+    """Score every input line under the checkpoint's adapter, in ``score``'s record format (``sweep --score``).
+
+    Args:
+        source: A JSONL file of scoring lines (``{"id", "prompt", "completion"?}``), or a sequence of such mappings or
+            ``ScoreRequest`` values; a file is read again for each checkpoint.
+        defaults: Only the model fields matter (replaced per checkpoint).
+    """
+
+    records = SCORE_RECORDS
+    parse = staticmethod(parse_score_line)
+
+    def summary(self, output_path: str) -> Dict[str, Any]:
+        """``rows``, ``failed``, ``tokens`` (scored), ``mean_logprob`` (per scored token), ``mean_sum`` (per answered
+        line: the mean log-likelihood) and ``mean_length`` (scored tokens per answered line) of an output file."""
+        return summarize_scores(output_path)
+
+
+def summarize_scores(path: str) -> Dict[str, Any]:
+    """Read a scoring output file: rows, failed rows, scored tokens, mean logprob per token and per line."""
+    rows = failed = tokens = answered = 0
+    total = 0.0
+    with open(path, "rb") as handle:
+        for raw in handle:
+            record = json.loads(raw)
+            rows += 1
+            if "error" in record or record.get("sum") is None:
+                failed += "error" in record
+                continue
+            answered += 1
+            tokens += len(record.get("tokens", ()))
+            total += float(record["sum"])
+    return {
+        "rows": rows,
+        "failed": failed,
+        "tokens": tokens,
+        "mean_logprob": total / tokens if tokens else None,
+        "mean_sum": total / answered if answered else None,
+        "mean_length": tokens / answered if answered else None,
+    }

@@ -1,4 +1,4 @@
-"""What a sweep does with one checkpoint: the evaluation step (``SampleStep`` today).
+"""What a sweep does with one checkpoint: the evaluation step (``SampleStep`` here; ``_score.ScoreStep`` scores).
 
 A step turns the sweep's input into one checkpoint's request lines, names the output's record format, and reads a
 finished output file back into the checkpoint's ledger fields. The scheduler (``_sweep``) knows nothing else about
@@ -12,13 +12,21 @@ import json
 import os
 from typing import Any, Dict, Iterator, Mapping, Optional, Protocol, Sequence, Union
 
-from lora_sampler.batch._lines import PROMPT_RECORDS, InputLine, LineDefaults, RecordFormat, parse_line, read_input
+from lora_sampler.batch._lines import (
+    PROMPT_RECORDS,
+    InputLine,
+    LineDefaults,
+    LineParser,
+    RecordFormat,
+    parse_line,
+    read_input,
+)
 from lora_sampler.errors import BatchInputError
-from lora_sampler.types import Adapter, SampleRequest
+from lora_sampler.types import Adapter, SampleRequest, ScoreRequest
 
 #: The sweep's input: a JSONL file of prompt or messages lines, or the lines themselves (mappings with the
-#: keys of such a line, or ``SampleRequest`` values, whose ids are their 1-based positions).
-SweepInput = Union[str, "os.PathLike[str]", Sequence[Union[Mapping[str, Any], SampleRequest]]]
+#: keys of such a line, or ``SampleRequest`` (``ScoreRequest`` to score) values, whose ids are their 1-based positions).
+SweepInput = Union[str, "os.PathLike[str]", Sequence[Union[Mapping[str, Any], SampleRequest, ScoreRequest]]]
 
 
 class EvaluationStep(Protocol):
@@ -45,11 +53,13 @@ class SampleStep:
     """
 
     records = PROMPT_RECORDS
+    #: How a line of the input becomes a request (``parse_line``'s signature).
+    parse: LineParser = staticmethod(parse_line)
 
     def __init__(self, source: SweepInput, defaults: Optional[LineDefaults] = None):
         if isinstance(source, (str, os.PathLike)):
             self._path: Optional[str] = os.fspath(source)
-            self._items: Sequence[Union[Mapping[str, Any], SampleRequest]] = ()
+            self._items: Sequence[Union[Mapping[str, Any], SampleRequest, ScoreRequest]] = ()
         elif isinstance(source, Sequence):
             self._path, self._items = None, source  # type: ignore[assignment]  # str was taken above
         else:
@@ -67,11 +77,11 @@ class SampleStep:
         defaults = dataclasses.replace(self._defaults, adapter=adapter, base_model=None)
         if self._path is not None:
             with open(self._path, "rb") as handle:
-                yield from read_input(handle, defaults, name=self._path)
+                yield from read_input(handle, defaults, name=self._path, parse=self.parse)
             return
         seen: Dict[str, int] = {}
         for number, item in enumerate(self._items, 1):
-            line = _item_line(item, number, defaults, adapter)
+            line = _item_line(item, number, defaults, adapter, self.parse)
             first = seen.setdefault(line.key, number)
             if first != number:
                 raise BatchInputError(
@@ -86,13 +96,13 @@ class SampleStep:
         return summarize_output(output_path)
 
 
-def _item_line(item: Any, number: int, defaults: LineDefaults, adapter: Adapter) -> InputLine:
-    """The input line of one item of a sequence input: a ``SampleRequest`` (id: its position) or a line mapping."""
-    if isinstance(item, SampleRequest):
+def _item_line(item: Any, number: int, defaults: LineDefaults, adapter: Adapter, parse: LineParser) -> InputLine:
+    """The input line of one item of a sequence input: a request value (id: its position) or a line mapping."""
+    if isinstance(item, (SampleRequest, ScoreRequest)):
         return InputLine(number, number, dataclasses.replace(item, adapter=adapter, base_model=None))
     if not isinstance(item, Mapping):
-        raise TypeError(f"requests must hold mappings or SampleRequest values, got {type(item).__name__}")
-    line = parse_line(json.dumps(dict(item)).encode("utf-8"), number, defaults)
+        raise TypeError(f"requests must hold mappings or request values, got {type(item).__name__}")
+    line = parse(json.dumps(dict(item)).encode("utf-8"), number, defaults)
     return line if line is not None else InputLine(number, number, error="an empty line")
 
 

@@ -21,6 +21,7 @@ from lora_sampler._client.outage import OutageHook, checked_seconds
 from lora_sampler.batch._job import DEFAULT_DRAIN_SECONDS, DEFAULT_FAIL_FAST, BatchJob
 from lora_sampler.batch._ledger import Ledger
 from lora_sampler.batch._lines import InputLine, LineDefaults, prepare_output
+from lora_sampler.batch._score import ScoreStep
 from lora_sampler.batch._sources import (
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_SETTLE,
@@ -443,10 +444,12 @@ def sweep(
     storage_options: Optional[Mapping[str, Any]] = None,
     on_outage: Optional[OutageHook] = None,
     step: Optional[EvaluationStep] = None,
+    score: bool = False,
 ) -> Iterator[CheckpointReport]:
     """Sample the same requests from every checkpoint of a training run; yield one report per checkpoint.
 
-    See ``SamplerClient.sweep``; ``step`` replaces the sampling of each line by another evaluation.
+    See ``SamplerClient.sweep``; ``step`` replaces the sampling of each line by another evaluation, and ``score``
+    scores each line instead (``ScoreStep``: scoring lines in, ``mean_logprob`` per token and ``mean_sum`` per line).
     """
     defaults = LineDefaults(
         num_samples=num_samples, sampling_params=sampling_params or SamplingParams(), prompt_logprobs=prompt_logprobs
@@ -462,5 +465,5 @@ def sweep(
         max_outage=max_outage,
         storage_options=storage_options,
     )
-    chosen = step if step is not None else SampleStep(requests, defaults)
+    chosen = step or (ScoreStep(requests) if score else SampleStep(requests, defaults))
     return Sweep(client, checkpoints, chosen, settings, on_outage=on_outage).run()

@@ -236,6 +236,12 @@ def _add_sweep_flags(sweep: argparse.ArgumentParser) -> None:
         "--delete-retired", action="store_true", help="delete a finished adapter's folder once its unload is confirmed"
     )
     sweep.add_argument("--plot", metavar="FILE.png", help="draw the per-checkpoint means against the step (matplotlib)")
+    sweep.add_argument(
+        "--score",
+        action="store_true",
+        help='score every line under each checkpoint instead of sampling it (lines {"id", "prompt", "completion"?}, '
+        "as lora-sampler score); sweep.jsonl then gives mean_logprob per token and mean_sum per line",
+    )
 
 
 def _positive_gib(value: str) -> float:

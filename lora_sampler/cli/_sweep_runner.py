@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from lora_sampler._client.client import SamplerClient
 from lora_sampler.batch._ledger import read_ledger
 from lora_sampler.batch._lines import PROMPT_RECORDS, InputLine, LineDefaults
+from lora_sampler.batch._score import ScoreStep
 from lora_sampler.batch._sources import Checkpoint, Manifest
 from lora_sampler.batch._steps import SampleStep
 from lora_sampler.batch._sweep import Sweep, SweepSettings
@@ -24,6 +25,7 @@ COLUMNS = (
     ("rows", "rows"),
     ("failed", "failed"),
     ("mean logprob", "mean_logprob"),
+    ("mean sum", "mean_sum"),
     ("mean length", "mean_length"),
     ("rows/s", "rows_per_second"),
 )
@@ -63,7 +65,7 @@ def run_sweep(client: SamplerClient, args: argparse.Namespace, defaults: LineDef
             shown.on_event(kind, line, record)
 
     checkpoints = Manifest(args.manifest) if args.manifest else list(args.checkpoints)
-    step = SampleStep(args.input, defaults)
+    step = ScoreStep(args.input) if args.score else SampleStep(args.input, defaults)
     sweep = Sweep(client, checkpoints, step, settings, on_row=on_row, on_outage=shown.on_outage)
     try:
         with interrupts_stop(sweep) as interrupts, logs_above(bar):
@@ -95,8 +97,12 @@ def _finish(entries: List[Dict[str, Any]], args: argparse.Namespace, *, interrup
 
 
 def summary_table(entries: Sequence[Dict[str, Any]]) -> str:
-    """Return the summary table: one row per ledger line; an unusable checkpoint shows its error instead."""
-    table = [[title for title, _ in COLUMNS]]
+    """Return the summary table: one row per ledger line; an unusable checkpoint shows its error instead.
+
+    The ``mean sum`` column (the mean log-likelihood per line) shows only for a scoring sweep.
+    """
+    columns = [c for c in COLUMNS if c[1] != "mean_sum" or any(e.get("mean_sum") is not None for e in entries)]
+    table = [[title for title, _ in columns]]
     errors: Dict[int, str] = {}
     for entry in entries:
         if "error" in entry:
@@ -105,8 +111,8 @@ def summary_table(entries: Sequence[Dict[str, Any]]) -> str:
             continue
         seconds = entry.get("seconds") or 0.0
         values = dict(entry, rows_per_second=entry["rows"] / seconds if seconds else None)
-        table.append([_short(entry["checkpoint"])] + [_cell(values.get(key)) for _, key in COLUMNS[1:]])
-    widths = [max(len(row[i]) for row in table if i < len(row)) for i in range(len(COLUMNS))]
+        table.append([_short(entry["checkpoint"])] + [_cell(values.get(key)) for _, key in columns[1:]])
+    widths = [max(len(row[i]) for row in table if i < len(row)) for i in range(len(columns))]
     lines = []
     for number, row in enumerate(table):
         cells = [cell.ljust(widths[0]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)]
