@@ -9,7 +9,7 @@ errors too.
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import requests
 
@@ -242,6 +242,33 @@ class EngineTimeoutError(EngineError, requests.Timeout):
 
 class EngineConnectTimeoutError(EngineConnectionError, EngineTimeoutError, requests.ConnectTimeout):
     """The engine did not accept the connection within the connect timeout."""
+
+
+class RequestCancelledError(LoraSamplerError):
+    """A request abandoned before its answer: its fan-out was interrupted (Ctrl-C), or its client left a ``with``
+    block on an exception. Its connection was closed, so the engine aborts it; it is never sent again."""
+
+
+class SamplingInterruptedError(KeyboardInterrupt):
+    """Ctrl-C (a kernel interrupt) during ``sample_many``: the work stopped, and the answers received are kept.
+
+    A ``KeyboardInterrupt``, so code that stops on Ctrl-C still stops. The client keeps the last one as
+    ``client.last_interrupt``, for a notebook cell run after the interrupted one.
+
+    Attributes:
+        results: One slot per request submitted, in input order: the output (or, with ``return_exceptions``, the
+            error) of each request that finished, None for each that did not.
+        done: How many slots hold a finished request.
+    """
+
+    def __init__(self, message: str = "", *, results: Optional[List[Any]] = None):
+        super().__init__(message)
+        self.message = message
+        self.results: List[Any] = list(results or [])
+        self.done = sum(result is not None for result in self.results)
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class FleetError(LoraSamplerError):

@@ -7,14 +7,17 @@ wrapper, so a client dropped without ``close()`` is freed by reference counting,
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple, cast
 
 from lora_sampler._adapters.fleet import Fleet
 from lora_sampler._adapters.loads import AdapterLoadCoordinator
 from lora_sampler._adapters.registry import AdapterRegistry
+from lora_sampler._client.progress import RetryCounter
+from lora_sampler._transport.cancel import is_cancelled
 from lora_sampler._transport.http import EngineTransport, Timeout, new_id
 from lora_sampler._wire.routes import (
     CHAT_COMPLETIONS_PATH,
@@ -23,8 +26,8 @@ from lora_sampler._wire.routes import (
     LOAD_ADAPTER_PATH,
     MODELS_PATH,
 )
-from lora_sampler.errors import EngineError, EngineStatusError
-from lora_sampler.retry import RetryPolicy, make_retrying
+from lora_sampler.errors import EngineError, EngineStatusError, RequestCancelledError
+from lora_sampler.retry import RetryHook, RetryPolicy, make_retrying
 from lora_sampler.types import SampleOutput, SampleRequest
 
 logger = logging.getLogger(__name__)
@@ -57,7 +60,25 @@ class _Attempts:
         self._load_timeout = load_timeout
 
     def attempt(self, call: _Call) -> SampleOutput:
-        """Send exactly one completion request for ``call``."""
+        """Send exactly one completion request for ``call``; once its fan-out is cancelled, raise instead of retrying.
+
+        Raises:
+            RequestCancelledError: the request's fan-out was cancelled (its connection was shut down).
+        """
+        try:
+            return self._send(call)
+        except EngineError as error:
+            if is_cancelled():  # a shut-down connection, not the engine: never retried
+                raise RequestCancelledError(
+                    "abandoned in flight: its fan-out was cancelled", model=call.model, adapter=call.is_adapter
+                ) from error
+            raise
+
+    def _send(self, call: _Call) -> SampleOutput:
+        if is_cancelled():
+            raise RequestCancelledError(
+                "not sent: its fan-out was cancelled", model=call.model, adapter=call.is_adapter
+            )
         return self._transport.post_json(
             CHAT_COMPLETIONS_PATH if call.is_chat else COMPLETIONS_PATH,
             call.payload,
@@ -70,7 +91,7 @@ class _Attempts:
 
     def before_retry(self, call: _Call, error: EngineError, attempt: int) -> None:
         """Send the proactive load, shared by racing threads; on a fleet, reconcile every replica instead."""
-        if not call.is_adapter or call.load_path is None:
+        if not call.is_adapter or call.load_path is None or is_cancelled():
             return
         if self._fleet is not None:
             self._fleet.reconcile(call.model, call.load_path)
@@ -108,7 +129,12 @@ class SampleCalls:
         self._registry = registry
         self.loads = AdapterLoadCoordinator(episode_gap=2 * retry.max_delay + retry.load_timeout)
         attempts = _Attempts(transport, fleet, self.loads, retry.load_timeout)
-        self._retrying = make_retrying(retry, attempts.attempt, attempts.before_retry)
+        #: Retries of this client's calls so far (progress bars show them).
+        self.retries = RetryCounter()
+        counting = dataclasses.replace(
+            retry, on_retry=(*cast(Tuple[RetryHook, ...], retry.on_retry), self.retries.hook)
+        )
+        self._retrying = make_retrying(counting, attempts.attempt, attempts.before_retry)
 
     def run(self, request: SampleRequest) -> SampleOutput:
         """Run one ``SampleRequest`` through the retry table and return its output."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import time
+import warnings
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from lora_sampler._adapters.extract import PublishLimits
@@ -18,11 +19,11 @@ from lora_sampler._adapters.registry import AdapterRegistry
 from lora_sampler._client.calls import SampleCalls
 from lora_sampler._client.fanout import IN_FLIGHT_PER_WORKER, FanOut, RequestLike, Runner
 from lora_sampler._client.outage import OutageGate, OutageHook, checked_seconds, probe_timeout, probe_until
-from lora_sampler._client.progress import collect_with_progress
+from lora_sampler._client.progress import ProgressBar
 from lora_sampler._client.scoring import Scorer
 from lora_sampler._defaults import API_KEY_ENV, DEFAULT_MAX_WORKERS, DEFAULT_TIMEOUT
 from lora_sampler._transport.http import DEFAULT_MAX_RESPONSE_BYTES, EngineTransport, Timeout
-from lora_sampler.errors import EngineConnectionError
+from lora_sampler.errors import EngineConnectionError, SamplingInterruptedError
 from lora_sampler.retry import DEFAULT_RETRY_POLICY, RetryPolicy
 from lora_sampler.types import (
     Adapter,
@@ -102,6 +103,8 @@ class SamplerClient:
         self._calls = SampleCalls(self._transport, self._registry, self._fleet, retry)
         self._scorer = Scorer(self._transport, retry, self._calls.run, self._registry.served_base_models)
         self._fanout = FanOut(max_workers)
+        #: The ``SamplingInterruptedError`` of the last ``sample_many`` stopped by Ctrl-C (its ``.results``), or None.
+        self.last_interrupt: Optional[SamplingInterruptedError] = None
         self._closed = False
 
     @property
@@ -120,13 +123,31 @@ class SamplerClient:
     def __enter__(self) -> SamplerClient:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc_info: object) -> None:
+        """Close the client; leaving the block on an exception (Ctrl-C too) cancels what is in flight, not waiting."""
+        self.close(wait=exc_type is None)
 
-    def close(self) -> None:
-        """Wait for submitted work, stop the worker threads and close pooled connections. Idempotent."""
+    def __del__(self) -> None:
+        """A client dropped without ``close()``: say so (``ResourceWarning``) and free its threads and sockets now."""
+        if getattr(self, "_closed", True):
+            return
+        warnings.warn(
+            f"{self!r} was dropped without close(); use 'with SamplerClient(...) as client:' or call close()",
+            ResourceWarning,
+            stacklevel=2,
+            source=self,
+        )
+        self.close(wait=False)
+
+    def close(self, *, wait: bool = True) -> None:
+        """Stop the worker threads and close pooled connections. Idempotent.
+
+        Args:
+            wait: Wait for submitted work (the default); False cancels every request not finished instead (those in
+                flight have their connections shut, so the engine aborts them) and returns at once.
+        """
         self._closed = True
-        self._fanout.close()
+        self._fanout.close(wait=wait)
         if self._fleet is not None:
             self._fleet.close()
         self._transport.close()
@@ -343,14 +364,32 @@ class SamplerClient:
         Args:
             requests: ``SampleRequest`` values, or mappings of ``SampleRequest`` fields.
             return_exceptions: Put a failed request's exception in its slot instead of raising the first one.
-            progress: Show a tqdm progress bar (needs ``pip install 'lora_sampler[cli]'``).
+            progress: Show a progress bar: done/total, rate, retries, failures (``tqdm.auto``: a widget in Jupyter,
+                text on a terminal; needs ``pip install 'lora_sampler[cli]'``, and ipywidgets for the widget).
             max_outage: Seconds to wait out an engine outage, as in ``imap`` (0: fail at once).
             on_outage: Called with an ``OutageEvent`` while the engine is away.
+
+        Raises:
+            SamplingInterruptedError: Ctrl-C (a kernel interrupt): the requests in flight were cancelled; its
+                ``.results`` (also ``client.last_interrupt.results``) holds the answers received, in input order.
         """
-        results = self.imap(requests, return_exceptions=return_exceptions, max_outage=max_outage, on_outage=on_outage)
-        if not progress:
-            return list(results)
-        return collect_with_progress(results, requests)
+        gate = self._outage_gate(max_outage, on_outage)
+        bar = ProgressBar(requests, lambda: self._calls.retries.value) if progress else None
+        try:
+            return self._fanout.collect(
+                requests,
+                self._scorer.run_any,
+                return_exceptions=return_exceptions,
+                gate=gate,
+                on_outcome=None if bar is None else bar.update,
+            )
+        except SamplingInterruptedError as stop:
+            # A copy without the traceback: the raised error's frames hold this client (no cycle to collect).
+            self.last_interrupt = SamplingInterruptedError(stop.message, results=stop.results)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
 
     def sweep(
         self, checkpoints: Any, requests: Any, *, output_dir: Union[str, os.PathLike[str]], **options: Any

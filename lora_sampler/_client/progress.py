@@ -1,19 +1,59 @@
-"""The progress bar of ``SamplerClient.sample_many(progress=True)``.
+"""The progress bar of ``SamplerClient.sample_many(progress=True)``, and the retry count it shows.
 
-tqdm is the optional ``cli`` extra, imported only when a bar is asked for; a missing tqdm is an ``ImportError``
-naming the extra.
+``tqdm.auto`` picks the bar: a notebook widget in Jupyter (one output, updated in place; it needs ipywidgets, the
+``notebook`` extra), text on a terminal. It shows done/total, the rate, retries and failures, as the CLI's bar
+does. tqdm is the optional ``cli`` extra, imported only when a bar is asked for.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, List, Optional
+import operator
+import threading
+from typing import Any, Callable, Iterable, Optional
+
+from lora_sampler.retry import RetryEvent
 
 
-def collect_with_progress(results: Iterator[Any], requests: Iterable[Any]) -> List[Any]:
-    """Drain ``results`` into a list while a tqdm bar counts them (the total is known for a list or tuple)."""
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        raise ImportError("progress=True needs tqdm: pip install 'lora_sampler[cli]'") from None
-    total: Optional[int] = len(requests) if isinstance(requests, (list, tuple)) else None
-    return list(tqdm(results, total=total, unit="req"))
+class RetryCounter:
+    """A thread-safe count of retries, fed by a ``RetryPolicy.on_retry`` hook."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self._lock = threading.Lock()
+
+    def hook(self, event: RetryEvent) -> None:
+        """Count one retry (called from worker threads)."""
+        with self._lock:
+            self.value += 1
+
+
+class ProgressBar:
+    """One bar over the outcomes of a fan-out: done/total, rate, retries (since it started) and failures.
+
+    Args:
+        requests: The fan-out's requests; the total is their length when they have one (a list, a range).
+        retries: Reads the client's retry count.
+    """
+
+    def __init__(self, requests: Iterable[Any], retries: Callable[[], int]):
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            raise ImportError("progress=True needs tqdm: pip install 'lora_sampler[cli]'") from None
+        total: Optional[int] = operator.length_hint(requests, -1)
+        self._retries, self._first = retries, retries()
+        self._failed = 0
+        self._bar = tqdm(total=None if total is None or total < 0 else total, unit="req", dynamic_ncols=True)
+        self._bar.set_postfix(retries=0, failed=0, refresh=False)
+
+    def update(self, outcome: Any) -> None:
+        """Count one outcome (an exception counts as a failure)."""
+        if isinstance(outcome, BaseException):
+            self._failed += 1
+        self._bar.set_postfix(retries=self._retries() - self._first, failed=self._failed, refresh=False)
+        self._bar.update(1)
+
+    def close(self) -> None:
+        """Draw the final state and release the bar."""
+        self._bar.set_postfix(retries=self._retries() - self._first, failed=self._failed, refresh=False)
+        self._bar.close()

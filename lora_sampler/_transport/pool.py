@@ -17,6 +17,7 @@ import requests
 import urllib3
 from requests.adapters import HTTPAdapter
 
+from lora_sampler._transport.cancel import track_connections
 from lora_sampler._transport.deadline import DeadlineAdapter
 from lora_sampler._transport.exchange import Exchange, pool_timeout
 from lora_sampler._version import __version__
@@ -69,6 +70,8 @@ class EnginePool:
             self.headers["Authorization"] = requests.auth._basic_auth_str(*self.basic)
         self.session.headers.update(self.headers)
         self._pool = self._direct_pool()
+        if self._pool is not None:
+            track_connections(self._pool)  # so an interrupted fan-out can shut its requests' sockets down
 
     def _direct_pool(self) -> Optional[urllib3.HTTPConnectionPool]:
         """Return the adapter's pool for the engine, configured by requests, or None when a proxy applies."""

@@ -15,24 +15,11 @@ from types import FrameType
 from typing import Any, Callable, Dict, Iterator, Optional, Protocol
 
 from lora_sampler._client.outage import OutageEvent
+from lora_sampler._client.progress import RetryCounter as RetryCounter  # the CLI's bar counts retries too
 from lora_sampler.batch._job import DEFAULT_DRAIN_SECONDS
-from lora_sampler.retry import RetryEvent
 
 #: The format of lora_sampler's log lines on stderr.
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
-
-
-class RetryCounter:
-    """A thread-safe count of retries, fed by a ``RetryPolicy.on_retry`` hook."""
-
-    def __init__(self) -> None:
-        self.value = 0
-        self._lock = threading.Lock()
-
-    def hook(self, event: RetryEvent) -> None:
-        """Count one retry (called from worker threads)."""
-        with self._lock:
-            self.value += 1
 
 
 def progress_bar(total: Optional[int], quiet: bool) -> Any:

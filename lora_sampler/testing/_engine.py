@@ -37,7 +37,7 @@ from lora_sampler.testing._faults import FaultScript, fault_answer
 from lora_sampler.testing._observability import EngineStats, new_record
 from lora_sampler.testing._observability import RequestRecord as RequestRecord  # re-exported, as FAULT_KINDS
 from lora_sampler.testing._sampling import BYTE_OFFSET, CompletionRequest, Sampler, encode_text, parse_request
-from lora_sampler.testing._server import Handler, Server, hang_up, read_body, send
+from lora_sampler.testing._server import ClientGone, Handler, Server, client_gone, hang_up, read_body, send
 from lora_sampler.testing._slots import AdapterSlots
 
 _POLL_INTERVAL = 0.05  # how often serve_forever checks for shutdown: bounds how long stop() takes
@@ -104,6 +104,7 @@ class FakeEngine:
         self._port: int | None = None
         settings = {"model": model, "max_model_len": max_model_len, "max_loras": max_loras, "rank": max_lora_rank}
         self.system_fingerprint = bodies.system_fingerprint(settings)  # vLLM's default is on (fingerprint-mode full)
+        self._serving = threading.local()  # the connection each handler thread serves (to see its client hang up)
         self._lock = threading.Lock()  # the one lock: shared by the adapter table, the fault script and the stats
         self._wake = threading.Event()  # set on stop and on death: cuts every sleep short
         self._server: Server | None = None
@@ -197,13 +198,20 @@ class FakeEngine:
             self._wake.wait(seconds)
 
     def _pause(self, attribute: str) -> None:
-        """Sleep ``self.<attribute>`` seconds, re-read while sleeping so a test may cut it; stop and death end it."""
+        """Sleep ``self.<attribute>`` seconds, re-read while sleeping so a test may cut it; stop and death end it.
+
+        Raises:
+            ClientGone: the client hung up meanwhile (vLLM aborts a generation whose client went away).
+        """
         start = time.monotonic()
+        connection = getattr(self._serving, "connection", None)
         while not self._wake.is_set():
             remaining = float(getattr(self, attribute)) - (time.monotonic() - start)
             if remaining <= 0:
                 return
             self._wake.wait(min(remaining, 0.01))
+            if connection is not None and client_gone(connection):
+                raise ClientGone()
 
     def _die(self) -> None:
         """Kill the engine as vLLM does when an evicted adapter cannot be reloaded (FINDINGS §5)."""
@@ -291,6 +299,11 @@ class FakeEngine:
         return self._stats.lazy_loads
 
     @property
+    def aborted_requests(self) -> int:
+        """Completions aborted because their client hung up while they were generated (``latency``), as vLLM does."""
+        return self._stats.aborted
+
+    @property
     def requests_in_flight(self) -> int:
         """Requests read but not yet answered."""
         return self._stats.in_flight
@@ -345,16 +358,22 @@ class FakeEngine:
         with self._lock:
             self._stats.in_flight += 1
             fault = self._faults.take(path, model)
+        self._serving.connection = handler.connection
+        kind = fault.kind if fault else None
         try:
             try:
                 if fault is not None:
                     answer = fault_answer(fault, old_shape=self.old_error_shape, sleep=self._sleep)
                 else:
                     answer = self._route(handler, path, payload)
+            except ClientGone:  # aborted, as vLLM aborts a request whose client went away: nothing is sent
+                answer, kind = None, "aborted"
+                with self._lock:
+                    self._stats.aborted += 1
             except Exception as exc:  # a bug in the fake: answer it like vLLM's generic handler, visibly
                 answer = bodies.error(500, f"FakeEngine internal error: {exc!r}", "InternalServerError")
             status = answer.status if answer is not None else 0
-            self._log(handler, path, model, status, started, fault.kind if fault else None)
+            self._log(handler, path, model, status, started, kind)
             if path in (COMPLETIONS_PATH, CHAT_COMPLETIONS_PATH) and status:
                 self._adapters.completion_answered(model)  # before the answer leaves: the next request sees it
             if answer is None:
@@ -362,6 +381,7 @@ class FakeEngine:
             else:
                 send(handler, answer)
         finally:
+            self._serving.connection = None
             with self._lock:
                 self._stats.in_flight -= 1
 

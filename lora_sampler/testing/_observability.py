@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 class RequestRecord:
     """One request as the engine saw it; ``status`` is 0 when a fault answered nothing.
 
-    ``model`` is the body's ``model`` (``lora_name`` for load/unload). The Authorization value is never kept.
+    ``model`` is the body's ``model`` (``lora_name`` for load/unload); ``fault`` the injected fault kind, or
+    "aborted" for a completion whose client hung up while it was generated. The Authorization value is never kept.
     """
 
     method: str
@@ -60,7 +61,7 @@ class EngineStats:
     def __init__(self, lock: threading.Lock) -> None:
         self._lock = lock
         self.records: list[RequestRecord] = []
-        self.in_flight = self.opened = self.loads = self.max_loads = self.lazy_loads = 0
+        self.in_flight = self.opened = self.loads = self.max_loads = self.lazy_loads = self.aborted = 0
         self._loads_by_name: dict[str, int] = {}
         self._max_loads_by_name: dict[str, int] = {}
         self.swaps = 0
@@ -78,7 +79,7 @@ class EngineStats:
         """Clear the log, the connection count, the load peaks and the swaps (not the loads in flight)."""
         with self._lock:
             self.records.clear()
-            self.opened = self.max_loads = self.lazy_loads = self.swaps = 0
+            self.opened = self.max_loads = self.lazy_loads = self.swaps = self.aborted = 0
             self.swap_log.clear()
             self._max_loads_by_name.clear()
 

@@ -6,6 +6,7 @@ only calls into the engine it serves. Stdlib only.
 
 from __future__ import annotations
 
+import select
 import socket
 import struct
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -76,6 +77,19 @@ def send(handler: Handler, answer: VllmBody) -> None:
     handler.send_header("Content-Length", str(len(answer.body)))
     handler.end_headers()
     handler.wfile.write(answer.body)
+
+
+class ClientGone(Exception):
+    """The client closed its connection while its request was being served (vLLM then aborts the request)."""
+
+
+def client_gone(connection: socket.socket) -> bool:
+    """Tell, without blocking, whether the client hung up: its socket reads as closed (end of file or reset)."""
+    try:
+        readable, _, _ = select.select([connection], [], [], 0)
+        return bool(readable) and connection.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):  # reset, or already closed
+        return True
 
 
 def hang_up(handler: Handler, *, reset: bool) -> None:

@@ -13,7 +13,11 @@ import lora_sampler
 from lora_sampler import errors
 from lora_sampler.testing import _bodies
 
-ALL_ERROR_CLASSES = [getattr(lora_sampler, name) for name in lora_sampler.__all__ if name.endswith("Error")]
+ALL_ERROR_CLASSES = [
+    getattr(lora_sampler, name)
+    for name in lora_sampler.__all__
+    if name.endswith("Error") and issubclass(getattr(lora_sampler, name), errors.LoraSamplerError)
+]
 
 
 def fake_response(body: _bodies.VllmBody, url: str = "http://engine.test/v1/completions") -> requests.Response:
@@ -34,6 +38,15 @@ def test_errors_every_class_pickles_and_copies(cls: Any) -> None:
         assert type(clone) is cls
         assert (clone.message, clone.model, clone.adapter, clone.attempts) == ("boom", "m", True, 3)
         assert str(clone) == str(error)
+
+
+def test_errors_sampling_interrupted_is_a_keyboard_interrupt_that_pickles_its_results() -> None:
+    """The Ctrl-C error of sample_many stops like Ctrl-C and keeps its partial results through pickle and copy."""
+    error = errors.SamplingInterruptedError("stopped", results=["a", None, "c"])
+    assert isinstance(error, KeyboardInterrupt) and error.done == 2 and str(error) == "stopped"
+    for clone in (pickle.loads(pickle.dumps(error)), copy.copy(error)):
+        assert type(clone) is errors.SamplingInterruptedError
+        assert (clone.message, clone.results, clone.done) == ("stopped", ["a", None, "c"], 2)
 
 
 def test_errors_status_error_is_an_http_error_with_response() -> None:
