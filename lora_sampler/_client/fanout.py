@@ -13,7 +13,21 @@ import collections
 import concurrent.futures
 import threading
 import weakref
-from typing import Any, Callable, Deque, Dict, Generator, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import (
+    Any,
+    Callable,
+    Deque,
+    Dict,
+    Generator,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Tuple,
+    Union,
+    cast,
+)
 
 from lora_sampler._client.outage import OutageGate
 from lora_sampler._transport.cancel import CancelScope
@@ -50,14 +64,15 @@ class _Batch:
 
 
 class SampleFuture(Future):  # type: ignore[type-arg]
-    """The future of one request: Ctrl-C while waiting on it cancels the requests it was submitted with."""
+    """The future ``submit`` returns: Ctrl-C while waiting on it cancels every request submitted and not finished.
 
-    def __init__(self, on_interrupt: Callable[[], None]):
-        super().__init__()
-        self._on_interrupt = on_interrupt
+    The executor's own future, its class switched (no extra future per request); ``_on_interrupt`` is set with it.
+    """
+
+    _on_interrupt: Callable[[], None]
 
     def result(self, timeout: Optional[float] = None) -> Any:
-        """As ``Future.result``; a ``KeyboardInterrupt`` while waiting cancels the batch, then propagates."""
+        """As ``Future.result``; Ctrl-C while waiting cancels the submitted requests, then propagates."""
         try:
             return super().result(timeout)
         except KeyboardInterrupt:
@@ -65,26 +80,12 @@ class SampleFuture(Future):  # type: ignore[type-arg]
             raise
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
-        """As ``Future.exception``; a ``KeyboardInterrupt`` while waiting cancels the batch, then propagates."""
+        """As ``Future.exception``; Ctrl-C while waiting cancels the submitted requests, then propagates."""
         try:
             return super().exception(timeout)
         except KeyboardInterrupt:
             self._on_interrupt()
             raise
-
-
-def _work(future: SampleFuture, scope: CancelScope, run: Runner, request: Any) -> None:
-    """Run one request on a worker thread into its future (unless it was cancelled before it started)."""
-    if not future.set_running_or_notify_cancel():
-        return
-    try:
-        with scope.running():
-            result = run(request)
-    except BaseException as exc:
-        future.set_exception(exc)
-        future = None  # type: ignore[assignment]  # no cycle: error -> traceback -> this frame -> future
-    else:
-        future.set_result(result)
 
 
 class FanOut:
@@ -134,18 +135,20 @@ class FanOut:
         Raises:
             RuntimeError: the client is closed.
         """
-        return self._submit(self._submits, self._interrupt_submits, run, request)
+        batch = self._submits
+        future = self._submit(batch, run, request)
+        future.__class__ = SampleFuture  # a subclass adding two methods: the same object, interruptible
+        cast(SampleFuture, future)._on_interrupt = self._interrupt_submits
+        batch.add(future)
+        return future
 
-    def _submit(self, batch: _Batch, on_interrupt: Callable[[], None], run: Runner, request: Any) -> Future[Any]:
-        future = SampleFuture(on_interrupt)
+    def _submit(self, batch: _Batch, run: Runner, request: Any) -> Future[Any]:
         with self._lock:
             if self._closed:
                 raise RuntimeError("this SamplerClient is closed; create a new one")
             if self._executor is None:
                 self._executor = concurrent.futures.ThreadPoolExecutor(self.max_workers, "lora_sampler")
-            batch.add(future)
-            self._executor.submit(_work, future, batch.scope, run, request)
-        return future
+            return self._executor.submit(batch.scope.run, run, request)
 
     def imap(
         self, requests: Iterable[RequestLike], run: Runner, *, return_exceptions: bool, gate: Optional[OutageGate]
@@ -199,7 +202,7 @@ class FanOut:
         finished = False
         try:
             for item in requests:
-                window.append(self._submit(batch, batch.cancel, run, as_request(item)))
+                window.append(self._submit(batch, run, as_request(item)))
                 while window and (len(window) >= limit or window[0].done()):
                     yield _take(window, return_exceptions)
             while window:
@@ -225,7 +228,7 @@ class FanOut:
                     if nxt is None:
                         exhausted = True
                         break
-                    pending[self._submit(batch, batch.cancel, run, as_request(nxt[1]))] = nxt[0]
+                    pending[self._submit(batch, run, as_request(nxt[1]))] = nxt[0]
                 if not pending:
                     finished = True
                     return

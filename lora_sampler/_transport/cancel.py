@@ -1,7 +1,7 @@
 """Cancelling requests in flight: which pooled connection each thread's request is on, and shutting it down.
 
 A ``CancelScope`` groups the requests of one fan-out (or of a client's ``submit`` calls). A worker runs a request
-inside ``scope.running()``; ``scope.cancel()`` then shuts down the socket each of those requests is using right
+through ``scope.run``; ``scope.cancel()`` then shuts down the socket each of those requests is using right
 now, so a read blocked on a long generation returns at once and the engine sees its client go away (vLLM aborts
 such a request), and refuses every request of the scope that tries to start or send afterwards.
 """
@@ -11,13 +11,14 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-from typing import Any, Dict, Iterator, Optional, Set
+from typing import Any, Callable, Dict, Optional, Set, Tuple, TypeVar
 
 import urllib3
 
 from lora_sampler.errors import RequestCancelledError
 
 _local = threading.local()
+T = TypeVar("T")
 
 
 class _Slot:
@@ -56,9 +57,8 @@ class CancelScope:
         self._lock = threading.Lock()
         self._slots: Set[_Slot] = set()
 
-    @contextlib.contextmanager
-    def running(self) -> Iterator[None]:
-        """Run one request of this scope in the calling thread.
+    def enter(self) -> Tuple[_Slot, Optional[CancelScope]]:
+        """Start one request of this scope in the calling thread; pass what it returns to ``leave``.
 
         Raises:
             RequestCancelledError: the scope was cancelled before the request started.
@@ -68,15 +68,25 @@ class CancelScope:
             if self.cancelled:
                 raise RequestCancelledError("not sent: the requests it was submitted with were cancelled")
             self._slots.add(slot)
-        previous = current_scope()
+        previous: Optional[CancelScope] = getattr(_local, "scope", None)
         _local.scope = self
+        return slot, previous
+
+    def leave(self, entered: Tuple[_Slot, Optional[CancelScope]]) -> None:
+        """End the request ``enter`` started."""
+        slot, previous = entered
+        _local.scope = previous
+        with self._lock:
+            self._slots.discard(slot)
+        slot.connection = None
+
+    def run(self, call: Callable[[Any], T], argument: Any) -> T:
+        """Return ``call(argument)`` run as one request of this scope (what a worker thread runs)."""
+        entered = self.enter()
         try:
-            yield
+            return call(argument)
         finally:
-            _local.scope = previous
-            with self._lock:
-                self._slots.discard(slot)
-            slot.connection = None
+            self.leave(entered)
 
     def cancel(self) -> None:
         """Refuse the scope's later requests and shut down the sockets of those in flight. Idempotent, quick."""
