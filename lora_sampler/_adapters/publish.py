@@ -134,6 +134,14 @@ def publish_checkpoint(
         AdapterConfigError: ``adapter_config.json`` is missing, invalid JSON, or not a LoRA.
         ValueError: ``name`` is not a valid adapter name.
     """
+    base = _checked_arguments(lora_base_dir, name, limits)
+    if is_storage_url(checkpoint):
+        return _publish_stored(str(checkpoint), base, name, limits, storage_options)
+    return _publish_local(os.path.abspath(os.fspath(checkpoint)), base, name, limits)
+
+
+def _checked_arguments(lora_base_dir: StrPath, name: Optional[str], limits: PublishLimits) -> str:
+    """Check the name, the limits and the resolver folder before any file is read; return the folder's path."""
     if name is not None:
         validate_adapter_name(name)
     if not isinstance(limits, PublishLimits):
@@ -144,9 +152,11 @@ def publish_checkpoint(
             f"lora_base_dir {base} is not a folder; create it, or pass the engine's VLLM_LORA_RESOLVER_CACHE_DIR "
             "as this machine sees it"
         )
-    if is_storage_url(checkpoint):
-        return _publish_stored(str(checkpoint), base, name, limits, storage_options)
-    source = os.path.abspath(os.fspath(checkpoint))
+    return base
+
+
+def _publish_local(source: str, base: str, name: Optional[str], limits: PublishLimits) -> Adapter:
+    """Publish a local archive or folder: read once when new, else verified against what is published."""
     if not os.path.exists(source):
         raise PublishError(f"checkpoint {source} does not exist; pass an adapter archive or folder")
     if not os.path.isdir(source) and cached_digest(source) is None and not _may_be_published(source, base, name):
