@@ -78,6 +78,19 @@ def test_fake_engine_tokenize_speaks_vllm_shape(engine: FakeEngine) -> None:
     assert missing.status_code == 404 and "The model `ghost` does not exist" in missing.text
 
 
+def test_fake_engine_prompt_logprobs_do_not_depend_on_k(engine: FakeEngine) -> None:
+    """A token's own logprob is the same whatever top-k is asked (0, 5, 20); the prompt token comes first."""
+    with SamplerClient(engine.url) as client:
+        runs = [
+            client.sample([5, 6, 7, 8, 9], base_model=engine.model, prompt_logprobs=True, topk_prompt_logprobs=k)
+            for k in (0, 5, 20)
+        ]
+    assert runs[0].prompt_logprobs == runs[1].prompt_logprobs == runs[2].prompt_logprobs
+    entries = (runs[2].body or {})["choices"][0]["prompt_logprobs"]
+    assert [next(iter(entry)) for entry in entries[1:]] == ["6", "7", "8", "9"]  # vLLM's order: the token's own first
+    assert all(len(entry) in (20, 21) for entry in entries[1:])
+
+
 def test_compute_logprobs_rides_out_the_adapter_race(engine: FakeEngine, lora_dir: Path) -> None:
     """An adapter not visible yet is retried with a proactive load, as sample is (SPEC §4)."""
     write_adapter(lora_dir / "late", engine.model)
