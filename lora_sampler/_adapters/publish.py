@@ -329,8 +329,7 @@ def _published_adapter(target: str, name: str, digest: str, source: str) -> Opti
         f"adapter name {name!r} already holds different content in {target}: its digest is "
         f"{published or f'unknown (no {MARKER_FILE}; not published by lora_sampler)'}, the checkpoint {source} has "
         f"digest {digest}. Pass another name (or none, for a content-derived one); to replace it, unload it from "
-        "the engine first, then remove_adapter_dir (rewriting a folder the engine may reload kills the engine, "
-        "shared/vllm-cpu/FINDINGS.md §5)"
+        "the engine first, then remove_adapter_dir (rewriting a folder the engine may reload kills the engine)"
     )
 
 
@@ -444,7 +443,7 @@ def check_adapter_config(adapter_dir: StrPath, engine_model: Optional[str]) -> D
     if engine_model is not None and base_model != engine_model:
         raise AdapterConfigError(
             f"{path} has base_model_name_or_path={base_model!r}, but the engine serves {engine_model!r}, and vLLM "
-            "compares the exact string (a mismatch is a permanent 404, FINDINGS §2); re-save the adapter with "
+            "compares the exact string (a mismatch answers every request with 404); re-save the adapter with "
             f"base_model_name_or_path={engine_model!r}, or set that field in {CONFIG_FILE} before publishing"
         )
     return config

@@ -8,7 +8,27 @@ from __future__ import annotations
 from typing import Optional, Tuple
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from lora_sampler._wire.routes import API_PREFIX
+from lora_sampler._wire.routes import (
+    API_PREFIX,
+    CHAT_COMPLETIONS_PATH,
+    COMPLETIONS_PATH,
+    HEALTH_PATH,
+    LOAD_ADAPTER_PATH,
+    MODELS_PATH,
+    TOKENIZE_PATH,
+    UNLOAD_ADAPTER_PATH,
+)
+
+#: Paths a base URL must not end in: each is an endpoint, which the client appends to the engine root itself.
+ENDPOINT_PATHS = (
+    CHAT_COMPLETIONS_PATH,
+    COMPLETIONS_PATH,
+    MODELS_PATH,
+    LOAD_ADAPTER_PATH,
+    UNLOAD_ADAPTER_PATH,
+    TOKENIZE_PATH,
+    HEALTH_PATH,
+)
 
 
 def normalise_base_url(base_url: str) -> str:
@@ -24,7 +44,7 @@ def split_base_url(base_url: str) -> Tuple[str, Optional[Tuple[str, str]]]:
     """Return the printable engine root and the ``(user, password)`` of its userinfo, if any.
 
     Raises:
-        ValueError: ``base_url`` is not an http(s) URL.
+        ValueError: ``base_url`` is not an http(s) URL, or ends in an endpoint path (``.../v1/completions``).
     """
     if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
         shown = without_userinfo(base_url) if isinstance(base_url, str) else base_url
@@ -33,6 +53,13 @@ def split_base_url(base_url: str) -> Tuple[str, Optional[Tuple[str, str]]]:
     auth = (unquote(parts.username or ""), unquote(parts.password or "")) if "@" in parts.netloc else None
     netloc = parts.netloc.rpartition("@")[2]
     root = urlunsplit((parts.scheme, netloc, parts.path, "", "")).rstrip("/")
+    endpoint = next((path for path in ENDPOINT_PATHS if root.endswith(path)), None)
+    if endpoint is not None:
+        engine_root = root[: -len(endpoint)]
+        raise ValueError(
+            f"base_url {without_userinfo(root)!r} ends in the endpoint path {endpoint}; pass the engine root instead, "
+            f"{without_userinfo(engine_root)!r} (the client adds each endpoint's path itself)"
+        )
     if root.endswith(API_PREFIX):
         root = root[: -len(API_PREFIX)]
     return root, auth

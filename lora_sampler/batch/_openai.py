@@ -57,6 +57,13 @@ def detect_format(lines: Iterable[bytes]) -> Tuple[str, Iterator[bytes]]:
     Returns:
         ``(OPENAI_BATCH_FORMAT or PROMPT_FORMAT, an iterator over every line from the first)``.
     """
+    first, replay = first_line(lines)
+    found = OPENAI_BATCH_FORMAT if first is not None and is_batch_line(first) else PROMPT_FORMAT
+    return found, replay
+
+
+def first_line(lines: Iterable[bytes]) -> Tuple[Optional[bytes], Iterator[bytes]]:
+    """Return the first non-blank line (None when all are blank) and an iterator over every line, none consumed."""
     source = iter(lines)
     head: List[bytes] = []
     for raw in source:
@@ -68,8 +75,7 @@ def detect_format(lines: Iterable[bytes]) -> Tuple[str, Iterator[bytes]]:
         yield from head
         yield from source
 
-    found = OPENAI_BATCH_FORMAT if head and is_batch_line(head[-1]) else PROMPT_FORMAT
-    return found, replay()
+    return (head[-1] if head and head[-1].strip() else None), replay()
 
 
 def file_format(path: str, requested: str = "auto") -> str:

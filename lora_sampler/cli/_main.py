@@ -9,6 +9,7 @@ in a subprocess.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import os
@@ -16,18 +17,19 @@ import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from lora_sampler._adapters.extract import DEFAULT_LIMITS, PublishLimits
+from lora_sampler._adapters.publish import default_adapter_name, remove_adapter_dir
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._defaults import API_KEY_ENV
 from lora_sampler._testmode import set_testing
 from lora_sampler._version import __version__
 from lora_sampler.batch._lines import LineDefaults
-from lora_sampler.batch._openai import OPENAI_BATCH_FORMAT, PROMPT_FORMAT, file_format
+from lora_sampler.batch._openai import OPENAI_BATCH_FORMAT, PROMPT_FORMAT, file_format, first_line
 from lora_sampler.batch._sources import DEFAULT_IDLE_TIMEOUT, DEFAULT_SETTLE
 from lora_sampler.batch._sweep import DEFAULT_WINDOW
 from lora_sampler.cli._runner import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, BatchAbandoned, run_batch
 from lora_sampler.cli._sweep_runner import check_plot_dependency, run_sweep
 from lora_sampler.cli._terminal import LOG_FORMAT, RetryCounter
-from lora_sampler.errors import LoraSamplerError
+from lora_sampler.errors import AdapterConfigError, LoraSamplerError
 from lora_sampler.names import validate_adapter_name
 from lora_sampler.retry import DEFAULT_RETRY_POLICY
 from lora_sampler.types import Adapter, SamplingParams, is_checkpoint_path, is_storage_url
@@ -184,9 +186,17 @@ def _sampling_flags() -> argparse.ArgumentParser:
         ("--num-samples", int, 1, "completions per prompt"),
         ("--max-tokens", int, 16, "tokens per completion"),
         ("--temperature", float, 1.0, "sampling temperature"),
+        ("--top-p", float, 1.0, "nucleus mass in (0, 1]"),
+        ("--top-k", int, -1, "top-k cut-off; -1 disables it"),
         ("--seed", int, None, "sampling seed"),
     ]:
         sampling.add_argument(flag, type=kind, default=default, help=f"{text} (default: {default})")
+    sampling.add_argument(
+        "--stop",
+        action="append",
+        metavar="TEXT",
+        help="a stop string (repeat the flag for several; a line's own stop may also hold token ids)",
+    )
     sampling.add_argument("--prompt-logprobs", action="store_true", help="also return the prompt's logprobs")
     return sampling
 
@@ -391,16 +401,38 @@ def run_job(
             client.close()
 
 
+def _has_lines(path: str) -> bool:
+    """Tell whether an input file holds a line that is not blank (read up to the first one)."""
+    with open(path, "rb") as handle:
+        return first_line(handle)[0] is not None
+
+
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    """Return the flags' sampling defaults for every line; a bad value is a usage error naming the flag."""
+    try:
+        return SamplingParams(
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            seed=args.seed,
+            stop=args.stop,
+        )
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"--{str(exc).split(' ', 1)[0].replace('_', '-')} {str(exc).split(' ', 1)[1]}") from None
+
+
 def cmd_sample(args: argparse.Namespace) -> int:
     """Preflight the engine and the adapter, then stream the input through the client into the output."""
     check_job_flags(args)
     if (
         not (args.adapter or args.base_model)
         and args.input != "-"
+        and _has_lines(args.input)  # an empty file is an empty job (exit 0, an empty output), as vLLM's run-batch
         and file_format(args.input, args.format) == PROMPT_FORMAT
     ):
         raise UsageError("pass --adapter or --base-model (only OpenAI batch lines name their model, in body.model)")
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    params = sampling_params(args)
 
     def job(client: SamplerClient, model: Union[Adapter, str, None], retries: RetryCounter) -> int:
         defaults = LineDefaults(
@@ -431,7 +463,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     """Check the flags and the engine, then sweep every checkpoint through one client."""
     _check_pace_flags(args)
     _check_sweep_args(args)
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    params = sampling_params(args)
     defaults = LineDefaults(num_samples=args.num_samples, sampling_params=params, prompt_logprobs=args.prompt_logprobs)
     return run_job(args, lambda client, _, retries: run_sweep(client, args, defaults, retries), _engine_preflight)
 
@@ -494,10 +526,29 @@ def _preflight(client: SamplerClient, args: argparse.Namespace) -> Union[Adapter
     if is_checkpoint_path(args.adapter):
         if not args.lora_base_dir:
             raise UsageError("--adapter CKPT needs --lora-base-dir (the engine's resolver folder) to publish into")
-        return client.publish(args.adapter)  # checks adapter_config.json against the engine's model
+        return _publish_for_this_run(client, args.adapter, args.lora_base_dir)
     validate_adapter_name(args.adapter, argument="--adapter")  # before it becomes a path under --lora-base-dir
     # In --lora-base-dir (its adapter_config.json checked) or on the engine, else one error naming the closest names.
     return client.resolve_adapter(args.adapter)
+
+
+def _publish_for_this_run(client: SamplerClient, checkpoint: str, lora_base_dir: str) -> Adapter:
+    """Publish ``checkpoint``; if the engine's model refuses it, remove the folder this run put there.
+
+    The adapter was never requested, so the engine cannot hold it and deleting its folder is safe; a folder that was
+    there before the run (another run's) is left alone.
+    """
+    folder: Optional[str] = None
+    if not is_storage_url(checkpoint):
+        with contextlib.suppress(OSError, ValueError):  # a path the publish below reports itself
+            folder = os.path.join(lora_base_dir, default_adapter_name(checkpoint))
+    existed = folder is not None and os.path.isdir(folder)
+    try:
+        return client.publish(checkpoint)  # checks adapter_config.json against the engine's model
+    except AdapterConfigError as exc:
+        if folder is not None and not existed and remove_adapter_dir(lora_base_dir, os.path.basename(folder)):
+            raise AdapterConfigError(f"{exc}; the adapter folder this run published was removed again") from exc
+        raise
 
 
 # -- main --------------------------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from lora_sampler.batch._openai import (
     OPENAI_BATCH_RECORDS,
     PROMPT_FORMAT,
     detect_format,
+    first_line,
     parse_batch_line,
 )
 from lora_sampler.cli._terminal import JobBar, RetryCounter, interrupts_stop, logs_above, progress_bar
@@ -200,7 +201,8 @@ def _input_format(
     found, lines = detect_format(source)
     chosen = found if input_format == "auto" else input_format
     if chosen == PROMPT_FORMAT:
-        if model is None:
+        first, lines = first_line(lines)
+        if model is None and first is not None:  # an input of blank lines is an empty job: exit 0, empty output
             raise BatchInputError(
                 "the input holds prompt lines, which name no model: pass --adapter or --base-model (only OpenAI "
                 "batch lines name their model, in body.model)"
