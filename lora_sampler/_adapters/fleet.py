@@ -24,6 +24,7 @@ import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
 
 from lora_sampler._transport.http import EngineTransport, normalise_base_url
+from lora_sampler._wire.messages import load_adapter_body, unload_adapter_body
 from lora_sampler._wire.refusals import is_already_loaded, is_not_held
 from lora_sampler._wire.routes import LIST_WORKERS_PATH, LOAD_ADAPTER_PATH, MODELS_PATH, UNLOAD_ADAPTER_PATH
 from lora_sampler.errors import EngineError, EngineStatusError, FleetError, LoraSamplerError
@@ -203,12 +204,12 @@ class Fleet:
             EngineStatusError: the replica answered an error status (``status``, ``engine_message``).
             EngineError: it could not be reached or did not answer in time.
         """
-        self._adapter_command(url, LOAD_ADAPTER_PATH, name, {"lora_name": name, "lora_path": path})
+        self._adapter_command(url, LOAD_ADAPTER_PATH, name, load_adapter_body(name, path))
 
     def unload_from(self, url: str, name: str) -> str:
         """Unload ``name`` from one replica: return "" when it confirmed (it holds no such adapter now), else why."""
         try:
-            self._adapter_command(url, UNLOAD_ADAPTER_PATH, name, {"lora_name": name})
+            self._adapter_command(url, UNLOAD_ADAPTER_PATH, name, unload_adapter_body(name))
         except EngineStatusError as exc:
             if is_not_held(exc.status, exc.engine_message):
                 return ""

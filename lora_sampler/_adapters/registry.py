@@ -18,6 +18,7 @@ from lora_sampler._adapters.fleet import Fleet
 from lora_sampler._adapters.lookup import find_adapter
 from lora_sampler._locks import KeyedLocks
 from lora_sampler._transport.http import EngineTransport
+from lora_sampler._wire.messages import unload_adapter_body
 from lora_sampler._wire.refusals import is_not_held
 from lora_sampler._wire.routes import MODELS_PATH, UNLOAD_ADAPTER_PATH
 from lora_sampler.errors import EngineError, EngineStatusError, LoraSamplerError
@@ -209,7 +210,7 @@ class AdapterRegistry:
         transport = self._transport
         try:
             transport.post_adapter_command(
-                UNLOAD_ADAPTER_PATH, name, {"lora_name": name}, session_id, transport.timeout
+                UNLOAD_ADAPTER_PATH, name, unload_adapter_body(name), session_id, transport.timeout
             )
         except EngineStatusError as error:
             # 404 "cannot be found" means the engine holds no such adapter (FINDINGS §4d); a 404 {"detail":...}

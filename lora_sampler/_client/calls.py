@@ -19,6 +19,7 @@ from lora_sampler._adapters.registry import AdapterRegistry
 from lora_sampler._client.progress import RetryCounter
 from lora_sampler._transport.cancel import is_cancelled
 from lora_sampler._transport.http import EngineTransport, Timeout, new_id
+from lora_sampler._wire.messages import load_adapter_body
 from lora_sampler._wire.routes import (
     CHAT_COMPLETIONS_PATH,
     COMPLETIONS_PATH,
@@ -96,11 +97,12 @@ class _Attempts:
         if self._fleet is not None:
             self._fleet.reconcile(call.model, call.load_path)
         else:
-            self._loads.load_if_due(call.model, attempt, lambda: self._send_load(call))
+            path = call.load_path
+            self._loads.load_if_due(call.model, attempt, lambda: self._send_load(call, path))
 
-    def _send_load(self, call: _Call) -> None:
-        """Ask the engine to load the adapter; best-effort, so every answer and failure is only logged."""
-        payload = {"lora_name": call.model, "lora_path": call.load_path}
+    def _send_load(self, call: _Call, path: str) -> None:
+        """Ask the engine to load the adapter from ``path``; best-effort, so every answer and failure is only logged."""
+        payload = load_adapter_body(call.model, path)
         try:
             self._transport.post_adapter_command(
                 LOAD_ADAPTER_PATH, call.model, payload, call.session_id, self._load_timeout

@@ -82,3 +82,13 @@ def validated_extra_body(extra_body: object) -> Dict[str, Any]:
         if key in OWN_FIELDS:
             raise ValueError(f"extra_body may not set {key!r}: the request sets it; use {OWN_FIELDS[key]}")
     return dict(extra_body)
+
+
+def load_adapter_body(name: str, path: str) -> Dict[str, str]:
+    """Return the body of ``POST /v1/load_lora_adapter``: the adapter's name and its folder as the engine sees it."""
+    return {"lora_name": name, "lora_path": path}
+
+
+def unload_adapter_body(name: str) -> Dict[str, str]:
+    """Return the body of ``POST /v1/unload_lora_adapter``."""
+    return {"lora_name": name}

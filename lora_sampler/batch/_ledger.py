@@ -6,11 +6,9 @@ repaired), the lock that keeps a second sweep out of the same folder, and the du
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import tempfile
 from typing import Any, Dict, List, Optional
 
 try:
@@ -18,6 +16,7 @@ try:
 except ImportError:  # pragma: no cover - Windows: no lock, one sweep per folder is then the user's care
     fcntl = None  # type: ignore[assignment]
 
+from lora_sampler._files import replacing
 from lora_sampler.errors import LoraSamplerError
 
 logger = logging.getLogger(__name__)
@@ -126,18 +125,9 @@ def _entry(raw: bytes) -> Optional[Dict[str, Any]]:
 
 
 def _replace(path: str, lines: List[bytes]) -> None:
-    """Write ``lines`` to a temporary file beside ``path``, fsync it, and move it over ``path``."""
-    fd, temp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=os.path.dirname(path))
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.writelines(lines)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-        raise
+    """Replace ``path`` with ``lines``, whole or not at all."""
+    with replacing(path) as out:
+        out.writelines(lines)
 
 
 def _lock_folder(folder: str) -> int:

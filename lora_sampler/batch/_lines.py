@@ -11,8 +11,6 @@ import logging
 import math
 import os
 import re
-import shutil
-import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple, Union
@@ -22,6 +20,7 @@ try:
 except ImportError:  # pragma: no cover - Windows: no locks, so stale temporaries are left alone
     fcntl = None  # type: ignore[assignment]
 
+from lora_sampler._files import TEMP_SUFFIX, replacing, temp_prefix
 from lora_sampler._wire.messages import SAMPLING_FIELDS
 from lora_sampler.errors import (
     BatchInputError,
@@ -270,31 +269,16 @@ def prepare_output(path: str, *, retry_failed: bool = True, key_of: RecordKey = 
             needs_rewrite = sum(not keep for _, keep in _scan(f, retry_failed, state, key_of)) > 0  # reads every line
         if not needs_rewrite:
             return state
-        directory = os.path.dirname(os.path.abspath(path))
-        fd, temp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=_TEMP_SUFFIX, dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as out, open(path, "rb") as f:
-                for raw, keep in _scan(f, retry_failed, ResumeState(), key_of):
-                    if keep:
-                        out.write(raw)
-                out.flush()
-                os.fsync(out.fileno())
-            shutil.copymode(path, temp)
-            os.replace(temp, path)
-        except BaseException:
-            os.unlink(temp)
-            raise
+        with replacing(path) as out, open(path, "rb") as f:
+            for raw, keep in _scan(f, retry_failed, ResumeState(), key_of):
+                if keep:
+                    out.write(raw)
     state.rewritten = True
     return state
 
 
-_TEMP_SUFFIX = ".tmp"
 # tempfile.mkstemp's random part: 8 characters of this alphabet (stable since Python 3.0).
 _TEMP_RANDOM = "[a-z0-9_]{8}"
-
-
-def _temp_prefix(path: str) -> str:
-    return f".{os.path.basename(path)}."
 
 
 @contextmanager
@@ -330,7 +314,7 @@ def _hold_output(path: str) -> Iterator[bool]:
 def _remove_stale_temporaries(path: str) -> List[str]:
     """Remove the rewrite temporaries of ``path`` (own pattern, regular files only); the caller holds the lock."""
     directory = os.path.dirname(os.path.abspath(path))
-    pattern = re.compile(re.escape(_temp_prefix(path)) + _TEMP_RANDOM + re.escape(_TEMP_SUFFIX))
+    pattern = re.compile(re.escape(temp_prefix(path)) + _TEMP_RANDOM + re.escape(TEMP_SUFFIX))
     removed: List[str] = []
     with os.scandir(directory) as entries:
         for entry in entries:
