@@ -108,6 +108,11 @@ class Target:
             f"{self.url}/v1/completions", json=body, headers=self.headers() if headers is None else headers, timeout=60
         )
 
+    def tokenize(self, model: str, prompt: str, **fields: Any) -> requests.Response:
+        """POST ``/tokenize`` (vLLM's tokenizer route, outside ``/v1``)."""
+        body = {"model": model, "prompt": prompt, **fields}
+        return self.session.post(f"{self.url}/tokenize", json=body, headers=self.headers(), timeout=60)
+
     def load(self, name: str, path: Path) -> requests.Response:
         """POST ``/v1/load_lora_adapter``."""
         body = {"lora_name": name, "lora_path": str(path)}
@@ -198,13 +203,34 @@ def observe(target: Target, response: requests.Response) -> Answer:
             "usage": data["usage"],
             "system_fingerprint": re.sub(r"-[0-9a-f]{8}$", "-<hash8>", str(data["system_fingerprint"])),
             "nulls": sorted(key for key, value in {**data, **choice}.items() if value is None),
+            "prompt_logprobs": _prompt_logprobs_shape(choice["prompt_logprobs"], choice["prompt_token_ids"]),
         }
         return Answer(200, content_type, shape, body)
+    if response.status_code == 200 and "tokens" in data:  # /tokenize: the shape, not the tokenizer's tokens
+        tokens = data["tokens"]
+        body = {"count": data["count"] == len(tokens) > 0, "ints": all(isinstance(t, int) for t in tokens)}
+        body.update(max_model_len=data["max_model_len"], token_strs=data["token_strs"])
+        return Answer(200, content_type, ("tokenize", *sorted(data)), body)
     inner = data.get("error")
     if isinstance(inner, dict):
         normalised = {**inner, "message": target.normalise(str(inner.get("message")))}
         return Answer(response.status_code, content_type, ("error-object", *sorted(inner)), normalised)
     return Answer(response.status_code, content_type, ("top-level", *sorted(data)), data)
+
+
+def _prompt_logprobs_shape(entries: list[Any] | None, prompt: list[int] | None) -> Any:
+    """Reduce vLLM's ``prompt_logprobs`` to its shape: None first, the prompt token's own entry first, entry sizes."""
+    if entries is None:
+        return None
+    assert prompt is not None
+    own_first = [next(iter(entry)) == str(token) for entry, token in zip(entries[1:], prompt[1:])]
+    fields = sorted({key for entry in entries[1:] for info in entry.values() for key in info})
+    return {
+        "first": entries[0],
+        "own_first": all(own_first),
+        "sizes": sorted({len(e) for e in entries[1:]}),
+        "fields": fields,
+    }
 
 
 def _differences(fake: list[Answer], real: list[Answer]) -> str:
@@ -320,6 +346,17 @@ def load_unload_success(t: Target) -> list[requests.Response]:
     return [t.load(name, path), t.complete(name), t.unload(name)]
 
 
+def tokenize_base_and_unknown(t: Target) -> list[requests.Response]:
+    """POST /tokenize for the base model (vLLM's TokenizeResponse) and for an unknown model (vLLM's 404)."""
+    return [t.tokenize(t.model, "the model"), t.tokenize(t.fresh_name(), "the model")]
+
+
+def prompt_logprobs_top_k(t: Target) -> list[requests.Response]:
+    """prompt_logprobs=0 and =2: None first, then each prompt token's own entry first (and the top 2)."""
+    prompt = [5, 6, 7, 8, 9]
+    return [t.complete(t.model, prompt, max_tokens=1, prompt_logprobs=k) for k in (0, 2)]
+
+
 #: scenario -> the statuses both engines must answer, in order (FINDINGS §4).
 SCENARIOS: dict[Callable[[Target], list[requests.Response]], list[int]] = {
     unknown_model: [404],
@@ -337,6 +374,8 @@ SCENARIOS: dict[Callable[[Target], list[requests.Response]], list[int]] = {
     max_tokens_above_max_model_len: [400],
     token_out_of_vocab: [400],
     load_unload_success: [200, 200, 200],
+    tokenize_base_and_unknown: [200, 404],
+    prompt_logprobs_top_k: [200, 200],
 }
 
 
