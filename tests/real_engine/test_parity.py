@@ -219,16 +219,17 @@ def observe(target: Target, response: requests.Response) -> Answer:
 
 
 def _prompt_logprobs_shape(entries: list[Any] | None, prompt: list[int] | None) -> Any:
-    """Reduce vLLM's ``prompt_logprobs`` to its shape: None first, the prompt token's own entry first, entry sizes."""
+    """Reduce vLLM's ``prompt_logprobs`` to its shape: None first, the prompt token's own entry first, its fields."""
     if entries is None:
         return None
     assert prompt is not None
     own_first = [next(iter(entry)) == str(token) for entry, token in zip(entries[1:], prompt[1:])]
     fields = sorted({key for entry in entries[1:] for info in entry.values() for key in info})
+    sizes = {len(entry) for entry in entries[1:]}  # k, or k + 1 where the prompt token ranks below the top k
     return {
         "first": entries[0],
         "own_first": all(own_first),
-        "sizes": sorted({len(e) for e in entries[1:]}),
+        "k_or_k+1": max(sizes) - min(sizes) <= 1,
         "fields": fields,
     }
 
