@@ -300,3 +300,22 @@ def test_sweep_plot_without_matplotlib_names_the_extra(
     assert main([*argv, "--plot", str(tmp_path / "p.png")]) == 2
     assert "pip install 'lora_sampler[plot]'" in capsys.readouterr().err
     assert engine.calls(COMPLETIONS) == 0
+
+
+def test_sweep_over_a_fleet_loads_and_unloads_every_replica(lora_dir: Path, tmp_path: Path, no_waits: None) -> None:
+    """--replicas: each checkpoint is loaded on every replica (no resolver) and unloaded from every one at the end."""
+    replicas = [FakeEngine(latency=0.002).start() for _ in range(2)]  # no lora_dir: served only once loaded
+    try:
+        make_run(tmp_path / "run", replicas[0].model, (1, 2, 3))
+        inp, out = write_prompts(tmp_path / "prompts.jsonl", 20), tmp_path / "out"
+        argv = sweep_args(replicas[0], lora_dir, inp, out, "--checkpoints", str(tmp_path / "run" / "*.tar.gz"))
+        assert main([*argv, "--quiet", "--replicas", ",".join(e.url for e in replicas)]) == 0
+        names = [line["adapter"] for line in ledger(out)]
+        assert len(names) == 3 and all(line["rows"] == 20 for line in ledger(out))
+        for engine in replicas:
+            assert engine.loaded_adapters == []
+            assert all(engine.calls("/v1/load_lora_adapter", name) >= 1 for name in names)
+            assert all(engine.calls("/v1/unload_lora_adapter", name) == 1 for name in names)
+    finally:
+        for engine in replicas:
+            engine.stop()

@@ -123,6 +123,32 @@ def test_sweep_sigkill_at_several_points_then_resume_answers_every_row_once(
     assert engine.loaded_adapters == []
 
 
+def test_sweep_ctrl_c_exits_130_and_the_same_command_resumes(make_engine: Any, lora_dir: Path, tmp_path: Path) -> None:
+    """SIGINT mid-sweep: exit 130 with no ledger line for the unfinished checkpoint; running again finishes it."""
+    engine: FakeEngine = make_engine(latency=0.02)
+    run = tmp_path / "run"
+    run.mkdir()
+    for step in (1, 2):
+        aged(write_adapter_archive(str(run / f"step-{step}.tar.gz"), engine.model, rank=step))
+    inp, out = write_prompts(tmp_path / "prompts.jsonl", 200), tmp_path / "out"
+    argv = ["sweep", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--input", str(inp)]
+    argv += ["--output-dir", str(out), "--checkpoints", str(run / "*.tar.gz"), "--concurrency", "4", "--quiet"]
+
+    def outputs() -> List[Path]:
+        return [p for p in out.glob("*.jsonl") if p.name != "sweep.jsonl"] if out.exists() else []
+
+    with cli(argv, tmp_path) as proc:
+        assert wait_until(lambda: any(len(lines_of(p)) >= 20 for p in outputs()), proc)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=WAIT_SECONDS) == 130
+    assert len(lines_of(out / "sweep.jsonl")) == 0  # nothing finished: nothing recorded
+    assert "run again with --output-dir" in (tmp_path / "cli.stderr").read_text()
+    with cli(argv, tmp_path) as proc:
+        assert proc.wait(timeout=WAIT_SECONDS) == 0
+    entries = lines_of(out / "sweep.jsonl")
+    assert len(entries) == 2 and all(e["rows"] == 200 for e in entries)
+
+
 def test_sweep_watch_waits_for_a_checkpoint_written_slowly(
     engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
 ) -> None:
