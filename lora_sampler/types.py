@@ -6,6 +6,7 @@ naming the argument, before any request). No I/O here.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -106,15 +107,22 @@ class SamplingParams:
         # __post_init__ normalised ``stop`` to a tuple (or None).
         return cast(Tuple[Union[str, int], ...], self.stop or ())
 
+    @functools.cached_property
+    def _wire_fields(self) -> Tuple[Dict[str, Any], Tuple[str, ...], Tuple[int, ...]]:
+        # Read once per value (it is frozen), as every request of a job shares its SamplingParams.
+        fields = {name: getattr(self, name) for name in SAMPLING_FIELDS}
+        if self.seed is None:
+            del fields["seed"]
+        return fields, self.stop_strings, self.stop_token_ids
+
     def to_payload(self) -> Dict[str, Any]:
         """Return the vLLM completion fields for these parameters (nothing set is dropped)."""
-        payload: Dict[str, Any] = {name: getattr(self, name) for name in SAMPLING_FIELDS}
-        if self.seed is None:
-            del payload["seed"]
-        if self.stop_strings:
-            payload["stop"] = list(self.stop_strings)
-        if self.stop_token_ids:
-            payload["stop_token_ids"] = list(self.stop_token_ids)
+        fields, stop, stop_ids = self._wire_fields
+        payload = dict(fields)
+        if stop:
+            payload["stop"] = list(stop)
+        if stop_ids:
+            payload["stop_token_ids"] = list(stop_ids)
         return payload
 
 
