@@ -119,11 +119,13 @@ class FakeEngine:
     # -- lifecycle -------------------------------------------------------------------------------------------------
 
     def start(self) -> FakeEngine:
-        """Bind and serve in a daemon thread; returns self. An engine starts once."""
+        """Bind and serve in a daemon thread; returns self. An engine starts once; a missing ``lora_dir`` is made."""
         with self._lock:
             if self._started:
                 raise RuntimeError("a FakeEngine starts once; create a new one")
             self._started = True
+        if self.lora_dir is not None:
+            os.makedirs(self.lora_dir, exist_ok=True)
         self._server = Server((self.host, self._requested_port), self)
         self._port = int(self._server.server_address[1])
         self._spawn(self._server.serve_forever, _POLL_INTERVAL)
