@@ -359,7 +359,7 @@ def _suffix(path: str) -> str:
 
 
 def _write_jsonl(batches: Iterator[Any], output_path: str) -> Dict[str, int]:
-    import json
+    from lora_sampler.batch._lines import to_json_line
 
     rows = failed = 0
     temp = f"{output_path}.{os.getpid()}.tmp"
@@ -369,7 +369,7 @@ def _write_jsonl(batches: Iterator[Any], output_path: str) -> Dict[str, int]:
                 for row in table.to_pylist():
                     rows += 1
                     failed += row.get("error") is not None
-                    out.write(json.dumps(row, ensure_ascii=False, separators=(",", ":"), default=str) + "\n")
+                    out.write(to_json_line(row, default=str) + "\n")  # strict JSON: NaN is written null
             out.flush()
             os.fsync(out.fileno())
         os.replace(temp, output_path)

@@ -16,11 +16,14 @@ from lora_sampler.batch._lines import (
     count_lines,
     error_record,
     id_key,
+    one_writer,
+    open_output,
     parse_line,
     prepare_output,
     read_input,
     record_key,
     result_record,
+    to_json_line,
     write_record,
 )
 from lora_sampler.batch._sources import Checkpoint, Manifest, checkpoint_fingerprint, expand_pattern
@@ -51,10 +54,13 @@ __all__ = [
     "count_lines",
     "error_record",
     "id_key",
+    "one_writer",
+    "open_output",
     "parse_line",
     "prepare_output",
     "read_input",
     "record_key",
     "result_record",
+    "to_json_line",
     "write_record",
 ]

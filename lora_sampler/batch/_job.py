@@ -22,6 +22,7 @@ from lora_sampler.errors import (
     AuthenticationError,
     BatchInputError,
     EngineConnectionError,
+    EngineProtocolError,
     EngineTimeoutError,
     LoraSamplerError,
     ModelNotFoundError,
@@ -133,7 +134,12 @@ class BatchJob:
             if item is _END:
                 pump.join()
                 return self.stats
-            self._handle(*item)
+            try:
+                self._handle(*item)
+            except LoraSamplerError:  # the output cannot be written: nothing more can be kept, so stop at once
+                self.abandoned = True
+                self._stopping.set()
+                raise
 
     def _handle(self, kind: str, line: InputLine, outcome: Any) -> None:
         record: Optional[Dict[str, Any]] = None
@@ -153,7 +159,13 @@ class BatchJob:
             kind = "failed"
             self._note_failure(outcome)
         if record is not None:
-            write_record(self._output, record)
+            try:
+                write_record(self._output, record)
+            except RecursionError:  # an answer nested too deep to write back: its line gets an error record
+                problem = EngineProtocolError("the engine's answer is nested too deep to write as JSON")
+                record = self._records.error(line, problem, self._model)
+                write_record(self._output, record)
+                self.stats.done, self.stats.failed, kind = self.stats.done - 1, self.stats.failed + 1, "failed"
         if self._on_event is not None:
             self._on_event(kind, line, record)
 

@@ -17,6 +17,7 @@ except ImportError:  # pragma: no cover - Windows: no lock, one sweep per folder
     fcntl = None  # type: ignore[assignment]
 
 from lora_sampler._files import replacing
+from lora_sampler.batch._lines import to_json_line
 from lora_sampler.errors import LoraSamplerError
 
 logger = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ class Ledger:
 
     def append(self, entry: Dict[str, Any]) -> None:
         """Append one line durably (one ``write``, then ``fsync``); a finished one joins ``finished``."""
-        data = (json.dumps(entry, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+        data = (to_json_line(entry) + "\n").encode("utf-8")
         view = memoryview(data)
         while view:
             view = view[os.write(self._fd, view) :]

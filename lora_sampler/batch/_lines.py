@@ -25,6 +25,7 @@ from lora_sampler._wire.messages import SAMPLING_FIELDS
 from lora_sampler.errors import (
     BatchInputError,
     EngineStatusError,
+    LoraSamplerError,
 )
 from lora_sampler.types import AdapterSpec, SampleOutput, SampleRequest, SamplingParams, ScoreRequest
 
@@ -36,6 +37,38 @@ SAMPLING_KEYS = (*SAMPLING_FIELDS, "stop")
 LineId = Union[str, int]
 #: The UTF-8 byte order mark some editors (and PowerShell's ``Out-File``) write at the start of a file.
 UTF8_BOM = b"\xef\xbb\xbf"
+
+
+#: JSON's whitespace (RFC 8259): a line of only these is blank; ``bytes.strip`` also strips \x0b and \x0c.
+JSON_WHITESPACE = b" \t\r\n"
+#: The byte order marks of UTF-16 (PowerShell 5's ``>`` writes UTF-16 LE with one).
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
+def is_blank(raw: bytes) -> bool:
+    """Tell whether a raw line holds only JSON whitespace (a line of form feeds is not blank: it is bad JSON)."""
+    return not raw.strip(JSON_WHITESPACE)
+
+
+def loads_line(raw: bytes) -> Any:
+    """Decode one UTF-8 JSON line.
+
+    Raises:
+        ValueError: it is not UTF-8 or not JSON (the message says which), or it is nested too deep to decode.
+    """
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise ValueError("it is nested too deep to decode") from None
+
+
+def text_problem(value: str) -> str:
+    """Return what makes ``value`` unwritable as UTF-8 (a lone surrogate such as ``\\ud800``), or ""."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"holds a lone surrogate (\\u{ord(value[exc.start]):04x}), which is not text"
+    return ""
 
 
 def id_key(line_id: LineId) -> str:
@@ -52,6 +85,8 @@ class LineDefaults:
     num_samples: int = 1
     sampling_params: SamplingParams = field(default_factory=SamplingParams)
     prompt_logprobs: bool = False
+    #: Whether an OpenAI batch line's ``body.model`` may name a local checkpoint (else it must be a name).
+    allow_model_paths: bool = False
 
 
 @dataclass(frozen=True)
@@ -71,10 +106,10 @@ class InputLine:
 
 def read_line_object(raw: bytes, line_number: int) -> Union[InputLine, Tuple[Dict[str, Any], LineId], None]:
     """Read one JSONL line into its object and id; None for a blank line, an ``InputLine`` error for a bad one."""
-    if not raw.strip():
+    if is_blank(raw):
         return None
     try:
-        obj = json.loads(raw.decode("utf-8"))
+        obj = loads_line(raw)
     except ValueError as exc:  # UnicodeDecodeError is a ValueError too
         return InputLine(line_number, line_number, error=f"not valid JSON ({exc})")
     if not isinstance(obj, dict):
@@ -82,6 +117,8 @@ def read_line_object(raw: bytes, line_number: int) -> Union[InputLine, Tuple[Dic
     line_id = obj.get("id", line_number)
     if isinstance(line_id, bool) or not isinstance(line_id, (str, int)):
         return InputLine(line_number, line_number, error=f"id must be a string or an integer, got {line_id!r}")
+    if isinstance(line_id, str) and text_problem(line_id):
+        return InputLine(line_number, line_number, error=f"the id {text_problem(line_id)}; give the line a text id")
     return obj, line_id
 
 
@@ -91,6 +128,9 @@ def parse_line(raw: bytes, line_number: int, defaults: LineDefaults) -> Optional
     if read is None or isinstance(read, InputLine):
         return read
     obj, line_id = read
+    prompt_logprobs = obj.get("prompt_logprobs", defaults.prompt_logprobs and "messages" not in obj)
+    if not isinstance(prompt_logprobs, bool):
+        return InputLine(line_number, line_id, error=f"prompt_logprobs must be true or false, got {prompt_logprobs!r}")
     if "prompt" not in obj and "messages" not in obj:
         return InputLine(
             line_number, line_id, error="the line has no 'prompt' (token ids or text) and no 'messages' (chat)"
@@ -108,7 +148,7 @@ def parse_line(raw: bytes, line_number: int, defaults: LineDefaults) -> Optional
             num_samples=obj.get("num_samples", defaults.num_samples),
             sampling_params=params,
             # --prompt-logprobs applies to prompt lines; a chat line asking for them itself is refused.
-            prompt_logprobs=bool(obj.get("prompt_logprobs", defaults.prompt_logprobs and "messages" not in obj)),
+            prompt_logprobs=prompt_logprobs,
             session_id=obj.get("session_id"),
         )
     except (TypeError, ValueError) as exc:
@@ -138,13 +178,16 @@ def read_input(
         parse: The line format (``parse_line`` for prompt lines; ``openai_batch.parse_batch_line`` for batch files).
 
     Raises:
-        BatchInputError: an id repeats an earlier line's id (the message names both line numbers), or the file
-            ends its lines with a carriage return alone (classic Mac line endings), which reads as one long line.
+        BatchInputError: an id repeats an earlier line's id (the message names both line numbers), the file
+            ends its lines with a carriage return alone (classic Mac line endings), which reads as one long line,
+            or it is UTF-16 or UTF-32, not UTF-8.
     """
     first_line: Dict[str, int] = {}  # ids only, so memory stays small however long the input
     for number, raw in enumerate(stream, 1):
-        if number == 1 and raw.startswith(UTF8_BOM):
-            raw = raw[len(UTF8_BOM) :]
+        if number == 1:
+            _refuse_wide_encoding(raw, name)
+            if raw.startswith(UTF8_BOM):
+                raw = raw[len(UTF8_BOM) :]
         line = parse(raw, number, defaults)
         if line is not None and line.error and b"\r" in raw.rstrip(b"\r\n"):
             raise BatchInputError(
@@ -165,6 +208,19 @@ def read_input(
                 line_number=number,
             )
         yield line
+
+
+def _refuse_wide_encoding(first: bytes, name: str) -> None:
+    """Refuse a UTF-16 or UTF-32 input at its first line, before its NUL bytes make phantom lines."""
+    if not first.startswith(_UTF16_BOMS) and b"\x00" not in first:
+        return
+    raise BatchInputError(
+        f"{name} is not UTF-8: it is UTF-16 or UTF-32 (it starts with a UTF-16 byte order mark or holds NUL bytes), "
+        "as PowerShell's > writes. Convert it to UTF-8, e.g. iconv -f UTF-16 -t UTF-8 in.jsonl > in-utf8.jsonl "
+        "(or Out-File -Encoding utf8), then run again",
+        path=name,
+        line_number=1,
+    )
 
 
 def count_lines(path: str) -> int:
@@ -221,7 +277,7 @@ def _scan(
         record: Any = None
         if raw.endswith(b"\n"):  # a last line without its newline was torn by a kill
             try:
-                record = json.loads(raw.decode("utf-8"))
+                record = loads_line(raw)
             except ValueError:
                 record = None
         read = key_of(record) if isinstance(record, dict) else None
@@ -275,6 +331,85 @@ def prepare_output(path: str, *, retry_failed: bool = True, key_of: RecordKey = 
                     out.write(raw)
     state.rewritten = True
     return state
+
+
+@contextmanager
+def one_writer(path: str) -> Iterator[None]:
+    """Hold the one-writer lock of the output at ``path`` for the block, or refuse at once.
+
+    The lock is an exclusive ``flock`` on ``.<name>.lock`` beside the output, held for the whole run (the output
+    itself is replaced by a resume's rewrite, so it cannot carry the lock). Every command that writes an output
+    (``sample``, and the jobs built on ``open_output``) takes it, so two runs never duplicate or lose records.
+    The lock file stays; the lock goes with the process, even on a kill. Without ``fcntl`` (Windows), or on a
+    filesystem without locks, nothing is locked.
+
+    Raises:
+        LoraSamplerError: another run holds the lock (the message names the output and the fix).
+    """
+    lock_path = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.lock")
+    fd = _open_lock_file(lock_path)
+    if fd is None:
+        yield
+        return
+    try:
+        _lock_now(fd, path, lock_path)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _open_lock_file(lock_path: str) -> Optional[int]:
+    if fcntl is None:  # pragma: no cover - Windows
+        return None
+    try:
+        return os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as error:  # a folder we cannot write: opening the output will say so
+        logger.debug("cannot create %s (%s); the output is not locked", lock_path, error)
+        return None
+
+
+def _lock_now(fd: int, path: str, lock_path: str) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise LoraSamplerError(
+            f"another run is writing {path} (it holds {lock_path}); two writers would duplicate or lose records. "
+            f"Wait for it to end, then run again with the same --output to resume, or pass another --output"
+        ) from None
+    except OSError as error:  # a filesystem without locks: go on unlocked
+        logger.warning("cannot lock %s (%s); make sure no other run writes %s meanwhile", lock_path, error, path)
+
+
+@contextmanager
+def open_output(
+    path: str, *, retry_failed: bool = True, key_of: RecordKey = record_key
+) -> Iterator[Tuple[ResumeState, IO[str]]]:
+    """Take the output's one-writer lock, prepare it for resume and open it for appending, for the whole block.
+
+    Args:
+        path: The output file (created when missing).
+        retry_failed: Drop error lines, so their ids run again (``prepare_output``).
+        key_of: The output format's resume key.
+
+    Yields:
+        ``(the resume state, the text stream to write records to)``.
+
+    Raises:
+        LoraSamplerError: another run writes this output, or it cannot be written (its message names the path).
+    """
+    with one_writer(path):
+        state = prepare_output(path, retry_failed=retry_failed, key_of=key_of)
+        try:
+            stream = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed below, its error translated
+        except OSError as exc:
+            raise output_error(path, exc) from None
+        try:
+            yield state, stream
+        finally:
+            try:
+                stream.close()
+            except OSError as exc:  # the last flush failed (a full disk): say it once, with the path
+                raise output_error(path, exc) from None
 
 
 # tempfile.mkstemp's random part: 8 characters of this alphabet (stable since Python 3.0).
@@ -410,7 +545,57 @@ class LineFormat:
     records: RecordFormat
 
 
+def to_json_line(record: Dict[str, Any], default: Optional[Callable[[Any], Any]] = None) -> str:
+    """Return one record as one line of strict JSON: no NaN or Infinity (written as null), text that is UTF-8.
+
+    Every writer of an output file goes through here. Lone surrogates (``\\ud800`` in an engine's text) are kept as
+    JSON escapes, so the line still encodes as UTF-8.
+
+    Args:
+        record: The record.
+        default: As ``json.dumps``'s: turns a value JSON has no type for into one it has.
+    """
+    try:
+        line = json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=default)
+    except ValueError:  # a NaN or an Infinity somewhere: strict readers refuse them
+        return to_json_line(_finite(record), default)
+    if not line.isascii():
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError:
+            line = json.dumps(record, separators=(",", ":"), allow_nan=False, default=default)
+    return line
+
+
+def _finite(value: Any) -> Any:
+    """Return ``value`` with every non-finite float replaced by None (JSON has no NaN or Infinity)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
+
+
 def write_record(stream: IO[str], record: Dict[str, Any]) -> None:
-    """Write one record as one complete line, and flush it."""
-    stream.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
-    stream.flush()
+    """Write one record as one complete line of strict JSON, and flush it.
+
+    Raises:
+        LoraSamplerError: the output cannot be written (a full disk): the message names it and says it resumes.
+        RecursionError: the record is nested too deep to encode (an engine's answer echoed in it).
+    """
+    try:
+        stream.write(to_json_line(record) + "\n")
+        stream.flush()
+    except OSError as exc:
+        raise output_error(getattr(stream, "name", "the output"), exc) from None
+
+
+def output_error(path: Any, error: OSError) -> LoraSamplerError:
+    """Return the error of an output that cannot be written, naming it and saying that it resumes."""
+    reason = error.strerror or str(error)
+    return LoraSamplerError(
+        f"cannot write the output {path}: {reason}. Every record written before is kept and the output is resumable: "
+        f"fix the cause (free some space) and run again with the same --output {path}"
+    )

@@ -20,15 +20,23 @@ Parsing and records only: no HTTP and no threads.
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any, Collection, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 from lora_sampler._wire.messages import SAMPLING_FIELDS
 from lora_sampler._wire.routes import CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH
-from lora_sampler.batch._lines import UTF8_BOM, InputLine, LineDefaults, RecordFormat, id_key
+from lora_sampler.batch._lines import (
+    UTF8_BOM,
+    InputLine,
+    LineDefaults,
+    RecordFormat,
+    id_key,
+    is_blank,
+    loads_line,
+    text_problem,
+)
 from lora_sampler.errors import EngineStatusError, status_class
-from lora_sampler.types import AdapterSpec, SampleOutput, SampleRequest, SamplingParams
+from lora_sampler.types import AdapterSpec, SampleOutput, SampleRequest, SamplingParams, is_checkpoint_path
 
 #: The endpoint of a chat line (its ``url``).
 CHAT_URL = CHAT_COMPLETIONS_PATH
@@ -45,7 +53,7 @@ PROMPT_FORMAT, OPENAI_BATCH_FORMAT = "jsonl", "openai-batch"
 def is_batch_line(raw: bytes) -> bool:
     """Tell whether a raw line is an OpenAI batch line (a JSON object with ``custom_id`` and ``body``)."""
     try:
-        obj = json.loads(raw[len(UTF8_BOM) :] if raw.startswith(UTF8_BOM) else raw)
+        obj = loads_line(raw[len(UTF8_BOM) :] if raw.startswith(UTF8_BOM) else raw)
     except ValueError:
         return False
     return isinstance(obj, dict) and "custom_id" in obj and "body" in obj
@@ -68,7 +76,7 @@ def first_line(lines: Iterable[bytes]) -> Tuple[Optional[bytes], Iterator[bytes]
     head: List[bytes] = []
     for raw in source:
         head.append(raw)
-        if raw.strip():
+        if not is_blank(raw):
             break
 
     def replay() -> Iterator[bytes]:
@@ -104,10 +112,10 @@ def parse_batch_line(
     Returns:
         The line; its id is the ``custom_id`` (the line number when the custom_id is missing: the line is bad).
     """
-    if not raw.strip():
+    if is_blank(raw):
         return None
     try:
-        obj = json.loads(raw.decode("utf-8"))
+        obj = loads_line(raw)
     except ValueError as exc:
         return InputLine(line_number, line_number, error=f"not valid JSON ({exc})")
     if not isinstance(obj, dict):
@@ -116,6 +124,9 @@ def parse_batch_line(
     if not isinstance(custom_id, str) or not custom_id:
         problem = "has no custom_id" if custom_id is None else f"has custom_id {custom_id!r}"
         return InputLine(line_number, line_number, error=f"the line {problem}; give every line a unique string id")
+    if text_problem(custom_id):
+        error = f"the custom_id {text_problem(custom_id)}; give the line a text custom_id"
+        return InputLine(line_number, line_number, error=error)
     try:
         request = _request(obj, defaults, base_models)
     except (TypeError, ValueError) as exc:
@@ -177,6 +188,12 @@ def _target(
         return adapter, base_model
     if not isinstance(model, str) or not model:
         raise _Refused("body.model must name the adapter (or the base model); or pass --adapter")
+    if is_checkpoint_path(model) and not defaults.allow_model_paths:
+        raise _Refused(
+            f"body.model {model!r} is a local path: a batch file names adapters and models by name, so it cannot "
+            "copy folders into the shared adapter folder. Publish it first (lora-sampler publish), or pass "
+            "--allow-model-paths if this file may name checkpoints"
+        )
     return (None, model) if model in base_models else (model, None)
 
 
@@ -286,7 +303,7 @@ def _engine_error_body(error: EngineStatusError) -> Dict[str, Any]:
     """The engine's error body as vLLM's run-batch writes it: ``{"error": {"message", "type", "param", "code"}}``."""
     try:
         body = error.response.json() if error.response is not None else None
-    except ValueError:
+    except (ValueError, RecursionError):
         body = None
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         return body

@@ -21,7 +21,7 @@ from lora_sampler._client.client import SamplerClient
 from lora_sampler._client.outage import OutageHook, checked_seconds
 from lora_sampler.batch._job import DEFAULT_DRAIN_SECONDS, DEFAULT_FAIL_FAST, BatchJob
 from lora_sampler.batch._ledger import Ledger
-from lora_sampler.batch._lines import InputLine, LineDefaults, prepare_output
+from lora_sampler.batch._lines import InputLine, LineDefaults, open_output
 from lora_sampler.batch._score import ScoreStep
 from lora_sampler.batch._sources import (
     DEFAULT_IDLE_TIMEOUT,
@@ -328,10 +328,9 @@ class _CheckpointRun(threading.Thread):
         sweep = self.sweep
         client, step, settings = sweep.client, sweep.step, sweep.settings
         output = os.path.join(settings.output_dir, f"{adapter.name}.jsonl")
-        state = prepare_output(output, key_of=step.records.key_of)
-        warm = _warm_up(client, step, adapter, state.done)
-        try:
-            with open(output, "a", encoding="utf-8") as out:
+        with open_output(output, key_of=step.records.key_of) as (state, out):  # the output's one writer
+            warm = _warm_up(client, step, adapter, state.done)
+            try:
                 job = BatchJob(
                     client,
                     self._gated(step.lines(adapter)),
@@ -349,9 +348,9 @@ class _CheckpointRun(threading.Thread):
                 if grace is not None:
                     job.stop(grace)
                 job.run()
-        finally:
-            if warm is not None:
-                warm.join()
+            finally:
+                if warm is not None:
+                    warm.join()
         if job.abandoned:
             sweep.abandoned = True
         if job.abandoned or sweep.stopped:

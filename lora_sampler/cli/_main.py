@@ -138,6 +138,12 @@ def _add_sample_arguments(sample: argparse.ArgumentParser, epilog: str) -> None:
         default="auto",
         help="input format; auto (default): openai-batch when the first line has custom_id and body",
     )
+    sample.add_argument(
+        "--allow-model-paths",
+        action="store_true",
+        help="let OpenAI batch lines name a local checkpoint in body.model (it is published into --lora-base-dir); "
+        "by default body.model must be an adapter or model name",
+    )
 
 
 def _pace_flags() -> argparse.ArgumentParser:
@@ -441,6 +447,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
             num_samples=args.num_samples,
             sampling_params=params,
             prompt_logprobs=args.prompt_logprobs,
+            allow_model_paths=args.allow_model_paths,
         )
         return run_batch(
             client,

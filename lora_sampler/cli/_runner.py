@@ -24,8 +24,8 @@ from lora_sampler.batch._lines import (
     RecordFormat,
     ResumeState,
     count_lines,
+    open_output,
     parse_line,
-    prepare_output,
     read_input,
 )
 from lora_sampler.batch._openai import (
@@ -92,11 +92,10 @@ def run_batch(
     with contextlib.ExitStack() as stack:
         source = sys.stdin.buffer if input_path == "-" else stack.enter_context(open(input_path, "rb"))
         lines, records = _read_input(client, source, input_path, defaults, model, input_format, line_format)
-        state = _resume(output_path, records, retry_failed) if to_file else None
+        state, output = _resume(stack, output_path, records, retry_failed) if to_file else (None, sys.stdout)
         total = None if input_path == "-" else count_lines(input_path)  # cheap for a file; stdin cannot be counted
         view = JobBar(progress_bar(total, quiet), retries, records.message_of)
         stack.callback(view.close)
-        output = stack.enter_context(open(output_path, "a", encoding="utf-8")) if to_file else sys.stdout
         done = state.done if state else set()
         job = _new_job(client, lines, output, done, records, view, ordered=ordered, model=model, max_outage=max_outage)
         with interrupts_stop(job) as interrupts, logs_above(view.bar):
@@ -169,9 +168,15 @@ def _exit_status(job: BatchJob, interrupts: int, failures: bool, output_path: st
     return EXIT_FAILED if failures else EXIT_OK
 
 
-def _resume(output_path: str, records: RecordFormat, retry_failed: bool) -> ResumeState:
-    """Read what an existing output already holds (the resume set), and say what was repaired."""
-    state = prepare_output(output_path, retry_failed=retry_failed, key_of=records.key_of)
+def _resume(
+    stack: contextlib.ExitStack, output_path: str, records: RecordFormat, retry_failed: bool
+) -> Tuple[ResumeState, IO[str]]:
+    """Open the output for the rest of the run (its one-writer lock held), say what resuming repaired.
+
+    Returns:
+        What it already holds (the resume set), and the stream to append records to.
+    """
+    state, output = stack.enter_context(open_output(output_path, retry_failed=retry_failed, key_of=records.key_of))
     if state.dropped_errors or state.dropped_torn:
         logger.warning(
             "Resuming %s: %d ids answered, %d failed ids run again, %d torn lines repaired",
@@ -180,7 +185,7 @@ def _resume(output_path: str, records: RecordFormat, retry_failed: bool) -> Resu
             state.dropped_errors,
             state.dropped_torn,
         )
-    return state
+    return state, output
 
 
 def _print_summary(stats: BatchStats, retries: RetryCounter) -> None:
