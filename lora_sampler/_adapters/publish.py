@@ -200,27 +200,29 @@ def _publish_stored(
     process finds it there too; otherwise the object is streamed once through the extraction (or the folder's files
     copied) into the temporary folder, as for a local checkpoint.
     """
-    stored = storage.probe(url, options)
+    # A trailing slash names a prefix: its listing is the one request (a probe would add a HEAD and a listing).
+    stored = storage.StoredObject(url, 0, None, None, True) if url.endswith("/") else storage.probe(url, options)
+    source = url.rstrip("/") if stored.is_folder else url  # prefix and prefix/ are one checkpoint
     files = [f for f in storage.list_folder(url, options) if f.rel != MARKER_FILE] if stored.is_folder else []
     if stored.is_folder and not files:
         raise PublishError(f"cannot publish {url}: the prefix holds no files; pass an adapter folder or archive URL")
     record: List[Any] = [[f.rel, f.etag, f.size] for f in files] or [stored.etag, stored.version, stored.size]
-    key: Hashable = ("stored", url, json.dumps(record))
+    key: Hashable = ("stored", source, json.dumps(record))
     stem = _name_stem(url, stored.is_folder)
     with _publish_locks.hold((os.path.realpath(base), key)):  # threads of this process download once
-        digest = lookup_digest(key) or _digest_in_markers(base, name, stem, url, record)
+        digest = lookup_digest(key) or _digest_in_markers(base, name, stem, source, record)
         if digest is not None:
             known = name or _named(stem, digest)
-            existing = _published_adapter(os.path.join(base, known), known, digest, url)
+            existing = _published_adapter(os.path.join(base, known), known, digest, source)
             if existing is not None:
                 remember_digest(key, digest)
                 return existing
         if stored.is_folder:
             opened = [(f.rel, f.size, storage.opener(f, options)) for f in files]
-            fill = partial(_copy_stored_folder, url, opened, limits)
+            fill = partial(_copy_stored_folder, source, opened, limits)
         else:
             fill = partial(_extract_stored, stored, limits, options)
-        adapter = _publish_cold(url, base, name, fill, stem=stem, stored=record)
+        adapter = _publish_cold(source, base, name, fill, stem=stem, stored=record)
         remember_digest(key, str(adapter.digest))
         return adapter
 

@@ -74,7 +74,7 @@ def test_storage_rewritten_object_is_published_anew(s3: Any, tmp_path: Path, lor
     assert sorted(os.listdir(lora_dir)) == sorted([first.name, second.name])
 
 
-def test_storage_folder_checkpoint_is_copied(s3: Any, tmp_path: Path, lora_dir: Path) -> None:
+def test_storage_folder_checkpoint_is_copied(s3: Any, s3_server: S3Server, tmp_path: Path, lora_dir: Path) -> None:
     """A prefix holding adapter_config.json and weights publishes like the local folder (same name and digest)."""
     archive = build_archive(tmp_path, "step-7")
     folder = tmp_path / "src" / "step-7"
@@ -86,7 +86,12 @@ def test_storage_folder_checkpoint_is_copied(s3: Any, tmp_path: Path, lora_dir: 
     local = publish_checkpoint(folder, local_dir)
     assert (stored.name, stored.digest) == (local.name, local.digest)
     assert sorted(os.listdir(lora_dir / stored.name)) == sorted([".lora_sampler.json", *os.listdir(folder)])
+    before = s3_server.counts()
     assert publish_checkpoint(f"s3://{BUCKET}/run1/step-7/", lora_dir).name == stored.name
+    middle = s3_server.counts()
+    assert publish_checkpoint(f"s3://{BUCKET}/run1/step-7", lora_dir).name == stored.name
+    assert delta(before, middle) == {"GET": 1}  # republishing a prefix/ is its listing
+    assert delta(middle, s3_server.counts()) == {"HEAD": 1, "GET": 2}  # without the slash: a HEAD, two listings
     assert archive.exists()
 
 
