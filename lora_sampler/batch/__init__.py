@@ -8,6 +8,7 @@ from lora_sampler.batch._lines import (
     UTF8_BOM,
     InputLine,
     LineDefaults,
+    LineFormat,
     LineId,
     LineParser,
     RecordFormat,
@@ -26,6 +27,7 @@ from lora_sampler.batch._lines import (
     to_json_line,
     write_record,
 )
+from lora_sampler.batch._score import SCORE_FORMAT, SCORE_RECORDS, ScoreStep, parse_score_line, score_record
 from lora_sampler.batch._sources import Checkpoint, Manifest, checkpoint_fingerprint, expand_pattern
 from lora_sampler.batch._steps import EvaluationStep, SampleStep
 from lora_sampler.batch._sweep import CheckpointReport, Sweep, SweepSettings, sweep
@@ -36,6 +38,11 @@ __all__ = [
     "EvaluationStep",
     "Manifest",
     "SampleStep",
+    "ScoreStep",
+    "SCORE_FORMAT",
+    "SCORE_RECORDS",
+    "parse_score_line",
+    "score_record",
     "Sweep",
     "SweepSettings",
     "checkpoint_fingerprint",
@@ -45,6 +52,7 @@ __all__ = [
     "LineDefaults",
     "LineId",
     "LineParser",
+    "LineFormat",
     "PROMPT_RECORDS",
     "RecordFormat",
     "RecordKey",

@@ -18,6 +18,8 @@ from lora_sampler import (
     SamplerClient,
     SampleRequest,
     SamplingParams,
+    ScoreOutput,
+    ScoreRequest,
 )
 
 
@@ -49,6 +51,11 @@ def use_the_api() -> None:
             [{"prompt": [1], "base_model": "m"}], max_outage=60.0, on_outage=on_outage
         ):
             print(index, result)
+        logprobs: tuple[float | None, ...] = client.compute_logprobs("some text", adapter=adapter)
+        scores: List[ScoreOutput] = client.sample_many([ScoreRequest([1, 2], completion="x", base_model=served[0])])
+        total: float = scores[0].total
+        top = client.sample([1, 2], base_model=served[0], topk_prompt_logprobs=5).topk_prompt_logprobs
+        print(logprobs, total, scores[0].scored_tokens, top[1] if top is not None else None)
         client.unload(adapter, delete_files=True)
     try:
         SamplerClient("http://h").sample([1], base_model="m")
