@@ -101,20 +101,17 @@ def cli(argv: Sequence[str]) -> float:
     return time.monotonic() - started
 
 
+def _sample_argv(server: Any, work: str, archive: str) -> List[str]:
+    """The start of a ``sample`` run of one archive on the arm's engine and resolver folder."""
+    return ["sample", "--base-url", server.url, "--lora-base-dir", os.path.join(work, "loras"), "--adapter", archive]
+
+
 def run_loop(server: Any, work: str, archives: List[str], source: str, args: argparse.Namespace) -> Dict[str, Any]:
     """One ``sample`` run per archive, in ``ls`` (lexicographic) order."""
     runs = []
     for archive in sorted(glob.glob(os.path.join(os.path.dirname(archives[0]), "step-*.tar.gz"))):
         output = os.path.join(work, "out", os.path.basename(archive) + ".jsonl")
-        argv = [
-            "sample",
-            "--base-url",
-            server.url,
-            "--lora-base-dir",
-            os.path.join(work, "loras"),
-            "--adapter",
-            archive,
-        ]
+        argv = _sample_argv(server, work, archive)
         runs.append(cli([*argv, "--input", source, "--output", output, "--concurrency", str(args.concurrency)]))
     return {"run_seconds": runs}
 
@@ -148,15 +145,7 @@ def run_sweep(server: Any, work: str, archives: List[str], source: str, args: ar
 
 def run_one(server: Any, work: str, archives: List[str], source: str, args: argparse.Namespace) -> Dict[str, Any]:
     """One checkpoint's steady state: a ``sample`` run of an adapter already published and loaded (by a first run)."""
-    argv = [
-        "sample",
-        "--base-url",
-        server.url,
-        "--lora-base-dir",
-        os.path.join(work, "loras"),
-        "--adapter",
-        archives[0],
-    ]
+    argv = _sample_argv(server, work, archives[0])
     argv += ["--input", source, "--concurrency", str(args.concurrency)]
     cli([*argv, "--output", os.path.join(work, "warm.jsonl")])
     if isinstance(server, _common.ServerProcess):

@@ -1,8 +1,8 @@
 """The sweep scheduler: every checkpoint of a training run through one client, each once, the engine kept busy.
 
 Owns the window of checkpoints in flight, the hand-over (the next checkpoint is published and warmed while the
-previous one's last rows run, and its requests queue right behind them), unloads, ledger lines and reports. What
-happens to one checkpoint's lines is the step's (``_steps``); where checkpoints come from is ``_sources``.
+previous one's last rows run, and its requests queue right behind them), unloads, ledger lines and reports. It
+drives an evaluation step per checkpoint and knows nothing of what the step sends.
 """
 
 from __future__ import annotations

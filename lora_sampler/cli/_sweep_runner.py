@@ -1,5 +1,5 @@
 """``lora-sampler sweep`` on the terminal: the progress bar, a line per finished checkpoint, Ctrl-C, the summary
-table and ``--plot``. The sweep itself is ``batch._sweep``; matplotlib (the ``plot`` extra) is imported only here.
+table and ``--plot`` (matplotlib, the ``plot`` extra, imported only when a plot is drawn).
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ COLUMNS = (
     ("mean length", "mean_length"),
     ("rows/s", "rows_per_second"),
 )
+#: The ``SweepSettings`` fields that come straight from flags of the same name.
+SETTINGS_FLAGS = ("window", "watch", "idle_timeout", "settle", "keep_loaded", "delete_retired", "max_outage")
 _PLOT_EXTRA = "--plot needs matplotlib: pip install 'lora_sampler[plot]'"
 
 
@@ -46,16 +48,7 @@ def check_plot_dependency() -> None:
 
 def run_sweep(client: SamplerClient, args: argparse.Namespace, defaults: LineDefaults, retries: RetryCounter) -> int:
     """Sweep the checkpoints the flags name; print each as it finishes and the table at the end; return the status."""
-    settings = SweepSettings(
-        args.output_dir,
-        window=args.window,
-        watch=args.watch,
-        idle_timeout=args.idle_timeout,
-        settle=args.settle,
-        keep_loaded=args.keep_loaded,
-        delete_retired=args.delete_retired,
-        max_outage=args.max_outage,
-    )
+    settings = SweepSettings(args.output_dir, **{name: getattr(args, name) for name in SETTINGS_FLAGS})
     bar = progress_bar(None, args.quiet)
     shown = JobBar(bar, retries, PROMPT_RECORDS.message_of)
     lock = threading.Lock()  # several checkpoints' threads report rows
