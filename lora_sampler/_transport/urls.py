@@ -8,27 +8,7 @@ from __future__ import annotations
 from typing import Optional, Tuple
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from lora_sampler._wire.routes import (
-    API_PREFIX,
-    CHAT_COMPLETIONS_PATH,
-    COMPLETIONS_PATH,
-    HEALTH_PATH,
-    LOAD_ADAPTER_PATH,
-    MODELS_PATH,
-    TOKENIZE_PATH,
-    UNLOAD_ADAPTER_PATH,
-)
-
-#: Paths a base URL must not end in: each is an endpoint, which the client appends to the engine root itself.
-ENDPOINT_PATHS = (
-    CHAT_COMPLETIONS_PATH,
-    COMPLETIONS_PATH,
-    MODELS_PATH,
-    LOAD_ADAPTER_PATH,
-    UNLOAD_ADAPTER_PATH,
-    TOKENIZE_PATH,
-    HEALTH_PATH,
-)
+from lora_sampler._wire.routes import API_PREFIX, ENDPOINT_PATHS
 
 
 def normalise_base_url(base_url: str) -> str:

@@ -29,3 +29,10 @@ LIST_WORKERS_PATH = "/list_workers"
 SESSION_HEADER = "X-Session-ID"
 #: Header carrying a fresh id per attempt, so one attempt can be found in the engine's and a proxy's logs.
 REQUEST_ID_HEADER = "X-Request-Id"
+
+#: The completion routes (text and chat): the ones that sample, and whose ``model`` may be an adapter.
+COMPLETION_PATHS = (COMPLETIONS_PATH, CHAT_COMPLETIONS_PATH)
+#: The runtime adapter routes, registered only with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` (FINDINGS §4d).
+ADAPTER_COMMAND_PATHS = (LOAD_ADAPTER_PATH, UNLOAD_ADAPTER_PATH)
+#: Every endpoint the client calls: a base URL must not end in one (the client appends them to the engine root).
+ENDPOINT_PATHS = (*COMPLETION_PATHS, MODELS_PATH, *ADAPTER_COMMAND_PATHS, TOKENIZE_PATH, HEALTH_PATH)

@@ -18,8 +18,10 @@ import uuid
 from typing import Any
 
 from lora_sampler._wire.routes import (
+    ADAPTER_COMMAND_PATHS,
     API_PREFIX,
     CHAT_COMPLETIONS_PATH,
+    COMPLETION_PATHS,
     COMPLETIONS_PATH,
     HEALTH_PATH,
     LOAD_ADAPTER_PATH,
@@ -355,7 +357,7 @@ class FakeEngine:
                 payload = raw  # bytes: reported as a bad body by the route
         model = None
         if isinstance(payload, dict):
-            value = payload.get("lora_name" if path in (LOAD_ADAPTER_PATH, UNLOAD_ADAPTER_PATH) else "model")
+            value = payload.get("lora_name" if path in ADAPTER_COMMAND_PATHS else "model")
             model = value if isinstance(value, str) else None
         with self._lock:
             self._stats.in_flight += 1
@@ -376,7 +378,7 @@ class FakeEngine:
                 answer = bodies.error(500, f"FakeEngine internal error: {exc!r}", "InternalServerError")
             status = answer.status if answer is not None else 0
             self._log(handler, path, model, status, started, kind)
-            if path in (COMPLETIONS_PATH, CHAT_COMPLETIONS_PATH) and status:
+            if path in COMPLETION_PATHS and status:
                 self._adapters.completion_answered(model)  # before the answer leaves: the next request sees it
             if answer is None:
                 hang_up(handler, reset=fault is not None and fault.kind == "refuse")
@@ -412,7 +414,7 @@ class FakeEngine:
             UNLOAD_ADAPTER_PATH: ("POST", self._adapters.unload),
         }
         updating = self._adapters.runtime_updating
-        if path not in routes or (path in (LOAD_ADAPTER_PATH, UNLOAD_ADAPTER_PATH) and not updating):
+        if path not in routes or (path in ADAPTER_COMMAND_PATHS and not updating):
             return bodies.route_not_found()  # the load/unload routes are not registered (FINDINGS §4d)
         method, serve = routes[path]
         if handler.command != method:
