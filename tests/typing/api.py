@@ -57,6 +57,8 @@ def use_the_api() -> None:
         top = client.sample([1, 2], base_model=served[0], topk_prompt_logprobs=5).topk_prompt_logprobs
         print(logprobs, total, scores[0].scored_tokens, top[1] if top is not None else None)
         client.unload(adapter, delete_files=True)
+    stored = SamplerClient("http://h", lora_base_dir="/loras", storage_options={"endpoint_url": "http://minio:9000"})
+    print(stored.publish("s3://ckpts/run1/step-400.tar.gz").source)
     try:
         SamplerClient("http://h").sample([1], base_model="m")
     except requests.HTTPError as error:  # engine status errors are requests.HTTPError
