@@ -29,7 +29,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 if "--no-fast" in sys.argv:  # before _common imports lora_sampler: `import msgspec` raises ImportError from here on
     sys.modules["msgspec"] = None  # type: ignore[assignment]
 
-import _common  # after the decoder choice above
+import _canned_engine  # after the decoder choice above
+import _common
 
 MODEL = "bench/base-model"
 #: The issue's target: client CPU per answer of the 2,000 x top-20 answer at most this many json.loads.
@@ -54,24 +55,16 @@ def scoring_body(positions: int, k: int, seed: int = 0) -> Tuple[bytes, List[int
             other = rng.randrange(4, 32000)
             entry.setdefault(str(other), {"logprob": values[place - 1], "rank": place, "decoded_token": " x"})
         entries.append(entry)
-    choice = {
-        "index": 0,
-        "text": " t",
-        "logprobs": {"text_offset": [0], "token_logprobs": [-0.5], "tokens": [" t"], "top_logprobs": [{" t": -0.5}]},
-        "finish_reason": "length",
-        "stop_reason": None,
-        "token_ids": [777],
-        "prompt_logprobs": entries,
-        "prompt_token_ids": prompt,
+    body = json.loads(_canned_engine.completion_body())  # the canned completion, its one choice cut to one token
+    choice = body["choices"][0]
+    choice.update(text=" t", token_ids=[777], prompt_logprobs=entries, prompt_token_ids=prompt)
+    choice["logprobs"] = {
+        "text_offset": [0],
+        "token_logprobs": [-0.5],
+        "tokens": [" t"],
+        "top_logprobs": [{" t": -0.5}],
     }
-    body = {
-        "id": "cmpl-canned",
-        "object": "text_completion",
-        "created": 1700000000,
-        "model": MODEL,
-        "choices": [choice],
-        "usage": {"prompt_tokens": positions, "total_tokens": positions + 1, "completion_tokens": 1},
-    }
+    body.update(model=MODEL, usage={"prompt_tokens": positions, "total_tokens": positions + 1, "completion_tokens": 1})
     return json.dumps(body).encode(), prompt
 
 

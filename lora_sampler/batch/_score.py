@@ -7,7 +7,6 @@ streaming, resume and outages are ``BatchJob``'s, the same as for sampling.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Dict, Optional
 
 from lora_sampler.batch._lines import (
@@ -19,7 +18,7 @@ from lora_sampler.batch._lines import (
     number_or_none,
     read_line_object,
 )
-from lora_sampler.batch._steps import SampleStep
+from lora_sampler.batch._steps import SampleStep, answered_records
 from lora_sampler.types import ScoreOutput, ScoreRequest
 
 #: Keys a scoring line may hold besides its id.
@@ -84,22 +83,20 @@ class ScoreStep(SampleStep):
 
 
 def summarize_scores(path: str) -> Dict[str, Any]:
-    """Read a scoring output file: rows, failed rows, scored tokens, mean logprob per token and per line."""
-    rows = failed = tokens = answered = 0
+    """Read a scoring output file: rows, failed rows, scored tokens, mean logprob per token and per line.
+
+    A line whose sum is not a number (written as null) counts as a row, not in the means.
+    """
+    counts = {"rows": 0, "failed": 0}
+    tokens = answered = 0
     total = 0.0
-    with open(path, "rb") as handle:
-        for raw in handle:
-            record = json.loads(raw)
-            rows += 1
-            if "error" in record or record.get("sum") is None:
-                failed += "error" in record
-                continue
+    for record in answered_records(path, counts):
+        if record.get("sum") is not None:
             answered += 1
             tokens += len(record.get("tokens", ()))
             total += float(record["sum"])
     return {
-        "rows": rows,
-        "failed": failed,
+        **counts,
         "tokens": tokens,
         "mean_logprob": total / tokens if tokens else None,
         "mean_sum": total / answered if answered else None,

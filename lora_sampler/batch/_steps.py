@@ -106,26 +106,32 @@ def _item_line(item: Any, number: int, defaults: LineDefaults, adapter: Adapter,
     return line if line is not None else InputLine(number, number, error="an empty line")
 
 
-def summarize_output(path: str) -> Dict[str, Any]:
-    """Read a prompt-format output file: rows, failed rows, generated tokens, mean logprob and mean length."""
-    rows = failed = tokens = sequences = counted = 0
-    total = 0.0
+def answered_records(path: str, counts: Dict[str, int]) -> Iterator[Dict[str, Any]]:
+    """Yield the answered records of an output file, counting every record in ``rows`` and errors in ``failed``."""
     with open(path, "rb") as handle:
         for raw in handle:
             record = json.loads(raw)
-            rows += 1
+            counts["rows"] += 1
             if "error" in record:
-                failed += 1
+                counts["failed"] += 1
                 continue
-            for sequence in record.get("sequences", ()):
-                sequences += 1
-                tokens += len(sequence.get("tokens", ()))
-                values = [lp for lp in sequence.get("logprobs", ()) if lp is not None]
-                total += sum(values)
-                counted += len(values)
+            yield record
+
+
+def summarize_output(path: str) -> Dict[str, Any]:
+    """Read a prompt-format output file: rows, failed rows, generated tokens, mean logprob and mean length."""
+    counts = {"rows": 0, "failed": 0}
+    tokens = sequences = counted = 0
+    total = 0.0
+    for record in answered_records(path, counts):
+        for sequence in record.get("sequences", ()):
+            sequences += 1
+            tokens += len(sequence.get("tokens", ()))
+            values = [lp for lp in sequence.get("logprobs", ()) if lp is not None]
+            total += sum(values)
+            counted += len(values)
     return {
-        "rows": rows,
-        "failed": failed,
+        **counts,
         "tokens": tokens,
         "mean_logprob": total / counted if counted else None,
         "mean_length": tokens / sequences if sequences else None,
