@@ -1,7 +1,9 @@
 """Finding a bare adapter name before any completion: a folder in ``lora_base_dir``, or an adapter on the engine.
 
-A name found in neither place fails at once with ``AdapterNotFoundError`` and the closest published names
-("did you mean 'step-400-154de9a80e9f'?"), instead of a retried 404 seconds later.
+A name found in neither place while a published adapter carries it as its stem (``step-400`` beside the
+content-named ``step-400-154de9a80e9f``) fails at once with ``AdapterNotFoundError`` naming that adapter, instead of
+a retried 404 seconds later. Any other unknown name may still be arriving (another process publishing it, a shared
+folder lagging), so it is sent and the retry table's race rows apply.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+import re
 from typing import Any, List, Optional, Sequence
 
 from lora_sampler._transport.http import EngineTransport
@@ -20,6 +23,8 @@ logger = logging.getLogger(__name__)
 
 #: Suggestions named in the error at most.
 MAX_SUGGESTIONS = 3
+#: What publish appends to a checkpoint's stem: a dash and hex digits of the content digest.
+_CONTENT_SUFFIX = re.compile(r"-[0-9a-f]{6,64}")
 
 
 def find_adapter(name: str, lora_base_dir: str, transport: EngineTransport) -> Adapter:
@@ -29,7 +34,8 @@ def find_adapter(name: str, lora_base_dir: str, transport: EngineTransport) -> A
     sample's own retries (the name is then taken as given).
 
     Raises:
-        AdapterNotFoundError: neither ``lora_base_dir`` nor the engine has an adapter of that name.
+        AdapterNotFoundError: neither ``lora_base_dir`` nor the engine has an adapter of that name, and a published
+            adapter is named after it with a content digest (the name is that checkpoint's stem, not an adapter).
     """
     local = os.path.join(lora_base_dir, name)
     if os.path.isdir(local):
@@ -42,6 +48,8 @@ def find_adapter(name: str, lora_base_dir: str, transport: EngineTransport) -> A
     if name in on_engine:
         return Adapter(name)
     published = sorted(set(local_adapter_names(lora_base_dir)) | set(on_engine))
+    if not any(is_content_name_of(name, candidate) for candidate in published):
+        return Adapter(name)  # may be arriving: the race rows of the retry table decide
     suggestions = closest_names(name, published)
     guess = f"; did you mean {' or '.join(map(repr, suggestions))}?" if suggestions else "."
     message = (
@@ -50,6 +58,11 @@ def find_adapter(name: str, lora_base_dir: str, transport: EngineTransport) -> A
         "Adapter that publish() returns (or the name lora-sampler publish prints), or the checkpoint path itself"
     )
     raise AdapterNotFoundError(message, model=name, adapter=True, suggestions=suggestions)
+
+
+def is_content_name_of(stem: str, candidate: str) -> bool:
+    """Tell whether ``candidate`` is the content-derived name publish gives a checkpoint whose stem is ``stem``."""
+    return _CONTENT_SUFFIX.fullmatch(candidate[len(stem) :]) is not None if candidate.startswith(stem) else False
 
 
 def _adapter_ids(body: Any) -> List[str]:

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from lora_sampler import AdapterNotFoundError, ModelNotFoundError, NotFoundError, SamplerClient
-from lora_sampler._adapters.lookup import closest_names
+from lora_sampler import AdapterNotFoundError, ModelNotFoundError, NotFoundError, RetryEvent, RetryPolicy, SamplerClient
+from lora_sampler._adapters.lookup import closest_names, is_content_name_of
 from lora_sampler.cli import main
 from lora_sampler.testing import FakeEngine, write_adapter, write_adapter_archive
 
@@ -60,6 +60,31 @@ def test_lookup_unreachable_models_listing_leaves_the_name_to_the_retries(
         with pytest.raises(ModelNotFoundError) as info:
             client.sample([1], adapter="never-there")
     assert not isinstance(info.value, AdapterNotFoundError) and engine.calls(COMPLETIONS) == 6
+
+
+def test_lookup_unknown_name_without_a_content_named_sibling_rides_the_race(
+    engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
+) -> None:
+    """A bare name that no published adapter extends may still be arriving: it is sent and retried until it lands."""
+    write_adapter(lora_dir / "step-4-0123456789ab", engine.model)  # a sibling that does not extend the name
+    staging = tmp_path / "staging"
+    write_adapter(staging, engine.model)
+
+    def land_on_second_retry(event: RetryEvent) -> None:
+        if event.attempt == 2:
+            staging.rename(lora_dir / "late-arrival")
+
+    with SamplerClient(engine.url, lora_base_dir=lora_dir, retry=RetryPolicy(on_retry=land_on_second_retry)) as client:
+        out = client.sample([1, 2, 3], adapter="late-arrival")
+    assert out.model == "late-arrival" and engine.calls(COMPLETIONS) == 3
+
+
+def test_lookup_content_suffix_is_dash_and_hex_digits() -> None:
+    """Only `<stem>-<hex digest>` counts as the stem's content name; `<stem>0` or `<stem>-extra` do not."""
+    assert is_content_name_of("step-4", "step-4-0123456789ab")
+    assert not is_content_name_of("step-4", "step-40-0123456789ab")
+    assert not is_content_name_of("step-4", "step-4-final")
+    assert not is_content_name_of("u-1", "u-10")
 
 
 def test_lookup_cli_unknown_adapter_stops_with_one_message(
