@@ -400,11 +400,10 @@ def run_job(
     try:
         return job(client, (preflight or _preflight)(client, args), retries)
     except BatchAbandoned:
-        abandoned = True  # closing the client would wait for the requests still in flight
+        abandoned = True
         raise
     finally:
-        if not abandoned:
-            client.close()
+        client.close(wait=not abandoned)  # abandoned: requests in flight are cancelled, their connections shut
 
 
 def _has_lines(path: str) -> bool:
@@ -595,7 +594,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(
             "lora-sampler: stopped with requests in flight; run again with the same --output to resume", file=sys.stderr
         )
-        if argv is None:  # a process of its own: in-flight HTTP requests cannot be cancelled, only left behind
+        if argv is None:  # a process of its own: exit now, whatever thread is still winding down
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(EXIT_INTERRUPTED)
