@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Tuple, TypeVar
 
 from lora_sampler._wire.refusals import is_router_outage
-from lora_sampler.errors import EngineConnectionError, EngineStatusError, short_cause
+from lora_sampler.errors import EngineConnectionError, EngineStatusError, EngineTimeoutError, short_cause
 from lora_sampler.retry import is_transport_failure
 from lora_sampler.types import Timeout, split_timeout
 
@@ -183,7 +183,7 @@ class OutageGate:
             try:
                 return call()
             except Exception as exc:
-                if not is_outage(exc):
+                if not is_outage(exc) or self._is_hung_but_healthy(exc):
                     if self._outage_during(episode):
                         continue  # its attempts straddled an outage (a restart that forgot the adapter): run again
                     raise
@@ -192,6 +192,21 @@ class OutageGate:
                 if now - first_failure >= self.max_outage:
                     raise  # this request alone keeps failing while the engine answers probes: not held forever
                 self._hold(exc, episode)
+
+    def _is_hung_but_healthy(self, error: Exception) -> bool:
+        """Tell whether a read timeout came from an engine that answers its probe at once: the request's failure.
+
+        An engine that is away does not answer ``/health``; one that answers it but not the request is hung on
+        that request (or its load), and holding the request would re-run it against the same hang until
+        ``max_outage``. A connect timeout or a reset stays an outage.
+        """
+        if not isinstance(error, EngineTimeoutError) or isinstance(error, EngineConnectionError):
+            return False
+        try:
+            self._probe()
+        except Exception as probe_error:
+            return not not_ready(probe_error)  # a refusal (401) is an answer too
+        return True
 
     def close(self) -> None:
         """Release every held request (each fails with its last error) and stop probing; for an ended fan-out."""

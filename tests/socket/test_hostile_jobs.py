@@ -19,6 +19,7 @@ from typing import Any, Dict, Iterator, List, Optional
 import pytest
 
 from lora_sampler.cli import main
+from lora_sampler.retry import DEFAULT_RETRY_POLICY
 from lora_sampler.testing import FakeEngine
 
 REPO = Path(__file__).resolve().parents[2]
@@ -168,3 +169,22 @@ def test_jobs_form_feed_lines_get_a_row(tmp_path: Path) -> None:
         assert main(sample_argv(engine, inp, out)) == 1
     assert len(rows(out)) == 5
     assert sorted(row["id"] for row in rows(out) if "error" in row) == [2, 4]
+
+
+def test_jobs_hung_but_healthy_engine_fails_the_lines_instead_of_holding_them(
+    tmp_path: Path, capsys: Any, no_waits: None
+) -> None:
+    """Completions that never answer while health does: each line fails after the retry table, not held as an outage."""
+    count = 8
+    inp, out = write_prompts(tmp_path / "in.jsonl", count), tmp_path / "out.jsonl"
+    with FakeEngine() as engine:
+        engine.inject_fault("hang", count=10**6, seconds=1.0)  # every completion: no answer for 1 s, then a drop
+        argv = sample_argv(engine, inp, out, "--timeout", "1,0.3", "--max-outage", "20", "--concurrency", "8")
+        assert main(argv) == 2  # consecutive engine-wide failures stop the job
+        sent = engine.calls("/v1/completions")
+    # The retry table's attempts for each line at most; before, every line was held and re-run while the health
+    # probe answered, until --max-outage (852 requests for 100 lines).
+    assert sent <= count * DEFAULT_RETRY_POLICY.max_attempts
+    err = capsys.readouterr().err
+    assert "consecutive failures" in err and "unreachable" not in err
+    assert all("error" in row for row in rows(out))
