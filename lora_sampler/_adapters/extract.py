@@ -45,6 +45,13 @@ HASH_QUEUE_CHUNKS = 16
 MAX_TAR_PADDING = 16 << 20
 #: Longest file name component when the filesystem does not say (``NAME_MAX`` on Linux and macOS).
 DEFAULT_NAME_MAX = 255
+#: Tar header types whose payload tarfile reads whole before the member it describes, by their type flag.
+_META_TYPES = {
+    tarfile.XHDTYPE: "PAX extended",
+    tarfile.XGLTYPE: "PAX global",
+    tarfile.GNUTYPE_LONGNAME: "GNU long-name",
+    tarfile.GNUTYPE_LONGLINK: "GNU long-link",
+}
 
 
 @dataclass(frozen=True)
@@ -61,14 +68,18 @@ class PublishLimits:
         max_members: Most archive members (files and folders); an adapter holds a handful. Default 10,000.
         max_name_bytes: Longest member path below the adapter folder, in UTF-8 bytes. Default 1024. Each path
             component must also fit the filesystem's own limit (255 bytes on common ones), which no bound raises.
+        max_header_bytes: Largest tar metadata header (a PAX extended header, a GNU long name or long link),
+            checked from its 512-byte header block before tarfile reads it whole. Default 1 MiB: such a header
+            holds a name and a few attributes, a few KiB at most.
     """
 
     max_total_bytes: int = 16 << 30
     max_members: int = 10_000
     max_name_bytes: int = 1024
+    max_header_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
-        for bound in ("max_total_bytes", "max_members", "max_name_bytes"):
+        for bound in ("max_total_bytes", "max_members", "max_name_bytes", "max_header_bytes"):
             value = getattr(self, bound)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"PublishLimits({bound}=...) must be an int >= 1, got {value!r}")
@@ -200,7 +211,7 @@ def extract_archive(
     try:
         with _opened(archive, reader) as file, _HashingReader(file) as raw:
             compressed = io.BufferedReader(raw, buffer_size=COPY_CHUNK_SIZE)
-            stream = _TarStream(_decompressor(compressed))
+            stream = _TarStream(_decompressor(compressed), archive, limits.max_header_bytes)
             with tarfile.open(fileobj=cast(IO[bytes], stream), mode="r:") as tar:
                 _extract_members(tar, archive, dest, limits, writer)
                 end = tar.offset  # where the end-of-archive marker (or a damaged header) starts
@@ -316,6 +327,19 @@ def _decompressor(compressed: io.BufferedReader[_HashingReader]) -> IO[bytes]:
     return compressed
 
 
+def _header_number(field: bytes) -> int:
+    """Read a number field of a tar header: octal, or GNU's base-256 (first byte 0x80) for large sizes."""
+    if field[:1] == b"\x80":
+        return int.from_bytes(field[1:], "big")
+    return int(field.strip(b"\0 ") or b"0", 8)
+
+
+def _checksums(block: bytes) -> Tuple[int, int]:
+    """Return the unsigned and signed sums of a header block, its checksum field counted as spaces (as tar does)."""
+    rest = block[:148] + b" " * 8 + block[156:]
+    return sum(rest), sum(byte - 256 if byte > 127 else byte for byte in rest)
+
+
 class _TarStream:
     """The uncompressed tar stream, as a file tarfile can only seek forward in (``r:`` mode without re-reads).
 
@@ -324,12 +348,15 @@ class _TarStream:
     read, to tell an end-of-archive marker from a damaged header after tarfile stops.
     """
 
-    def __init__(self, source: IO[bytes]) -> None:
+    def __init__(self, source: IO[bytes], archive: str = "", max_header_bytes: int = DEFAULT_LIMITS.max_header_bytes):
         self._source = source
+        self._archive, self._max_header_bytes = archive, max_header_bytes
         self.position = 0
         self.last_read = b""
 
     def read(self, size: int = -1) -> bytes:
+        if size > self._max_header_bytes or size < 0:
+            self._check_header_payload(size)
         data = self._source.read(size)
         self.position += len(data)
         self.last_read = data
@@ -337,6 +364,27 @@ class _TarStream:
 
     def tell(self) -> int:
         return self.position
+
+    def _check_header_payload(self, size: int) -> None:
+        """Refuse to read a metadata header's payload whole when its header block declares it over the bound.
+
+        tarfile reads a PAX or GNU long-name header's payload in one ``read`` right after its 512-byte block; the
+        block is checked here first (its type, its checksum, then its size field), so a 1 GiB claim costs no memory.
+        """
+        block = self.last_read
+        if len(block) != tarfile.BLOCKSIZE or block[156:157] not in _META_TYPES:
+            return
+        try:
+            declared, stored = _header_number(block[124:136]), _header_number(block[148:156])
+        except ValueError:
+            return  # not a header: tarfile reports it
+        if stored in _checksums(block) and declared > self._max_header_bytes:
+            raise UnsafeArchiveError(
+                f"refusing archive {self._archive}: a tar {_META_TYPES[block[156:157]]} header at byte "
+                f"{self.position - tarfile.BLOCKSIZE} declares {declared} bytes, more than max_header_bytes="
+                f"{self._max_header_bytes} (a header bomb: tarfile would read it whole into memory). "
+                + _raise_hint("max_header_bytes")
+            )
 
     def seekable(self) -> bool:
         return True

@@ -1,0 +1,96 @@
+"""Issue 23's tar header bombs: a PAX or GNU long-name header claiming ~1 GiB is refused before it is read whole.
+
+Archives are built in ``tmp_path``: a real header block followed by only a little of its claimed payload, or a
+gzip stream whose header payload really is 64 MiB of zeros (about 64 KiB compressed).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import tarfile
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from lora_sampler._adapters.extract import PublishLimits, extract_archive
+from lora_sampler.errors import PublishError, UnsafeArchiveError
+
+GIB = 1 << 30
+
+
+def header_block(kind: bytes, size: int) -> bytes:
+    """One 512-byte tar header of type ``kind`` (PAX ``x``/``g`` or GNU ``L``/``K``) declaring ``size`` bytes."""
+    info = tarfile.TarInfo("././@PaxHeader" if kind in (tarfile.XHDTYPE, tarfile.XGLTYPE) else "././@LongLink")
+    info.type, info.size = kind, size
+    return info.tobuf(format=tarfile.GNU_FORMAT if kind in (tarfile.GNUTYPE_LONGNAME, b"K") else tarfile.USTAR_FORMAT)
+
+
+def adapter_tar(**names: bytes) -> bytes:
+    """A plain tar holding the given files."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in names.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    "kind", [tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK]
+)
+def test_archives_metadata_header_claiming_a_gib_is_refused_by_its_block(tmp_path: Path, kind: bytes) -> None:
+    """A metadata header declaring 1 GiB is refused naming its kind, its size and max_header_bytes."""
+    archive = tmp_path / "bomb.tar"
+    archive.write_bytes(header_block(kind, GIB) + b"\0" * 4096)  # the claim, and only 4 KiB of it
+    dest = tmp_path / "out"
+    dest.mkdir()
+    with pytest.raises(UnsafeArchiveError, match=rf"declares {GIB} bytes, more than max_header_bytes=1048576"):
+        extract_archive(str(archive), str(dest))
+
+
+def test_archives_header_bomb_in_gzip_is_refused_with_bounded_memory(tmp_path: Path) -> None:
+    """A gzip archive whose PAX header really holds 64 MiB is refused while memory stays far below that."""
+    payload = 64 << 20
+    archive = tmp_path / "bomb.tar.gz"
+    with gzip.open(archive, "wb", compresslevel=1) as out:
+        out.write(header_block(tarfile.XHDTYPE, payload))
+        zeros = b"\0" * (1 << 20)
+        for _ in range(payload >> 20):
+            out.write(zeros)
+    dest = tmp_path / "out"
+    dest.mkdir()
+    tracemalloc.start()
+    try:
+        with pytest.raises(UnsafeArchiveError, match="PAX extended header"):
+            extract_archive(str(archive), str(dest))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20  # tarfile read the 64 MiB header whole before
+
+
+def test_archives_long_names_and_pax_attributes_still_extract(tmp_path: Path) -> None:
+    """A genuine PAX header (a 400-byte name) is under the bound and extracts as before."""
+    long_name = "d/" + "n" * 200 + "/" + "m" * 200 + ".bin"
+    archive = tmp_path / "ok.tar"
+    archive.write_bytes(adapter_tar(**{"adapter_config.json": b"{}", long_name: b"weights"}))
+    dest = tmp_path / "out"
+    dest.mkdir()
+    extract_archive(str(archive), str(dest), limits=PublishLimits(max_name_bytes=1024))
+    assert (dest / long_name).read_bytes() == b"weights"
+
+
+def test_archives_max_header_bytes_is_a_bound_like_the_others(tmp_path: Path) -> None:
+    """``PublishLimits(max_header_bytes=...)`` is validated, and raising it lets a larger genuine header through."""
+    with pytest.raises(ValueError, match="max_header_bytes"):
+        PublishLimits(max_header_bytes=0)
+    archive = tmp_path / "big-header.tar"
+    archive.write_bytes(header_block(tarfile.XHDTYPE, 2 << 20) + b"\0" * 4096)
+    dest = tmp_path / "out"
+    dest.mkdir()
+    with pytest.raises(PublishError, match="corrupted or truncated") as info:
+        extract_archive(str(archive), str(dest), limits=PublishLimits(max_header_bytes=4 << 20))
+    assert not isinstance(info.value, UnsafeArchiveError)  # past the bound's check: tarfile finds it truncated
