@@ -38,9 +38,7 @@ def adapter_tar(**names: bytes) -> bytes:
     return buffer.getvalue()
 
 
-@pytest.mark.parametrize(
-    "kind", [tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK]
-)
+@pytest.mark.parametrize("kind", [tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK])
 def test_archives_metadata_header_claiming_a_gib_is_refused_by_its_block(tmp_path: Path, kind: bytes) -> None:
     """A metadata header declaring 1 GiB is refused naming its kind, its size and max_header_bytes."""
     archive = tmp_path / "bomb.tar"
