@@ -20,6 +20,7 @@ import pytest
 from lora_sampler._adapters.publish import default_adapter_name
 from lora_sampler.cli import main
 from lora_sampler.testing import FakeEngine, write_adapter_archive
+from lora_sampler.testing._process import EngineProcess
 
 REPO = Path(__file__).resolve().parents[2]
 COMPLETIONS = "/v1/completions"
@@ -147,6 +148,34 @@ def test_sweep_ctrl_c_exits_130_and_the_same_command_resumes(make_engine: Any, l
         assert proc.wait(timeout=WAIT_SECONDS) == 0
     entries = lines_of(out / "sweep.jsonl")
     assert len(entries) == 2 and all(e["rows"] == 200 for e in entries)
+
+
+def test_sweep_outlives_an_engine_restart_mid_run(lora_dir: Path, tmp_path: Path) -> None:
+    """SIGKILL the engine during the second checkpoint and restart it: exit 0, every (checkpoint, id) once."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for step in (1, 2, 3):
+        aged(write_adapter_archive(str(run / f"step-{step}.tar.gz"), "tiny-base", rank=step))
+    inp, out = write_prompts(tmp_path / "prompts.jsonl", 150), tmp_path / "out"
+    engine = EngineProcess(str(lora_dir), latency=0.01)
+    restarted: List[EngineProcess] = []
+    try:
+        argv = ["sweep", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--input", str(inp)]
+        argv += ["--output-dir", str(out), "--checkpoints", str(run / "*.tar.gz"), "--concurrency", "4", "--quiet"]
+        with cli([*argv, "--max-outage", "60"], tmp_path) as proc:
+            assert wait_until(lambda: len(lines_of(out / "sweep.jsonl")) >= 1, proc)
+            engine.kill()
+            time.sleep(1.0)
+            restarted.append(engine.restart())  # same port, every adapter forgotten
+            assert proc.wait(timeout=WAIT_SECONDS * 2) == 0, (tmp_path / "cli.stderr").read_text()
+    finally:
+        for running in [engine, *restarted]:
+            running.stop()
+    assert "engine unreachable since" in (tmp_path / "cli.stderr").read_text()  # the kill landed mid-sweep
+    entries = lines_of(out / "sweep.jsonl")
+    assert len(entries) == 3 and all(e["rows"] == 150 and e["failed"] == 0 for e in entries)
+    for entry in entries:
+        assert sorted(r["id"] for r in lines_of(out / entry["output"])) == sorted(f"p{n}" for n in range(150))
 
 
 def test_sweep_watch_waits_for_a_checkpoint_written_slowly(
