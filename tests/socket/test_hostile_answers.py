@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import pytest
 from rawserver import RawServer
+from test_transport_answers import answering
 
 from lora_sampler import EngineProtocolError, EngineTimeoutError, LoraSamplerError, RetryPolicy, SamplerClient
 from lora_sampler._transport.http import EngineTransport
@@ -33,17 +34,6 @@ def dripping_headers(stop: threading.Event, finished: threading.Event) -> Callab
             conn.sendall(bytes([byte]))
         finished.set()
         conn.sendall(b"Content-Length: 2\r\n\r\n{}")
-
-    return handler
-
-
-def answer_with(body: bytes, **headers: str) -> Callable[[socket.socket, int], None]:
-    """A handler that sends one 200 answer with ``body`` and the given extra headers."""
-    extra = "".join(f"{name.replace('_', '-')}: {value}\r\n" for name, value in headers.items())
-
-    def handler(conn: socket.socket, index: int) -> None:
-        head = f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}"
-        conn.sendall((head + "Connection: close\r\n\r\n").encode() + body)
 
     return handler
 
@@ -92,7 +82,7 @@ def test_hostile_dripped_headers_fail_the_cli_startup_check(tmp_path: Path, caps
 )
 def test_hostile_logprob_that_is_no_finite_float_is_a_protocol_error(logprob: str) -> None:
     """A logprob of 10**400 (OverflowError before), -1e400, NaN or Infinity is an EngineProtocolError, not a result."""
-    with RawServer(answer_with(completion_with_logprob(logprob))) as server:
+    with RawServer(answering(completion_with_logprob(logprob))) as server:
         with SamplerClient(server.url, retry=ONCE) as client:
             with pytest.raises(EngineProtocolError, match=r"too large for a float|not strict JSON"):
                 client.sample([1], base_model="m")
@@ -102,7 +92,7 @@ def test_hostile_logprob_that_is_no_finite_float_is_a_protocol_error(logprob: st
 def test_hostile_body_nested_100000_deep_is_a_protocol_error(shape: str) -> None:
     """A body nested 100,000 deep (a raw RecursionError before) is an EngineProtocolError naming the nesting."""
     body = (shape * 100_000).encode()
-    with RawServer(answer_with(body)) as server:
+    with RawServer(answering(body)) as server:
         with SamplerClient(server.url, retry=ONCE) as client:
             with pytest.raises(EngineProtocolError, match="nested too deep"):
                 client.sample([1], base_model="m")
@@ -125,7 +115,7 @@ def test_hostile_error_body_nested_100000_deep_is_still_a_status_error() -> None
 
 def test_hostile_body_labelled_gzip_that_is_not_gzip_is_a_protocol_error() -> None:
     """A body labelled ``Content-Encoding: gzip`` that is not gzip is an EngineProtocolError naming the encoding."""
-    with RawServer(answer_with(b'{"not": "gzip"}', Content_Encoding="gzip")) as server:
+    with RawServer(answering(b'{"not": "gzip"}', Content_Encoding="gzip")) as server:
         with SamplerClient(server.url, retry=ONCE) as client:
             with pytest.raises(EngineProtocolError, match="Content-Encoding"):
                 client.sample([1], base_model="m")
@@ -137,7 +127,7 @@ def test_hostile_parser_bug_is_not_reported_as_an_engine_fault() -> None:
     def buggy(body: Any) -> Any:
         return body.no_such_attribute
 
-    with RawServer(answer_with(json.dumps({"data": []}).encode())) as server:
+    with RawServer(answering(json.dumps({"data": []}).encode())) as server:
         transport = EngineTransport(server.url)
         try:
             with pytest.raises(AttributeError):

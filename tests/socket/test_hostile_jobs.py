@@ -12,19 +12,17 @@ import resource
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
+from test_cli import WAIT_SECONDS, wait_for_lines
 
 from lora_sampler.cli import main
 from lora_sampler.retry import DEFAULT_RETRY_POLICY
 from lora_sampler.testing import FakeEngine
 
 REPO = Path(__file__).resolve().parents[2]
-#: Upper bound on any wait for a subprocess (never reached when things work).
-WAIT_SECONDS = 60.0
 
 
 def write_prompts(path: Path, count: int, extra: Optional[Dict[int, str]] = None) -> Path:
@@ -70,17 +68,6 @@ def cli_process(argv: List[str], tmp_path: Path, name: str, **popen: Any) -> Ite
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-
-
-def wait_for_lines(path: Path, count: int, proc: subprocess.Popen[bytes]) -> None:
-    """Wait (bounded) until ``path`` holds at least ``count`` lines."""
-    deadline = time.monotonic() + WAIT_SECONDS
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_bytes().count(b"\n") >= count:
-            return
-        assert proc.poll() is None, "the CLI ended before writing enough lines"
-        time.sleep(0.02)
-    raise AssertionError(f"{path} never reached {count} lines")
 
 
 @pytest.mark.parametrize("second_resumes", [False, True], ids=["fresh", "after-an-error-row"])
