@@ -11,7 +11,7 @@ import concurrent.futures
 import os
 import time
 import warnings
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from lora_sampler._adapters.extract import PublishLimits
 from lora_sampler._adapters.fleet import Fleet, ReplicasSpec
@@ -37,6 +37,9 @@ from lora_sampler.types import (
     StopSpec,
     build_request,
 )
+
+if TYPE_CHECKING:  # the annotations of ``sweep`` only: the sweep itself is imported when it is called
+    from lora_sampler.batch._sweep import CheckpointReport, Checkpoints
 
 __all__ = ["IN_FLIGHT_PER_WORKER", "RequestLike", "Runner", "SamplerClient"]
 
@@ -392,8 +395,8 @@ class SamplerClient:
                 bar.close()
 
     def sweep(
-        self, checkpoints: Any, requests: Any, *, output_dir: Union[str, os.PathLike[str]], **options: Any
-    ) -> Any:
+        self, checkpoints: Checkpoints, requests: Any, *, output_dir: Union[str, os.PathLike[str]], **options: Any
+    ) -> Iterator[CheckpointReport]:
         """Sample the same requests from every checkpoint of a training run, each once; yield a report per checkpoint.
 
         ``lora-sampler sweep`` as a generator (SPEC §13): each ``CheckpointReport`` comes once its checkpoint is done

@@ -65,3 +65,18 @@ def use_the_api() -> None:
         print(error.response)
     except lora_sampler.LoraSamplerError as error:
         print(error.attempts)
+
+
+def sweep_a_run(client: SamplerClient) -> float:
+    """A sweep from Python: reports are typed, as are their ledger lines."""
+    from lora_sampler.batch import CheckpointReport, Manifest
+
+    best = float("-inf")
+    for report in client.sweep(Manifest("run/checkpoints.jsonl"), "prompts.jsonl", output_dir="evals", window=2):
+        checked: CheckpointReport = report
+        if checked.ok and checked.mean_logprob is not None:
+            best = max(best, checked.mean_logprob)
+        print(checked.step, checked.rows, checked.ledger_line()["checkpoint"])
+    for report in client.sweep(["run/step-*.tar.gz"], [{"prompt": [1, 2]}], output_dir="evals2", watch=True):
+        print(report.error)
+    return best
