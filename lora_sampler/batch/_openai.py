@@ -188,13 +188,15 @@ def _target(
         return adapter, base_model
     if not isinstance(model, str) or not model:
         raise _Refused("body.model must name the adapter (or the base model); or pass --adapter")
+    if model in base_models:  # the engine's served name, which vLLM often spells as its model folder's path
+        return None, model
     if is_checkpoint_path(model) and not defaults.allow_model_paths:
         raise _Refused(
             f"body.model {model!r} is a local path: a batch file names adapters and models by name, so it cannot "
             "copy folders into the shared adapter folder. Publish it first (lora-sampler publish), or pass "
             "--allow-model-paths if this file may name checkpoints"
         )
-    return (None, model) if model in base_models else (model, None)
+    return model, None
 
 
 def _num_samples(value: Any, default: int) -> int:

@@ -28,6 +28,7 @@ import requests
 
 from lora_sampler import (
     AdapterNotReadyError,
+    BadRequestError,
     EngineStatusError,
     ModelNotFoundError,
     RetryEvent,
@@ -399,7 +400,7 @@ def client_base_model_typo(t: Target, client: SamplerClient, retries: list[Retry
 
 
 def client_over_length(t: Target, client: SamplerClient, retries: list[RetryEvent]) -> tuple[Any, ...]:
-    """An over-length prompt raises EngineStatusError 400 after one attempt, base model and adapter alike."""
+    """An over-length prompt raises BadRequestError 400 after one attempt, base model and adapter alike."""
     name = t.fresh_name()
     t.publish(name)
     base = _raised(lambda: client.sample([5] * 300, base_model=t.model, sampling_params=PARAMS))
@@ -424,7 +425,7 @@ def client_lagging_adapter(t: Target, client: SamplerClient, retries: list[Retry
 #: client scenario -> the outcome both engines must give.
 CLIENT_SCENARIOS: dict[Callable[[Target, SamplerClient, list[RetryEvent]], tuple[Any, ...]], tuple[Any, ...]] = {
     client_base_model_typo: (ModelNotFoundError.__name__, 404, 1, 0),
-    client_over_length: (EngineStatusError.__name__, 400, 1, EngineStatusError.__name__, 400, 1, 0),
+    client_over_length: (BadRequestError.__name__, 400, 1, BadRequestError.__name__, 400, 1, 0),
     client_lagging_adapter: ("sampled", [4], True, [ModelNotFoundError.__name__]),
 }
 
