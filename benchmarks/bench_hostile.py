@@ -7,6 +7,8 @@ Run from any checkout (its ``lora_sampler`` is the one measured)::
 * ``drip``: ``sample`` with ``timeout=(1, 2)`` and one attempt against a server sending its status line and headers
   one byte every 0.5 s (for at most ``--cap`` seconds): the seconds the call took.
 * ``cli``: ``lora-sampler sample --timeout 1,2`` against the same server: the seconds until it exited, and its status.
+* ``tarbomb``: extracting a ~1 MB ``.tar.gz`` whose PAX extended header holds 1 GiB: the seconds and the peak
+  RSS above the interpreter's own (``ru_maxrss`` of a child process), and the error.
 * ``hung``: a 100-line job with ``--timeout 1,2 --max-outage 30`` against a FakeEngine whose completions never
   answer while ``/health`` and ``/v1/models`` do: the seconds, the exit status and the completions sent.
 
@@ -120,18 +122,60 @@ def bench_hung(count: int = 100) -> Dict[str, Any]:
     return {**result, "lines": count, "completions_sent": sent}
 
 
+_EXTRACT = """
+import resource, sys, time
+from lora_sampler._adapters.extract import extract_archive
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+started = time.monotonic()
+try:
+    extract_archive(sys.argv[1], sys.argv[2])
+    outcome = "extracted"
+except Exception as error:
+    outcome = type(error).__name__
+grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
+print(round(time.monotonic() - started, 1), round(grown / 1024), outcome)
+"""
+
+
+def bench_tarbomb(claim: int = 1 << 30) -> Dict[str, Any]:
+    """Time extracting an archive whose PAX header holds ``claim`` bytes of zeros, and its memory growth."""
+    import gzip
+    import tarfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        archive = os.path.join(folder, "bomb.tar.gz")
+        header = tarfile.TarInfo("././@PaxHeader")
+        header.type, header.size = tarfile.XHDTYPE, claim
+        with gzip.open(archive, "wb", compresslevel=9) as out:
+            out.write(header.tobuf(format=tarfile.USTAR_FORMAT))
+            zeros = bytes(1 << 20)
+            for _ in range(claim >> 20):
+                out.write(zeros)
+        dest = os.path.join(folder, "out")
+        os.mkdir(dest)
+        env = dict(os.environ, PYTHONPATH=_common.REPO)
+        line = subprocess.run(
+            [sys.executable, "-c", _EXTRACT, archive, dest], env=env, capture_output=True, text=True, check=True
+        ).stdout.split()
+        return {
+            "archive_bytes": os.path.getsize(archive),
+            "claimed_bytes": claim,
+            "seconds": float(line[0]),
+            "rss_growth_mb": int(line[1]),
+            "outcome": line[2],
+        }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--only", choices=("drip", "cli", "hung"))
+    parser.add_argument("--only", choices=("drip", "cli", "hung", "tarbomb"))
     parser.add_argument("--cap", type=float, default=120.0, help="seconds the dripping server drips at most")
     parser.add_argument("--name", default="bench_hostile")
     args = parser.parse_args()
     results: Dict[str, Any] = {"machine": _common.machine()}
-    for name, run in (
-        ("drip", lambda: bench_drip(args.cap)),
-        ("cli", lambda: bench_cli(args.cap)),
-        ("hung", bench_hung),
-    ):
+    runs: Dict[str, Callable[[], Dict[str, Any]]] = {"drip": lambda: bench_drip(args.cap)}
+    runs.update(cli=lambda: bench_cli(args.cap), hung=bench_hung, tarbomb=bench_tarbomb)
+    for name, run in runs.items():
         if args.only in (None, name):
             results[name] = run()
             print(name, json.dumps(results[name]), flush=True)
