@@ -6,6 +6,7 @@ No measurement logic lives here; each ``bench_*.py`` owns its own. Every server 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -14,6 +15,7 @@ import selectors
 import statistics
 import subprocess
 import sys
+import sysconfig
 import time
 from typing import IO, Any, Callable, Dict, Optional, Sequence
 
@@ -236,3 +238,26 @@ def rss_bytes(pid: str = "self") -> int:
 def cpu_times() -> float:
     """Return this process's CPU time (user + system, all threads), in seconds."""
     return time.process_time()
+
+
+def checkout_run(bench: str, measure: Callable[[str], Dict[str, Any]], description: str) -> None:
+    """Run ``measure(checkout)`` for ``--checkout`` (default: this one) and write its ``--label``ed results.
+
+    ``measure`` runs its clients in children that import the checkout's lora_sampler: ``checkout_env``.
+    """
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--checkout", default=os.path.dirname(HERE))
+    parser.add_argument("--label", default="after")
+    args = parser.parse_args()
+    result = measure(os.path.abspath(args.checkout))
+    print(json.dumps(result, indent=1))
+    print(write_results(f"{bench}_{args.label}", {"label": args.label, **result}))
+
+
+def checkout_env(checkout: str) -> Dict[str, str]:
+    """The environment of a ``python -S`` child importing ``checkout``'s lora_sampler.
+
+    ``-S`` (no site processing) keeps an editable install of another checkout from shadowing it; the child must also
+    run outside this folder, since Python puts its working directory first on the path.
+    """
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([checkout, sysconfig.get_paths()["purelib"]])}

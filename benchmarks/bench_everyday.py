@@ -15,12 +15,9 @@ A ``FakeEngine`` runs in this process; the client runs in a child process that i
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import threading
 from typing import Any, Dict
@@ -81,8 +78,7 @@ if what == "repr":
 
 
 def _child(checkout: str, engine: FakeEngine, what: str, cwd: str) -> Dict[str, Any]:
-    # -S: no site processing, so an editable install of another checkout cannot shadow --checkout.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([checkout, sysconfig.get_paths()["purelib"]])}
+    env = _common.checkout_env(checkout)
     done = subprocess.Popen(
         [sys.executable, "-S", "-c", CHILD, engine.url, engine.model, what],
         stdout=subprocess.PIPE,
@@ -121,13 +117,7 @@ def measure(checkout: str) -> Dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--checkout", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    parser.add_argument("--label", default="after")
-    args = parser.parse_args()
-    result = measure(os.path.abspath(args.checkout))
-    print(json.dumps(result, indent=1))
-    print(_common.write_results(f"bench_everyday_{args.label}", {"label": args.label, **result}))
+    _common.checkout_run("bench_everyday", measure, __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

@@ -10,12 +10,10 @@ adapter. Measured with real retry waits against a ``FakeEngine``, for the librar
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from typing import Any, Dict, List
@@ -40,8 +38,7 @@ with SamplerClient(sys.argv[1], lora_base_dir=sys.argv[2]) as client:
 
 
 def _run(command: List[str], checkout: str, cwd: str) -> Dict[str, Any]:
-    # -S: no site processing, so an editable install of another checkout cannot shadow --checkout.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([checkout, sysconfig.get_paths()["purelib"]])}
+    env = _common.checkout_env(checkout)
     env.pop("LORA_SAMPLER_TESTING", None)  # real retry waits
     started = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=300)  # not this folder
@@ -85,14 +82,7 @@ def measure(checkout: str) -> Dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--checkout", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    parser.add_argument("--label", default="after")
-    args = parser.parse_args()
-    result = measure(os.path.abspath(args.checkout))
-    for what, figures in result.items():
-        print(f"{what}: {json.dumps(figures, indent=1)}")
-    print(_common.write_results(f"bench_first_mistakes_{args.label}", {"label": args.label, **result}))
+    _common.checkout_run("bench_first_mistakes", measure, __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":
