@@ -20,8 +20,11 @@ import pytest
 from lora_sampler import RequestCancelledError, SampleOutput, SamplerClient, SamplingInterruptedError
 from lora_sampler.testing import FakeEngine
 
-#: How soon after Ctrl-C the caller must have control back, and the engine must have let go of every request.
-STOP_SECONDS = 1.0
+#: Seconds a hung completion takes here: whatever waits for one cannot come back before this.
+HANG_SECONDS = 60.0
+#: Well under a hung completion: control back, and the engine's requests gone, before this means nothing waited for
+#: them. (How soon it really is, about 0.1 s, is measured by benchmarks/bench_everyday.py, not asserted here.)
+STOP_SECONDS = HANG_SECONDS / 6
 
 
 @contextlib.contextmanager
@@ -62,13 +65,13 @@ def open_sockets() -> int:
 
 def hang_later(engine: FakeEngine, after: float) -> threading.Timer:
     """From ``after`` seconds on, every completion takes 60 s (those in flight too: the latency is re-read)."""
-    timer = threading.Timer(after, setattr, (engine, "latency", 60.0))
+    timer = threading.Timer(after, setattr, (engine, "latency", HANG_SECONDS))
     timer.start()
     return timer
 
 
 def test_interrupt_sample_many_stops_at_once_and_keeps_the_answers(engine: FakeEngine) -> None:
-    """Ctrl-C in sample_many: control back within a second, the engine aborts what was in flight, answers kept."""
+    """Ctrl-C in sample_many: control back without waiting for the hung requests (aborted); answers kept."""
     engine.latency = 0.05
     requests = [{"prompt": f"p{i}", "base_model": engine.model} for i in range(200)]
     timer = hang_later(engine, 0.4)
@@ -94,14 +97,14 @@ def test_interrupt_sample_many_stops_at_once_and_keeps_the_answers(engine: FakeE
 
 def test_interrupt_waiting_on_a_submit_future_cancels_the_submitted(engine: FakeEngine) -> None:
     """Ctrl-C in future.result(): the other submitted requests are cancelled or aborted, nothing waits for them."""
-    engine.latency = 60.0
+    engine.latency = HANG_SECONDS
     with SamplerClient(engine.url, max_workers=4) as client:
         futures = [client.submit(f"p{i}", base_model=engine.model) for i in range(12)]
         assert wait_until(lambda: engine.requests_in_flight == 4)
         started = time.monotonic()
         with sigint_after(0.2), pytest.raises(KeyboardInterrupt):
             futures[0].result()
-        assert time.monotonic() - started < 0.2 + STOP_SECONDS
+        assert time.monotonic() - started < STOP_SECONDS
         assert wait_until(lambda: all(f.done() for f in futures) and engine.requests_in_flight == 0)
         assert sum(f.cancelled() for f in futures) == 8
         running = [f for f in futures if not f.cancelled()]
@@ -112,7 +115,7 @@ def test_interrupt_waiting_on_a_submit_future_cancels_the_submitted(engine: Fake
 
 def test_interrupt_imap_cancels_its_requests_in_flight(engine: FakeEngine) -> None:
     """Ctrl-C while imap waits: the generator stops and the engine aborts the requests it had in flight."""
-    engine.latency = 60.0
+    engine.latency = HANG_SECONDS
     with SamplerClient(engine.url, max_workers=3) as client:
         results = client.imap({"prompt": f"p{i}", "base_model": engine.model} for i in range(50))
         with sigint_after(0.3), pytest.raises(KeyboardInterrupt):
@@ -123,14 +126,14 @@ def test_interrupt_imap_cancels_its_requests_in_flight(engine: FakeEngine) -> No
 
 def test_with_block_left_on_an_exception_does_not_wait_for_requests_in_flight(engine: FakeEngine) -> None:
     """An error inside `with SamplerClient(...)` leaves at once; the engine aborts what was in flight."""
-    engine.latency = 60.0
+    engine.latency = HANG_SECONDS
     started = time.monotonic()
     with pytest.raises(RuntimeError, match="boom"):
         with SamplerClient(engine.url, max_workers=4) as client:
             futures = [client.submit(f"p{i}", base_model=engine.model) for i in range(6)]
             assert wait_until(lambda: engine.requests_in_flight == 4)
             raise RuntimeError("boom")
-    assert time.monotonic() - started < 2 * STOP_SECONDS
+    assert time.monotonic() - started < STOP_SECONDS
     assert wait_until(lambda: engine.requests_in_flight == 0 and workers() == 0)
     assert all(f.done() for f in futures)
 
