@@ -288,13 +288,7 @@ def run_storage(size: int, rounds: int, workdir: Optional[str]) -> Dict[str, Any
     load: List[float] = []
     try:
         with S3Server() as server:
-            os.environ.update(
-                AWS_ACCESS_KEY_ID="testing",
-                AWS_SECRET_ACCESS_KEY="testing",
-                AWS_ENDPOINT_URL=server.endpoint,
-                AWS_DEFAULT_REGION="us-east-1",
-                AWS_EC2_METADATA_DISABLED="true",
-            )
+            os.environ.update(server.client_environment())
             archive = build_archive(root, "random", size)
             archive_bytes = os.path.getsize(archive)
             s3 = boto3_client(server.endpoint)

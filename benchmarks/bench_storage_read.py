@@ -72,13 +72,7 @@ def run(size: int, rounds: int) -> Dict[str, Any]:
     imports = {name: import_seconds(statement) for name, statement in IMPORTS.items()}
     samples: Dict[str, List[float]] = {}
     with S3Server() as server, tempfile.NamedTemporaryFile() as blob:
-        os.environ.update(
-            AWS_ACCESS_KEY_ID="testing",
-            AWS_SECRET_ACCESS_KEY="testing",
-            AWS_ENDPOINT_URL=server.endpoint,
-            AWS_DEFAULT_REGION="us-east-1",
-            AWS_EC2_METADATA_DISABLED="true",
-        )
+        os.environ.update(server.client_environment())
         for _ in range(0, size, CHUNK):
             blob.write(os.urandom(CHUNK))
         blob.flush()

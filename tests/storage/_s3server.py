@@ -79,6 +79,17 @@ class S3Server:
         self.port = int(line)
         self.endpoint = f"http://127.0.0.1:{self.port}"
 
+    def client_environment(self) -> Dict[str, str]:
+        """Return the variables that point a storage library at this server: dummy keys, the loopback endpoint, and
+        no instance-metadata lookups (never a real AWS account)."""
+        return {
+            "AWS_ACCESS_KEY_ID": DUMMY_KEY,
+            "AWS_SECRET_ACCESS_KEY": DUMMY_KEY,
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+
     def counts(self) -> Dict[str, int]:
         """Return the requests answered so far, by method."""
         with urllib.request.urlopen(self.endpoint + COUNTS_PATH, timeout=10) as answer:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from _s3server import BUCKET, DUMMY_KEY, S3Server, boto3_client
+from _s3server import BUCKET, S3Server, boto3_client
 
 
 @pytest.fixture
@@ -34,11 +34,8 @@ def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
 
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", DUMMY_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", DUMMY_KEY)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    for name, value in s3_server.client_environment().items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
     s3fs.S3FileSystem.clear_instance_cache()
