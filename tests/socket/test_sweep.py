@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 import pytest
+from _services import require
 
 from lora_sampler import SamplerClient
 from lora_sampler.batch._sources import Manifest
@@ -270,7 +271,7 @@ def test_sweep_refuses_openai_batch_input_and_missing_patterns(
 
 def test_sweep_plot_draws_a_png(engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None) -> None:
     """--plot FILE.png writes a PNG of the per-checkpoint means."""
-    pytest.importorskip("matplotlib")
+    require("matplotlib", "install the plot extra: pip install 'lora_sampler[plot]' (the tox envs have it)")
     make_run(tmp_path / "run", engine.model, (1, 2))
     inp, plot = write_prompts(tmp_path / "prompts.jsonl", 5), tmp_path / "means.png"
     argv = sweep_args(engine, lora_dir, inp, tmp_path / "out", "--checkpoints", str(tmp_path / "run" / "*.tar.gz"))

@@ -1,7 +1,7 @@
 """Fixtures for the storage tests: a real S3 API server (moto) on loopback, dummy credentials, adapter archives.
 
-Each test module skips itself where moto, boto3 or s3fs are missing (the default tox envs); ``tox -e storage`` has
-them.
+Where moto, boto3 or s3fs are missing (the default tox envs) every test here skips, and fails in CI
+(``tests/_services.py``); ``tox -e storage`` has them.
 """
 
 from __future__ import annotations
@@ -11,6 +11,14 @@ from typing import Any, Iterator
 
 import pytest
 from _s3server import BUCKET, S3Server, boto3_client
+from _services import require
+
+
+@pytest.fixture(autouse=True)
+def _storage_packages() -> None:
+    """Every storage test needs s3fs (lora_sampler[s3]), moto's server and boto3: skip without them, fail in CI."""
+    for module in ("s3fs", "moto", "boto3"):
+        require(module, "run these tests with `tox -e storage` (lora_sampler[s3] and moto[server])")
 
 
 @pytest.fixture

@@ -8,10 +8,6 @@ from pathlib import Path
 from typing import Any, List
 
 import pytest
-
-pytest.importorskip("s3fs")
-pytest.importorskip("moto")
-pytest.importorskip("boto3")
 from _s3server import BUCKET, S3Server, build_archive
 
 from lora_sampler import SamplerClient

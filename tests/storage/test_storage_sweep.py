@@ -6,11 +6,6 @@ import json
 from pathlib import Path
 from typing import Any, List
 
-import pytest
-
-pytest.importorskip("s3fs")
-pytest.importorskip("moto")
-pytest.importorskip("boto3")
 from _s3server import BUCKET
 
 from lora_sampler import SamplerClient
