@@ -13,3 +13,9 @@ DEFAULT_TIMEOUT: Tuple[float, float] = (10.0, 300.0)
 DEFAULT_MAX_WORKERS = 16
 #: Environment variable holding the engine's API key (twine-style default; never echoed).
 API_KEY_ENV = "LORA_SAMPLER_API_KEY"
+#: Checkpoints of a sweep with requests in flight at once (``--window``): the next one loads while one finishes.
+DEFAULT_WINDOW = 2
+#: Seconds a checkpoint's fingerprint must stay the same before a sweep takes it (``--settle``).
+DEFAULT_SETTLE = 2.0
+#: Seconds a sweep's watch goes on with nothing new (``--idle-timeout``).
+DEFAULT_IDLE_TIMEOUT = 3600.0

@@ -300,6 +300,25 @@ _REQUEST_FIELDS = frozenset(f.name for f in dataclass_fields(SampleRequest)) - {
 SAMPLING_KEYWORDS = (*SAMPLING_FIELDS, "stop")
 
 
+def sampling_params_from(sampling_params: Optional[SamplingParams], **keywords: Any) -> Optional[SamplingParams]:
+    """Return ``sampling_params``, or the ``SamplingParams`` of sampling keywords (``max_tokens=``, ...).
+
+    A keyword that is None leaves its field at the default; ``sampling_params`` alone (or None) is returned as is.
+
+    Raises:
+        TypeError: sampling keywords given together with ``sampling_params=``.
+    """
+    given = {name: value for name, value in keywords.items() if value is not None}
+    if not given:
+        return sampling_params
+    if sampling_params is not None:
+        raise TypeError(
+            f"pass sampling fields either as sampling_params=SamplingParams(...) or as keyword arguments "
+            f"({', '.join(sorted(given))}=...), not both"
+        )
+    return SamplingParams(**given)
+
+
 def build_request(prompt: Optional[Prompt] = None, **fields: Any) -> SampleRequest:
     """Return the ``SampleRequest`` of ``fields``, where sampling fields may come as keyword arguments.
 
@@ -310,14 +329,8 @@ def build_request(prompt: Optional[Prompt] = None, **fields: Any) -> SampleReque
         TypeError: sampling keywords given together with ``sampling_params=``, or an unknown field.
     """
     given = {name: fields.pop(name) for name in SAMPLING_KEYWORDS if name in fields}
-    given = {name: value for name, value in given.items() if value is not None}
-    if given:
-        if fields.get("sampling_params") is not None:
-            raise TypeError(
-                f"pass sampling fields either as sampling_params=SamplingParams(...) or as keyword arguments "
-                f"({', '.join(sorted(given))}=...), not both"
-            )
-        fields["sampling_params"] = SamplingParams(**given)
+    if any(value is not None for value in given.values()):
+        fields["sampling_params"] = sampling_params_from(fields.get("sampling_params"), **given)
     unknown = sorted(set(fields) - _REQUEST_FIELDS)
     if unknown:
         raise TypeError(

@@ -21,7 +21,14 @@ from lora_sampler._client.fanout import IN_FLIGHT_PER_WORKER, FanOut, RequestLik
 from lora_sampler._client.outage import OutageGate, OutageHook, checked_seconds, probe_timeout, probe_until
 from lora_sampler._client.progress import ProgressBar
 from lora_sampler._client.scoring import Scorer
-from lora_sampler._defaults import API_KEY_ENV, DEFAULT_MAX_WORKERS, DEFAULT_TIMEOUT
+from lora_sampler._defaults import (
+    API_KEY_ENV,
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_WORKERS,
+    DEFAULT_SETTLE,
+    DEFAULT_TIMEOUT,
+    DEFAULT_WINDOW,
+)
 from lora_sampler._transport.http import DEFAULT_MAX_RESPONSE_BYTES, EngineTransport, Timeout
 from lora_sampler.errors import EngineConnectionError, SamplingInterruptedError
 from lora_sampler.retry import DEFAULT_RETRY_POLICY, RetryPolicy
@@ -36,10 +43,11 @@ from lora_sampler.types import (
     ScoreRequest,
     StopSpec,
     build_request,
+    sampling_params_from,
 )
 
 if TYPE_CHECKING:  # the annotations of ``sweep`` only: the sweep itself is imported when it is called
-    from lora_sampler.batch._sweep import CheckpointReport, Checkpoints
+    from lora_sampler.batch._sweep import CheckpointReport, Checkpoints, SweepInput
 
 __all__ = ["IN_FLIGHT_PER_WORKER", "RequestLike", "Runner", "SamplerClient"]
 
@@ -395,26 +403,101 @@ class SamplerClient:
                 bar.close()
 
     def sweep(
-        self, checkpoints: Checkpoints, requests: Any, *, output_dir: Union[str, os.PathLike[str]], **options: Any
+        self,
+        checkpoints: Checkpoints,
+        requests: Optional[SweepInput] = None,
+        *,
+        output_dir: Union[str, os.PathLike[str]],
+        score: bool = False,
+        num_samples: int = 1,
+        max_tokens: Optional[int] = None,
+        temperature: Optional[float] = None,
+        top_p: Optional[float] = None,
+        top_k: Optional[int] = None,
+        seed: Optional[int] = None,
+        stop: StopSpec = None,
+        extra_body: Optional[Mapping[str, Any]] = None,
+        prompt_logprobs: bool = False,
+        sampling_params: Optional[SamplingParams] = None,
+        window: int = DEFAULT_WINDOW,
+        watch: bool = False,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        settle: float = DEFAULT_SETTLE,
+        keep_loaded: bool = False,
+        delete_retired: bool = False,
+        max_outage: float = 0.0,
+        on_outage: Optional[OutageHook] = None,
+        storage_options: Optional[Mapping[str, Any]] = None,
+        progress: bool = False,
     ) -> Iterator[CheckpointReport]:
         """Sample the same requests from every checkpoint of a training run, each once; yield a report per checkpoint.
 
-        ``lora-sampler sweep`` as a generator (SPEC §13): each ``CheckpointReport`` comes once its checkpoint is done
-        and its ``sweep.jsonl`` line is written; running it again resumes. The options (``window``, ``watch``,
-        ``idle_timeout``, ``settle``, ``keep_loaded``, ``delete_retired``, ``max_outage``, ``num_samples``,
-        ``sampling_params``, ``prompt_logprobs``, ``on_outage``, ``score``) are those of ``lora_sampler.batch.sweep``;
-        ``score=True`` scores each line (``{"id", "prompt", "completion"?}`` or ``ScoreRequest``) instead of sampling.
+        ``lora-sampler sweep`` as a generator: each ``CheckpointReport`` comes once its checkpoint is done and its
+        ``sweep.jsonl`` line is written. Running it again resumes, and first yields again the reports of the
+        checkpoints an earlier run finished (read from ``sweep.jsonl``, with ``resumed=True``), so a notebook cell
+        run twice draws the same curve.
 
         Args:
             checkpoints: A path or glob of archives or adapter folders (natural order), a list of them, or a
                 ``lora_sampler.batch.Manifest`` (a training run's ``checkpoints.jsonl``).
-            requests: A JSONL file of prompt or messages lines, or a sequence of such mappings or ``SampleRequest``.
+            requests: A JSONL file of prompt or messages lines, or a sequence of such mappings or ``SampleRequest``
+                values (``ScoreRequest`` values or ``{"id", "prompt", "completion"?}`` lines with ``score=True``).
             output_dir: Where ``<adapter>.jsonl`` per checkpoint and ``sweep.jsonl`` go.
+            score: Score each line instead of sampling it; reports then carry ``mean_logprob`` per scored token and
+                ``mean_sum`` per line (the held-out log-likelihood).
+            num_samples, max_tokens, temperature, top_p, top_k, seed, stop, extra_body, prompt_logprobs,
+                sampling_params: As for ``sample``, for every line that does not set its own (sampling only).
+            window: Checkpoints with requests in flight at once: the next one is published and loaded while the
+                last rows of the one before run, so the engine does not idle between checkpoints.
+            watch: Follow a run still training: look again for new checkpoints until ``idle_timeout`` seconds pass
+                with nothing new, or until the manifest's ``"final": true`` checkpoint is done.
+            idle_timeout: Seconds a watch goes on with nothing new.
+            settle: Seconds a checkpoint must stay unchanged (size and mtime) before it is taken.
+            keep_loaded: Leave finished adapters loaded on the engine (by default each is unloaded once done).
+            delete_retired: Also delete a finished adapter's folder once the engine confirmed its unload.
+            max_outage: Seconds to wait out an engine outage, as in ``imap`` (0: fail at once).
+            on_outage: Called with an ``OutageEvent`` while the engine is away.
+            storage_options: Options of the storage library for checkpoint URLs; default: the client's.
+            progress: Show a progress bar over the rows of every checkpoint (as ``sample_many``'s).
+
+        Raises:
+            TypeError, ValueError: bad arguments, before any request.
+            LoraSamplerError: another sweep holds ``output_dir``, or the engine or the input is unusable.
         """
         from lora_sampler.batch._sweep import sweep  # batch is the layer above this one
 
-        options.setdefault("storage_options", self._registry.storage_options)  # list with what publishes
-        return sweep(self, checkpoints, requests, output_dir=output_dir, **options)
+        params = sampling_params_from(
+            sampling_params,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=seed,
+            stop=stop,
+        )
+        bar = ProgressBar((), lambda: self._calls.retries.value) if progress else None
+        reports = sweep(
+            self,
+            checkpoints,
+            requests,
+            output_dir=output_dir,
+            score=score,
+            num_samples=num_samples,
+            extra_body=extra_body,
+            prompt_logprobs=prompt_logprobs,
+            sampling_params=params,
+            window=window,
+            watch=watch,
+            idle_timeout=idle_timeout,
+            settle=settle,
+            keep_loaded=keep_loaded,
+            delete_retired=delete_retired,
+            max_outage=max_outage,
+            on_outage=on_outage,
+            storage_options=self._registry.storage_options if storage_options is None else storage_options,
+            on_row=None if bar is None else lambda checkpoint, kind, line, record: bar.count_row(kind),
+        )
+        return reports if bar is None else _closing(reports, bar)
 
     # -- adapters -------------------------------------------------------------------------------------------
 
@@ -487,6 +570,14 @@ class SamplerClient:
         They differ from ``engine_model()`` when the engine runs with ``--served-model-name``.
         """
         return self._registry.served_base_models()
+
+
+def _closing(reports: Iterator[CheckpointReport], bar: ProgressBar) -> Iterator[CheckpointReport]:
+    """Yield the sweep's reports; close its progress bar when the sweep ends (or is dropped)."""
+    try:
+        yield from reports
+    finally:
+        bar.close()
 
 
 def _arguments(names: Dict[str, Any]) -> Dict[str, Any]:

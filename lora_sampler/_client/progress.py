@@ -48,8 +48,15 @@ class ProgressBar:
 
     def update(self, outcome: Any) -> None:
         """Count one outcome (an exception counts as a failure)."""
-        if isinstance(outcome, BaseException):
-            self._failed += 1
+        self._count(isinstance(outcome, BaseException))
+
+    def count_row(self, kind: str) -> None:
+        """Count one row of a batch job by its kind: ``"done"``, ``"failed"`` (rows resumed, ``"skipped"``, are not)."""
+        if kind in ("done", "failed"):
+            self._count(kind == "failed")
+
+    def _count(self, failed: bool) -> None:
+        self._failed += failed
         self._bar.set_postfix(retries=self._retries() - self._first, failed=self._failed, refresh=False)
         self._bar.update(1)
 

@@ -13,7 +13,7 @@ import os
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple, Union
+from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Set, Tuple, Union
 
 try:
     import fcntl
@@ -85,6 +85,8 @@ class LineDefaults:
     num_samples: int = 1
     sampling_params: SamplingParams = field(default_factory=SamplingParams)
     prompt_logprobs: bool = False
+    #: Further body fields of every request (``--extra-body``); a line's own ``extra_body`` object overrides its keys.
+    extra_body: Optional[Mapping[str, Any]] = None
     #: Whether an OpenAI batch line's ``body.model`` may name a local checkpoint (else it must be a name).
     allow_model_paths: bool = False
 
@@ -150,10 +152,20 @@ def parse_line(raw: bytes, line_number: int, defaults: LineDefaults) -> Optional
             # --prompt-logprobs applies to prompt lines; a chat line asking for them itself is refused.
             prompt_logprobs=prompt_logprobs,
             session_id=obj.get("session_id"),
+            extra_body=_extra_body(defaults.extra_body, obj.get("extra_body")),
         )
     except (TypeError, ValueError) as exc:
         return InputLine(line_number, line_id, error=str(exc))
     return InputLine(line_number, line_id, request)
+
+
+def _extra_body(defaults: Optional[Mapping[str, Any]], own: object) -> Optional[Mapping[str, Any]]:
+    """A line's extra body fields: the defaults (``--extra-body``) with the line's own ``extra_body`` over them."""
+    if own is None:
+        return defaults
+    if not isinstance(own, Mapping):
+        raise TypeError(f"extra_body must be an object of body fields, got {own!r}")
+    return {**(defaults or {}), **own}
 
 
 def _fields(params: SamplingParams) -> Dict[str, Any]:

@@ -22,15 +22,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from lora_sampler._adapters import storage
+from lora_sampler._defaults import DEFAULT_IDLE_TIMEOUT, DEFAULT_SETTLE
 from lora_sampler.errors import BatchInputError, PublishError
 from lora_sampler.types import ARCHIVE_SUFFIXES, is_storage_url
 
 logger = logging.getLogger(__name__)
 
-#: Seconds a checkpoint's fingerprint must stay the same before it is taken (``--settle``).
-DEFAULT_SETTLE = 2.0
-#: Seconds a watch goes on with nothing new (``--idle-timeout``).
-DEFAULT_IDLE_TIMEOUT = 3600.0
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _DIGITS = re.compile(r"(\d+)")
 _CONFIG_NAME = "adapter_config.json"

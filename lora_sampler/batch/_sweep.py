@@ -19,27 +19,25 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._client.outage import OutageHook, checked_seconds
+from lora_sampler._defaults import DEFAULT_IDLE_TIMEOUT, DEFAULT_SETTLE, DEFAULT_WINDOW
 from lora_sampler.batch._job import DEFAULT_DRAIN_SECONDS, DEFAULT_FAIL_FAST, BatchJob
 from lora_sampler.batch._ledger import Ledger
 from lora_sampler.batch._lines import InputLine, LineDefaults, open_output
 from lora_sampler.batch._score import ScoreStep
 from lora_sampler.batch._sources import (
-    DEFAULT_IDLE_TIMEOUT,
-    DEFAULT_SETTLE,
     Checkpoint,
     CheckpointSource,
     Manifest,
     Unusable,
     listing,
 )
-from lora_sampler.batch._steps import EvaluationStep, SampleStep, SweepInput
+from lora_sampler.batch._steps import EvaluationStep, SampleStep
+from lora_sampler.batch._steps import SweepInput as SweepInput  # for SamplerClient.sweep's annotations
 from lora_sampler.errors import BatchInputError, IncompleteCheckpointError, LoraSamplerError
-from lora_sampler.types import Adapter, SampleRequest, SamplingParams
+from lora_sampler.types import Adapter, SampleRequest, SamplingParams, StopSpec, sampling_params_from
 
 logger = logging.getLogger(__name__)
 
-#: Checkpoints with requests in flight at once (``--window``).
-DEFAULT_WINDOW = 2
 #: Seconds between looks for new checkpoints while there is room in the window.
 POLL_SECONDS = 0.25
 
@@ -77,7 +75,9 @@ class CheckpointReport:
     """One finished checkpoint: its ``sweep.jsonl`` line (``ledger_line``), or the error that made it unusable.
 
     ``rows`` counts the lines of its output file over every run that wrote to it; ``mean_logprob`` is per generated
-    token, ``mean_length`` in generated tokens per sequence; ``extra`` holds a step's own fields.
+    token (per scored token when scoring), ``mean_length`` in generated tokens per sequence, ``mean_sum`` (scoring)
+    the mean summed logprob per line; ``extra`` holds a step's own fields. ``resumed`` is True for a report read back
+    from ``sweep.jsonl`` because an earlier run finished the checkpoint (it is not written to the ledger).
     """
 
     checkpoint: str
@@ -92,6 +92,8 @@ class CheckpointReport:
     seconds: float = 0.0
     error: Optional[Dict[str, str]] = None
     extra: Dict[str, Any] = field(default_factory=dict)
+    mean_sum: Optional[float] = None
+    resumed: bool = False
 
     @property
     def ok(self) -> bool:
@@ -104,14 +106,22 @@ class CheckpointReport:
             return {"checkpoint": self.checkpoint, "error": dict(self.error)}
         line: Dict[str, Any] = {"checkpoint": self.checkpoint, "adapter": self.adapter, "output": self.output}
         line.update(rows=self.rows, failed=self.failed, tokens=self.tokens, mean_logprob=self.mean_logprob)
-        line.update(mean_length=self.mean_length, seconds=round(self.seconds, 3), step=self.step, **self.extra)
+        line.update(mean_length=self.mean_length, seconds=round(self.seconds, 3), step=self.step)
+        if self.mean_sum is not None:
+            line["mean_sum"] = self.mean_sum
+        line.update(self.extra)
         return line
 
     @classmethod
-    def from_ledger(cls, line: Mapping[str, Any]) -> CheckpointReport:
-        """Read a ``sweep.jsonl`` line back."""
-        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        report = cls(**{k: v for k, v in line.items() if k in known})
+    def from_ledger(cls, line: Mapping[str, Any], *, resumed: bool = False) -> CheckpointReport:
+        """Read a ``sweep.jsonl`` line back (lines of older versions, without the newer keys, too).
+
+        Args:
+            line: The ledger line.
+            resumed: Mark the report as re-read from the ledger of an earlier run.
+        """
+        known = {f.name for f in dataclasses.fields(cls)} - _NOT_IN_LEDGER
+        report = cls(**{k: v for k, v in line.items() if k in known}, resumed=resumed)
         report.extra = {k: v for k, v in line.items() if k not in known}
         return report
 
@@ -122,6 +132,11 @@ class CheckpointReport:
         return cls(
             checkpoint.path, checkpoint.step, seconds=seconds, error={"type": type(error).__name__, "message": message}
         )
+
+
+#: ``CheckpointReport`` fields that are not ledger keys: ``extra`` spreads its keys into the line; ``resumed`` is the
+#: reader's own mark.
+_NOT_IN_LEDGER = frozenset({"extra", "resumed"})
 
 
 class _SweepFatal(Exception):
@@ -205,6 +220,8 @@ class Sweep:
     def run(self) -> Iterator[CheckpointReport]:
         """Evaluate every checkpoint not yet in the ledger; yield each report once its ledger line is written.
 
+        The reports of checkpoints an earlier run finished come first, read from the ledger (``resumed=True``).
+
         Raises:
             ValueError: without a watch, the patterns or the manifest name no checkpoint.
             LoraSamplerError: another sweep holds the output folder, or the engine or the input is unusable.
@@ -222,6 +239,8 @@ class Sweep:
             )
             if not settings.watch and not ledger.finished and not self._listing():
                 raise ValueError(f"{_describe(self._checkpoints)} names no checkpoint archive or adapter folder")
+            for line in list(ledger.finished.values()):  # an earlier run's: a re-run cell draws the same curve
+                yield CheckpointReport.from_ledger(line, resumed=True)
             try:
                 yield from self._schedule(source, ledger)
             finally:
@@ -410,7 +429,7 @@ class _CheckpointRun(threading.Thread):
             )
 
 
-_SUMMARY_FIELDS = ("rows", "failed", "tokens", "mean_logprob", "mean_length")
+_SUMMARY_FIELDS = ("rows", "failed", "tokens", "mean_logprob", "mean_length", "mean_sum")
 
 
 def _warm_up(
@@ -464,9 +483,20 @@ def _describe(checkpoints: Checkpoints) -> str:
 def sweep(
     client: SamplerClient,
     checkpoints: Checkpoints,
-    requests: SweepInput,
+    requests: Optional[SweepInput] = None,
     *,
     output_dir: Union[str, os.PathLike[str]],
+    score: bool = False,
+    num_samples: int = 1,
+    max_tokens: Optional[int] = None,
+    temperature: Optional[float] = None,
+    top_p: Optional[float] = None,
+    top_k: Optional[int] = None,
+    seed: Optional[int] = None,
+    stop: StopSpec = None,
+    extra_body: Optional[Mapping[str, Any]] = None,
+    prompt_logprobs: bool = False,
+    sampling_params: Optional[SamplingParams] = None,
     window: int = DEFAULT_WINDOW,
     watch: bool = False,
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
@@ -474,21 +504,18 @@ def sweep(
     keep_loaded: bool = False,
     delete_retired: bool = False,
     max_outage: float = 0.0,
-    num_samples: int = 1,
-    sampling_params: Optional[SamplingParams] = None,
-    prompt_logprobs: bool = False,
-    storage_options: Optional[Mapping[str, Any]] = None,
     on_outage: Optional[OutageHook] = None,
+    storage_options: Optional[Mapping[str, Any]] = None,
     step: Optional[EvaluationStep] = None,
-    score: bool = False,
+    on_row: Optional[RowHook] = None,
 ) -> Iterator[CheckpointReport]:
     """Sample the same requests from every checkpoint of a training run; yield one report per checkpoint.
 
-    See ``SamplerClient.sweep``; ``step`` replaces the sampling of each line by another evaluation, and ``score``
-    scores each line instead (``ScoreStep``: scoring lines in, ``mean_logprob`` per token and ``mean_sum`` per line).
+    See ``SamplerClient.sweep`` for the arguments. Internal: ``step`` replaces the evaluation of each checkpoint;
+    ``on_row`` is called for every row (the progress bar).
     """
-    defaults = LineDefaults(
-        num_samples=num_samples, sampling_params=sampling_params or SamplingParams(), prompt_logprobs=prompt_logprobs
+    params = sampling_params_from(
+        sampling_params, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop
     )
     settings = SweepSettings(
         os.fspath(output_dir),
@@ -501,5 +528,22 @@ def sweep(
         max_outage=max_outage,
         storage_options=storage_options,
     )
-    chosen = step or (ScoreStep(requests) if score else SampleStep(requests, defaults))
-    return Sweep(client, checkpoints, chosen, settings, on_outage=on_outage).run()
+    if step is None:
+        if requests is None:
+            raise TypeError("sweep() needs requests: a JSONL path or a sequence of lines (or SampleRequest values)")
+        if score:
+            sampled = {"num_samples": num_samples != 1, "sampling_params": params is not None}
+            sampled.update(extra_body=extra_body is not None, prompt_logprobs=prompt_logprobs)
+            given = [name for name, is_set in sampled.items() if is_set]
+            if given:
+                raise TypeError(f"score=True scores each line; {', '.join(given)} apply to sampling only")
+            step = ScoreStep(requests)
+        else:
+            defaults = LineDefaults(
+                num_samples=num_samples,
+                sampling_params=params or SamplingParams(),
+                prompt_logprobs=prompt_logprobs,
+                extra_body=extra_body,
+            )
+            step = SampleStep(requests, defaults)
+    return Sweep(client, checkpoints, step, settings, on_row=on_row, on_outage=on_outage).run()

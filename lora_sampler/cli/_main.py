@@ -19,13 +19,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 from lora_sampler._adapters.extract import DEFAULT_LIMITS, PublishLimits
 from lora_sampler._adapters.publish import default_adapter_name, remove_adapter_dir
 from lora_sampler._client.client import SamplerClient
-from lora_sampler._defaults import API_KEY_ENV
+from lora_sampler._defaults import API_KEY_ENV, DEFAULT_IDLE_TIMEOUT, DEFAULT_SETTLE, DEFAULT_WINDOW
 from lora_sampler._testmode import set_testing
 from lora_sampler._version import __version__
 from lora_sampler.batch._lines import LineDefaults
 from lora_sampler.batch._openai import OPENAI_BATCH_FORMAT, PROMPT_FORMAT, file_format, first_line
-from lora_sampler.batch._sources import DEFAULT_IDLE_TIMEOUT, DEFAULT_SETTLE
-from lora_sampler.batch._sweep import DEFAULT_WINDOW
 from lora_sampler.cli._runner import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, BatchAbandoned, run_batch
 from lora_sampler.cli._sweep_runner import check_plot_dependency, run_sweep
 from lora_sampler.cli._terminal import LOG_FORMAT, RetryCounter

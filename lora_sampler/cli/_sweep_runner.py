@@ -63,7 +63,9 @@ def run_sweep(client: SamplerClient, args: argparse.Namespace, defaults: LineDef
     try:
         with interrupts_stop(sweep) as interrupts, logs_above(bar):
             for report in sweep.run():
-                if not args.quiet:
+                if not args.quiet and report.resumed:
+                    say(bar, f"lora-sampler: {report.checkpoint}: done by an earlier run ({report.rows} rows)")
+                elif not args.quiet:
                     line = report.ledger_line()
                     detail = line["error"]["message"] if report.error else f"{report.rows} rows, {report.failed} failed"
                     say(bar, f"lora-sampler: {report.checkpoint}: {detail} ({report.seconds:.1f} s)")

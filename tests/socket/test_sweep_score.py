@@ -61,7 +61,7 @@ def test_sweep_score_scores_every_checkpoint_with_per_line_means(
 def test_client_sweep_score_takes_score_requests(
     engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
 ) -> None:
-    """SamplerClient.sweep(score=True) with ScoreRequest values and mappings: reports carry mean_sum in extra."""
+    """SamplerClient.sweep(score=True) with ScoreRequest values and mappings: reports carry a typed mean_sum."""
     make_run(tmp_path / "run", engine.model, (10, 20))
     requests: List[Any] = [
         ScoreRequest([5, 6, 7], base_model="replaced"),
@@ -75,4 +75,5 @@ def test_client_sweep_score_takes_score_requests(
     for report in reports:
         records = [json.loads(line) for line in (tmp_path / "o" / str(report.output)).read_text().splitlines()]
         assert {json.dumps(r["id"]): r["tokens"] for r in records} == {"1": [6, 7], '"m"': [4 + ord("c")]}
-        assert report.tokens == 3 and abs(report.extra["mean_sum"] - expected_means(records)["mean_sum"]) < 1e-9
+        assert report.tokens == 3 and report.mean_sum is not None
+        assert abs(report.mean_sum - expected_means(records)["mean_sum"]) < 1e-9 and "mean_sum" not in report.extra

@@ -79,4 +79,8 @@ def sweep_a_run(client: SamplerClient) -> float:
         print(checked.step, checked.rows, checked.ledger_line()["checkpoint"])
     for report in client.sweep(["run/step-*.tar.gz"], [{"prompt": [1, 2]}], output_dir="evals2", watch=True):
         print(report.error)
+    scored = client.sweep("run/*.tar.gz", "heldout.jsonl", output_dir="evals3", score=True, progress=True)
+    sums = [(r.step, r.mean_sum) for r in scored if r.mean_sum is not None and not r.resumed]
+    sampled = client.sweep("run/*.tar.gz", "p.jsonl", output_dir="e4", max_tokens=8, temperature=0.0, stop=["\n"])
+    print(sums, [r.tokens for r in sampled])
     return best
