@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import functools
 import threading
 import weakref
 from typing import (
@@ -26,7 +27,6 @@ from typing import (
     Optional,
     Tuple,
     Union,
-    cast,
 )
 
 from lora_sampler._client.outage import OutageGate
@@ -66,10 +66,15 @@ class _Batch:
 class SampleFuture(Future):  # type: ignore[type-arg]
     """The future ``submit`` returns: Ctrl-C while waiting on it cancels every request submitted and not finished.
 
-    The executor's own future, its class switched (no extra future per request); ``_on_interrupt`` is set with it.
+    Created as itself and settled by the worker that runs its request (``settle``), as an executor settles its own.
+
+    Args:
+        on_interrupt: Called when Ctrl-C arrives while a caller waits on this future.
     """
 
-    _on_interrupt: Callable[[], None]
+    def __init__(self, on_interrupt: Callable[[], None]):
+        super().__init__()
+        self._on_interrupt = on_interrupt
 
     def result(self, timeout: Optional[float] = None) -> Any:
         """As ``Future.result``; Ctrl-C while waiting cancels the submitted requests, then propagates."""
@@ -86,6 +91,18 @@ class SampleFuture(Future):  # type: ignore[type-arg]
         except KeyboardInterrupt:
             self._on_interrupt()
             raise
+
+
+def settle(future: Future[Any], run: Runner, request: Any) -> None:
+    """Run ``run(request)`` for ``future`` (unless it was cancelled first) and set its result or exception."""
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        value = run(request)
+    except BaseException as error:  # as the executor's own work items do: the caller sees it
+        future.set_exception(error)
+    else:
+        future.set_result(value)
 
 
 class FanOut:
@@ -136,19 +153,26 @@ class FanOut:
             RuntimeError: the client is closed.
         """
         batch = self._submits
-        future = self._submit(batch, run, request)
-        future.__class__ = SampleFuture  # a subclass adding two methods: the same object, interruptible
-        cast(SampleFuture, future)._on_interrupt = self._interrupt_submits
+        future = SampleFuture(self._interrupt_submits)
         batch.add(future)
+        self._start(settle, future, functools.partial(batch.scope.run, run), request)
         return future
 
     def _submit(self, batch: _Batch, run: Runner, request: Any) -> Future[Any]:
+        return self._start(batch.scope.run, run, request)
+
+    def _start(self, function: Callable[..., Any], *arguments: Any) -> Future[Any]:
+        """Run ``function(*arguments)`` on the pool (started on first use).
+
+        Raises:
+            RuntimeError: the client is closed.
+        """
         with self._lock:
             if self._closed:
                 raise RuntimeError("this SamplerClient is closed; create a new one")
             if self._executor is None:
                 self._executor = concurrent.futures.ThreadPoolExecutor(self.max_workers, "lora_sampler")
-            return self._executor.submit(batch.scope.run, run, request)
+            return self._executor.submit(function, *arguments)
 
     def imap(
         self, requests: Iterable[RequestLike], run: Runner, *, return_exceptions: bool, gate: Optional[OutageGate]
