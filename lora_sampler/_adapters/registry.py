@@ -15,13 +15,14 @@ from typing import Any, Counter, Dict, List, Mapping, Optional, Set, Tuple, Unio
 
 from lora_sampler._adapters.extract import PublishLimits
 from lora_sampler._adapters.fleet import Fleet
+from lora_sampler._adapters.lease import Lease, hold
 from lora_sampler._adapters.lookup import find_adapter
 from lora_sampler._locks import KeyedLocks
 from lora_sampler._transport.http import EngineTransport
 from lora_sampler._wire.messages import unload_adapter_body
 from lora_sampler._wire.refusals import is_not_held
 from lora_sampler._wire.routes import MODELS_PATH, UNLOAD_ADAPTER_PATH
-from lora_sampler.errors import EngineError, EngineStatusError, LoraSamplerError
+from lora_sampler.errors import AdapterConfigError, EngineError, EngineStatusError, LoraSamplerError
 from lora_sampler.names import validate_adapter_name
 from lora_sampler.types import Adapter, AdapterSpec, is_checkpoint_path, is_storage_url, model_cards
 
@@ -75,6 +76,7 @@ class AdapterRegistry:
         self._newest_served: Dict[str, int] = {}
         self._retired: Set[str] = set()
         self._named: Dict[str, Adapter] = {}
+        self._leases: Dict[str, Lease] = {}  # adapter name -> this client's lease on its published folder
 
     # -- resolution -----------------------------------------------------------------------------------------
 
@@ -96,6 +98,8 @@ class AdapterRegistry:
         # Looked up once per name: lora_base_dir is often a network mount, where a stat per request costs. Without
         # lora_base_dir the engine's own resolver folder may hold the name, so it is sent as given.
         adapter = find_adapter(name, self.lora_base_dir, self._transport) if self.lora_base_dir else Adapter(name)
+        if adapter.path is not None:
+            self._lease(adapter.name)
         with self._lock:
             self._named[name] = adapter
         return adapter
@@ -135,7 +139,19 @@ class AdapterRegistry:
         adapter = publish_checkpoint(
             checkpoint, self.lora_base_dir, name=name, limits=self.publish_limits, storage_options=self.storage_options
         )
-        self._preflight(adapter)
+        self._lease(adapter.name)
+        if adapter.path is not None and not os.path.isdir(adapter.path):  # another run's clean-up was first
+            adapter = publish_checkpoint(
+                checkpoint,
+                self.lora_base_dir,
+                name=name,
+                limits=self.publish_limits,
+                storage_options=self.storage_options,
+            )
+        try:
+            self._preflight(adapter)
+        except AdapterConfigError as error:
+            raise self._refused(adapter.name, error) from None
         if self._fleet is not None:
             self._fleet.load_everywhere(adapter.name, str(self.engine_path(adapter)))
         if lineage is not None:
@@ -145,6 +161,48 @@ class AdapterRegistry:
                     names.append(adapter.name)
                 self._lineage_of[adapter.name] = lineage
         return adapter
+
+    def _lease(self, name: str) -> None:
+        """Hold a lease on ``name``'s folder until it is unloaded or the client closes (``_adapters.lease``)."""
+        if self.lora_base_dir is None:
+            return
+        with self._work.hold(("lease", name)):
+            if name in self._leases:
+                return
+            lease = hold(self.lora_base_dir, name)
+            with self._lock:
+                self._leases[name] = lease
+
+    def release_lease(self, name: str) -> None:
+        """Let go of this client's lease on ``name``'s folder (unload does; a clean-up may then delete it)."""
+        with self._lock:
+            lease = self._leases.pop(name, None)
+        if lease is not None:
+            lease.release()
+
+    def _refused(self, name: str, error: AdapterConfigError) -> AdapterConfigError:
+        """Remove the folder of an adapter the engine's model refuses (never requested, so the engine cannot hold
+        it), unless another run holds a lease on it; return the error saying which."""
+        from lora_sampler._adapters.lease import remove_if_unleased
+
+        self.release_lease(name)
+        assert self.lora_base_dir is not None  # publishing needs it
+        try:
+            removed = remove_if_unleased(self.lora_base_dir, name)
+        except OSError as exc:
+            removed, why = False, f"; its folder {name} could not be removed from lora_base_dir ({exc})"
+        else:
+            why = "" if removed else f"; its folder {name} is kept: another run holds a lease on it"
+        if removed:
+            why = f"; the adapter folder {name} it published was removed again"
+        return AdapterConfigError(f"{error}{why}")
+
+    def close(self) -> None:
+        """Release every lease this client holds. Idempotent."""
+        with self._lock:
+            leases, self._leases = list(self._leases.values()), {}
+        for lease in leases:
+            lease.release()
 
     def _preflight(self, adapter: Adapter) -> None:
         """Check ``adapter_config.json`` against the engine's model once per adapter, before any completion."""
@@ -185,11 +243,14 @@ class AdapterRegistry:
     def unload(self, name: str, *, delete_files: bool = False, session_id: Optional[str] = None) -> None:
         """Unload ``name`` from the engine; then, only if the engine let go of it, delete its folder.
 
+        The client's lease on the folder goes with the unload; with ``delete_files`` the folder is deleted only if no
+        other process holds a lease on it (another run still sampling it), else it is kept and the log says so.
+
         Raises:
             EngineError: the engine did not confirm the unload (the files are left in place).
             FleetError: with a fleet, some replicas did not confirm (the files are left in place).
         """
-        from lora_sampler._adapters.publish import remove_adapter_dir
+        from lora_sampler._adapters.lease import remove_if_unleased
 
         validate_adapter_name(name, argument="adapter")
         if self._fleet is not None:
@@ -201,10 +262,16 @@ class AdapterRegistry:
             for key in [key for key, published in self._published.items() if published.name == name]:
                 del self._published[key]
             self._named.pop(name, None)
+        self.release_lease(name)
         if delete_files:
             if self.lora_base_dir is None:
                 raise ValueError("delete_files=True needs lora_base_dir=")
-            remove_adapter_dir(self.lora_base_dir, name)
+            if not remove_if_unleased(self.lora_base_dir, name):
+                logger.warning(
+                    "Kept the folder of adapter %r in %s: another run holds a lease on it (it is still sampling it)",
+                    name,
+                    self.lora_base_dir,
+                )
 
     def _unload_from_engine(self, name: str, session_id: Optional[str]) -> None:
         transport = self._transport

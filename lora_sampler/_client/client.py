@@ -162,6 +162,7 @@ class SamplerClient:
         if self._fleet is not None:
             self._fleet.close()
         self._transport.close()
+        self._registry.close()
 
     # -- sampling -------------------------------------------------------------------------------------------
 

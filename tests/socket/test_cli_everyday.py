@@ -11,6 +11,8 @@ import pytest
 
 import lora_sampler
 from lora_sampler import SamplerClient, SamplingParams
+from lora_sampler._adapters.lease import hold
+from lora_sampler._adapters.publish import publish_checkpoint
 from lora_sampler.cli import main
 from lora_sampler.cli._main import build_parser, sampling_params
 from lora_sampler.testing import FakeEngine, write_adapter_archive
@@ -51,16 +53,18 @@ def test_cli_refused_adapter_published_by_this_run_is_removed(
 def test_cli_refused_adapter_folder_from_before_the_run_is_kept(
     engine: FakeEngine, lora_dir: Path, tmp_path: Path, capsys: Any
 ) -> None:
-    """A folder that was there before the run (published by another) is not this run's to remove."""
+    """A folder another run holds a lease on (an engine of that base model samples it) is not this run's to remove."""
     wrong = write_adapter_archive(tmp_path / "wrong.tar.gz", "other-model")
-    with SamplerClient(engine.url, lora_base_dir=lora_dir) as client, pytest.raises(lora_sampler.AdapterConfigError):
-        client.publish(wrong)
+    other_run = hold(lora_dir, publish_checkpoint(wrong, lora_dir).name)
     before = sorted(p.name for p in lora_dir.iterdir())
     inp = tmp_path / "in.jsonl"
     inp.write_text('{"prompt": "x"}\n')
     argv = _sample(engine, "--lora-base-dir", str(lora_dir), "--adapter", wrong, "--input", str(inp))
     assert main([*argv, "--output", str(tmp_path / "out.jsonl")]) == 2
-    assert "removed" not in capsys.readouterr().err and sorted(p.name for p in lora_dir.iterdir()) == before
+    err = capsys.readouterr().err
+    assert "removed" not in err and "another run holds a lease" in err
+    assert sorted(p.name for p in lora_dir.iterdir()) == before
+    other_run.release()
 
 
 def test_cli_sampling_flags_set_every_lines_defaults(capsys: Any) -> None:
