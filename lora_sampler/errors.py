@@ -28,7 +28,12 @@ class LoraSamplerError(Exception):
         adapter: Whether the request was for a LoRA adapter (rather than the base model).
         attempts: How many attempts were made before this error surfaced (1 unless retried).
         request_id: The ``X-Request-Id`` of the last attempt, when a request was sent (find it in the engine's logs).
+        results: Set on the error ``sample_many`` raises: one slot per request submitted, in input order, holding its
+            output, or None for each that was not answered (failed, or cancelled when this error stopped the
+            fan-out). None otherwise.
     """
+
+    results: Optional[List[Any]] = None
 
     def __init__(
         self,

@@ -12,7 +12,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union, cast, overload
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union, cast, overload
 
 from lora_sampler import _views
 from lora_sampler._wire.archives import ARCHIVE_SUFFIXES as ARCHIVE_SUFFIXES  # re-exported: a public name here
@@ -300,6 +300,26 @@ _REQUEST_FIELDS = frozenset(f.name for f in dataclass_fields(SampleRequest)) - {
 SAMPLING_KEYWORDS = (*SAMPLING_FIELDS, "stop")
 
 
+#: Keyword arguments the OpenAI SDK and vLLM users reach for, and what this client takes instead.
+HABIT_HINTS = {
+    "n": "num_samples= (the OpenAI SDK's n)",
+    "model": "adapter= (a LoRA adapter: an Adapter, a checkpoint path or an adapter name) or base_model= (the "
+    "engine's own model)",
+    "lora_request": "adapter= (an Adapter, a checkpoint path or an adapter name)",
+    "max_completion_tokens": "max_tokens=",
+    "stop_token_ids": "stop= (token ids and strings alike)",
+    "messages": "client.chat(messages, ...) for chat messages (sample takes a prompt: token ids or text)",
+}
+
+
+def habit_error(function: str, unknown: Iterable[str]) -> TypeError:
+    """Return the ``TypeError`` of a call with keyword arguments ``function`` does not take, with the hint for each
+    one another library spells that way (``n=`` is ``num_samples=``, ``model=`` is ``adapter=``/``base_model=``)."""
+    parts = [f"{name!r}" + (f": use {HABIT_HINTS[name]}" if name in HABIT_HINTS else "") for name in sorted(unknown)]
+    plural = "an unexpected keyword argument" if len(parts) == 1 else "unexpected keyword arguments"
+    return TypeError(f"{function}() got {plural} {'; '.join(parts)}")
+
+
 def sampling_params_from(sampling_params: Optional[SamplingParams], **keywords: Any) -> Optional[SamplingParams]:
     """Return ``sampling_params``, or the ``SamplingParams`` of sampling keywords (``max_tokens=``, ...).
 
@@ -333,6 +353,9 @@ def build_request(prompt: Optional[Prompt] = None, **fields: Any) -> SampleReque
         fields["sampling_params"] = sampling_params_from(fields.get("sampling_params"), **given)
     unknown = sorted(set(fields) - _REQUEST_FIELDS)
     if unknown:
+        hints = [f"{name!r}: use {HABIT_HINTS[name]}" for name in unknown if name in HABIT_HINTS]
+        if hints:
+            raise TypeError(f"unknown request field(s) {'; '.join(hints)}")
         raise TypeError(
             f"unknown request field(s) {', '.join(map(repr, unknown))}; a request takes "
             f"{', '.join(sorted(_REQUEST_FIELDS))} and the sampling fields {', '.join(SAMPLING_KEYWORDS)} (vLLM's "
@@ -351,6 +374,11 @@ def _validated_prompt(prompt: object, what: str = "prompt") -> Prompt:
     if not prompt:
         raise ValueError(f"{what} must not be empty")
     if not set(map(type, prompt)) <= _INT_TYPE:  # one C loop for the usual case; the slow one names the culprit
+        if all(isinstance(item, Mapping) and "role" in item for item in prompt):
+            raise TypeError(
+                f"{what} holds chat messages ({{'role', 'content'}} dicts), not token ids or text: use "
+                "client.chat(messages, ...) (or messages= in a request) to sample a chat reply"
+            )
         for position, token in enumerate(prompt):
             if not _is_int(token):
                 raise TypeError(f"{what} token ids must be ints, got {token!r} at position {position}")

@@ -8,10 +8,27 @@ and the adapter registry. Each method is a thin entry point into one of them.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
+import inspect
 import os
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+    Union,
+    cast,
+)
 
 from lora_sampler._adapters.extract import PublishLimits
 from lora_sampler._adapters.fleet import Fleet, ReplicasSpec
@@ -43,6 +60,7 @@ from lora_sampler.types import (
     ScoreRequest,
     StopSpec,
     build_request,
+    habit_error,
     sampling_params_from,
 )
 
@@ -50,6 +68,26 @@ if TYPE_CHECKING:  # the annotations of ``sweep`` only: the sweep itself is impo
     from lora_sampler.batch._sweep import CheckpointReport, Checkpoints, SweepInput
 
 __all__ = ["IN_FLIGHT_PER_WORKER", "RequestLike", "Runner", "SamplerClient"]
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _habit_hints(method: _Method) -> _Method:
+    """Turn a call with a keyword the method does not take into a ``TypeError`` with the hint for it.
+
+    ``n=`` (the OpenAI SDK's) is ``num_samples=``; ``model=`` is ``adapter=`` or ``base_model=``. Python's own error
+    names the keyword but not the fix. The check is one dict walk per call.
+    """
+    accepted = frozenset(inspect.signature(method).parameters)
+
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        for name in kwargs:
+            if name not in accepted:
+                raise habit_error(method.__name__, set(kwargs) - accepted)
+        return method(*args, **kwargs)
+
+    return cast(_Method, call)
 
 
 class SamplerClient:
@@ -166,6 +204,7 @@ class SamplerClient:
 
     # -- sampling -------------------------------------------------------------------------------------------
 
+    @_habit_hints
     def sample(
         self,
         prompt: Prompt,
@@ -214,6 +253,7 @@ class SamplerClient:
         """
         return self.run(build_request(**_arguments(locals())))
 
+    @_habit_hints
     def chat(
         self,
         messages: Sequence[Message],
@@ -249,6 +289,7 @@ class SamplerClient:
         """
         return self.run(build_request(**_arguments(locals())))
 
+    @_habit_hints
     def compute_logprobs(
         self,
         prompt: Prompt,
@@ -287,6 +328,7 @@ class SamplerClient:
         """
         return self._fanout.submit(self._calls.run, build_request(prompt, **kwargs))
 
+    @_habit_hints
     def imap(
         self,
         requests: Iterable[RequestLike],
@@ -294,6 +336,8 @@ class SamplerClient:
         return_exceptions: bool = False,
         max_outage: float = 0.0,
         on_outage: Optional[OutageHook] = None,
+        progress: bool = False,
+        total: Optional[int] = None,
     ) -> Iterator[Any]:
         """Yield the result of each request in input order, keeping a bounded number in flight.
 
@@ -310,10 +354,15 @@ class SamplerClient:
                 again once it answers. Past ``max_outage`` they fail with their last error, and requests not yet
                 sent fail with ``EngineConnectionError`` without being sent.
             on_outage: Called with an ``OutageEvent`` while the engine is away (from worker threads).
+            progress: Show a progress bar, as ``sample_many`` does; it closes when the iteration ends.
+            total: The number of requests, for the bar's total when ``requests`` has no length (a generator).
         """
         gate = self._outage_gate(max_outage, on_outage)
-        return self._fanout.imap(requests, self._scorer.run_any, return_exceptions=return_exceptions, gate=gate)
+        bar = self._progress_bar(requests, progress, total)
+        results = self._fanout.imap(requests, self._scorer.run_any, return_exceptions=return_exceptions, gate=gate)
+        return results if bar is None else bar.follow(results)
 
+    @_habit_hints
     def imap_unordered(
         self,
         requests: Iterable[RequestLike],
@@ -321,15 +370,28 @@ class SamplerClient:
         return_exceptions: bool = False,
         max_outage: float = 0.0,
         on_outage: Optional[OutageHook] = None,
+        progress: bool = False,
+        total: Optional[int] = None,
     ) -> Iterator[Tuple[int, Any]]:
         """Yield ``(index, result)`` pairs as requests finish, keeping a bounded number in flight.
 
-        ``max_outage`` and ``on_outage`` work as in ``imap``.
+        ``max_outage``, ``on_outage``, ``progress`` and ``total`` work as in ``imap``.
         """
         gate = self._outage_gate(max_outage, on_outage)
-        return self._fanout.imap_unordered(
+        bar = self._progress_bar(requests, progress, total)
+        pairs = self._fanout.imap_unordered(
             requests, self._scorer.run_any, return_exceptions=return_exceptions, gate=gate
         )
+        return pairs if bar is None else bar.follow(pairs, lambda pair: pair[1])
+
+    def _progress_bar(self, requests: Iterable[Any], progress: bool, total: Optional[int]) -> Optional[ProgressBar]:
+        """The bar of one fan-out (``progress=True``), counting this client's retries; None without one."""
+        if not progress:
+            if total is not None:
+                ProgressBar.check_total(total)
+            return None
+        calls = self._calls  # not self: the bar must not keep the client alive
+        return ProgressBar(requests, lambda: calls.retries.value, total)
 
     def _outage_gate(self, max_outage: float, on_outage: Optional[OutageHook]) -> Optional[OutageGate]:
         """Return the outage gate of one fan-out, or None for ``max_outage=0`` (fail at once)."""
@@ -362,6 +424,7 @@ class SamplerClient:
             within = f" within {timeout:g} s" if timeout > 0 else ""
             raise EngineConnectionError(f"the engine at {self.base_url} did not answer{within}: {last}") from last
 
+    @_habit_hints
     def sample_many(
         self,
         requests: Iterable[RequestLike],
@@ -370,6 +433,7 @@ class SamplerClient:
         progress: bool = False,
         max_outage: float = 0.0,
         on_outage: Optional[OutageHook] = None,
+        total: Optional[int] = None,
     ) -> List[Any]:
         """Run many requests over the thread pool and return their results in input order.
 
@@ -380,13 +444,18 @@ class SamplerClient:
                 text on a terminal; needs ``pip install 'lora_sampler[cli]'``, and ipywidgets for the widget).
             max_outage: Seconds to wait out an engine outage, as in ``imap`` (0: fail at once).
             on_outage: Called with an ``OutageEvent`` while the engine is away.
+            total: The number of requests, for the bar's total when ``requests`` has no length (a generator).
 
         Raises:
             SamplingInterruptedError: Ctrl-C (a kernel interrupt): the requests in flight were cancelled; its
                 ``.results`` (also ``client.last_interrupt.results``) holds the answers received, in input order.
+            LoraSamplerError: without ``return_exceptions``, the first request that failed (in input order). The
+                requests in flight are cancelled and no new one is sent; the error's ``.results`` holds every answer
+                received, in input order (None for the failed request and those not answered), so the work done is
+                not lost. Pass ``return_exceptions=True`` to run every request whatever fails.
         """
         gate = self._outage_gate(max_outage, on_outage)
-        bar = ProgressBar(requests, lambda: self._calls.retries.value) if progress else None
+        bar = self._progress_bar(requests, progress, total)
         try:
             return self._fanout.collect(
                 requests,
@@ -403,6 +472,7 @@ class SamplerClient:
             if bar is not None:
                 bar.close()
 
+    @_habit_hints
     def sweep(
         self,
         checkpoints: Checkpoints,
@@ -476,7 +546,7 @@ class SamplerClient:
             seed=seed,
             stop=stop,
         )
-        bar = ProgressBar((), lambda: self._calls.retries.value) if progress else None
+        bar = self._progress_bar((), progress, None)
         reports = sweep(
             self,
             checkpoints,

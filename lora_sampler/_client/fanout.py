@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import functools
 import threading
 import weakref
@@ -193,6 +194,7 @@ class FanOut:
 
         Raises:
             SamplingInterruptedError: Ctrl-C while waiting; ``results`` holds what had finished by then.
+            Exception: the first failure (without ``return_exceptions``), its ``results`` set to the answers received.
         """
         results: List[Any] = []
         window: Deque[Future[Any]] = collections.deque()
@@ -210,6 +212,9 @@ class FanOut:
                 "cancelled. The answers received are in this error's .results (in input order, None where none came)"
             )
             raise SamplingInterruptedError(message, results=partial) from stop
+        except Exception as error:  # the first failure, raised: it carries every answer received
+            keep_results(error, results + [_answered(future) for future in window])
+            raise
         return results
 
     def _stream(
@@ -292,6 +297,19 @@ def _finished(future: Future[Any]) -> Any:
     if isinstance(error, RequestCancelledError):
         return None
     return error if error is not None else future.result()
+
+
+def _answered(future: Future[Any]) -> Any:
+    """The output of a request that finished with one, else None (failed, cancelled or still running)."""
+    if not future.done() or future.cancelled() or future.exception() is not None:
+        return None
+    return future.result()
+
+
+def keep_results(error: BaseException, results: List[Any]) -> None:
+    """Set ``error.results`` to the answers received, unless the error cannot take an attribute."""
+    with contextlib.suppress(AttributeError):  # an exception type with __slots__ keeps none
+        error.results = results  # type: ignore[attr-defined]
 
 
 def _through(gate: Optional[OutageGate], run: Runner) -> Runner:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import operator
 import threading
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 from lora_sampler.retry import RetryEvent
 
@@ -33,18 +33,33 @@ class ProgressBar:
     Args:
         requests: The fan-out's requests; the total is their length when they have one (a list, a range).
         retries: Reads the client's retry count.
+        total: The number of requests, for an iterable without a length (a generator); None: read it from
+            ``requests`` when it has one.
     """
 
-    def __init__(self, requests: Iterable[Any], retries: Callable[[], int]):
+    def __init__(self, requests: Iterable[Any], retries: Callable[[], int], total: Optional[int] = None):
+        if total is not None:
+            self.check_total(total)
         try:
             from tqdm.auto import tqdm
         except ImportError:
             raise ImportError("progress=True needs tqdm: pip install 'lora_sampler[cli]'") from None
-        total: Optional[int] = operator.length_hint(requests, -1)
+        if total is None:
+            total = operator.length_hint(requests, -1)
         self._retries, self._first = retries, retries()
         self._failed = 0
         self._bar = tqdm(total=None if total is None or total < 0 else total, unit="req", dynamic_ncols=True)
         self._bar.set_postfix(retries=0, failed=0, refresh=False)
+
+    @staticmethod
+    def check_total(total: object) -> None:
+        """Refuse a ``total=`` that is not a count.
+
+        Raises:
+            ValueError: ``total`` is not an int >= 0.
+        """
+        if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+            raise ValueError(f"total must be an int >= 0 (the number of requests), got {total!r}")
 
     def update(self, outcome: Any) -> None:
         """Count one outcome (an exception counts as a failure)."""
@@ -59,6 +74,15 @@ class ProgressBar:
         self._failed += failed
         self._bar.set_postfix(retries=self._retries() - self._first, failed=self._failed, refresh=False)
         self._bar.update(1)
+
+    def follow(self, outcomes: Iterator[Any], count: Callable[[Any], Any] = lambda outcome: outcome) -> Iterator[Any]:
+        """Yield ``outcomes``, counting each (``count`` picks the outcome out of a yielded item); close at the end."""
+        try:
+            for item in outcomes:
+                self.update(count(item))
+                yield item
+        finally:
+            self.close()
 
     def close(self) -> None:
         """Draw the final state and release the bar."""
