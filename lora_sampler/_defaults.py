@@ -9,6 +9,10 @@ from typing import Tuple
 
 #: ``(connect, read)`` seconds for each request: a dead host is found in 10 s, a long generation has 300 s.
 DEFAULT_TIMEOUT: Tuple[float, float] = (10.0, 300.0)
+#: Slowest transfer from object storage (bytes per second) that is still waited for: one object's download must end
+#: within the read timeout plus its size over this rate (a 1 GB archive: read timeout + 1,000 s), so a store that
+#: drips bytes cannot hold a publish or a sweep for longer. 1 MB/s is 8 Mbit/s, far below a real store's rate.
+DEFAULT_STORAGE_MIN_RATE = 1_000_000.0
 #: Requests in flight per client: enough to keep a vLLM engine's batch full from one process.
 DEFAULT_MAX_WORKERS = 16
 #: Environment variable holding the engine's API key (twine-style default; never echoed).

@@ -1,11 +1,19 @@
 """Checkpoints in object storage (``s3://``, ``gs://``) through fsspec: probe, list, glob, stream, settle signature.
 
+Every request to a store has a deadline that a slow, silent or dripping store cannot extend (``Deadlines``): a
+metadata request (HEAD, one listing page) ends within the connect plus read timeout, an object's download within
+that plus its size over ``DEFAULT_STORAGE_MIN_RATE``. On S3 the requests are made here, through the aiobotocore
+client that s3fs hands out (``S3FileSystem.set_session``, s3fs's documented async entry point) and run on s3fs's
+event loop with fsspec's ``sync`` (fsspec's async guide), so a deadline cancels the request itself. Other stores go
+through fsspec's blocking methods, which the caller stops waiting for at the same deadline.
+
 One translation point turns whatever the storage library raises into a ``PublishError`` naming the URL and the cause,
 secrets blanked. Nothing here writes to disk: ``extract`` and ``publish`` write from the streams handed out here.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import importlib
 import io
@@ -14,20 +22,24 @@ import os
 import queue
 import re
 import threading
+import time
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, ContextManager, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Awaitable, Callable, ContextManager, Dict, Iterator, List, Mapping, Optional, Tuple, TypeVar
 
 from lora_sampler._adapters.archive import CONFIG_FILE
+from lora_sampler._defaults import DEFAULT_STORAGE_MIN_RATE, DEFAULT_TIMEOUT
 from lora_sampler._wire.archives import has_archive_suffix
 from lora_sampler.errors import LoraSamplerError, PublishError
-from lora_sampler.types import is_storage_url
+from lora_sampler.types import Timeout, is_storage_url, split_timeout
 
 __all__ = [
     "DOWNLOAD_CHUNK_SIZE",
+    "Deadlines",
     "StoredFile",
     "StoredObject",
+    "deadlines",
     "expand",
     "is_storage_url",
     "list_folder",
@@ -46,6 +58,11 @@ DOWNLOAD_CHUNK_SIZE = 1 << 20
 READ_AHEAD_CHUNKS = 32
 #: Block size of the ranged reads on stores without a streamed GET (gcsfs): few requests, bounded memory.
 RANGED_BLOCK_SIZE = 16 << 20
+#: The most bytes one S3 listing page can hold: 1,000 keys of up to 1,024 bytes, each with its XML around it. A page
+#: has the deadline of an object of this size.
+LIST_PAGE_BYTES = 1000 * 1600
+#: Seconds a closing reader waits for its download thread at most (a thread stuck in a library's read is left).
+CLOSE_WAIT = 5.0
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 # scheme -> (the fsspec implementation's package, the lora_sampler extra that installs it)
@@ -56,6 +73,67 @@ _CREDENTIALS_FIX = (
     "check the credentials: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or an instance role for s3://, "
     "GOOGLE_APPLICATION_CREDENTIALS for gs://, or SamplerClient(storage_options={...})"
 )
+# S3 error codes (botocore's ClientError.response["Error"]["Code"]) by what they mean here.
+_S3_MISSING = {"404", "NoSuchKey", "NoSuchBucket", "NotFound", "NoSuchVersion"}
+_S3_DENIED = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "AllAccessDisabled"}
+_S3_CHANGED = {"412", "PreconditionFailed"}
+# Exception class names (of botocore, aiohttp and the stdlib) that mean the store could not be reached at all.
+_UNREACHABLE = {"EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError", "ConnectionRefusedError"}
+# Storage options that s3fs hands on to a request (s3_additional_kwargs) and that a read needs too.
+_S3_READ_KEYS = ("RequestPayer", "ExpectedBucketOwner", "SSECustomerAlgorithm", "SSECustomerKey", "SSECustomerKeyMD5")
+
+T = TypeVar("T")
+
+
+class StoreTimeoutError(TimeoutError):
+    """A request to a store did not end within its deadline (raised to the caller as a ``PublishError``)."""
+
+    def __init__(self, what: str, seconds: float) -> None:
+        super().__init__(f"{what} did not end within {seconds:.1f} s")
+        self.what = what
+        self.seconds = seconds
+
+
+class ObjectChangedError(OSError):
+    """The object was rewritten between its look-up and its download (S3 answered 412 to ``If-Match``)."""
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """The bounds of every request to a store: a metadata request, and an object's whole transfer.
+
+    Attributes:
+        connect: Seconds to connect (the client's connect timeout, or the storage options' ``connect_timeout``).
+        read: Seconds to wait for an answer (the client's read timeout, or the options' ``read_timeout``).
+        min_rate: Bytes per second an object's transfer may not fall below on average (``DEFAULT_STORAGE_MIN_RATE``).
+    """
+
+    connect: float
+    read: float
+    min_rate: float = DEFAULT_STORAGE_MIN_RATE
+
+    @property
+    def request(self) -> float:
+        """Seconds a HEAD (or any request whose answer is small) may take in all, the library's retries included."""
+        return self.connect + self.read
+
+    def transfer(self, size: int) -> float:
+        """Seconds the transfer of ``size`` bytes may take in all: a request's bound plus the size over the rate."""
+        return self.request + max(size, 0) / self.min_rate
+
+
+def deadlines(options: Optional[Mapping[str, Any]] = None, timeout: Optional[Timeout] = None) -> Deadlines:
+    """Return the deadlines of a store's requests: the storage options' own timeouts, else ``timeout``.
+
+    ``storage_options={"config_kwargs": {"connect_timeout": ..., "read_timeout": ...}}`` (s3fs's botocore settings)
+    wins over the client's ``timeout``; without either, the client's default ``(10, 300)``.
+    """
+    connect, read = split_timeout(DEFAULT_TIMEOUT if timeout is None else timeout)
+    config = (options or {}).get("config_kwargs") or {}
+    if isinstance(config, Mapping):
+        connect = float(config.get("connect_timeout", connect))
+        read = float(config.get("read_timeout", read))
+    return Deadlines(connect, read)
 
 
 @dataclass(frozen=True)
@@ -90,17 +168,19 @@ class StoredFile:
     modified: Optional[float] = None
 
 
-def probe(url: str, options: Optional[Mapping[str, Any]] = None) -> StoredObject:
+def probe(url: str, options: Optional[Mapping[str, Any]] = None, *, timeout: Optional[Timeout] = None) -> StoredObject:
     """Ask the store about ``url`` with one metadata request (a HEAD for an object; a listing for a prefix).
 
     Raises:
         PublishError: the extra is not installed, or the object/bucket is missing, access is denied, the store is
-            unreachable.
+            unreachable or did not answer within its deadline.
     """
-    fs, path = _filesystem(url, options)
+    fs, path, limits = _filesystem(url, options, timeout)
     with translated(url, options, "look up"):
+        if _is_s3(fs):
+            return _S3(fs, limits, options).probe(url, path)
         fs.invalidate_cache(path)  # a cached listing would hide a rewritten object
-        info = fs.info(path)
+        info = _bounded(partial(fs.info, path), limits.request, "the look-up")
     if info.get("type") == "directory":
         return StoredObject(url, 0, None, None, True)
     etag = info.get("ETag") or info.get("etag")
@@ -108,16 +188,21 @@ def probe(url: str, options: Optional[Mapping[str, Any]] = None) -> StoredObject
     return StoredObject(url, int(info.get("size") or 0), _text(etag), _text(version), False, _modified(info))
 
 
-def list_folder(url: str, options: Optional[Mapping[str, Any]] = None) -> List[StoredFile]:
+def list_folder(
+    url: str, options: Optional[Mapping[str, Any]] = None, *, timeout: Optional[Timeout] = None
+) -> List[StoredFile]:
     """List every object below the prefix ``url`` (recursively), sorted by path below it.
 
-    Zero-byte ``folder/`` placeholder objects that consoles create are skipped.
+    Zero-byte ``folder/`` placeholder objects that consoles create are skipped. Each listing page has the deadline
+    of ``LIST_PAGE_BYTES``; a listing that does not end (a continuation token seen twice) is refused.
     """
-    fs, path = _filesystem(url, options)
-    root = path.rstrip("/")
+    fs, path, limits = _filesystem(url, options, timeout)
     with translated(url, options, "list"):
+        if _is_s3(fs):
+            return _S3(fs, limits, options).list_folder(url, path)
+        root = path.rstrip("/")
         fs.invalidate_cache(root)
-        found = fs.find(root, detail=True)
+        found = _bounded(partial(fs.find, root, detail=True), limits.transfer(LIST_PAGE_BYTES), "the listing")
     files = []
     for name, info in found.items():
         rel = name[len(root) :].lstrip("/")
@@ -128,18 +213,24 @@ def list_folder(url: str, options: Optional[Mapping[str, Any]] = None) -> List[S
     return sorted(files, key=lambda file: file.rel)
 
 
-def expand(pattern: str, options: Optional[Mapping[str, Any]] = None) -> List[str]:
-    """Return the checkpoints a storage URL or glob names now: archive objects and prefixes, in the store's order.
+def expand(
+    pattern: str, options: Optional[Mapping[str, Any]] = None, *, timeout: Optional[Timeout] = None
+) -> List[str]:
+    """Return the checkpoints a storage URL or glob names now: archive objects and prefixes.
 
-    A URL without glob characters that names nothing (yet) gives an empty list, so a watch can wait for it.
+    A URL without glob characters that names nothing (yet) gives an empty list, so a watch can wait for it. In a
+    glob, ``*`` and ``?`` stay within one path segment, ``**`` crosses them, ``[...]`` is a set of characters.
     """
-    fs, path = _filesystem(pattern, options)
+    fs, path, limits = _filesystem(pattern, options, timeout)
     scheme = pattern.split("://", 1)[0]
     with translated(pattern, options, "list"):
+        if _is_s3(fs):
+            return _S3(fs, limits, options).expand(pattern, path)
         fs.invalidate_cache()
         if not _GLOB_CHARS.search(path):
-            return [pattern] if fs.exists(path) else []
-        matches = fs.glob(path, detail=True)
+            return [pattern] if _bounded(partial(fs.exists, path), limits.request, "the look-up") else []
+        bound = limits.transfer(LIST_PAGE_BYTES)
+        matches = _bounded(partial(fs.glob, path, detail=True), bound, "the listing")
     return [
         f"{scheme}://{name}"
         for name, info in matches.items()
@@ -147,7 +238,9 @@ def expand(pattern: str, options: Optional[Mapping[str, Any]] = None) -> List[st
     ]
 
 
-def settle_signature(url: str, options: Optional[Mapping[str, Any]] = None) -> Tuple[float, Optional[str], Any]:
+def settle_signature(
+    url: str, options: Optional[Mapping[str, Any]] = None, *, timeout: Optional[Timeout] = None
+) -> Tuple[float, Optional[str], Any]:
     """Return ``(newest write time, problem, signature)`` of a stored checkpoint, for a sweep's settle rule.
 
     An object is written whole (a store never shows half an upload), so it has no problem; its signature is its
@@ -156,11 +249,11 @@ def settle_signature(url: str, options: Optional[Mapping[str, Any]] = None) -> T
 
     Raises:
         FileNotFoundError: nothing is at ``url`` (yet).
-        PublishError: the store refused or could not be reached.
+        PublishError: the store refused, could not be reached, or did not answer in time.
     """
     with _absent_as_not_found(url):
-        stored = probe(url, options)
-        files = list_folder(url, options) if stored.is_folder else []
+        stored = probe(url, options, timeout=timeout)
+        files = list_folder(url, options, timeout=timeout) if stored.is_folder else []
     if not stored.is_folder:
         return (stored.modified or 0.0, None, ("object", stored.etag, stored.version, stored.size))
     newest = max((f.modified or 0.0 for f in files), default=0.0)
@@ -169,17 +262,20 @@ def settle_signature(url: str, options: Optional[Mapping[str, Any]] = None) -> T
     return (newest, problem, ("prefix", tuple((f.rel, f.etag, f.size) for f in files)))
 
 
-def read_bytes(url: str, options: Optional[Mapping[str, Any]] = None) -> bytes:
-    """Return a small object's bytes (a training run's manifest) from one GET.
+def read_bytes(url: str, options: Optional[Mapping[str, Any]] = None, *, timeout: Optional[Timeout] = None) -> bytes:
+    """Return a small object's bytes (a training run's manifest) from one GET, within its transfer deadline.
 
     Raises:
         FileNotFoundError: there is no such object (yet).
-        PublishError: the store refused or could not be reached.
+        PublishError: the store refused, could not be reached, or did not send it in time.
     """
-    fs, path = _filesystem(url, options)
+    fs, path, limits = _filesystem(url, options, timeout)
     with _absent_as_not_found(url), translated(url, options, "read"):
+        if _is_s3(fs):
+            return _S3(fs, limits, options).read_bytes(path)
         fs.invalidate_cache(path)
-        return bytes(fs.cat_file(path))
+        size = int(_bounded(partial(fs.info, path), limits.request, "the look-up").get("size") or 0)
+        return bytes(_bounded(partial(fs.cat_file, path), limits.transfer(size), "the download"))
 
 
 @contextmanager
@@ -193,71 +289,279 @@ def _absent_as_not_found(url: str) -> Iterator[None]:
         raise
 
 
-def opener(file: StoredFile, options: Optional[Mapping[str, Any]] = None) -> Callable[[], ContextManager[io.RawIOBase]]:
+def opener(
+    file: StoredFile, options: Optional[Mapping[str, Any]] = None, *, timeout: Optional[Timeout] = None
+) -> Callable[[], ContextManager[io.RawIOBase]]:
     """Return a callable opening one file of a stored folder with ``open_object`` (for ``extract.copy_files``)."""
-    return partial(open_object, StoredObject(file.url, file.size, file.etag, None, False), options)
+    return partial(open_object, StoredObject(file.url, file.size, file.etag, None, False), options, timeout=timeout)
 
 
 @contextmanager
 def open_object(
-    stored: StoredObject, options: Optional[Mapping[str, Any]] = None, *, expected_size: Optional[int] = None
+    stored: StoredObject,
+    options: Optional[Mapping[str, Any]] = None,
+    *,
+    expected_size: Optional[int] = None,
+    timeout: Optional[Timeout] = None,
 ) -> Iterator[io.RawIOBase]:
     """Open one object as a raw stream, downloaded ahead of the reader by a thread of its own.
 
     On S3 the object is one GET (``If-Match`` its probed ETag, so a rewrite mid-way fails instead of mixing two
     versions) read in ``DOWNLOAD_CHUNK_SIZE`` steps; elsewhere it is fsspec's ranged file. While the caller
-    decompresses and writes one chunk, the next ones arrive: the download overlaps the extraction.
+    decompresses and writes one chunk, the next ones arrive: the download overlaps the extraction. The store's time
+    (not the time the extraction takes) is held to ``Deadlines.transfer`` of the object's size.
 
     Raises:
-        PublishError: (on a read) the connection dropped, the object changed, or it ended short of its size.
+        PublishError: (on a read) the connection dropped, the object changed, it ended short of its size, or the
+            store did not send it within its deadline.
     """
-    fs, path = _filesystem(stored.url, options)
+    fs, path, limits = _filesystem(stored.url, options, timeout)
     size = stored.size if expected_size is None else expected_size
+    budget = limits.transfer(size)
     with translated(stored.url, options, "download"):
-        chunks = _s3_chunks(fs, path, stored) if _is_s3(fs) else _ranged_chunks(fs, path)
-        reader = _ReadAhead(chunks, stored.url, size, options)
+        s3 = _S3(fs, limits, options) if _is_s3(fs) else None
+        chunks = s3.chunks(path, stored, budget) if s3 is not None else _ranged_chunks(fs, path)
+        reader = _ReadAhead(chunks, stored.url, size, options, budget)
     try:
         yield reader
     finally:
         reader.close()
 
 
-def _s3_chunks(fs: Any, path: str, stored: StoredObject) -> Iterator[bytes]:
-    """Yield the object's bytes from one streamed S3 GET (s3fs's client and credentials, not a second stack)."""
-    from fsspec.asyn import sync
+class _S3:
+    """S3 requests made here, each under its deadline, through the aiobotocore client s3fs hands out.
 
-    bucket, key, version = fs.split_path(path)
-    request: Dict[str, Any] = {"Bucket": bucket, "Key": key}
-    if version or stored.version:
-        request["VersionId"] = version or stored.version
-    elif stored.etag:
-        request["IfMatch"] = stored.etag
-    body = fs.call_s3("get_object", **request)["Body"]
-    try:
+    ``await fs.set_session()`` returns s3fs's client (s3fs's documented way to use it from a coroutine); every call
+    below is one of botocore's documented S3 operations (``head_object``, ``list_objects_v2``, ``get_object``), run
+    on s3fs's loop (``fs.loop``) by fsspec's ``sync``. A deadline is ``asyncio.wait_for`` around the request: when
+    it passes, the request is cancelled and its connection closed, whatever the store is doing.
+    """
+
+    def __init__(self, fs: Any, limits: Deadlines, options: Optional[Mapping[str, Any]]) -> None:
+        self.fs = fs
+        self.limits = limits
+        extra = dict((options or {}).get("s3_additional_kwargs") or {})
+        self.extra = {key: extra[key] for key in _S3_READ_KEYS if key in extra}
+        if (options or {}).get("requester_pays"):
+            self.extra["RequestPayer"] = "requester"
+
+    def run(self, call: Callable[[Any], Awaitable[T]], seconds: float, what: str) -> T:
+        """Run ``call(client)`` on s3fs's loop; raise ``StoreTimeoutError`` when it has not ended in ``seconds``."""
+        from fsspec.asyn import sync
+
+        async def bounded() -> T:
+            started = time.monotonic()
+            client = await self.fs.set_session()
+            try:
+                return await asyncio.wait_for(call(client), timeout=max(seconds, 0.001))
+            except asyncio.TimeoutError:
+                if time.monotonic() - started < seconds:
+                    raise  # botocore's own timeout of one socket read (its ReadTimeoutError is a TimeoutError too)
+                raise StoreTimeoutError(what, seconds) from None
+
+        try:
+            return sync(self.fs.loop, bounded)  # type: ignore[no-any-return]
+        except Exception as error:
+            meaning = _s3_error(error)
+            if meaning is error:
+                raise
+            raise meaning from error
+
+    def probe(self, url: str, path: str) -> StoredObject:
+        bucket, key, version = self.fs.split_path(path)
+        if key and not key.endswith("/"):
+            request = dict(self.extra, Bucket=bucket, Key=key, **({"VersionId": version} if version else {}))
+            try:
+                head = self.run(lambda client: client.head_object(**request), self.limits.request, "the HEAD request")
+            except FileNotFoundError:
+                pass  # not an object: maybe a prefix
+            else:
+                return StoredObject(
+                    url,
+                    int(head.get("ContentLength") or 0),
+                    _text(head.get("ETag")),
+                    _text(head.get("VersionId")),
+                    False,
+                    _modified({"LastModified": head.get("LastModified")}),
+                )
+        prefix = key.rstrip("/") + "/" if key.rstrip("/") else ""
+        page = self.page(bucket, prefix, None, delimiter="/", max_keys=1)
+        if page.get("KeyCount") or page.get("Contents") or page.get("CommonPrefixes"):
+            return StoredObject(url, 0, None, None, True)
+        raise FileNotFoundError(f"no object or prefix {key!r} in bucket {bucket!r}")
+
+    def page(
+        self, bucket: str, prefix: str, token: Optional[str], *, delimiter: str = "", max_keys: int = 1000
+    ) -> Dict[str, Any]:
+        """One ``ListObjectsV2`` page, within the deadline of ``LIST_PAGE_BYTES``."""
+        request: Dict[str, Any] = dict(self.extra, Bucket=bucket, Prefix=prefix, MaxKeys=max_keys)
+        for key in _S3_READ_KEYS[2:]:  # the customer key headers belong to objects, not to listings
+            request.pop(key, None)
+        if delimiter:
+            request["Delimiter"] = delimiter
+        if token:
+            request["ContinuationToken"] = token
+        seconds = self.limits.transfer(LIST_PAGE_BYTES)
+        return self.run(lambda client: client.list_objects_v2(**request), seconds, "a listing page")
+
+    def listing(self, bucket: str, prefix: str, *, delimiter: str = "") -> Iterator[Dict[str, Any]]:
+        """Yield every page below ``prefix``; refuse a listing whose continuation token comes back (it never ends)."""
+        seen = set()
+        token: Optional[str] = None
         while True:
-            chunk = sync(fs.loop, _read_up_to, body, DOWNLOAD_CHUNK_SIZE)
-            if not chunk:
+            page = self.page(bucket, prefix, token, delimiter=delimiter)
+            yield page
+            if not page.get("IsTruncated"):
                 return
-            yield chunk
-    finally:
-        body.close()
+            token = page.get("NextContinuationToken")
+            if not token or token in seen:
+                raise OSError(f"the store's listing of {prefix!r} does not end (its continuation token repeats)")
+            seen.add(token)
+
+    def list_folder(self, url: str, path: str) -> List[StoredFile]:
+        bucket, key, _ = self.fs.split_path(path)
+        prefix = key.rstrip("/") + "/" if key.rstrip("/") else ""
+        base = url.rstrip("/")
+        files = []
+        for page in self.listing(bucket, prefix):
+            for entry in page.get("Contents") or ():
+                name = str(entry["Key"])
+                rel = name[len(prefix) :]
+                if not rel or name.endswith("/"):
+                    continue  # the prefix itself, or a console's folder placeholder
+                etag = _text(entry.get("ETag"))
+                modified = _modified({"LastModified": entry.get("LastModified")})
+                files.append(StoredFile(rel, f"{base}/{rel}", int(entry.get("Size") or 0), etag, modified))
+        return sorted(files, key=lambda file: file.rel)
+
+    def expand(self, pattern: str, path: str) -> List[str]:
+        bucket, key, _ = self.fs.split_path(path)
+        scheme = pattern.split("://", 1)[0]
+        if not _GLOB_CHARS.search(key):
+            try:
+                self.probe(pattern, path)
+            except FileNotFoundError:
+                return []
+            return [pattern]
+        literal = key[: _GLOB_CHARS.search(key).start()]  # type: ignore[union-attr]
+        root = literal[: literal.rfind("/") + 1]
+        matcher = _glob_regex(key)
+        # A glob in the last segment only needs that level (one request per 1,000 entries, not per object below).
+        delimiter = "" if "/" in key[len(root) :] or "**" in key else "/"
+        names: Dict[str, bool] = {}  # name -> is a folder
+        for page in self.listing(bucket, root, delimiter=delimiter):
+            for common in page.get("CommonPrefixes") or ():
+                names[str(common["Prefix"]).rstrip("/")] = True
+            for entry in page.get("Contents") or ():
+                name = str(entry["Key"])
+                if name.endswith("/"):
+                    names.setdefault(name.rstrip("/"), True)
+                    continue
+                names.setdefault(name, False)
+                parts = name[len(root) :].split("/")
+                for depth in range(1, len(parts)):  # the folders a key implies below the root
+                    names[root + "/".join(parts[:depth])] = True
+        return [
+            f"{scheme}://{bucket}/{name}"
+            for name, is_folder in names.items()
+            if matcher.fullmatch(name) and (is_folder or has_archive_suffix(name))
+        ]
+
+    def get(self, path: str, stored: Optional[StoredObject]) -> Any:
+        """Send one GET (``If-Match`` the probed ETag, or the pinned version); return the streaming body."""
+        bucket, key, version = self.fs.split_path(path)
+        request: Dict[str, Any] = dict(self.extra, Bucket=bucket, Key=key)
+        if version or (stored is not None and stored.version):
+            request["VersionId"] = version or (stored.version if stored is not None else None)
+        elif stored is not None and stored.etag:
+            request["IfMatch"] = stored.etag
+        answer = self.run(lambda client: client.get_object(**request), self.limits.request, "the GET request")
+        return answer
+
+    def read_bytes(self, path: str) -> bytes:
+        started = time.monotonic()
+        answer = self.get(path, None)
+        body = answer["Body"]
+        budget = self.limits.transfer(int(answer.get("ContentLength") or 0))
+        try:
+            remaining = budget - (time.monotonic() - started)
+            return self.run(lambda _: _read_up_to(body, None), remaining, "the download")
+        finally:
+            self.close(body)
+
+    def chunks(self, path: str, stored: StoredObject, budget: float) -> Iterator[bytes]:
+        """Yield the object's bytes from one streamed GET; the store's time in all stays within ``budget``."""
+        started = time.monotonic()
+        body = self.get(path, stored)["Body"]
+        spent = time.monotonic() - started
+        try:
+            while True:
+                began = time.monotonic()
+                chunk = self.run(lambda _: _read_up_to(body, DOWNLOAD_CHUNK_SIZE), budget - spent, "the download")
+                spent += time.monotonic() - began  # the time the reader held us up is not the store's
+                if not chunk:
+                    return
+                yield chunk
+        finally:
+            self.close(body)
+
+    def close(self, body: Any) -> None:
+        """Release the GET's connection (on s3fs's loop, where it lives)."""
+        from fsspec.asyn import sync
+
+        async def release() -> None:
+            closing = getattr(body, "aclose", None)  # aiobotocore's async close; older releases close in sync
+            if closing is not None:
+                await closing()
+            else:
+                body.close()
+
+        with suppress(Exception):
+            sync(self.fs.loop, release)
 
 
-async def _read_up_to(body: Any, size: int) -> bytes:
-    """Read ``size`` bytes (fewer only at the end) in the event loop: one thread hand-off per chunk, not per piece.
+async def _read_up_to(body: Any, size: Optional[int]) -> bytes:
+    """Read ``size`` bytes (fewer only at the end; all when None) in the event loop: one hand-off per chunk.
 
     The response body hands out what the socket has (typically 512 KiB pieces); gathering a whole chunk inside the
     loop halves the hand-offs between the loop's thread and the download thread.
     """
     parts: List[bytes] = []
     received = 0
-    while received < size:
-        part = await body.read(size - received)
+    while size is None or received < size:
+        part = await body.read(DOWNLOAD_CHUNK_SIZE if size is None else size - received)
         if not part:
             break
         parts.append(part)
         received += len(part)
     return b"".join(parts)
+
+
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    """Translate a storage glob: ``**`` any characters, ``*`` and ``?`` within a segment, ``[...]`` a set."""
+    out: List[str] = []
+    index = 0
+    while index < len(pattern):
+        char = pattern[index]
+        if pattern.startswith("**", index):
+            out.append(".*")
+            index += 2
+            continue
+        if char == "*":
+            out.append("[^/]*")
+        elif char == "?":
+            out.append("[^/]")
+        elif char == "[" and "]" in pattern[index + 2 :]:
+            end = pattern.index("]", index + 2)  # a "]" right after "[" is one of the set's characters
+            body = pattern[index + 1 : end]
+            body = "^" + body[1:] if body.startswith("!") else body
+            out.append("[" + body.replace("\\", "\\\\") + "]")
+            index = end + 1
+            continue
+        else:
+            out.append(re.escape(char))
+        index += 1
+    return re.compile("".join(out), re.DOTALL)
 
 
 def _ranged_chunks(fs: Any, path: str) -> Iterator[bytes]:
@@ -269,19 +573,55 @@ def _ranged_chunks(fs: Any, path: str) -> Iterator[bytes]:
             yield chunk
 
 
+def _bounded(call: Callable[[], T], seconds: float, what: str) -> T:
+    """Run a blocking storage call in a thread and wait for it ``seconds`` at most (stores other than S3).
+
+    When the deadline passes the caller goes on with ``StoreTimeoutError``; the library's request is left to end
+    by its own timeouts in a daemon thread (its library offers no public way to cancel it).
+    """
+    result: List[Any] = []
+
+    def target() -> None:
+        try:
+            result.append((True, call()))
+        except BaseException as error:  # handed to the caller
+            result.append((False, error))
+
+    thread = threading.Thread(target=target, name="lora_sampler-storage", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if not result:
+        raise StoreTimeoutError(what, seconds)
+    ok, value = result[0]
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]
+
+
 class _ReadAhead(io.RawIOBase):
     """A raw reader over chunks that a thread downloads up to ``READ_AHEAD_CHUNKS`` ahead of the caller.
 
-    A download error is raised to the reader as a ``PublishError``; so is an object that ends before its size.
-    ``close`` stops the thread and releases the connection, also when the reader stops early.
+    A download error is raised to the reader as a ``PublishError``; so is an object that ends before its size, and
+    a download that has not delivered within ``budget`` seconds of waiting (whatever the thread is stuck on).
+    ``close`` stops the thread and releases the connection, also when the reader stops early, waiting for it
+    ``CLOSE_WAIT`` seconds at most.
     """
 
-    def __init__(self, chunks: Iterator[bytes], url: str, size: int, options: Optional[Mapping[str, Any]]) -> None:
+    def __init__(
+        self,
+        chunks: Iterator[bytes],
+        url: str,
+        size: int,
+        options: Optional[Mapping[str, Any]],
+        budget: float,
+    ) -> None:
         super().__init__()
         self._chunks = chunks
         self._url = url
         self._size = size
         self._options = options
+        self._budget = budget
+        self._waited = 0.0
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=READ_AHEAD_CHUNKS)
         self._stop = threading.Event()
         self._pending = memoryview(b"")
@@ -304,7 +644,8 @@ class _ReadAhead(io.RawIOBase):
         finally:
             close = getattr(self._chunks, "close", None)
             if close is not None:
-                close()
+                with suppress(Exception):
+                    close()
 
     def _put(self, item: Any) -> bool:
         while not self._stop.is_set():
@@ -315,9 +656,25 @@ class _ReadAhead(io.RawIOBase):
                 continue
         return False
 
+    def _next(self) -> Any:
+        """The next item from the download thread, waiting at most what is left of the download's budget."""
+        remaining = self._budget + 1.0 - self._waited  # a second of grace over the thread's own deadline
+        began = time.monotonic()
+        try:
+            return self._queue.get(timeout=max(remaining, 0.001))
+        except queue.Empty:
+            self._done = True
+            raise PublishError(
+                f"cannot download {self._url}: the store sent {self._received} of its {self._size} bytes and then "
+                f"nothing within the download's deadline ({self._budget:.0f} s: the read timeout plus its size at "
+                "the minimum rate); nothing was published. Check the store, then publish it again"
+            ) from None
+        finally:
+            self._waited += time.monotonic() - began
+
     def readinto(self, buffer: Any) -> int:
         while not self._pending and not self._done:
-            item = self._queue.get()
+            item = self._next()
             if item is None:
                 self._done = True
                 if self._received != self._size:
@@ -338,7 +695,8 @@ class _ReadAhead(io.RawIOBase):
 
     def close(self) -> None:
         self._stop.set()
-        while self._thread.is_alive():
+        give_up = time.monotonic() + CLOSE_WAIT
+        while self._thread.is_alive() and time.monotonic() < give_up:
             with suppress(queue.Empty):
                 self._queue.get(timeout=0.05)  # unblock a put
         super().close()
@@ -359,16 +717,61 @@ def _translate(error: BaseException, url: str, options: Optional[Mapping[str, An
     if isinstance(error, LoraSamplerError):
         return PublishError(error.message)
     cause = _redacted(f"{type(error).__name__}: {error}", options)
-    if isinstance(error, FileNotFoundError):
+    if isinstance(error, StoreTimeoutError):
+        message = (
+            f"cannot {action} {url}: the store was too slow ({error}; a request has the connect plus read timeout, "
+            "a download that plus its size at the minimum rate); nothing was published. Check the store, or give "
+            "a longer timeout: SamplerClient(timeout=(connect, read)) or "
+            "storage_options={'config_kwargs': {'read_timeout': ...}}"
+        )
+    elif isinstance(error, ObjectChangedError):
+        message = (
+            f"cannot {action} {url}: the object was rewritten in the store after it was looked up ({cause}); "
+            "nothing was published. Publish it again to take its new content"
+        )
+    elif isinstance(error, FileNotFoundError):
         message = f"cannot {action} {url}: no such object, prefix or bucket ({cause}); check the URL"
     elif isinstance(error, PermissionError):
         message = f"cannot {action} {url}: access denied ({cause}); {_CREDENTIALS_FIX}"
-    else:
+    elif _unreachable(error):
         message = (
-            f"cannot {action} {url}: {cause}; nothing was published. Check that the store is reachable "
-            "(AWS_ENDPOINT_URL or storage_options={'endpoint_url': ...} for an S3-compatible store), then try again"
+            f"cannot {action} {url}: the store cannot be reached ({cause}); nothing was published. Check the "
+            "endpoint (AWS_ENDPOINT_URL or storage_options={'endpoint_url': ...} for an S3-compatible store) and "
+            "the network, then try again"
         )
+    else:
+        message = f"cannot {action} {url}: {cause}; nothing was published. Try again"
     return PublishError(message)
+
+
+def _unreachable(error: BaseException) -> bool:
+    """Whether ``error`` (or what caused it) says the store could not be connected to at all."""
+    seen: List[BaseException] = []
+    current: Optional[BaseException] = error
+    while current is not None and current not in seen:
+        seen.append(current)
+        if any(cls.__name__ in _UNREACHABLE for cls in type(current).__mro__):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _s3_error(error: Exception) -> Exception:
+    """Return what a botocore ``ClientError`` means here (missing, denied, changed), else ``error`` itself."""
+    response = getattr(error, "response", None)
+    if not isinstance(response, Mapping):
+        return error
+    details = response.get("Error") or {}
+    code = str(details.get("Code") or "")
+    status = str((response.get("ResponseMetadata") or {}).get("HTTPStatusCode") or "")
+    text = f"{code or status}: {details.get('Message') or error}"
+    if code in _S3_CHANGED or status in _S3_CHANGED:
+        return ObjectChangedError(text)
+    if code in _S3_MISSING or status == "404":
+        return FileNotFoundError(text)
+    if code in _S3_DENIED or status == "403":
+        return PermissionError(text)
+    return error
 
 
 def _redacted(text: str, options: Optional[Mapping[str, Any]]) -> str:
@@ -394,8 +797,13 @@ def _is_secret_key(key: str) -> bool:
     return any(word in lowered for word in ("secret", "token", "password", "key", "credential"))
 
 
-def _filesystem(url: str, options: Optional[Mapping[str, Any]]) -> Tuple[Any, str]:
-    """Return the fsspec filesystem for ``url``'s scheme (cached by fsspec per options) and the URL's path.
+def _filesystem(
+    url: str, options: Optional[Mapping[str, Any]], timeout: Optional[Timeout]
+) -> Tuple[Any, str, Deadlines]:
+    """Return the fsspec filesystem for ``url`` (cached by fsspec per options), the URL's path, and the deadlines.
+
+    On S3 the deadlines' connect and read timeouts also go to botocore (``config_kwargs``) unless the storage
+    options set their own, so each single request is bounded the same way the whole call is.
 
     Raises:
         PublishError: the URL's extra is not installed (naming it), or the options are refused.
@@ -405,16 +813,24 @@ def _filesystem(url: str, options: Optional[Mapping[str, Any]]) -> Tuple[Any, st
         raise PublishError(f"{url!r} is not a storage URL; use one of {', '.join(s + '://' for s in _BACKENDS)}")
     package, extra = _BACKENDS[scheme]
     try:
-        fsspec = importlib.import_module("fsspec")
+        fsspec_core = importlib.import_module("fsspec.core")
         importlib.import_module(package)
     except ImportError as error:
         raise PublishError(
             f"cannot read {url}: {scheme}:// checkpoints need the optional extra lora_sampler[{extra}] "
             f"({error.name or package} is not installed); install it: pip install 'lora_sampler[{extra}]'"
         ) from None
+    limits = deadlines(options, timeout)
+    settings = dict(options or {})
+    if scheme == "s3":
+        config = dict(settings.get("config_kwargs") or {})
+        config.setdefault("connect_timeout", limits.connect)
+        config.setdefault("read_timeout", limits.read)
+        settings["config_kwargs"] = config
     with translated(url, options, "open a storage client for"):
-        fs = fsspec.filesystem(scheme, **dict(options or {}))
-    return fs, fs._strip_protocol(url)
+        # fsspec.core.url_to_fs: fsspec's documented way from a URL to its filesystem and the path within it.
+        fs, path = fsspec_core.url_to_fs(url, **settings)
+    return fs, path, limits
 
 
 def _is_s3(fs: Any) -> bool:
