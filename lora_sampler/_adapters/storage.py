@@ -602,7 +602,8 @@ class _ReadAhead(io.RawIOBase):
     """A raw reader over chunks that a thread downloads up to ``READ_AHEAD_CHUNKS`` ahead of the caller.
 
     A download error is raised to the reader as a ``PublishError``; so is an object that ends before its size, and
-    a download that has not delivered within ``budget`` seconds of waiting (whatever the thread is stuck on).
+    a download that has not delivered within ``budget`` seconds of waiting (whatever the thread is stuck on; by
+    default the transfer deadline of ``size`` bytes under the storage options).
     ``close`` stops the thread and releases the connection, also when the reader stops early, waiting for it
     ``CLOSE_WAIT`` seconds at most.
     """
@@ -613,14 +614,14 @@ class _ReadAhead(io.RawIOBase):
         url: str,
         size: int,
         options: Optional[Mapping[str, Any]],
-        budget: float,
+        budget: Optional[float] = None,
     ) -> None:
         super().__init__()
         self._chunks = chunks
         self._url = url
         self._size = size
         self._options = options
-        self._budget = budget
+        self._budget = deadlines(options).transfer(size) if budget is None else budget
         self._waited = 0.0
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=READ_AHEAD_CHUNKS)
         self._stop = threading.Event()

@@ -5,12 +5,15 @@ from __future__ import annotations
 import pathlib
 import sys
 import tarfile
+import threading
+import time
 from typing import Iterator, List
 
 import pytest
 
 from lora_sampler._adapters import storage
 from lora_sampler._adapters.extract import extract_archive
+from lora_sampler._defaults import DEFAULT_STORAGE_MIN_RATE, DEFAULT_TIMEOUT
 from lora_sampler.errors import PublishError
 from lora_sampler.publish import checkpoint_digest, publish_checkpoint
 from lora_sampler.testing import write_adapter
@@ -122,3 +125,55 @@ def test_storage_reader_closed_early_stops_its_thread() -> None:
     assert stream.read(10) == b"x" * 10
     stream.close()
     assert not stream._thread.is_alive()
+
+
+def test_storage_reader_waits_for_a_stalled_download_only_its_budget() -> None:
+    """A download thread stuck in the store's read (no chunk, no error) fails the reader at its budget, and close()
+    does not wait for the stuck thread for ever (the reader of a1a82fa waited on its queue without a bound)."""
+    stuck = threading.Event()
+
+    def stalls() -> Iterator[bytes]:
+        yield b"abc"
+        stuck.wait(60)  # a store that sent three bytes and then nothing
+        yield b"never"
+
+    stream = storage._ReadAhead(stalls(), "s3://b/k", 10, None, budget=0.5)
+    started = time.monotonic()
+    try:
+        assert stream.read(100) == b"abc"
+        with pytest.raises(PublishError, match=r"s3://b/k: the store sent 3 of its 10 bytes and then nothing"):
+            stream.read(100)
+        assert time.monotonic() - started < 30  # bounded by the budget (+1 s grace), far below the stall's 60 s
+    finally:
+        stream.close()
+        stuck.set()
+
+
+def test_storage_deadlines_come_from_the_options_else_the_timeout() -> None:
+    """The storage options' botocore timeouts win over the client's; a transfer adds its size at the minimum rate."""
+    assert storage.deadlines(None, (3.0, 7.0)).request == 10.0
+    assert storage.deadlines(None, 5.0).request == 10.0
+    options = {"config_kwargs": {"connect_timeout": 1, "read_timeout": 2}}
+    limits = storage.deadlines(options, (3.0, 7.0))
+    assert limits.request == 3.0
+    assert limits.transfer(int(DEFAULT_STORAGE_MIN_RATE) * 4) == pytest.approx(7.0)
+    assert storage.deadlines().request == sum(DEFAULT_TIMEOUT)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "name", "matches"),
+    [
+        ("run/step-*", "run/step-1.tar.gz", True),
+        ("run/step-*", "run/step-1/adapter_config.json", False),
+        ("run/**/step-*.tar.gz", "run/a/b/step-2.tar.gz", True),
+        ("run/step-?.tgz", "run/step-10.tgz", False),
+        ("run/step-[0-9].tgz", "run/step-7.tgz", True),
+        ("run/step-[!0-9].tgz", "run/step-7.tgz", False),
+        ("run//step-*", "run//step-1.tar.gz", True),
+        ("run/step-(1)+*", "run/step-(1)+x.tar", True),
+        ("run/step-(1)+*", "run/step-11x.tar", False),
+    ],
+)
+def test_storage_glob_translation(pattern: str, name: str, matches: bool) -> None:
+    """``*``/``?`` stay in a segment, ``**`` crosses them, sets work, and regex characters in keys are literal."""
+    assert bool(storage._glob_regex(pattern).fullmatch(name)) is matches
