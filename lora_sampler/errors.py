@@ -142,6 +142,7 @@ class AuthenticationError(EngineStatusError):
 
     @staticmethod
     def hint(adapter: bool) -> str:
+        """Return the fix for a refused key: pass the engine's ``--api-key``."""
         return "Pass api_key= (or --api-key) or set LORA_SAMPLER_API_KEY to the engine's --api-key"
 
 
@@ -174,6 +175,7 @@ class ModelNotFoundError(NotFoundError):
 
     @staticmethod
     def hint(adapter: bool) -> str:
+        """Return the fix for an unknown model: where to look for an adapter, or the engine's model list."""
         if adapter:
             return (
                 "Check that the adapter is published in the engine's resolver directory, that runtime LoRA updating "
@@ -206,6 +208,7 @@ class AdapterNotReadyError(BadRequestError):
 
     @staticmethod
     def hint(adapter: bool) -> str:
+        """Return the fix for an adapter folder the engine could not load: publish atomically, check its files."""
         return "Publish adapters atomically (client.publish) and check adapter_config.json and the weights"
 
 

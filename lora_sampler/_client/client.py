@@ -237,8 +237,13 @@ class SamplerClient:
             prompt_logprobs: Also return each prompt token's logprob.
             topk_prompt_logprobs: Also return the top-k logprobs at each prompt position.
             session_id: Sent as ``X-Session-ID`` with the request, its retries and its load (router affinity).
-            max_tokens, temperature, top_p, top_k, seed, stop: ``SamplingParams`` fields as keyword arguments, as
-                the OpenAI SDK takes them; exclusive with ``sampling_params``.
+            max_tokens: Most tokens to generate per sample (a ``SamplingParams`` field as a keyword argument, as
+                the OpenAI SDK takes it; the sampling keywords are exclusive with ``sampling_params``).
+            temperature: Sampling temperature (a ``SamplingParams`` field, as ``max_tokens``).
+            top_p: Nucleus sampling mass (a ``SamplingParams`` field, as ``max_tokens``).
+            top_k: Top-k cut-off, -1 for none (a ``SamplingParams`` field, as ``max_tokens``).
+            seed: Sampling seed (a ``SamplingParams`` field, as ``max_tokens``).
+            stop: Stop strings and/or stop token ids (a ``SamplingParams`` field, as ``max_tokens``).
             extra_body: Further body fields sent as given (vLLM's extra parameters, e.g. ``repetition_penalty``).
             timeout: Seconds for this call's attempts (one number, or ``(connect, read)``) instead of the client's.
 
@@ -279,8 +284,19 @@ class SamplerClient:
 
         Args:
             messages: ``[{"role": "system"|"developer"|"user"|"assistant"|"tool", "content": str}, ...]``.
-            adapter, base_model, num_samples, sampling_params, session_id: As for ``sample``.
-            max_tokens, temperature, top_p, top_k, seed, stop, extra_body, timeout: As for ``sample``.
+            adapter: As for ``sample``.
+            base_model: As for ``sample``.
+            num_samples: As for ``sample``.
+            sampling_params: As for ``sample``.
+            session_id: As for ``sample``.
+            max_tokens: As for ``sample``.
+            temperature: As for ``sample``.
+            top_p: As for ``sample``.
+            top_k: As for ``sample``.
+            seed: As for ``sample``.
+            stop: As for ``sample``.
+            extra_body: As for ``sample``.
+            timeout: As for ``sample``.
 
         Raises:
             ValueError, TypeError: bad messages or arguments, before any request.
@@ -305,7 +321,9 @@ class SamplerClient:
 
         Args:
             prompt: Token ids or text.
-            adapter, base_model, session_id: As for ``sample``.
+            adapter: As for ``sample``.
+            base_model: As for ``sample``.
+            session_id: As for ``sample``.
         """
         request = ScoreRequest(prompt, adapter=adapter, base_model=base_model, session_id=session_id)
         if self._closed:
@@ -516,8 +534,16 @@ class SamplerClient:
             output_dir: Where ``<adapter>.jsonl`` per checkpoint and ``sweep.jsonl`` go.
             score: Score each line instead of sampling it; reports then carry ``mean_logprob`` per scored token and
                 ``mean_sum`` per line (the held-out log-likelihood).
-            num_samples, max_tokens, temperature, top_p, top_k, seed, stop, extra_body, prompt_logprobs,
-                sampling_params: As for ``sample``, for every line that does not set its own (sampling only).
+            num_samples: As for ``sample``, for every line that does not set its own (sampling only).
+            max_tokens: As for ``sample``, for every line that does not set its own (sampling only).
+            temperature: As for ``sample``, for every line that does not set its own (sampling only).
+            top_p: As for ``sample``, for every line that does not set its own (sampling only).
+            top_k: As for ``sample``, for every line that does not set its own (sampling only).
+            seed: As for ``sample``, for every line that does not set its own (sampling only).
+            stop: As for ``sample``, for every line that does not set its own (sampling only).
+            extra_body: As for ``sample``, for every line that does not set its own (sampling only).
+            prompt_logprobs: As for ``sample``, for every line that does not set its own (sampling only).
+            sampling_params: As for ``sample``, for every line that does not set its own (sampling only).
             window: Checkpoints with requests in flight at once: the next one is published and loaded while the
                 last rows of the one before run, so the engine does not idle between checkpoints.
             watch: Follow a run still training: look again for new checkpoints until ``idle_timeout`` seconds pass

@@ -55,10 +55,13 @@ class FakeEngine:
         runtime_lora_updating: the initial ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` flag.
         max_loras: size of the LRU of adapters in memory; an evicted adapter reloads from disk.
         max_lora_rank: adapters whose config ``r`` exceeds this fail to load.
-        max_model_len: context length; ``vocab_size``: token ids must be below it (at least 260).
-        latency: seconds of service time per completion; ``load_latency``: seconds per adapter load. Both are
-            plain attributes, read while a request sleeps, so a test may change them on a running engine.
-        host, port: where to listen (port 0 picks a free one).
+        max_model_len: context length.
+        vocab_size: token ids must be below it (at least 260).
+        latency: seconds of service time per completion. A plain attribute, read while a request sleeps, so a test
+            may change it on a running engine.
+        load_latency: seconds per adapter load (read live, like ``latency``).
+        host: the address to listen on (loopback).
+        port: the port to listen on (0 picks a free one).
         old_error_shape: send error fields at the top level, as older vLLM builds do.
         chat_template: whether the model has a chat template; without one, ``/v1/chat/completions`` answers vLLM's
             400 (``no_chat_template``). The template is fixed and documented in ``_chat`` (and the README).
