@@ -1,19 +1,16 @@
 """One request to send and one answer read whole: the plain values the transport's modules pass each other.
 
-No I/O: building a request (its fresh id, its JSON body, its headers) and splitting a timeout.
+No I/O: building a request (its fresh id, its JSON body, its headers).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import random
-from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple
-
-import urllib3
+from typing import Any, Dict, Mapping, NamedTuple, Optional
 
 from lora_sampler._wire.routes import REQUEST_ID_HEADER, SESSION_HEADER
-from lora_sampler.types import Timeout, split_timeout
+from lora_sampler.types import Timeout
 
 #: One encoder for every body (``json.dumps`` with options builds a new one per call): compact, and no NaN on the wire.
 _JSON_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
@@ -22,13 +19,6 @@ _JSON_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 def new_id() -> str:
     """Return a fresh random id of 32 hex digits (request and session ids: unique, not secret, no system call)."""
     return f"{random.getrandbits(128):032x}"
-
-
-@functools.lru_cache(maxsize=32)
-def pool_timeout(timeout: Timeout) -> Tuple[float, float, urllib3.Timeout]:
-    """Return ``(connect, read)`` of a pair or a single number, and their urllib3 ``Timeout``, built once per value."""
-    connect, read = split_timeout(timeout)
-    return connect, read, urllib3.Timeout(connect=connect, read=read)
 
 
 class Exchange(NamedTuple):
@@ -83,9 +73,9 @@ class Answer(NamedTuple):
     content: bytes
 
     @classmethod
-    def head_of(cls, raw: Any) -> Answer:
-        """Return the status line and headers of a urllib3 response, with no body (for errors while reading it)."""
-        return cls(raw.status, str(raw.reason or ""), raw.headers, b"")
+    def head_of(cls, response: Any) -> Answer:
+        """Return the status line and headers of a requests response, with no body (for errors while reading it)."""
+        return cls(response.status_code, str(response.reason or ""), response.headers, b"")
 
     @property
     def content_type(self) -> str:

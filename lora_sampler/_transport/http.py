@@ -1,27 +1,33 @@
 """The transport: every request to one engine, as calls that return a parsed value or raise an ``EngineError``.
 
-A facade over one module per job: ``pool`` (the session and its connections), ``deadline``
-(the whole answer, headers included, bounded at the socket), ``reader`` (the body, whole and
-size-limited) and ``translate`` (the one table from exceptions, statuses and bodies to lora_sampler's errors).
-No retries (the pool's own are off, so retries happen in ``retry.py`` only) and no threads.
+A facade over one module per job: ``session`` (the ``requests.Session`` every request goes through),
+``adapter`` and ``connections`` (pooled connections a deadline or Ctrl-C can cut), ``watchdog`` (the whole answer,
+headers included, bounded by cutting its connection), ``reader`` (the body, whole and size-limited) and
+``translate`` (the one table from exceptions, statuses and bodies to lora_sampler's errors). No retries (the
+adapter's own are off, so retries happen in ``retry.py`` only); the transport starts no thread of its own beyond
+the process's one deadline watchdog.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
-from typing import Any, Callable, Mapping, Optional, TypeVar, Union
+from typing import Any, Callable, Dict, Mapping, Optional, TypeVar, Union
+
+import requests
 
 from lora_sampler._defaults import DEFAULT_MAX_WORKERS, DEFAULT_TIMEOUT
-from lora_sampler._transport.deadline import AnswerDeadline
-from lora_sampler._transport.exchange import Answer, Exchange, new_id, pool_timeout
-from lora_sampler._transport.pool import POOL_HEADROOM, EnginePool
+from lora_sampler._transport.connections import CUT_DEADLINE, current_slot
+from lora_sampler._transport.exchange import Answer, Exchange, new_id
 from lora_sampler._transport.reader import read_whole
 from lora_sampler._transport.secrets import Secrets, redact
+from lora_sampler._transport.session import POOL_HEADROOM, EngineSession
 from lora_sampler._transport.translate import CAUGHT, Translator
 from lora_sampler._transport.urls import normalise_base_url, split_base_url, without_userinfo
+from lora_sampler._transport.watchdog import answer_deadline, watchdog
 from lora_sampler._wire.routes import CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH
-from lora_sampler.types import Timeout
+from lora_sampler.types import Timeout, split_timeout
 
 __all__ = [
     "DEFAULT_MAX_RESPONSE_BYTES",
@@ -42,11 +48,15 @@ DEFAULT_MAX_RESPONSE_BYTES = 256 * 1024 * 1024
 
 T = TypeVar("T")
 
+_LATE = "the whole answer did not arrive within the read timeout"
+
 
 class EngineTransport:
-    """Sends single requests to one vLLM engine over one pooled ``requests.Session``.
+    """Sends single requests to one vLLM engine over one ``requests.Session`` (its own, or the user's).
 
     Every method returns a parsed value or raises an ``EngineError``: no other class reads a status or a body.
+    In a child process forked after requests were sent, the transport's own session is made afresh (the parent's
+    pooled sockets are the parent's); a user's session cannot be, and is refused there at once.
 
     Args:
         base_url: The engine root, with or without ``/v1``; its path (``http://gw/llm``) is kept on every request.
@@ -57,6 +67,8 @@ class EngineTransport:
         max_workers: Threads that may use the session at once; the pool keeps that many connections.
         verify: TLS verification: True, False, or a CA bundle path.
         max_response_bytes: Largest answer accepted; a larger one raises ``EngineProtocolError``.
+        session: A ``requests.Session`` of the user's to send through (its adapters, auth, TLS, proxies and
+            headers apply); None makes the transport's own.
     """
 
     def __init__(
@@ -68,6 +80,7 @@ class EngineTransport:
         max_workers: int = DEFAULT_MAX_WORKERS,
         verify: Union[bool, str] = True,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        session: Optional[requests.Session] = None,
     ):
         if isinstance(max_response_bytes, bool) or not isinstance(max_response_bytes, int) or max_response_bytes < 1:
             raise ValueError(f"max_response_bytes must be an int >= 1, got {max_response_bytes!r}")
@@ -75,8 +88,12 @@ class EngineTransport:
         self.timeout = timeout
         self.max_response_bytes = max_response_bytes
         self._api_key = api_key
-        self._pool = EnginePool(self.base_url, api_key=api_key, basic=userinfo, max_workers=max_workers, verify=verify)
-        self._translator = Translator(self.base_url, Secrets(api_key, self._pool.basic or userinfo), max_response_bytes)
+        self._userinfo = userinfo
+        self._settings: Dict[str, Any] = {"max_workers": max_workers, "verify": verify, "session": session}
+        self._engine_session = EngineSession(self.base_url, api_key=api_key, basic=userinfo, **self._settings)
+        secrets = Secrets(api_key, self._engine_session.basic or userinfo)
+        self._translator = Translator(self.base_url, secrets, max_response_bytes)
+        self._pid = os.getpid()
 
     @property
     def has_api_key(self) -> bool:
@@ -84,13 +101,41 @@ class EngineTransport:
         return bool(self._api_key)
 
     @property
-    def session(self) -> Any:
-        """The ``requests.Session`` (its adapter, proxies and TLS settings)."""
-        return self._pool.session
+    def session(self) -> requests.Session:
+        """The ``requests.Session`` requests go through (its adapter, proxies and TLS settings)."""
+        return self._engine_session.session
+
+    @property
+    def has_user_session(self) -> bool:
+        """Whether requests go through a session the user handed in."""
+        return not self._engine_session.owned
 
     def close(self) -> None:
-        """Close every pooled connection now, direct and through proxies."""
-        self._pool.close()
+        """Close every pooled connection now, direct and through proxies (a user's session is left open)."""
+        self._engine_session.close()
+
+    def check_process(self) -> None:
+        """In a forked child, make the transport's own session afresh; refuse a user's session there.
+
+        The parent's pooled sockets are shared with the child after ``os.fork``: two processes reading one
+        connection mix their answers, so the child must never use them.
+
+        Raises:
+            RuntimeError: this process is a fork of the one the transport was made in, and the session is the user's.
+        """
+        if self._pid == os.getpid():
+            return
+        if not self._engine_session.owned:
+            raise RuntimeError(
+                "this client sends through a requests.Session you passed as session=, and this process is a fork of "
+                "the one that made it: the session's pooled connections belong to the parent. Make the client (and "
+                "its session) in the child, or start children with multiprocessing's 'spawn' or 'forkserver' method"
+            )
+        # The parent's session is dropped without closing it: closing would shut sockets the parent still uses.
+        self._engine_session = EngineSession(
+            self.base_url, api_key=self._api_key, basic=self._userinfo, **self._settings
+        )
+        self._pid = os.getpid()
 
     # -- the calls the package makes ------------------------------------------------------------------------
 
@@ -178,15 +223,35 @@ class EngineTransport:
         """Send one request and read the whole answer, status line and headers included, by its deadline.
 
         The deadline is the earlier of connect + read timeout from now and the read timeout from the request being
-        sent: a server dripping its headers or its body cannot stretch an attempt past it.
+        sent: a server dripping its headers or its body cannot stretch an attempt past it (the watchdog shuts the
+        connection down then).
         """
-        connect, read, _ = pool_timeout(exchange.timeout)
-        deadline = time.monotonic() + connect + read
-        raw = None
-        with AnswerDeadline(deadline, read):
+        if self._pid != os.getpid():
+            self.check_process()
+        connect, read = split_timeout(exchange.timeout)
+        started = time.monotonic()
+        overall = started + connect + read
+        slot = current_slot()
+        slot.begin()
+        guard = watchdog()
+        guard.arm(slot, started, overall, read)
+        response: Optional[requests.Response] = None
+        try:
             try:
-                raw = self._pool.open(exchange)
-                content = read_whole(raw, min(deadline, time.monotonic() + read), self.max_response_bytes)
-            except CAUGHT as exc:  # the one translation of the libraries' exceptions
-                raise self._translator.transport_error(exc, exchange, raw) from None
-        return Answer(raw.status, str(raw.reason or ""), raw.headers, content)
+                response = self._engine_session.send(exchange)
+                content, _ = read_whole(
+                    response.raw, lambda: answer_deadline(slot, overall, read), self.max_response_bytes
+                )
+            finally:
+                guard.disarm(slot)
+                slot.end()  # no cut can reach the connection once it may serve another thread's request
+            if slot.cut == CUT_DEADLINE:  # shut down while read: a close-delimited body looks complete
+                raise requests.ReadTimeout(_LATE)
+        except CAUGHT as exc:  # the one translation of the libraries' exceptions
+            # A connection the watchdog shut down fails as a reset or a short read: it is the deadline that passed.
+            cause = requests.ReadTimeout(_LATE) if slot.cut == CUT_DEADLINE else exc
+            raise self._translator.transport_error(cause, exchange, response) from None
+        finally:
+            if response is not None:  # urllib3's documented call: the connection (closed if unfinished) goes back
+                response.raw.release_conn()
+        return Answer(response.status_code, str(response.reason or ""), response.headers, content)

@@ -8,6 +8,7 @@ go through ``check_status`` and bodies through ``decode_json``. Every message, e
 
 from __future__ import annotations
 
+import io
 import json
 import socket
 from typing import Any, Callable, Optional, Tuple, Type, TypeVar, cast
@@ -98,17 +99,17 @@ class Translator:
         self.secrets = secrets
         self.max_response_bytes = max_response_bytes
 
-    def transport_error(self, exc: BaseException, exchange: Exchange, raw: Any = None) -> EngineError:
+    def transport_error(self, exc: BaseException, exchange: Exchange, response: Any = None) -> EngineError:
         """Return the ``EngineError`` a low-level exception stands for (the first matching row of the table).
 
         Args:
             exc: What requests or urllib3 raised (one of ``CAUGHT``); an ``EngineError`` is returned as it is.
             exchange: The request being sent.
-            raw: The urllib3 response whose body was being read, once its status and headers were in.
+            response: The requests response whose body was being read, once its status and headers were in.
         """
         if isinstance(exc, EngineError):
             return exc
-        head = Answer.head_of(raw) if raw is not None else None
+        head = Answer.head_of(response) if response is not None else None
         if isinstance(exc, TooLargeError):
             fix = "raise max_response_bytes if such answers are expected"
             problem = f"an answer that {exc.what}, over max_response_bytes={self.max_response_bytes}"
@@ -203,7 +204,9 @@ class Translator:
         response.status_code = answer.status
         headers = answer.headers.items()
         response.headers = CaseInsensitiveDict({name: self.secrets.redact(value) for name, value in headers})
-        response._content = self.secrets.redact_bytes(answer.content) if self.secrets else answer.content
+        # ``Response.raw`` is the documented file-like source of ``content``, ``text`` and ``json()``: the body, read
+        # whole and redacted, is handed back through it (as test libraries build their responses).
+        response.raw = io.BytesIO(self.secrets.redact_bytes(answer.content) if self.secrets else answer.content)
         response.reason = answer.reason
         response.url = url
         response.encoding = requests.utils.get_encoding_from_headers(response.headers)

@@ -80,14 +80,14 @@ def use_proxy(monkeypatch: Any, url: str) -> None:
 
 @pytest.mark.parametrize("suffix", ["/llm", "/llm/", "/llm/v1"])
 def test_answers_base_url_path_kept_on_the_direct_path(suffix: str) -> None:
-    """http://gw/llm sends POST /llm/v1/completions and GET /llm/v1/models on the fast path."""
+    """http://gw/llm sends POST /llm/v1/completions and GET /llm/v1/models directly."""
     with RawServer(answering(completion())) as server, SamplerClient(server.url + suffix, retry=ONCE) as client:
         client.sample([1], base_model="m")
     assert request_line(server.requests[0]) == b"POST /llm/v1/completions HTTP/1.1"
 
 
 def test_answers_base_url_path_kept_through_a_proxy(monkeypatch: Any) -> None:
-    """Through HTTP_PROXY (the Session path) the absolute URL keeps the prefix too."""
+    """Through HTTP_PROXY the absolute URL keeps the prefix too."""
     with RawServer(answering(completion())) as proxy:
         use_proxy(monkeypatch, proxy.url)
         with SamplerClient("http://gw.invalid/llm/v1", retry=ONCE) as client:
@@ -141,7 +141,7 @@ def test_answers_redirect_is_refused_naming_its_target() -> None:
 
 @responses.activate
 def test_answers_redirect_is_refused_on_the_session_path_too() -> None:
-    """Through a patched transport (the Session path) the redirect is not followed either."""
+    """Through a patched transport (responses) the redirect is not followed either."""
     target = "http://other.invalid/x"
     responses.add(responses.POST, "http://e.invalid/v1/completions", status=307, headers={"Location": target})
     with SamplerClient("http://e.invalid", retry=ONCE) as client, pytest.raises(lora_sampler.EngineStatusError) as info:
@@ -423,7 +423,7 @@ def test_answers_cli_and_doctor_refuse_a_dot_dot_adapter_before_reading_its_conf
 
 
 def test_answers_gzip_answer_through_a_proxy_is_decoded(monkeypatch: Any) -> None:
-    """The Session path asks for gzip (as requests does) and the chunked reader decodes it."""
+    """The client asks for gzip (as requests does) and the chunked reader decodes it."""
     packed = gzip.compress(completion())
 
     def gzipped(conn: socket.socket, index: int) -> None:

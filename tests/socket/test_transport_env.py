@@ -65,7 +65,7 @@ def test_transport_ca_bundle_from_environment_is_read(monkeypatch: Any, tmp_path
 
 
 def test_transport_headers_on_the_wire(monkeypatch: Any) -> None:
-    """The fast path sends the same headers as requests: auth, JSON type, user agent, session id."""
+    """The client sends the headers requests users expect: auth, JSON type, user agent, session id."""
     with RawServer(answer) as engine, SamplerClient(engine.url, api_key="sk-1") as client:
         client.sample([1], base_model="m", session_id="sess-9")
     head = engine.requests[0].split(b"\r\n\r\n", 1)[0].lower()

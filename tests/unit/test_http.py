@@ -60,7 +60,7 @@ def test_http_pool_is_sized_to_max_workers() -> None:
     """The session's adapter keeps max_workers (+ headroom for loads) connections per host."""
     with SamplerClient("http://h", max_workers=48) as client:
         adapter = client._transport.session.get_adapter("http://h")
-        assert adapter._pool_maxsize == 48 + POOL_HEADROOM  # type: ignore[attr-defined]
+        assert adapter.pool_maxsize == 48 + POOL_HEADROOM  # type: ignore[attr-defined]
         assert adapter.max_retries.total == 0  # type: ignore[attr-defined]
 
 

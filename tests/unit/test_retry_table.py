@@ -1,15 +1,13 @@
 """The retry table of SPEC §4, row by row, for adapter and base-model requests.
 
-The table's rows run on both transport paths: through ``responses`` (the ``Session`` path) and through the direct
-urllib3 path against a scripted loopback server (``ScriptedEngine``, 127.0.0.1 only), which production uses.
+Each row runs once, through ``responses``: it patches requests' transport adapter, which is the path every request
+of the client takes (``Session.send`` and the session's mounted adapter), so there is no second path to cover.
 """
 
 from __future__ import annotations
 
 import email.utils
-import http.server
 import json
-import threading
 import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -95,24 +93,18 @@ NEVER_RETRIED = {
 
 
 class ScriptedEngine:
-    """Answers each path from a script, in order (the last answer repeats), on 127.0.0.1 or through ``responses``.
+    """Answers each path from a script, in order (the last answer repeats), through ``responses``.
 
-    An answer is a ``VllmBody``, a JSON dict (a 200), ``requests.ConnectionError`` (the connection is dropped
-    without an answer) or ``requests.ReadTimeout`` (no answer until the client gives up).
+    An answer is a ``VllmBody``, a JSON dict (a 200), or an exception the transport raises
+    (``requests.ConnectionError``, ``requests.ReadTimeout``).
     """
 
-    def __init__(self, mode: str):
-        self.mode = mode
+    url = BASE
+
+    def __init__(self) -> None:
         self.script: Dict[str, List[Any]] = {}
         self.seen: List[Tuple[str, Dict[str, str], bytes]] = []
-        self._server: Optional[http.server.HTTPServer] = None
-        self._mock: Optional[responses.RequestsMock] = None
-
-    @property
-    def url(self) -> str:
-        if self._server is None:
-            return BASE
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._mock = responses.RequestsMock(assert_all_requests_are_fired=False)
 
     def add(self, path: str, answer: Any) -> None:
         self.script.setdefault(path, []).append(answer)
@@ -128,46 +120,15 @@ class ScriptedEngine:
         return answers.pop(0) if len(answers) > 1 else answers[0]
 
     def __enter__(self) -> ScriptedEngine:
-        if self.mode == "responses":
-            self._mock = responses.RequestsMock(assert_all_requests_are_fired=False)
-            self._mock.__enter__()
-            for path in (COMPLETIONS_PATH, LOAD_PATH):
-                self._mock.add_callback(responses.POST, BASE + path, callback=self._mock_answer)
-            return self
-        engine = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                engine.seen.append((self.path, dict(self.headers), body))
-                answer = engine.next_answer(self.path)
-                if isinstance(answer, requests.ReadTimeout):
-                    self.connection.settimeout(30)
-                    self.connection.recv(1)  # until the client gives up and closes
-                elif not isinstance(answer, requests.ConnectionError):  # ConnectionError: close, no answer
-                    status, content, content_type = _parts(answer)
-                    self.send_response(status)
-                    self.send_header("Content-Type", content_type)
-                    self.send_header("Content-Length", str(len(content)))
-                    self.end_headers()
-                    self.wfile.write(content)
-                self.close_connection = True
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        self._mock.__enter__()
+        for path in (COMPLETIONS_PATH, LOAD_PATH):
+            self._mock.add_callback(responses.POST, BASE + path, callback=self._answer)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        if self._mock is not None:
-            self._mock.__exit__(*exc_info)
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+        self._mock.__exit__(*exc_info)
 
-    def _mock_answer(self, request: Any) -> Any:
+    def _answer(self, request: Any) -> Any:
         path = request.path_url
         self.seen.append((path, dict(request.headers), request.body or b""))
         answer = self.next_answer(path)
@@ -183,15 +144,15 @@ def _parts(answer: Any) -> Tuple[int, bytes, str]:
     return answer.status, answer.body, answer.content_type or "text/plain"
 
 
-@pytest.fixture(params=["responses", "socket"])
-def engine(request: Any) -> Iterator[ScriptedEngine]:
-    """A scripted engine behind the Session path (responses) or the direct urllib3 path (a loopback server)."""
-    with ScriptedEngine(request.param) as scripted:
+@pytest.fixture
+def engine() -> Iterator[ScriptedEngine]:
+    """A scripted engine behind requests' patched transport adapter."""
+    with ScriptedEngine() as scripted:
         yield scripted
 
 
 def scripted_client(engine: ScriptedEngine, tmp_path: Any, **kwargs: Any) -> SamplerClient:
-    """A client for ``engine``: a short read timeout, so a hung answer is given up on quickly on a socket."""
+    """A client for ``engine``."""
     return SamplerClient(engine.url, lora_base_dir=tmp_path, timeout=(5.0, 1.0), **kwargs)
 
 

@@ -1,0 +1,175 @@
+"""The ``requests.Session`` of one engine (the client's own, or the user's), and the sending of one request on it.
+
+Every request goes through ``Session.send`` (with ``stream=True``), so the session's mounted adapters, cookies,
+hooks, TLS settings and proxies apply, and what ``responses`` or ``requests-mock`` patch is what runs. A user's
+session prepares each request with ``Session.prepare_request`` (its auth, headers and cookies apply, as with
+``Session.request``). The client's own session reads the environment requests users rely on (``HTTP(S)_PROXY``,
+``NO_PROXY``, ``REQUESTS_CA_BUNDLE``, ``CURL_CA_BUNDLE``, ``~/.netrc``) and merges its headers and auth once, when
+it is made, instead of on every request: each request is then prepared with ``PreparedRequest``'s documented
+``prepare_*`` steps from those fixed headers (the session's cookies are still sent once it holds any). Sending
+only: no reading of the answer, no translation.
+"""
+
+from __future__ import annotations
+
+import netrc
+import os
+from typing import Any, Dict, Optional, Tuple, Union
+from urllib.parse import urlsplit
+
+import requests
+from requests.structures import CaseInsensitiveDict
+
+from lora_sampler._transport.adapter import EngineAdapter
+from lora_sampler._transport.exchange import Exchange
+from lora_sampler._version import __version__
+
+#: Extra pooled connections beyond ``max_workers``: proactive loads and callers' own threads run beside the pool.
+POOL_HEADROOM = 4
+#: Request paths whose prepared URL is kept (the client uses a handful).
+MAX_CACHED_URLS = 64
+
+
+class EngineSession:
+    """One engine's ``requests.Session``, with the auth and identity headers every request carries.
+
+    Args:
+        base_url: The printable engine root (no userinfo); its path prefixes every request path.
+        api_key: Sent as ``Authorization: Bearer ...`` when given.
+        basic: ``(user, password)`` from the URL's userinfo; without it and without a key, ``~/.netrc`` is read.
+        max_workers: Threads that may send at once; the client's own pool keeps that many connections plus headroom.
+        verify: TLS verification of the client's own session: True, False, or a CA bundle path.
+        session: The user's session; None makes the client's own.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: Optional[str],
+        basic: Optional[Tuple[str, str]],
+        max_workers: int,
+        verify: Union[bool, str],
+        session: Optional[requests.Session] = None,
+    ):
+        self.base_url = base_url
+        self.owned = session is None
+        self.basic: Optional[Tuple[str, str]] = None
+        self._request_headers: Dict[str, str] = {}
+        self._request_auth: Optional[Tuple[str, str]] = None
+        self._send_settings: Optional[Dict[str, Any]] = None
+        self._fixed_headers: Optional[Dict[str, str]] = None
+        self._urls: Dict[str, str] = {}
+        if session is None:
+            self.session = self._own_session(api_key, basic, max_workers, verify)
+        else:
+            self.session = session
+            if api_key:  # a session's auth handler (if it has one) runs after this, as requests always does
+                self._request_headers["Authorization"] = f"Bearer {api_key}"
+            elif basic and session.auth is None:
+                self.basic = self._request_auth = basic
+
+    def _own_session(
+        self, api_key: Optional[str], basic: Optional[Tuple[str, str]], max_workers: int, verify: Union[bool, str]
+    ) -> requests.Session:
+        session = requests.Session()
+        adapter = EngineAdapter(pool_maxsize=max_workers + POOL_HEADROOM)
+        session.mount("http://", adapter)
+        session.mount("https://", adapter)
+        # ``merge_environment_settings`` is what ``Session.request`` calls on every request; once is enough here.
+        settings: Dict[str, Any] = dict(session.merge_environment_settings(self.base_url, {}, True, verify, None))
+        session.trust_env = False  # read above; prepare_request must not read ~/.netrc again on every request
+        session.verify = settings["verify"]
+        session.proxies = settings["proxies"]
+        self._send_settings = settings
+        session.headers["User-Agent"] = f"lora-sampler/{__version__}"
+        del session.headers["Connection"]  # "keep-alive" is what HTTP/1.1 means without it
+        if api_key:
+            session.headers["Authorization"] = f"Bearer {api_key}"
+        else:
+            self.basic = basic or netrc_auth(self.base_url)
+            if self.basic:
+                session.auth = self.basic  # requests sends it as basic auth (HTTPBasicAuth)
+        # The session's headers with its auth applied, as prepare_request merges them into every request.
+        template = session.prepare_request(requests.Request("GET", self.base_url + "/"))
+        self._fixed_headers = {name: value for name, value in template.headers.items() if name != "Content-Length"}
+        return session
+
+    def _prepare_fixed(self, exchange: Exchange) -> requests.PreparedRequest:
+        """Prepare a request of the client's own session from its fixed headers (no per-request merging)."""
+        assert self._fixed_headers is not None
+        prepared = requests.PreparedRequest()
+        prepared.method = exchange.method
+        prepared.url = self._url(exchange.path)
+        # The fixed headers were checked by prepare_headers when the session was made; http.client checks each
+        # header again as it is sent (a newline in a session id is refused there).
+        prepared.headers = CaseInsensitiveDict(self._fixed_headers)
+        prepared.headers.update(exchange.headers)
+        prepared.prepare_body(exchange.data, None)
+        if self.session.cookies:  # a router or a gateway set some: send them back, as requests would
+            prepared.prepare_cookies(self.session.cookies)
+        return prepared
+
+    def _url(self, path: str) -> str:
+        """Return the prepared (quoted, IDNA-encoded) URL of ``path`` under the base URL, prepared once per path."""
+        url = self._urls.get(path)
+        if url is None:
+            probe = requests.PreparedRequest()
+            probe.prepare_url(self.base_url + path, None)
+            if len(self._urls) >= MAX_CACHED_URLS:
+                self._urls.clear()
+            url = self._urls[path] = str(probe.url)
+        return url
+
+    def send(self, exchange: Exchange) -> requests.Response:
+        """Send one request through the session and return its response, status and headers read, body not.
+
+        Redirects are not followed (the translation refuses them, naming their target).
+
+        Raises:
+            requests.RequestException: as requests raises it.
+        """
+        settings = self._send_settings
+        if settings is not None:
+            prepared = self._prepare_fixed(exchange)
+        else:  # a user's session: prepared and merged with its environment as Session.request does
+            headers = {**self._request_headers, **exchange.headers}
+            url = self.base_url + exchange.path
+            request = requests.Request(
+                exchange.method, url, headers=headers, data=exchange.data, auth=self._request_auth
+            )
+            prepared = self.session.prepare_request(request)
+            settings = dict(self.session.merge_environment_settings(str(prepared.url), {}, True, None, None))
+        response: requests.Response = self.session.send(
+            prepared, timeout=exchange.timeout, allow_redirects=False, **settings
+        )
+        return response
+
+    def close(self) -> None:
+        """Close the client's own session and every pooled connection now; a user's session is left to its owner."""
+        if self.owned:
+            self.session.close()
+
+
+def netrc_auth(url: str) -> Optional[Tuple[str, str]]:
+    """Return ``(login, password)`` for ``url``'s host from ``$NETRC``, ``~/.netrc`` or ``~/_netrc``, as requests does.
+
+    A missing or unreadable file, or one that does not parse, means no credentials (as with requests).
+    """
+    host = urlsplit(url).hostname
+    if not host:
+        return None
+    candidates = [os.environ["NETRC"]] if os.environ.get("NETRC") else ["~/.netrc", "~/_netrc"]
+    for candidate in candidates:
+        path = os.path.expanduser(candidate)
+        if not os.path.exists(path):
+            continue
+        try:
+            found = netrc.netrc(path).authenticators(host)
+        except (netrc.NetrcParseError, OSError):
+            return None
+        if found:
+            login, account, password = found
+            return (login or account or "", password or "")
+        return None
+    return None
