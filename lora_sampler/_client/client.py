@@ -30,6 +30,8 @@ from typing import (
     cast,
 )
 
+import requests
+
 from lora_sampler._adapters.extract import PublishLimits
 from lora_sampler._adapters.fleet import Fleet, ReplicasSpec
 from lora_sampler._adapters.registry import AdapterRegistry
@@ -46,7 +48,7 @@ from lora_sampler._defaults import (
     DEFAULT_TIMEOUT,
     DEFAULT_WINDOW,
 )
-from lora_sampler._transport.http import DEFAULT_MAX_RESPONSE_BYTES, EngineTransport, Timeout
+from lora_sampler._transport.http import DEFAULT_MAX_RESPONSE_BYTES, EngineTransport, Timeout, without_userinfo
 from lora_sampler.errors import EngineConnectionError, SamplingInterruptedError
 from lora_sampler.retry import DEFAULT_RETRY_POLICY, RetryPolicy
 from lora_sampler.types import (
@@ -112,6 +114,13 @@ class SamplerClient:
             root URLs: adapters are then loaded on, reconciled on and unloaded from every replica (SPEC §9).
         storage_options: Options of the storage library (fsspec's s3fs/gcsfs, e.g. ``{"endpoint_url": ...}``) for
             checkpoint URLs (``s3://``, ``gs://``); None uses its standard chain (``AWS_*``, profiles, roles).
+        session: A ``requests.Session`` to send every request through: its mounted adapters, auth, TLS settings
+            (``verify``, ``cert``), proxies and headers apply, and ``api_key`` still sets ``Authorization``. Such a
+            client cannot be pickled and refuses to run in a forked child. None: the client makes its own.
+
+    Pickling a client (to hand it to a worker process) keeps its options but never the API key or a password: the
+    unpickled client reads ``$LORA_SAMPLER_API_KEY`` in its own process. A client used in a child process forked
+    from its own makes its session, connections and worker threads afresh there.
     """
 
     def __init__(
@@ -129,7 +138,16 @@ class SamplerClient:
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         replicas: ReplicasSpec = None,
         storage_options: Optional[Dict[str, Any]] = None,
+        session: Optional[requests.Session] = None,
     ):
+        self._options = _constructor_options(locals())  # first: what pickling keeps (never the key)
+        if session is not None and not isinstance(session, requests.Session):
+            raise TypeError(f"session must be a requests.Session, got {type(session).__name__}")
+        if session is not None and verify is not True:
+            raise ValueError(
+                "verify= has no effect with session=: the session's own TLS settings are used; set "
+                "session.verify (True, False, or a CA bundle path) instead"
+            )
         if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
             raise ValueError(f"max_workers must be an int >= 1, got {max_workers!r}")
         if not isinstance(retry, RetryPolicy):
@@ -137,7 +155,7 @@ class SamplerClient:
         self.retry = retry
         self.max_workers = max_workers
         key = api_key or os.environ.get(API_KEY_ENV) or None
-        options: Dict[str, Any] = {"api_key": key, "timeout": timeout, "verify": verify}
+        options: Dict[str, Any] = {"api_key": key, "timeout": timeout, "verify": verify, "session": session}
         options["max_response_bytes"] = max_response_bytes  # the same settings for every replica's transport
         self._transport = EngineTransport(base_url, max_workers=max_workers, **options)
         self._fleet = None if replicas is None else Fleet(self._transport, replicas, retry, options)
@@ -168,6 +186,19 @@ class SamplerClient:
 
     def __repr__(self) -> str:
         return f"SamplerClient({self.base_url!r}, max_workers={self.max_workers})"
+
+    def __reduce__(self) -> Tuple[Any, Tuple[Dict[str, Any]]]:
+        """Pickle the constructor options, never the API key or a password in the URL.
+
+        Raises:
+            TypeError: the client sends through a user's ``session=``, which cannot be pickled.
+        """
+        if self._transport.has_user_session:
+            raise TypeError(
+                "a SamplerClient made with session= cannot be pickled (a requests.Session holds open connections and "
+                "whatever auth it carries); make the client and its session in the worker process instead"
+            )
+        return (_unpickle_client, (dict(self._options),))
 
     def __enter__(self) -> SamplerClient:
         return self
@@ -675,6 +706,23 @@ def _closing(reports: Iterator[CheckpointReport], bar: ProgressBar) -> Iterator[
         yield from reports
     finally:
         bar.close()
+
+
+#: Constructor arguments a pickled client leaves out: secrets, and what cannot cross processes.
+_NOT_PICKLED = ("self", "api_key", "session")
+
+
+def _constructor_options(names: Dict[str, Any]) -> Dict[str, Any]:
+    """The constructor's arguments from its ``locals()``, as pickled: no key, no session, no userinfo in the URL."""
+    options = {name: value for name, value in names.items() if name not in _NOT_PICKLED}
+    if isinstance(options.get("base_url"), str):
+        options["base_url"] = without_userinfo(options["base_url"])
+    return options
+
+
+def _unpickle_client(options: Dict[str, Any]) -> SamplerClient:
+    """Rebuild a pickled client from its options; the API key comes from this process's environment."""
+    return SamplerClient(**options)
 
 
 def _arguments(names: Dict[str, Any]) -> Dict[str, Any]:

@@ -13,6 +13,7 @@ import collections
 import concurrent.futures
 import contextlib
 import functools
+import os
 import threading
 import weakref
 from typing import (
@@ -116,6 +117,7 @@ class FanOut:
     def __init__(self, max_workers: int):
         self.max_workers = max_workers
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._pid = os.getpid()  # the process whose threads the executor's are
         self._lock = threading.Lock()
         self._closed = False
         self._batches: weakref.WeakSet[_Batch] = weakref.WeakSet()
@@ -171,8 +173,10 @@ class FanOut:
         with self._lock:
             if self._closed:
                 raise RuntimeError("this SamplerClient is closed; create a new one")
-            if self._executor is None:
+            if self._executor is None or self._pid != os.getpid():
+                # In a forked child the parent's executor has no threads left: it would queue work forever.
                 self._executor = concurrent.futures.ThreadPoolExecutor(self.max_workers, "lora_sampler")
+                self._pid = os.getpid()
             return self._executor.submit(function, *arguments)
 
     def imap(

@@ -1,0 +1,131 @@
+"""``SamplerClient(session=requests.Session)``: the user's session carries every request, with its settings winning.
+
+Real loopback servers (``rawserver.RawServer``, the FakeEngine) see what the session sends; ``responses`` shows that
+a test library patching requests sees the same requests.
+"""
+
+from __future__ import annotations
+
+import base64
+import socket
+import threading
+import time
+from typing import Any, List
+
+import pytest
+import requests
+import responses
+from rawserver import RawServer
+from test_transport_answers import answering, completion, header, request_line
+
+import lora_sampler
+from lora_sampler import RetryPolicy, SamplerClient
+from lora_sampler.testing import FakeEngine
+
+ONCE = RetryPolicy(max_attempts=1)
+
+
+class CountingAdapter(requests.adapters.HTTPAdapter):
+    """A mounted adapter of the user's (as a signing, retrying or unix-socket adapter would be)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: List[str] = []
+
+    def send(self, request: requests.PreparedRequest, *args: Any, **kwargs: Any) -> requests.Response:
+        self.sent.append(str(request.url))
+        return super().send(request, *args, **kwargs)
+
+
+def test_session_requests_go_through_its_mounted_adapter(engine: FakeEngine) -> None:
+    """Every request (sample, fan-out, model listing) goes through the adapter the user mounted."""
+    adapter = CountingAdapter()
+    with requests.Session() as session:
+        session.mount("http://", adapter)
+        with SamplerClient(engine.url, session=session, max_workers=4) as client:
+            assert client.sample("x", base_model=engine.model).sequences
+            assert len(client.sample_many([{"prompt": f"p{i}", "base_model": engine.model} for i in range(12)])) == 12
+            client.engine_model()
+    assert sum(url.endswith("/v1/completions") for url in adapter.sent) == 13
+    assert any(url.endswith("/v1/models") for url in adapter.sent)
+
+
+def test_session_headers_and_auth_are_sent_and_api_key_sets_authorization() -> None:
+    """The session's headers are sent; api_key sets Authorization; without it the session's auth applies."""
+    with RawServer(answering(completion())) as server, requests.Session() as session:
+        session.headers["X-Corp-Trace"] = "t-1"
+        session.headers["User-Agent"] = "corp-agent/2"
+        with SamplerClient(server.url, session=session, api_key="sk-user", retry=ONCE) as client:
+            client.sample([1], base_model="m")
+        session.auth = ("alice", "s3cret")
+        with SamplerClient(server.url, session=session, retry=ONCE) as client:
+            client.sample([1], base_model="m")
+    first, second = server.requests
+    assert header(first, "X-Corp-Trace") == "t-1" and header(first, "User-Agent") == "corp-agent/2"
+    assert header(first, "Authorization") == "Bearer sk-user"
+    assert header(second, "Authorization") == "Basic " + base64.b64encode(b"alice:s3cret").decode()
+
+
+def test_session_proxies_win() -> None:
+    """The session's proxies route the requests (the request line carries the absolute URL)."""
+    with RawServer(answering(completion())) as proxy, requests.Session() as session:
+        session.proxies = {"http": proxy.url}
+        session.trust_env = False
+        with SamplerClient("http://engine.invalid:8000", session=session, retry=ONCE) as client:
+            assert client.sample([1], base_model="m").sequences
+    assert request_line(proxy.requests[0]) == b"POST http://engine.invalid:8000/v1/completions HTTP/1.1"
+
+
+@responses.activate
+def test_session_test_libraries_intercept_a_users_session_too() -> None:
+    """responses (which patches requests' adapter) answers the requests of a client on a user's session."""
+    responses.add(responses.POST, "http://e.invalid/v1/completions", body=completion())
+    with requests.Session() as session, SamplerClient("http://e.invalid", session=session) as client:
+        assert client.sample([1], base_model="m").sequences[0].tokens == (5, 6)
+    assert len(responses.calls) == 1
+
+
+def test_session_verify_with_a_session_is_refused() -> None:
+    """verify= next to session= would be ignored: it is refused, naming session.verify."""
+    with requests.Session() as session:
+        with pytest.raises(ValueError, match=r"session\.verify"):
+            SamplerClient("https://e.invalid", session=session, verify=False)
+        with pytest.raises(TypeError, match=r"requests\.Session"):
+            SamplerClient("https://e.invalid", session="not a session")  # type: ignore[arg-type]
+
+
+def test_session_close_leaves_the_users_session_open(engine: FakeEngine) -> None:
+    """Closing the client does not close the session it was given: the user owns it."""
+    with requests.Session() as session:
+        with SamplerClient(engine.url, session=session) as client:
+            client.sample("x", base_model=engine.model)
+        assert session.get(f"{engine.url}/health", timeout=5).status_code == 200
+
+
+def test_session_dripping_body_is_still_bounded_with_a_users_adapter() -> None:
+    """With requests' plain adapter (no connection the client can cut), a dripped body still ends near the timeout.
+
+    The check between reads holds; each read waits at most the read timeout, so the attempt ends within about
+    twice the read timeout (the client's own session ends it at the read timeout).
+    """
+    body = completion()
+    stop = threading.Event()
+
+    def drip(conn: socket.socket, index: int) -> None:
+        conn.sendall(
+            f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        )
+        for byte in body:
+            if stop.wait(0.1):
+                return
+            conn.sendall(bytes([byte]))
+
+    with RawServer(drip) as server, requests.Session() as session:
+        with SamplerClient(server.url, session=session, timeout=(1.0, 1.0), retry=ONCE) as client:
+            started = time.monotonic()
+            try:
+                with pytest.raises(lora_sampler.EngineTimeoutError, match="within the read timeout"):
+                    client.sample([1], base_model="m")
+            finally:
+                stop.set()
+            assert time.monotonic() - started < 10  # the body alone takes len(body) * 0.1 s (~20 s)
