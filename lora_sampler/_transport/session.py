@@ -106,8 +106,8 @@ class EngineSession:
         prepared.headers = CaseInsensitiveDict(self._fixed_headers)
         prepared.headers.update(exchange.headers)
         prepared.prepare_body(exchange.data, None)
-        if self.session.cookies:  # a router or a gateway set some: send them back, as requests would
-            prepared.prepare_cookies(self.session.cookies)
+        # The session's cookies (a router or a gateway may set some) are sent back, as requests would.
+        prepared.prepare_cookies(self.session.cookies)
         return prepared
 
     def _url(self, path: str) -> str:

@@ -85,3 +85,21 @@ def test_transport_mocking_libraries_still_intercept() -> None:
     with SamplerClient("http://127.0.0.1:9") as client:
         assert client.sample([1], base_model="m").sequences[0].tokens == (3,)
     assert len(responses.calls) == 1
+
+
+def test_transport_cookies_set_by_a_gateway_are_sent_back() -> None:
+    """A cookie the engine's gateway sets (sticky routing) is sent with the next request, as requests would."""
+
+    def sticky(conn: socket.socket, index: int) -> None:
+        body = COMPLETION
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nSet-Cookie: route=replica-2; Path=/\r\n"
+            + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+            + body
+        )
+
+    with RawServer(sticky) as engine, SamplerClient(engine.url) as client:
+        client.sample([1], base_model="m")
+        client.sample([1], base_model="m")
+    first, second = (request.split(b"\r\n\r\n", 1)[0].lower() for request in engine.requests)
+    assert b"cookie:" not in first and b"cookie: route=replica-2" in second
