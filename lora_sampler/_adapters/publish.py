@@ -256,7 +256,7 @@ def _digest_in_markers(base: str, name: Optional[str], stem: str, url: str, reco
     default = re.compile(re.escape(stem) + f"-[0-9a-f]{{{DEFAULT_DIGEST_CHARS}}}")
     entries = [name] if name is not None else [entry for entry in os.listdir(base) if default.fullmatch(entry)]
     for entry in entries:
-        marker = _read_marker(os.path.join(base, entry))
+        marker = read_marker(os.path.join(base, entry))
         if marker.get("source") == url and marker.get("stored") == record and isinstance(marker.get("digest"), str):
             return str(marker["digest"])
     return None
@@ -337,11 +337,12 @@ def _published_adapter(target: str, name: str, digest: str, source: str) -> Opti
 
 def read_published_digest(adapter_dir: StrPath) -> Optional[str]:
     """Return the checkpoint digest recorded in a folder published by lora_sampler, or None."""
-    digest = _read_marker(adapter_dir).get("digest")
+    digest = read_marker(adapter_dir).get("digest")
     return digest if isinstance(digest, str) else None
 
 
-def _read_marker(adapter_dir: StrPath) -> Dict[str, Any]:
+def read_marker(adapter_dir: StrPath) -> Dict[str, Any]:
+    """Return the marker publish wrote into an adapter folder (digest, source, ...); {} when there is none."""
     try:
         with open(os.path.join(os.fspath(adapter_dir), MARKER_FILE), encoding="utf-8") as f:
             record = json.load(f)

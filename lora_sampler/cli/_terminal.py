@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import signal
 import sys
 import threading
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, Callable, Dict, Iterator, Optional, Protocol
+from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol
 
 from lora_sampler._client.outage import OutageEvent
 from lora_sampler._client.progress import RetryCounter as RetryCounter  # the CLI's bar counts retries too
@@ -20,6 +21,9 @@ from lora_sampler.batch._job import DEFAULT_DRAIN_SECONDS
 
 #: The format of lora_sampler's log lines on stderr.
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+#: Characters of an error message repeated in the count line at the end.
+_SHORT_MESSAGE = 160
+_NUMBERS = re.compile(r"\d+")
 
 
 def progress_bar(total: Optional[int], quiet: bool) -> Any:
@@ -46,13 +50,23 @@ class JobBar:
         self.bar = bar
         self._retries, self._message_of = retries, message_of
         self._failed = 0
+        #: Each distinct error's first message and how many lines failed with it, in the order first seen.
+        self._errors: Dict[str, List[Any]] = {}
 
     def on_event(self, kind: str, line: object, record: Optional[Dict[str, Any]]) -> None:
-        """Show one finished line (``BatchJob``'s ``on_event``, in the job's thread)."""
+        """Show one finished line (``BatchJob``'s ``on_event``, in the job's thread).
+
+        A failure is printed the first time its error is seen; the same error on other lines is counted, and
+        ``close`` prints the count once (29 lines failing during an outage make two lines, not 29).
+        """
         if kind == "failed":
             self._failed += 1
             if record is not None:
-                say(self.bar, f"lora-sampler: {self._message_of(record)}")
+                message = self._message_of(record)
+                seen = self._errors.setdefault(error_key(message, record), [message, 0])
+                seen[1] += 1
+                if seen[1] == 1:
+                    say(self.bar, f"lora-sampler: {message}")
         if self.bar is not None:
             self.bar.update(1)
             self._show()
@@ -66,12 +80,29 @@ class JobBar:
             self.bar.refresh()
 
     def close(self) -> None:
-        """Close the bar, if there is one."""
+        """Say how many lines failed with each error seen more than once; close the bar, if there is one."""
+        errors, self._errors = self._errors, {}
+        for message, count in errors.values():
+            if count > 1:
+                say(self.bar, f"lora-sampler: {count} lines failed with the same error as {_shortened(message)}")
         if self.bar is not None:
             self.bar.close()
 
     def _show(self, **extra: Any) -> None:
         self.bar.set_postfix(retries=self._retries.value, failed=self._failed, **extra, refresh=False)
+
+
+def error_key(message: str, record: Dict[str, Any]) -> str:
+    """What makes two failed lines' errors the same: their message without the line's id and numbers."""
+    if record.get("id") is not None:
+        message = message.replace(f"(id {record['id']!r})", "(id)", 1)
+    if record.get("custom_id") is not None:
+        message = message.replace(f"custom_id {record['custom_id']!r}", "custom_id", 1)
+    return _NUMBERS.sub("N", message)
+
+
+def _shortened(message: str) -> str:
+    return message if len(message) <= _SHORT_MESSAGE else message[: _SHORT_MESSAGE - 3] + "..."
 
 
 def say(bar: Any, message: str) -> None:

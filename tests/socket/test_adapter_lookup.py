@@ -26,7 +26,8 @@ def test_lookup_unpublished_stem_fails_at_once_with_the_content_name(
             client.sample("Once upon a time", adapter="step-400")
     error = info.value
     assert isinstance(error, ModelNotFoundError) and isinstance(error, NotFoundError) and error.status_code == 404
-    assert error.suggestions == (published.name,) and f"did you mean {published.name!r}?" in str(error)
+    assert error.suggestions == (published.name,)
+    assert f"did you mean {published.name!r} (from {archive}, published 0 s ago)?" in str(error)  # source and age
     assert error.attempts == 1 and engine.calls(COMPLETIONS) == 0
 
 
@@ -99,7 +100,7 @@ def test_lookup_cli_unknown_adapter_stops_with_one_message(
     argv = ["sample", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--adapter", "step-400"]
     code = main([*argv, "--input", str(inp), "--output", str(out), "--quiet"])
     err = capsys.readouterr().err.splitlines()
-    assert code == 2 and len(err) == 1 and f"did you mean {name!r}?" in err[0]
+    assert code == 2 and len(err) == 1 and f"did you mean {name!r} (from {archive}, published " in err[0]
     assert engine.calls(COMPLETIONS) == 0 and (not out.exists() or out.read_text() == "")
 
 
