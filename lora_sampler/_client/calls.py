@@ -16,10 +16,11 @@ from typing import Any, Callable, Dict, Optional, Tuple, cast
 from lora_sampler._adapters.fleet import Fleet
 from lora_sampler._adapters.loads import AdapterLoadCoordinator
 from lora_sampler._adapters.registry import AdapterRegistry
+from lora_sampler._client.isolation import ModelIsolation
 from lora_sampler._client.progress import RetryCounter
 from lora_sampler._transport.cancel import is_cancelled
 from lora_sampler._transport.http import EngineTransport, Timeout, new_id
-from lora_sampler._wire.messages import load_adapter_body
+from lora_sampler._wire.messages import PROMPT_LOGPROBS_FIELD, load_adapter_body
 from lora_sampler._wire.routes import (
     CHAT_COMPLETIONS_PATH,
     COMPLETIONS_PATH,
@@ -53,12 +54,18 @@ class _Attempts:
     """What the retry wrapper calls: one attempt, and the proactive load before a wait (SPEC §4)."""
 
     def __init__(
-        self, transport: EngineTransport, fleet: Optional[Fleet], loads: AdapterLoadCoordinator, load_timeout: float
+        self,
+        transport: EngineTransport,
+        fleet: Optional[Fleet],
+        loads: AdapterLoadCoordinator,
+        load_timeout: float,
+        isolation: ModelIsolation,
     ):
         self._transport = transport
         self._fleet = fleet
         self._loads = loads
         self._load_timeout = load_timeout
+        self._isolation = isolation
 
     def attempt(self, call: _Call) -> SampleOutput:
         """Send exactly one completion request for ``call``; once its fan-out is cancelled, raise instead of retrying.
@@ -80,15 +87,16 @@ class _Attempts:
             raise RequestCancelledError(
                 "not sent: its fan-out was cancelled", model=call.model, adapter=call.is_adapter
             )
-        return self._transport.post_json(
-            CHAT_COMPLETIONS_PATH if call.is_chat else COMPLETIONS_PATH,
-            call.payload,
-            model=call.model,
-            adapter=call.is_adapter,
-            session_id=call.session_id,
-            timeout=call.timeout,
-            parse=call.parse,
-        )
+        with self._isolation.admit(call.model, PROMPT_LOGPROBS_FIELD in call.payload):
+            return self._transport.post_json(
+                CHAT_COMPLETIONS_PATH if call.is_chat else COMPLETIONS_PATH,
+                call.payload,
+                model=call.model,
+                adapter=call.is_adapter,
+                session_id=call.session_id,
+                timeout=call.timeout,
+                parse=call.parse,
+            )
 
     def before_retry(self, call: _Call, error: EngineError, attempt: int) -> None:
         """Send the proactive load, shared by racing threads; on a fleet, reconcile every replica instead."""
@@ -122,15 +130,23 @@ class SampleCalls:
         registry: The client's adapter registry (resolution, publish-once, in-flight counts for lineages).
         fleet: The replicas to reconcile after a retriable adapter failure, or None for the one engine.
         retry: The retry policy.
+        isolation: Keeps scoring requests apart from other models' requests (every attempt is admitted by it).
     """
 
     def __init__(
-        self, transport: EngineTransport, registry: AdapterRegistry, fleet: Optional[Fleet], retry: RetryPolicy
+        self,
+        transport: EngineTransport,
+        registry: AdapterRegistry,
+        fleet: Optional[Fleet],
+        retry: RetryPolicy,
+        isolation: Optional[ModelIsolation] = None,
     ):
         self._transport = transport
         self._registry = registry
         self.loads = AdapterLoadCoordinator(episode_gap=2 * retry.max_delay + retry.load_timeout)
-        attempts = _Attempts(transport, fleet, self.loads, retry.load_timeout)
+        #: The client's scoring isolation.
+        self.isolation = isolation if isolation is not None else ModelIsolation()
+        attempts = _Attempts(transport, fleet, self.loads, retry.load_timeout, self.isolation)
         #: Retries of this client's calls so far (progress bars show them).
         self.retries = RetryCounter()
         counting = dataclasses.replace(

@@ -37,6 +37,7 @@ from lora_sampler._adapters.fleet import Fleet, ReplicasSpec
 from lora_sampler._adapters.registry import AdapterRegistry
 from lora_sampler._client.calls import SampleCalls
 from lora_sampler._client.fanout import IN_FLIGHT_PER_WORKER, FanOut, RequestLike, Runner
+from lora_sampler._client.isolation import ModelIsolation
 from lora_sampler._client.outage import OutageGate, OutageHook, checked_seconds, probe_timeout, probe_until
 from lora_sampler._client.progress import ProgressBar
 from lora_sampler._client.scoring import Scorer
@@ -117,6 +118,9 @@ class SamplerClient:
         session: A ``requests.Session`` to send every request through: its mounted adapters, auth, TLS settings
             (``verify``, ``cert``), proxies and headers apply, and ``api_key`` still sets ``Authorization``. Such a
             client cannot be pickled and refuses to run in a forked child. None: the client makes its own.
+        mix_adapters: Let requests asking for prompt logprobs (scoring) share the engine with other models'
+            requests. By default the client keeps them apart: while one is in flight, no request of this client for
+            another model is (some engines score with the wrong adapter in mixed batches; ``check_scoring`` tells).
 
     Pickling a client (to hand it to a worker process) keeps its options but never the API key or a password: the
     unpickled client reads ``$LORA_SAMPLER_API_KEY`` in its own process. A client used in a child process forked
@@ -139,6 +143,7 @@ class SamplerClient:
         replicas: ReplicasSpec = None,
         storage_options: Optional[Dict[str, Any]] = None,
         session: Optional[requests.Session] = None,
+        mix_adapters: bool = False,
     ):
         self._options = _constructor_options(locals())  # first: what pickling keeps (never the key)
         if session is not None and not isinstance(session, requests.Session):
@@ -167,7 +172,9 @@ class SamplerClient:
             fleet=self._fleet,
             storage_options=storage_options,
         )
-        self._calls = SampleCalls(self._transport, self._registry, self._fleet, retry)
+        #: Keeps scoring requests apart from other models' requests (``mix_adapters`` turns it off).
+        self.isolation = ModelIsolation(mix_adapters=mix_adapters)
+        self._calls = SampleCalls(self._transport, self._registry, self._fleet, retry, self.isolation)
         self._scorer = Scorer(self._transport, retry, self._calls.run, self._registry.served_base_models)
         self._fanout = FanOut(max_workers)
         #: The ``SamplingInterruptedError`` of the last ``sample_many`` stopped by Ctrl-C (its ``.results``), or None.
@@ -548,6 +555,7 @@ class SamplerClient:
         max_outage: float = 0.0,
         on_outage: Optional[OutageHook] = None,
         storage_options: Optional[Mapping[str, Any]] = None,
+        mix_adapters: bool = False,
         progress: bool = False,
     ) -> Iterator[CheckpointReport]:
         """Sample the same requests from every checkpoint of a training run, each once; yield a report per checkpoint.
@@ -586,6 +594,8 @@ class SamplerClient:
             max_outage: Seconds to wait out an engine outage, as in ``imap`` (0: fail at once).
             on_outage: Called with an ``OutageEvent`` while the engine is away.
             storage_options: Options of the storage library for checkpoint URLs; default: the client's.
+            mix_adapters: Let this client's requests mix models while the sweep runs, scoring ones included (by
+                default a scoring request is never in flight with the next checkpoint's warm-up or rows).
             progress: Show a progress bar over the rows of every checkpoint (as ``sample_many``'s).
 
         Raises:
@@ -624,6 +634,7 @@ class SamplerClient:
             on_outage=on_outage,
             storage_options=self._registry.storage_options if storage_options is None else storage_options,
             on_row=None if bar is None else lambda checkpoint, kind, line, record: bar.count_row(kind),
+            mix_adapters=mix_adapters,
         )
         return reports if bar is None else _closing(reports, bar)
 

@@ -9,6 +9,8 @@ from typing import Any, Dict, Mapping, Tuple
 
 #: ``SamplingParams`` fields vLLM reads under the same names (``stop`` is split into ``stop``/``stop_token_ids``).
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed")
+#: The body field asking for the prompt tokens' logprobs (a scoring request: the client keeps it apart, see isolation).
+PROMPT_LOGPROBS_FIELD = "prompt_logprobs"
 #: Chat roles ``messages`` may use (the OpenAI chat roles vLLM's chat templates take).
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 #: Body fields a ``SampleRequest`` sets itself: ``extra_body`` may not hold them (use the named argument instead).

