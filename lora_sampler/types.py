@@ -364,6 +364,10 @@ def build_request(prompt: Optional[Prompt] = None, **fields: Any) -> SampleReque
     return SampleRequest(prompt, **fields)
 
 
+#: Token ids are below this: vLLM holds them as 32-bit ints (a larger one would be sent on and wrap or fail there).
+TOKEN_ID_LIMIT = 2**31
+
+
 def _validated_prompt(prompt: object, what: str = "prompt") -> Prompt:
     if isinstance(prompt, str):
         if not prompt:
@@ -385,6 +389,12 @@ def _validated_prompt(prompt: object, what: str = "prompt") -> Prompt:
     if min(prompt) < 0:
         position = next(i for i, token in enumerate(prompt) if token < 0)
         raise ValueError(f"{what} token ids must be >= 0, got {prompt[position]} at position {position}")
+    if max(prompt) >= TOKEN_ID_LIMIT:
+        position = next(i for i, token in enumerate(prompt) if token >= TOKEN_ID_LIMIT)
+        raise ValueError(
+            f"{what} token ids must be below 2**31 (vLLM holds token ids as 32-bit ints, and no vocabulary comes "
+            f"near), got {prompt[position]} at position {position}; pass the tokenizer's ids"
+        )
     return tuple(prompt)
 
 
@@ -443,8 +453,14 @@ class ScoreOutput:
 
     @property
     def total(self) -> float:
-        """The sum of ``scored_logprobs``: the log-likelihood of the scored tokens (0.0 for none)."""
-        return math.fsum(self.scored_logprobs)
+        """The sum of ``scored_logprobs``: the log-likelihood of the scored tokens (0.0 for none).
+
+        A sum below the float range (logprobs such as -1e308) is ``-inf``, never an ``OverflowError``.
+        """
+        try:
+            return math.fsum(self.scored_logprobs)
+        except OverflowError:  # fsum's exact intermediate left the float range: the plain sum is the infinity
+            return sum(self.scored_logprobs)
 
 
 @dataclass(frozen=True)
@@ -601,6 +617,12 @@ def _prompt_logprobs_of(
         not isinstance(prompt_ids, (list, tuple)) or not set(map(type, prompt_ids)) <= _INT_TYPE
     ):
         raise ValueError("its 'prompt_token_ids' is not a list of token ids")
+    sent = request.prompt
+    if prompt_ids is not None and sent is not None and not isinstance(sent, str) and tuple(prompt_ids) != tuple(sent):
+        raise ValueError(
+            f"its 'prompt_token_ids' ({_ids_preview(prompt_ids)}) are not the token ids sent "
+            f"({_ids_preview(sent)}): its prompt logprobs would be those of other tokens"
+        )
     prompt_lp: Optional[Tuple[Optional[float], ...]] = None
     if request.prompt_logprobs:
         prompt_lp = _actual_logprobs(raw, prompt_ids)
@@ -617,6 +639,8 @@ _LOGPROB_TYPES = {float, int, _NONE_TYPE}
 _ENTRY_TYPES = {dict, _NONE_TYPE}
 _NUMBER_TYPES = (int, float)
 _INFINITY = float("inf")
+#: The largest logprob accepted: 0 plus room for float rounding in the engine's log-softmax.
+MAX_LOGPROB = 1e-3
 
 
 def _floats(values: List[Any], what: str) -> Tuple[float, ...]:
@@ -656,10 +680,13 @@ def _sequence_from_choice(choice: Dict[str, Any]) -> GeneratedSequence:
         raise ValueError(f"choice {index} has a token logprob that is not a number")
     return GeneratedSequence(
         tokens=tuple(tokens),
-        logprobs=(
-            _floats(token_logprobs, f"choice {index}")
-            if _NONE_TYPE not in kinds
-            else _floats([math.nan if lp is None else lp for lp in token_logprobs], f"choice {index}")
+        logprobs=_checked_logprobs(
+            (
+                _floats(token_logprobs, f"choice {index}")
+                if _NONE_TYPE not in kinds
+                else _floats([math.nan if lp is None else lp for lp in token_logprobs], f"choice {index}")
+            ),
+            f"choice {index}'s logprobs",
         ),
         stop_reason=str(choice.get("finish_reason") or ""),
         text=str(text or ""),
@@ -688,7 +715,21 @@ def _actual_logprobs(
         if not isinstance(logprob, _NUMBER_TYPES) or isinstance(logprob, bool):
             raise ValueError(f"its prompt logprobs at position {position} lack prompt token {key}'s own entry")
         actual.append(logprob)
-    return (None, *_floats(actual[1:], "its prompt logprobs"))
+    return (None, *_checked_logprobs(_floats(actual[1:], "its prompt logprobs"), "its prompt logprobs"))
+
+
+def _ids_preview(ids: Sequence[int]) -> str:
+    """A short view of a token id list for a message: its length and first ids."""
+    head = ", ".join(map(str, ids[:6]))
+    return f"{len(ids)} ids: [{head}{', ...' if len(ids) > 6 else ''}]"
+
+
+def _checked_logprobs(values: Tuple[float, ...], what: str) -> Tuple[float, ...]:
+    """Refuse a logprob above 0 (beyond float rounding): a log-probability never is, so the answer is wrong."""
+    if values and max(values) > MAX_LOGPROB:
+        position, value = next((i, v) for i, v in enumerate(values) if v > MAX_LOGPROB)
+        raise ValueError(f"{what} holds {value!r} at position {position}: a logprob is never above 0")
+    return values
 
 
 def _rank_of(item: Tuple[str, Dict[str, Any]]) -> Tuple[int, float]:

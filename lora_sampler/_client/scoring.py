@@ -77,7 +77,13 @@ class Scorer:
             prompt = self._tokens(request.prompt, model, True, session)
             if not prompt:
                 raise ValueError("the prompt holds no token once tokenized; a completion is scored given a prompt")
-            sequence = prompt + self._tokens(request.completion, model, False, session)
+            completion = self._tokens(request.completion, model, False, session)
+            if not completion:
+                raise ValueError(
+                    f"the completion {request.completion!r} holds no token once tokenized by the engine, so there is "
+                    "nothing to score; give it text the tokenizer keeps, or token ids"
+                )
+            sequence = prompt + completion
             start = len(prompt)
         sample = SampleRequest(
             sequence,
