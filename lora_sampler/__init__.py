@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # the names as mypy and IDEs see them; at run time ``__getatt
     from lora_sampler._adapters.extract import PublishLimits
     from lora_sampler._client.client import SamplerClient
     from lora_sampler._client.outage import OutageEvent, OutageHook
+    from lora_sampler._client.selfcheck import ScoringCheck, ScoringFinding
     from lora_sampler.errors import (
         AdapterConfigError,
         AdapterNotFoundError,
@@ -99,6 +100,8 @@ __all__ = [
     "SamplingParams",
     "ScoreOutput",
     "ScoreRequest",
+    "ScoringCheck",
+    "ScoringFinding",
     "UnprocessableEntityError",
     "UnsafeArchiveError",
     "Usage",
@@ -110,6 +113,7 @@ _NAMES_BY_MODULE = {
     "lora_sampler._adapters.extract": ("PublishLimits",),
     "lora_sampler._client.client": ("SamplerClient",),
     "lora_sampler._client.outage": ("OutageEvent", "OutageHook"),
+    "lora_sampler._client.selfcheck": ("ScoringCheck", "ScoringFinding"),
     "lora_sampler.errors": tuple(name for name in __all__ if name.endswith("Error")),
     "lora_sampler.retry": ("RetryEvent", "RetryHook", "RetryPolicy"),
     "lora_sampler.types": (

