@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import os
 import threading
 from dataclasses import dataclass
 from typing import Deque, Dict, Iterator, List
@@ -116,6 +117,7 @@ class ModelIsolation:
 
     def __init__(self, *, mix_adapters: bool = False) -> None:
         self.mix_adapters = bool(mix_adapters)
+        self._pid = os.getpid()
         self._admissions = Admissions()
         self._changed = threading.Condition(threading.Lock())
         self._mixing = 0
@@ -153,6 +155,8 @@ class ModelIsolation:
         if not self.active:
             yield
             return
+        if os.getpid() != self._pid:
+            self._forget_parent()
         ticket = Ticket(model, scoring)
         self._enter(ticket)
         try:
@@ -161,6 +165,12 @@ class ModelIsolation:
             with self._changed:
                 if self._admissions.finish(ticket):
                     self._changed.notify_all()
+
+    def _forget_parent(self) -> None:
+        """In a forked child: the parent's requests in flight are not this process's, and its lock may be held."""
+        self._pid = os.getpid()
+        self._admissions = Admissions()
+        self._changed = threading.Condition(threading.Lock())
 
     def _enter(self, ticket: Ticket) -> None:
         with self._changed:

@@ -76,6 +76,8 @@ def _run_vllm_batch(env: Any, workdir: Path, inp: Path, out: Path, adapter: str,
         str(out),
         "--model",
         str(env.model_dir),
+        "--dtype",
+        "float32",  # as conftest.ENGINE_FLAGS: bfloat16 dies of SIGILL on hosts that report AMX but fault on it
         "--enable-lora",
         "--max-lora-rank",
         "8",

@@ -4,8 +4,10 @@ blocking wrapper (cancellation and Ctrl-C give the turn back)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
+import time
 from typing import Dict, List
 
 import pytest
@@ -89,7 +91,7 @@ class IsolationMachine(RuleBasedStateMachine):
 
 TestIsolationMachine = IsolationMachine.TestCase
 TestIsolationMachine.settings = settings(
-    max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=100, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 
 
@@ -194,3 +196,29 @@ def test_model_isolation_ctrl_c_while_waiting_gives_the_turn_back(scoring: bool)
         release.set()
         thread.join(5)
     assert isolation.waits == 1 and not isolation._admissions.groups and not isolation._admissions.in_flight
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_model_isolation_forked_child_does_not_wait_for_the_parents_requests() -> None:
+    """A child forked while a scoring request of the parent is in flight sends another model's request at once."""
+    isolation = ModelIsolation()
+    with isolation.admit("a", True):
+        pid = os.fork()
+        if pid == 0:  # the child: the parent's request is not in flight here
+            code = 1
+            try:
+                with isolation.admit("b", False):
+                    code = 0
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.01)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child waited for its parent's scoring request")
+    assert os.waitstatus_to_exitcode(status) == 0
