@@ -17,6 +17,9 @@ DEFAULT_STORAGE_MIN_RATE = 1_000_000.0
 DEFAULT_MAX_WORKERS = 16
 #: Environment variable holding the engine's API key (twine-style default; never echoed).
 API_KEY_ENV = "LORA_SAMPLER_API_KEY"
+#: vLLM's own server reads its key from this variable; read after ``API_KEY_ENV`` (never the OpenAI SDK's
+#: ``OPENAI_API_KEY``: that key must not travel to an engine nobody said to trust).
+VLLM_API_KEY_ENV = "VLLM_API_KEY"
 #: Checkpoints of a sweep with requests in flight at once (``--window``): the next one loads while one finishes.
 DEFAULT_WINDOW = 2
 #: Seconds a checkpoint's fingerprint must stay the same before a sweep takes it (``--settle``).

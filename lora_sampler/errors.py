@@ -102,13 +102,17 @@ class EngineStatusError(EngineError, requests.HTTPError):
         return self.status
 
     @classmethod
-    def from_response(cls, response: requests.Response, *, model: Optional[str], adapter: bool) -> EngineStatusError:
+    def from_response(
+        cls, response: requests.Response, *, model: Optional[str], adapter: bool, key_sent: Optional[bool] = None
+    ) -> EngineStatusError:
         """Classify an error answer from the engine into the class the retry table acts on.
 
         Args:
             response: The engine's answer (status >= 400).
             model: The model name the request asked for.
             adapter: Whether the request was for a LoRA adapter.
+            key_sent: Whether the request carried an API key, when known: a refused key and a missing one get
+                different fixes.
 
         Returns:
             An instance of the most specific class; its message names the status, the engine's words and a fix.
@@ -120,6 +124,8 @@ class EngineStatusError(EngineError, requests.HTTPError):
         message = f"{response.request.method if response.request else 'request'} {_path_of(response)} for {what}"
         message += f" failed with HTTP {status}: {engine_message}"
         hint = error_class.hint(adapter)
+        if key_sent is not None and issubclass(error_class, AuthenticationError):
+            hint = AuthenticationError.key_hint(key_sent)
         if hint:
             # The engine's sentence usually ends with its own period ("Valid aliases: tiny-base."): end it once.
             message += f" {hint}" if engine_message.endswith((".", "!", "?")) else f". {hint}"
@@ -144,6 +150,19 @@ class AuthenticationError(EngineStatusError):
     def hint(adapter: bool) -> str:
         """Return the fix for a refused key: pass the engine's ``--api-key``."""
         return "Pass api_key= (or --api-key) or set LORA_SAMPLER_API_KEY to the engine's --api-key"
+
+    @staticmethod
+    def key_hint(key_sent: bool) -> str:
+        """Return the fix when it is known whether a key was sent: a wrong key and a missing one differ."""
+        if key_sent:
+            return (
+                "The API key sent was refused: pass the engine's own --api-key value (api_key=, --api-key, "
+                "LORA_SAMPLER_API_KEY or VLLM_API_KEY)"
+            )
+        return (
+            "No API key was sent, and the engine wants one: pass api_key= (or --api-key), or set "
+            "LORA_SAMPLER_API_KEY (or VLLM_API_KEY) to the engine's --api-key"
+        )
 
 
 class PermissionDeniedError(AuthenticationError):

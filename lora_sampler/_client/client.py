@@ -50,6 +50,7 @@ from lora_sampler._defaults import (
     DEFAULT_SETTLE,
     DEFAULT_TIMEOUT,
     DEFAULT_WINDOW,
+    VLLM_API_KEY_ENV,
 )
 from lora_sampler._transport.http import DEFAULT_MAX_RESPONSE_BYTES, EngineTransport, Timeout, without_userinfo
 from lora_sampler.errors import EngineConnectionError, SamplingInterruptedError
@@ -102,7 +103,8 @@ class SamplerClient:
 
     Args:
         base_url: The engine root, e.g. ``http://127.0.0.1:8000``; a trailing ``/v1`` is accepted.
-        api_key: Sent as ``Authorization: Bearer ...``; defaults to ``$LORA_SAMPLER_API_KEY``. Never logged.
+        api_key: Sent as ``Authorization: Bearer ...``; defaults to ``$LORA_SAMPLER_API_KEY``, then ``$VLLM_API_KEY``
+            (vLLM's own; never the OpenAI SDK's ``$OPENAI_API_KEY``). Never logged.
         lora_base_dir: The engine's resolver directory as this machine sees it (where checkpoints are published).
         engine_lora_base_dir: The same directory as the engine sees it (a container mount), used for
             ``lora_path`` in load requests; defaults to ``lora_base_dir``.
@@ -125,8 +127,8 @@ class SamplerClient:
             another model is (some engines score with the wrong adapter in mixed batches; ``check_scoring`` tells).
 
     Pickling a client (to hand it to a worker process) keeps its options but never the API key or a password: the
-    unpickled client reads ``$LORA_SAMPLER_API_KEY`` in its own process. A client used in a child process forked
-    from its own makes its session, connections and worker threads afresh there.
+    unpickled client reads ``$LORA_SAMPLER_API_KEY`` (or ``$VLLM_API_KEY``) in its own process. A client used in a
+    child process forked from its own makes its session, connections and worker threads afresh there.
     """
 
     def __init__(
@@ -161,7 +163,7 @@ class SamplerClient:
             raise TypeError(f"retry must be a RetryPolicy, got {type(retry).__name__}")
         self.retry = retry
         self.max_workers = max_workers
-        key = api_key or os.environ.get(API_KEY_ENV) or None
+        key = api_key or os.environ.get(API_KEY_ENV) or os.environ.get(VLLM_API_KEY_ENV) or None
         options: Dict[str, Any] = {"api_key": key, "timeout": timeout, "verify": verify, "session": session}
         options["max_response_bytes"] = max_response_bytes  # the same settings for every replica's transport
         self._transport = EngineTransport(base_url, max_workers=max_workers, **options)
@@ -190,7 +192,7 @@ class SamplerClient:
 
     @property
     def has_api_key(self) -> bool:
-        """Whether an API key is sent (from ``api_key`` or ``$LORA_SAMPLER_API_KEY``); the key is never exposed."""
+        """Whether an API key is sent (``api_key``, ``$LORA_SAMPLER_API_KEY`` or ``$VLLM_API_KEY``); never exposed."""
         return self._transport.has_api_key
 
     def __repr__(self) -> str:

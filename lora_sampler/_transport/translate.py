@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import socket
 from typing import Any, Callable, Optional, Tuple, Type, TypeVar, cast
 
@@ -65,10 +66,46 @@ TRANSPORT_ERRORS: Tuple[Tuple[Tuple[Type[BaseException], ...], Type[EngineError]
     ((OSError,), EngineConnectionError, "could not be reached or dropped the connection"),
     ((requests.RequestException, urllib3.exceptions.HTTPError), EngineError, "request failed"),
 )
+#: urllib3's connection and pool objects as its messages show them, with the separator after them.
+_INTERNAL_OBJECT = re.compile(r"(<[\w.]+ object at 0x[0-9a-fA-F]+>|\b\w*HTTPS?Connection(?:Pool)?\([^()]*\))(:\s*)?")
 _DECODE_FIX = "check the engine, or the proxy in front of it: it labels its answers with an encoding they lack"
 _NO_ANSWER = Answer(0, "", {}, b"")
 #: Every exception the transport's calls into the libraries may raise; ``Translator.transport_error`` maps them.
 CAUGHT = (requests.RequestException, urllib3.exceptions.HTTPError, OSError, TooLargeError)
+
+
+def _causes(exc: BaseException) -> Tuple[BaseException, ...]:
+    """The exception and those beneath it, outermost first: requests wraps urllib3's error, which wraps the socket's.
+
+    Followed through ``MaxRetryError.reason``, an exception given as the first argument (requests' way), and
+    ``__cause__``; at most eight deep.
+    """
+    chain = [exc]
+    while len(chain) < 8:
+        current = chain[-1]
+        below: Optional[BaseException] = None
+        if isinstance(current, urllib3.exceptions.MaxRetryError) and current.reason is not None:
+            below = current.reason
+        elif current.args and isinstance(current.args[0], BaseException):
+            below = current.args[0]
+        elif current.__cause__ is not None:
+            below = current.__cause__
+        if below is None or below in chain:
+            break
+        chain.append(below)
+    return tuple(chain)
+
+
+def reason(exc: BaseException) -> str:
+    """Say what a low-level exception says, without the libraries' internal objects.
+
+    urllib3 puts its connection and pool objects into its messages (``HTTPConnection(host=..., port=...): ...``,
+    ``<urllib3.connection.HTTPConnection object at 0x...>: ...``): a user needs the host, which the message names
+    already, and the reason (``[Errno 111] Connection refused``), not the class that held the socket.
+    """
+    text = str(exc) or type(exc).__name__
+    text = _INTERNAL_OBJECT.sub("", text)
+    return text.strip() or type(exc).__name__
 
 
 def loads_strict(content: bytes) -> Any:
@@ -114,8 +151,11 @@ class Translator:
             fix = "raise max_response_bytes if such answers are expected"
             problem = f"an answer that {exc.what}, over max_response_bytes={self.max_response_bytes}"
             return self.protocol_error(exchange, head or _NO_ANSWER, problem, fix)
-        error_class, problem = next((row[1], row[2]) for row in TRANSPORT_ERRORS if isinstance(exc, row[0]))
-        detail = self.secrets.redact(without_userinfo(f"{type(exc).__name__}: {exc}"))
+        chain = _causes(exc)
+        error_class, problem = next(
+            (row[1], row[2]) for row in TRANSPORT_ERRORS if any(isinstance(link, row[0]) for link in chain)
+        )
+        detail = self.secrets.redact(without_userinfo(reason(chain[-1])))
         if error_class is EngineProtocolError:
             return self.protocol_error(exchange, head or _NO_ANSWER, f"a body that {problem} ({detail})", _DECODE_FIX)
         message = (
@@ -163,7 +203,10 @@ class Translator:
                 adapter=exchange.adapter,
             )
         else:
-            error = EngineStatusError.from_response(response, model=exchange.model, adapter=exchange.adapter)
+            sent = bool(self.secrets) or "Authorization" in exchange.headers
+            error = EngineStatusError.from_response(
+                response, model=exchange.model, adapter=exchange.adapter, key_sent=sent
+            )
         error.message = self.secrets.redact(error.message)
         error.engine_message = self.secrets.redact(error.engine_message)
         error.args = (error.message,)

@@ -171,7 +171,7 @@ def check_engine(client: SamplerClient, findings: List[Finding]) -> Optional[str
         sent = (
             "the API key given was refused" if client.has_api_key else "no API key was sent, and the engine wants one"
         )
-        fix = "pass the engine's --api-key value as --api-key, or set LORA_SAMPLER_API_KEY"
+        fix = "pass the engine's --api-key value as --api-key, or set LORA_SAMPLER_API_KEY (or VLLM_API_KEY)"
         findings.append(Finding("api key", False, f"{sent} (HTTP {exc.status})", fix))
         return None
     except EngineError as exc:
