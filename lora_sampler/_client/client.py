@@ -198,6 +198,14 @@ class SamplerClient:
     def __repr__(self) -> str:
         return f"SamplerClient({self.base_url!r}, max_workers={self.max_workers})"
 
+    def __copy__(self) -> SamplerClient:
+        """A client is a handle on connections and threads: a copy is the same client (pickle makes a new one)."""
+        return self
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> SamplerClient:
+        """As ``__copy__``: deep-copying an object that holds a client shares the client, key included."""
+        return self
+
     def __reduce__(self) -> Tuple[Any, Tuple[Dict[str, Any]]]:
         """Pickle the constructor options, never the API key or a password in the URL.
 

@@ -11,6 +11,7 @@ an answer or knows a URL.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import threading
 import time
@@ -89,6 +90,16 @@ def current_slot() -> Slot:
     return slot
 
 
+def _after_fork_in_child() -> None:
+    """A forked child starts with fresh slots: a parent's thread may have held one's lock at the fork."""
+    global _local
+    _local = threading.local()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX only
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class _Recording:
     """Mixed into urllib3's connection classes: each request records its connection in the thread's slot."""
 
@@ -96,6 +107,8 @@ class _Recording:
         slot = current_slot()
         slot.attach(self)  # type: ignore[arg-type]
         super().request(*args, **kwargs)  # type: ignore[misc]
+        if slot.cut is not None:  # cut while connecting (no socket to shut down yet): never wait for an answer
+            raise ConnectionAbortedError("request cancelled or past its deadline before it was sent")
         slot.sent = time.monotonic()
 
 
