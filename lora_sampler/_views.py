@@ -87,6 +87,11 @@ def sequence_dict(sequence: GeneratedSequence) -> Dict[str, Any]:
         "text": sequence.text,
         "stop_reason": sequence.stop_reason,
         "matched_stop": sequence.matched_stop,
+        **(
+            {}
+            if sequence.topk_logprobs is None
+            else {"topk_logprobs": [[[tid, json_number(lp)] for tid, lp in e] for e in sequence.topk_logprobs]}
+        ),
     }
 
 

@@ -64,7 +64,8 @@ class SamplingParams:
     """How to sample: sent as vLLM's completion parameters.
 
     Args:
-        max_tokens: Tokens to generate, at least 1.
+        max_tokens: Tokens to generate, at least 1; None sends ``max_tokens: null``, which vLLM reads as "until the
+            context is full" (the prompt plus the completion fill ``--max-model-len``) unless a stop ends it first.
         temperature: Sampling temperature, >= 0 (0 is greedy).
         top_p: Nucleus mass in (0, 1].
         top_k: Top-k cut-off; -1 (or 0) disables it.
@@ -73,7 +74,7 @@ class SamplingParams:
             an int, or a sequence mixing both.
     """
 
-    max_tokens: int = 16
+    max_tokens: Optional[int] = 16
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
@@ -81,8 +82,10 @@ class SamplingParams:
     stop: StopSpec = None
 
     def __post_init__(self) -> None:
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+            raise ValueError(
+                f"max_tokens must be an int >= 1 or None (no limit but the context), got {self.max_tokens!r}"
+            )
         if not _is_number(self.temperature) or not 0 <= self.temperature < math.inf:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
@@ -211,6 +214,8 @@ class SampleRequest:
             field this request sets itself (``_messages.OWN_FIELDS``) is refused.
         timeout: ``(connect, read)`` seconds (or one number for both) for this request's attempts, in place of the
             client's ``timeout``; None keeps the client's.
+        topk_sample_logprobs: Also return the top-k ``(token_id, logprob)`` pairs at each generated position
+            (``prompt=`` requests only; vLLM serves at most its ``--max-logprobs``, 20 by default).
     """
 
     prompt: Optional[Prompt] = None
@@ -224,6 +229,7 @@ class SampleRequest:
     messages: Optional[Sequence[Message]] = None
     extra_body: Optional[Mapping[str, Any]] = None
     timeout: Optional[Timeout] = None
+    topk_sample_logprobs: int = 0
 
     def __post_init__(self) -> None:
         _check_model_choice(self.adapter, self.base_model)
@@ -231,8 +237,11 @@ class SampleRequest:
             raise ValueError("pass exactly one of prompt= (token ids or text) or messages= (chat messages)")
         if self.messages is not None:
             object.__setattr__(self, "messages", validated_messages(self.messages))
-            if self.prompt_logprobs or self.topk_prompt_logprobs:
-                raise ValueError("prompt_logprobs and topk_prompt_logprobs apply to prompt= requests, not to chat")
+            if self.prompt_logprobs or self.topk_prompt_logprobs or self.topk_sample_logprobs:
+                raise ValueError(
+                    "prompt_logprobs, topk_prompt_logprobs and topk_sample_logprobs apply to prompt= requests, not to "
+                    "chat"
+                )
         else:
             object.__setattr__(self, "prompt", _validated_prompt(self.prompt))
         if not _is_int(self.num_samples) or self.num_samples < 1:
@@ -241,6 +250,8 @@ class SampleRequest:
             raise TypeError(f"sampling_params must be a SamplingParams, got {type(self.sampling_params).__name__}")
         if not _is_int(self.topk_prompt_logprobs) or self.topk_prompt_logprobs < 0:
             raise ValueError(f"topk_prompt_logprobs must be an int >= 0, got {self.topk_prompt_logprobs!r}")
+        if not _is_int(self.topk_sample_logprobs) or self.topk_sample_logprobs < 0:
+            raise ValueError(f"topk_sample_logprobs must be an int >= 0, got {self.topk_sample_logprobs!r}")
         _check_session_id(self.session_id)
         if self.extra_body is not None:
             object.__setattr__(self, "extra_body", validated_extra_body(self.extra_body))
@@ -270,9 +281,11 @@ class SampleRequest:
             **params.to_payload(),
             # Completions: logprobs=1 returns the sampled token's logprob (verified on vLLM, FINDINGS §4b); chat
             # takes a flag, and top_logprobs (0 by default) for alternatives.
-            logprobs=True if self.messages is not None else 1,
+            logprobs=True if self.messages is not None else max(1, self.topk_sample_logprobs),
             return_token_ids=True,
         )
+        if self.topk_sample_logprobs:  # the alternatives keyed "token_id:<id>" rather than by their (ambiguous) text
+            payload["return_tokens_as_token_ids"] = True
         if self.wants_prompt_logprobs:
             payload["prompt_logprobs"] = self.topk_prompt_logprobs
         return payload
@@ -473,6 +486,8 @@ class GeneratedSequence:
         stop_reason: Why generation ended: ``"stop"`` (a stop string, stop token or EOS) or ``"length"``.
         text: The decoded text.
         matched_stop: The stop string or token id that ended it (vLLM's ``stop_reason``), or None.
+        topk_logprobs: The top-k ``(token_id, logprob)`` pairs at each generated position, best first, when
+            ``topk_sample_logprobs`` asked for them; else None.
     """
 
     tokens: Tuple[int, ...]
@@ -480,6 +495,7 @@ class GeneratedSequence:
     stop_reason: str
     text: str = ""
     matched_stop: Union[str, int, None] = None
+    topk_logprobs: Optional[Tuple[TopK, ...]] = None
 
     def __repr__(self) -> str:
         return _views.sequence_repr(self)
@@ -497,11 +513,14 @@ class Usage:
         prompt_tokens: Tokens of the prompt (the rendered chat for ``chat``).
         completion_tokens: Tokens generated, over all sequences.
         total_tokens: Their sum.
+        cached_tokens: Prompt tokens served from the engine's prefix cache, when it reports them (vLLM's
+            ``usage.prompt_tokens_details.cached_tokens``, sent with ``--enable-prompt-tokens-details``); else None.
     """
 
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    cached_tokens: Optional[int] = None
 
     @classmethod
     def from_body(cls, body: Optional[Mapping[str, Any]]) -> Optional[Usage]:
@@ -510,15 +529,21 @@ class Usage:
         if not isinstance(usage, Mapping):
             return None
         prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-        return cls(prompt, completion, int(usage.get("total_tokens") or prompt + completion))
+        details = usage.get("prompt_tokens_details")
+        reported = details.get("cached_tokens") if isinstance(details, Mapping) else None
+        cached = reported if isinstance(reported, int) and not isinstance(reported, bool) and reported >= 0 else None
+        return cls(prompt, completion, int(usage.get("total_tokens") or prompt + completion), cached)
 
     def to_dict(self) -> Dict[str, int]:
-        """Return the counts as a plain dict."""
-        return {
+        """Return the counts as a plain dict (``cached_tokens`` only when the engine reported it)."""
+        counts = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.total_tokens,
         }
+        if self.cached_tokens is not None:
+            counts["cached_tokens"] = self.cached_tokens
+        return counts
 
 
 @dataclass(frozen=True)
@@ -576,7 +601,7 @@ class SampleOutput:
                 ids or their logprobs, prompt logprobs missing when asked, or another model.
         """
         choices = _choices_of(body, request, model)
-        sequences = tuple(_sequence_from_choice(choice) for choice in choices)
+        sequences = tuple(_sequence_from_choice(choice, request.topk_sample_logprobs) for choice in choices)
         prompt_lp, topk = _prompt_logprobs_of(choices[0], request) if request.wants_prompt_logprobs else (None, None)
         return cls(sequences, prompt_lp, topk, str(body.get("model") or ""), body)
 
@@ -654,8 +679,11 @@ def _floats(values: List[Any], what: str) -> Tuple[float, ...]:
     return floats
 
 
-def _sequence_from_choice(choice: Dict[str, Any]) -> GeneratedSequence:
-    """Read one choice; it must carry its token ids and one logprob per token (the client always asks for both)."""
+def _sequence_from_choice(choice: Dict[str, Any], topk: int = 0) -> GeneratedSequence:
+    """Read one choice; it must carry its token ids and one logprob per token (the client always asks for both).
+
+    With ``topk``, it must also carry the top-k alternatives of each position, keyed ``"token_id:<id>"``.
+    """
     index = choice.get("index", 0)
     tokens = choice.get("token_ids")
     # Type sets are checked with C loops: this runs for every choice of every answer.
@@ -691,7 +719,33 @@ def _sequence_from_choice(choice: Dict[str, Any]) -> GeneratedSequence:
         stop_reason=str(choice.get("finish_reason") or ""),
         text=str(text or ""),
         matched_stop=choice.get("stop_reason"),
+        topk_logprobs=_sampled_topk(logprobs_block, len(tokens), topk, index) if topk else None,
     )
+
+
+#: The key prefix of a token in vLLM's logprobs with ``return_tokens_as_token_ids``.
+_TOKEN_ID_PREFIX = "token_id:"  # noqa: S105  (a key prefix, not a secret)
+
+
+def _sampled_topk(block: Any, length: int, k: int, index: object) -> Tuple[TopK, ...]:
+    """Read the top-k alternatives of each generated position (``logprobs.top_logprobs``), best first, trimmed to k."""
+    tops = block.get("top_logprobs") if isinstance(block, dict) else None
+    if not isinstance(tops, list) or len(tops) != length:
+        raise ValueError(f"choice {index} has no 'logprobs.top_logprobs' list with one entry per token")
+    positions: List[TopK] = []
+    for position, top in enumerate(tops):
+        pairs: List[Tuple[int, float]] = []
+        for key, value in top.items() if isinstance(top, dict) else ():
+            digits = key[len(_TOKEN_ID_PREFIX) :] if isinstance(key, str) and key.startswith(_TOKEN_ID_PREFIX) else ""
+            if not digits.isdigit() or not isinstance(value, _NUMBER_TYPES) or isinstance(value, bool):
+                raise ValueError(
+                    f"choice {index} has a top logprob at position {position} that is not a "
+                    f"'{_TOKEN_ID_PREFIX}<id>': number pair ({key!r}); is return_tokens_as_token_ids honoured?"
+                )
+            pairs.append((int(digits), float(value)))
+        pairs.sort(key=lambda pair: -pair[1])
+        positions.append(tuple(pairs[:k]))
+    return tuple(positions)
 
 
 def _actual_logprobs(

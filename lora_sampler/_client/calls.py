@@ -17,6 +17,7 @@ from lora_sampler._adapters.fleet import Fleet
 from lora_sampler._adapters.loads import AdapterLoadCoordinator
 from lora_sampler._adapters.registry import AdapterRegistry
 from lora_sampler._client.isolation import ModelIsolation
+from lora_sampler._client.outage import PromptLogprobFailures
 from lora_sampler._client.progress import RetryCounter
 from lora_sampler._transport.cancel import is_cancelled
 from lora_sampler._transport.http import EngineTransport, Timeout, new_id
@@ -149,6 +150,8 @@ class SampleCalls:
         attempts = _Attempts(transport, fleet, self.loads, retry.load_timeout, self.isolation)
         #: Retries of this client's calls so far (progress bars show them).
         self.retries = RetryCounter()
+        #: The last 500 answered to a prompt-logprobs request (an outage right after names it as the likely cause).
+        self.prompt_logprob_failures = PromptLogprobFailures()
         counting = dataclasses.replace(
             retry, on_retry=(*cast(Tuple[RetryHook, ...], retry.on_retry), self.retries.hook)
         )
@@ -173,16 +176,25 @@ class SampleCalls:
             timeout=request.timeout,
         )
         if not call.is_adapter:
-            return self._retrying(call)
+            return self._attempted(call, request)
         self._registry.request_started(model)
         served = False
         try:
-            output = self._retrying(call)
+            output = self._attempted(call, request)
             served = True
         finally:
             self._registry.request_finished(model, served=served)
         self.loads.forget(model)
         return output
+
+    def _attempted(self, call: _Call, request: SampleRequest) -> SampleOutput:
+        """The call through the retry table; a 5xx to a prompt-logprobs request is noted (see ``outage``)."""
+        try:
+            return self._retrying(call)
+        except EngineStatusError as error:
+            if error.status >= 500 and request.wants_prompt_logprobs:
+                self.prompt_logprob_failures.note(error)
+            raise
 
     def probe(self, timeout: Tuple[float, float]) -> None:
         """One readiness probe: ``GET /health`` (skipped when the server has none), then ``GET /v1/models``."""

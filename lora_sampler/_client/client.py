@@ -274,6 +274,7 @@ class SamplerClient:
         stop: StopSpec = None,
         extra_body: Optional[Mapping[str, Any]] = None,
         timeout: Optional[Timeout] = None,
+        topk_sample_logprobs: int = 0,
     ) -> SampleOutput:
         """Sample ``num_samples`` completions of ``prompt`` from an adapter or the base model, retrying the race.
 
@@ -296,6 +297,8 @@ class SamplerClient:
             stop: Stop strings and/or stop token ids (a ``SamplingParams`` field, as ``max_tokens``).
             extra_body: Further body fields sent as given (vLLM's extra parameters, e.g. ``repetition_penalty``).
             timeout: Seconds for this call's attempts (one number, or ``(connect, read)``) instead of the client's.
+            topk_sample_logprobs: Also return the top-k ``(token_id, logprob)`` pairs at each generated position
+                (``GeneratedSequence.topk_logprobs``).
 
         Returns:
             The ``SampleOutput``.
@@ -413,6 +416,45 @@ class SamplerClient:
         lm_head = adapter_targets_lm_head(resolved.path)
         return ScoringSelfCheck(self, resolved, other=other, tolerance=tolerance, lm_head=lm_head).run(concurrent)
 
+    def submit_logprobs(
+        self,
+        prompt: Prompt,
+        *,
+        adapter: Optional[AdapterSpec] = None,
+        base_model: Optional[str] = None,
+        session_id: Optional[str] = None,
+    ) -> concurrent.futures.Future[Tuple[Optional[float], ...]]:
+        """Run ``compute_logprobs`` on the thread pool; return the future of its tuple.
+
+        The arguments are checked here, so a bad one raises at once rather than inside the future. Ctrl-C while
+        waiting on the future cancels the submitted requests, as for ``submit``.
+        """
+        request = ScoreRequest(prompt, adapter=adapter, base_model=base_model, session_id=session_id)
+        scorer = self._scorer
+        return self._fanout.submit(lambda score: scorer.score(score).logprobs, request)
+
+    def submit_request(
+        self,
+        request: Union[SampleRequest, ScoreRequest],
+        *,
+        max_outage: float = 0.0,
+        on_outage: Optional[OutageHook] = None,
+    ) -> concurrent.futures.Future[Any]:
+        """Run one ``SampleRequest`` (a ``SampleOutput``) or ``ScoreRequest`` (a ``ScoreOutput``) on the thread pool.
+
+        Args:
+            request: The request, checked when it was built.
+            max_outage: Seconds to wait out an engine outage for this request, as in ``imap`` (0: fail at once).
+            on_outage: Called with an ``OutageEvent`` while the engine is away.
+        """
+        if not isinstance(request, (SampleRequest, ScoreRequest)):
+            raise TypeError(f"request must be a SampleRequest or a ScoreRequest, got {type(request).__name__}")
+        gate = self._outage_gate(max_outage, on_outage)
+        run = self._scorer.run_any
+        if gate is None:
+            return self._fanout.submit(run, request)
+        return self._fanout.submit(lambda held: _run_held(gate, run, held), request)
+
     def run(self, request: SampleRequest) -> SampleOutput:
         """Run one ``SampleRequest`` (``sample`` or ``chat`` with its arguments held in a value)."""
         if self._closed:
@@ -506,6 +548,7 @@ class SamplerClient:
             base_url=self.base_url,
             on_outage=on_outage,
             on_back=calls.loads.forget_all,  # a restarted engine forgot its adapters; loads sent before are void
+            likely_cause=calls.prompt_logprob_failures.likely_cause,
         )
 
     def wait_ready(self, timeout: float = 60.0) -> None:
@@ -602,6 +645,7 @@ class SamplerClient:
         storage_options: Optional[Mapping[str, Any]] = None,
         mix_adapters: bool = False,
         progress: bool = False,
+        evaluator: Optional[Callable[[Any], Any]] = None,
     ) -> Iterator[CheckpointReport]:
         """Sample the same requests from every checkpoint of a training run, each once; yield a report per checkpoint.
 
@@ -642,6 +686,10 @@ class SamplerClient:
             mix_adapters: Let this client's requests mix models while the sweep runs, scoring ones included (by
                 default a scoring request is never in flight with the next checkpoint's warm-up or rows).
             progress: Show a progress bar over the rows of every checkpoint (as ``sample_many``'s).
+            evaluator: Instead of ``requests``: called on each checkpoint with a Tinker-compatible sampling client
+                (``lora_sampler.tinker.SamplingClient``, the ``[tinker]`` extra), it returns the checkpoint's metrics,
+                ``dict[str, float]`` (``CheckpointReport.metrics``); an async one (tinker-cookbook's evaluators) runs
+                in its own event loop. The window, warm-up, unload, resume and outage hold apply as for lines.
 
         Raises:
             TypeError, ValueError: bad arguments, before any request.
@@ -680,6 +728,7 @@ class SamplerClient:
             storage_options=self._registry.storage_options if storage_options is None else storage_options,
             on_row=None if bar is None else lambda checkpoint, kind, line, record: bar.count_row(kind),
             mix_adapters=mix_adapters,
+            evaluator=evaluator,
         )
         return reports if bar is None else _closing(reports, bar)
 
@@ -754,6 +803,14 @@ class SamplerClient:
         They differ from ``engine_model()`` when the engine runs with ``--served-model-name``.
         """
         return self._registry.served_base_models()
+
+
+def _run_held(gate: OutageGate, run: Runner, request: Any) -> Any:
+    """Run one request through its own outage gate, then close the gate (no thread is left waiting on it)."""
+    try:
+        return gate.run(lambda: run(request))
+    finally:
+        gate.close()
 
 
 def _closing(reports: Iterator[CheckpointReport], bar: ProgressBar) -> Iterator[CheckpointReport]:

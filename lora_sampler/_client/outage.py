@@ -27,7 +27,44 @@ PROBE_MAX_DELAY = 2.0
 #: A probe's read timeout is at most this many seconds: a hung engine is reported in seconds, not minutes.
 PROBE_READ_TIMEOUT = 5.0
 
+#: Seconds before an outage within which a 500 to a prompt-logprobs request is named as its likely cause.
+LIKELY_CAUSE_WINDOW = 60.0
+#: Where the docs explain the engine defect behind such an outage and its workaround.
+PROMPT_LOGPROBS_DEFECT_DOC = "docs/guides/real-vllm.md"
+
 T = TypeVar("T")
+
+
+class PromptLogprobFailures:
+    """Remembers the last 500 the engine answered to a request asking for prompt logprobs (scoring), to name it.
+
+    vLLM 0.32 on CPU with ``--enable-lora`` dies when one engine step holds two or more requests and any asks for
+    prompt logprobs: the requests of that step get a 500 (``EngineDeadError``), then the server stops answering. The
+    outage hold that follows reads like a network problem unless its message names this likely cause.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: Optional[Tuple[float, float, str]] = None  # monotonic, wall clock, the engine's message
+
+    def note(self, error: EngineStatusError) -> None:
+        """Record a 5xx answer to a prompt-logprobs request."""
+        with self._lock:
+            self._last = (time.monotonic(), time.time(), short_cause(error))
+
+    def likely_cause(self, since: float) -> Optional[str]:
+        """Name the recorded 500 when it came within ``LIKELY_CAUSE_WINDOW`` s before ``since`` (monotonic)."""
+        with self._lock:
+            last = self._last
+        if last is None or not since - LIKELY_CAUSE_WINDOW <= last[0] <= since + 1.0:
+            return None
+        return (
+            f"likely cause: the engine answered 500 to a prompt-logprobs (scoring) request at "
+            f"{time.strftime('%H:%M:%S', time.localtime(last[1]))} ({last[2]}) and stopped answering right after. "
+            "vLLM 0.32 on CPU with --enable-lora dies when one engine step holds two or more requests and any asks "
+            "for prompt logprobs; restart it with --max-num-seqs 1, or score one request at a time (see "
+            f"{PROMPT_LOGPROBS_DEFECT_DOC} in lora_sampler's docs)"
+        )
 
 
 def checked_seconds(value: object, argument: str) -> float:
@@ -152,6 +189,7 @@ class OutageGate:
         base_url: The engine root, for messages.
         on_outage: Hook called with an ``OutageEvent`` (from worker threads; keep it quick, never let it block).
         on_back: Called once the engine answers again, before held requests run (e.g. to forget sent loads).
+        likely_cause: Names what probably brought the engine down, given the outage's start (monotonic), or None.
     """
 
     def __init__(
@@ -162,9 +200,11 @@ class OutageGate:
         base_url: str,
         on_outage: Optional[OutageHook] = None,
         on_back: Optional[Callable[[], None]] = None,
+        likely_cause: Optional[Callable[[float], Optional[str]]] = None,
     ):
         self.max_outage = max_outage
         self._probe, self._base_url, self._on_outage, self._on_back = probe, base_url, on_outage, on_back
+        self._likely_cause = likely_cause
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._since: Optional[float] = None  # monotonic start of the current outage; None while the engine answers
@@ -269,11 +309,12 @@ class OutageGate:
             if self._since is None:
                 self._since, self._since_wall = time.monotonic(), time.time()
                 logger.warning(
-                    "engine unreachable since %s; waiting up to %g s (the engine at %s: %s)",
+                    "engine unreachable since %s; waiting up to %g s (the engine at %s: %s)%s",
                     time.strftime("%H:%M:%S", time.localtime(self._since_wall)),
                     self.max_outage,
                     self._base_url,
                     short_cause(error),
+                    self._cause_note(),
                 )
                 self._emit("held")
             return True
@@ -310,19 +351,27 @@ class OutageGate:
         elif self._failed is None:
             last = self._last if self._last is not None else probe_error
             logger.warning(
-                "engine unreachable for %.1f s, longer than max_outage=%g s; held requests fail (%s)",
+                "engine unreachable for %.1f s, longer than max_outage=%g s; held requests fail (%s)%s",
                 waited,
                 self.max_outage,
                 short_cause(last),
+                self._cause_note(),
             )
             self._emit("gave_up", probe_error)
             self._failed = (
                 f"not sent: the engine at {self._base_url} was unreachable for {waited:.1f} s, longer than "
-                f"max_outage={self.max_outage:g} s; the last error: {last}"
+                f"max_outage={self.max_outage:g} s; the last error: {last}{self._cause_note()}"
             )
         self._since = None
         self._episode += 1
         self._cond.notify_all()
+
+    def _cause_note(self) -> str:
+        """``"; likely cause: ..."`` for the current outage when one is known, else ``""``."""
+        if self._likely_cause is None or self._since is None:
+            return ""
+        cause = self._likely_cause(self._since)
+        return f"; {cause}" if cause else ""
 
     def _emit(self, kind: str, error: Optional[BaseException] = None) -> None:
         if self._on_outage is None or self._since is None:

@@ -7,6 +7,7 @@ drives an evaluation step per checkpoint and knows nothing of what the step send
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -20,6 +21,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._client.outage import OutageHook, checked_seconds
 from lora_sampler._defaults import DEFAULT_IDLE_TIMEOUT, DEFAULT_SETTLE, DEFAULT_WINDOW
+from lora_sampler.batch._evaluator import Evaluator, EvaluatorError, EvaluatorRun, Metrics, checked_evaluator
 from lora_sampler.batch._job import DEFAULT_DRAIN_SECONDS, DEFAULT_FAIL_FAST, BatchJob
 from lora_sampler.batch._ledger import Ledger
 from lora_sampler.batch._lines import InputLine, LineDefaults, open_output
@@ -77,7 +79,8 @@ class CheckpointReport:
 
     ``rows`` counts the lines of its output file over every run that wrote to it; ``mean_logprob`` is per generated
     token (per scored token when scoring), ``mean_length`` in generated tokens per sequence, ``mean_sum`` (scoring)
-    the mean summed logprob per line; ``extra`` holds a step's own fields. ``resumed`` is True for a report read back
+    the mean summed logprob per line; ``metrics`` an evaluator's answer (a value that is not finite reads None);
+    ``extra`` holds a step's own fields. ``resumed`` is True for a report read back
     from ``sweep.jsonl`` because an earlier run finished the checkpoint (it is not written to the ledger).
     """
 
@@ -92,6 +95,7 @@ class CheckpointReport:
     mean_length: Optional[float] = None
     seconds: float = 0.0
     error: Optional[Dict[str, str]] = None
+    metrics: Metrics = field(default_factory=dict)
     extra: Dict[str, Any] = field(default_factory=dict)
     mean_sum: Optional[float] = None
     resumed: bool = False
@@ -113,6 +117,8 @@ class CheckpointReport:
             line["mean_sum"] = self.mean_sum
         if self.notes:
             line["notes"] = list(self.notes)
+        if self.metrics:
+            line["metrics"] = dict(self.metrics)
         line.update(self.extra)
         return line
 
@@ -127,6 +133,8 @@ class CheckpointReport:
         known = {f.name for f in dataclasses.fields(cls)} - _NOT_IN_LEDGER
         report = cls(**{k: v for k, v in line.items() if k in known}, resumed=resumed)
         report.extra = {k: v for k, v in line.items() if k not in known}
+        if not isinstance(report.metrics, dict):  # a hand-edited or foreign line: not an evaluator's metrics
+            report.extra["metrics"], report.metrics = report.metrics, {}
         return report
 
     @classmethod
@@ -172,8 +180,11 @@ class Sweep:
         *,
         on_row: Optional[RowHook] = None,
         on_outage: Optional[OutageHook] = None,
+        evaluator: Optional[Evaluator] = None,
     ):
         self.client, self.step, self.settings = client, step, settings
+        #: Run on each checkpoint instead of the step's lines (``lora_sampler.tinker``'s sampling client).
+        self.evaluator = None if evaluator is None else checked_evaluator(evaluator)
         self.on_row, self.on_outage = on_row, on_outage
         self._checkpoints = checkpoints
         self._listing = listing(checkpoints, settings.storage_options)
@@ -313,6 +324,7 @@ class _CheckpointRun(threading.Thread):
         self.report: Optional[CheckpointReport] = None
         self.fatal: Optional[BaseException] = None
         self._job: Optional[BatchJob] = None
+        self._evaluator_run: Optional[EvaluatorRun] = None
         self._grace: Optional[float] = None
         self._lock = threading.Lock()
 
@@ -320,9 +332,11 @@ class _CheckpointRun(threading.Thread):
         """Stop this checkpoint's job (now, or as soon as it starts)."""
         with self._lock:
             self._grace = grace if self._grace is None else min(grace, self._grace)
-            job = self._job
+            job, evaluator_run = self._job, self._evaluator_run
         if job is not None:
             job.stop(grace)
+        if evaluator_run is not None:
+            evaluator_run.stop()
 
     def run(self) -> None:
         started = time.monotonic()
@@ -332,6 +346,11 @@ class _CheckpointRun(threading.Thread):
             self.fatal = fatal.error
         except (LoraSamplerError, OSError, ValueError, TypeError) as error:
             self.report = CheckpointReport.failure(self.checkpoint, error, time.monotonic() - started)
+        except Exception as error:  # an evaluator's own error: this checkpoint failed, the sweep goes on
+            if self.sweep.evaluator is None:
+                self.fatal = error
+            else:
+                self.report = CheckpointReport.failure(self.checkpoint, error, time.monotonic() - started)
         except BaseException as error:  # a bug: surface it in the sweep's thread
             self.fatal = error
         finally:
@@ -346,7 +365,64 @@ class _CheckpointRun(threading.Thread):
             if sweep.stopped:
                 return None
         with sweep._using(adapter.name, self.claimed):
+            if sweep.evaluator is not None:
+                return self._run_evaluator(sweep.evaluator, adapter, started)
             return self._sample(adapter, started)
+
+    def _run_evaluator(self, evaluator: Evaluator, adapter: Adapter, started: float) -> Optional[CheckpointReport]:
+        """Warm the adapter, wait for the previous checkpoint's evaluator, run this one's, retire the adapter.
+
+        The previous checkpoint's evaluation must end first (its requests would otherwise interleave with these and
+        swap adapters in the engine), so with ``window`` > 1 only the publish and the warm-up overlap it.
+        """
+        sweep = self.sweep
+        warm = _warm_up_adapter(sweep.client, adapter)
+        try:
+            while not self.after.wait(0.05):
+                if sweep.stopped:
+                    return None
+            run = EvaluatorRun(
+                evaluator,
+                sweep.client,
+                adapter,
+                max_outage=sweep.settings.max_outage,
+                on_outage=sweep.on_outage,
+            )
+            with self._lock:
+                self._evaluator_run = run
+                if self._grace is not None:
+                    run.stop()
+            try:
+                metrics = run.run()
+            except (asyncio.CancelledError, KeyboardInterrupt):
+                return None  # stopped: not finished, so the next run evaluates it again
+            except EvaluatorError:
+                raise
+            except Exception as error:
+                if sweep.stopped:
+                    return None
+                self._judge_evaluator(error)
+                raise
+        finally:
+            self.inputs_done.set()
+            warm.join()
+        if sweep.stopped:
+            return None
+        self._retire(adapter)
+        return CheckpointReport(
+            self.checkpoint.path,
+            self.checkpoint.step,
+            adapter.name,
+            seconds=time.monotonic() - started,
+            metrics=metrics,
+        )
+
+    def _judge_evaluator(self, error: Exception) -> None:
+        """An evaluator that raised: the engine is away (the sweep stops) or this checkpoint failed (its report)."""
+        try:
+            self.sweep.client.wait_ready(0)
+        except LoraSamplerError:
+            raise _SweepFatal(error) from None
 
     def _sample(self, adapter: Adapter, started: float) -> Optional[CheckpointReport]:
         """Run the step's lines for a published adapter, retire it, and read its output into the report."""
@@ -480,6 +556,24 @@ def _warm_up(
     return thread
 
 
+#: The prompt of the warm-up request before an evaluator runs (text: the engine tokenizes it with its own tokenizer).
+WARM_UP_PROMPT = "Hello"
+
+
+def _warm_up_adapter(client: SamplerClient, adapter: Adapter) -> threading.Thread:
+    """Send one one-token request for the adapter in the background, so the engine loads it before the evaluator."""
+
+    def send() -> None:
+        try:
+            client.run(SampleRequest(WARM_UP_PROMPT, adapter=adapter, sampling_params=SamplingParams(max_tokens=1)))
+        except Exception as error:  # the evaluator's requests meet the same failure and report it
+            logger.debug("Warm-up request for %r failed: %s", adapter.name, error)
+
+    thread = threading.Thread(target=send, name=f"lora_sampler-warm-{adapter.name}", daemon=True)
+    thread.start()
+    return thread
+
+
 def _describe(checkpoints: Checkpoints) -> str:
     if isinstance(checkpoints, Manifest):
         return f"the manifest {checkpoints.path}"
@@ -516,12 +610,23 @@ def sweep(
     step: Optional[EvaluationStep] = None,
     on_row: Optional[RowHook] = None,
     mix_adapters: bool = False,
+    evaluator: Optional[Evaluator] = None,
 ) -> Iterator[CheckpointReport]:
     """Sample the same requests from every checkpoint of a training run; yield one report per checkpoint.
 
     See ``SamplerClient.sweep`` for the arguments. Internal: ``step`` replaces the evaluation of each checkpoint;
     ``on_row`` is called for every row (the progress bar).
     """
+    if evaluator is not None:
+        if requests is not None or step is not None or score:
+            raise TypeError(
+                "pass requests= (to sample, or with score=True to score) or evaluator= (metrics per checkpoint), "
+                "not both"
+            )
+        checked_evaluator(evaluator)
+        import lora_sampler.tinker  # noqa: F401  (fails here, before any checkpoint, without the [tinker] extra)
+
+        step = SampleStep([])  # drives no line: the evaluator does the work
     params = sampling_params_from(
         sampling_params, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop
     )
@@ -539,7 +644,10 @@ def sweep(
     )
     if step is None:
         if requests is None:
-            raise TypeError("sweep() needs requests: a JSONL path or a sequence of lines (or SampleRequest values)")
+            raise TypeError(
+                "sweep() needs requests (a JSONL path or a sequence of lines, or SampleRequest values) or evaluator= "
+                "(a callable taking a Tinker-compatible sampling client, returning metrics)"
+            )
         if score:
             sampled = {"num_samples": num_samples != 1, "sampling_params": params is not None}
             sampled.update(extra_body=extra_body is not None, prompt_logprobs=prompt_logprobs)
@@ -555,4 +663,4 @@ def sweep(
                 extra_body=extra_body,
             )
             step = SampleStep(requests, defaults)
-    return Sweep(client, checkpoints, step, settings, on_row=on_row, on_outage=on_outage).run()
+    return Sweep(client, checkpoints, step, settings, on_row=on_row, on_outage=on_outage, evaluator=evaluator).run()

@@ -12,8 +12,10 @@ from lora_sampler.testing._bodies import VLLM_BODIES, VllmBody
 from lora_sampler.testing._chat import CHAT_TEMPLATE, render_chat
 from lora_sampler.testing._engine import FAULT_KINDS, FakeEngine, RequestRecord
 from lora_sampler.testing._sampling import decode_token, encode_text
+from lora_sampler.testing._tokenizer import ByteTokenizer
 
 __all__ = [
+    "ByteTokenizer",
     "CHAT_TEMPLATE",
     "FAULT_KINDS",
     "VLLM_BODIES",

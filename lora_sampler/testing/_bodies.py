@@ -364,16 +364,19 @@ def completion_response(
     prompt_tokens: int,
     completion_tokens: int,
     fingerprint: str | None = None,
+    *,
+    cached_tokens: int | None = None,
 ) -> VllmBody:
     """Return a ``/v1/completions`` 200 body: every field of vLLM 0.32's ``CompletionResponse`` (FINDINGS §4b).
 
-    ``fingerprint`` is the ``system_fingerprint`` (the real engine sends one by default; see ``system_fingerprint``).
+    ``fingerprint`` is the ``system_fingerprint`` (the real engine sends one by default; see ``system_fingerprint``);
+    ``cached_tokens`` fills ``usage.prompt_tokens_details`` as ``--enable-prompt-tokens-details`` does (None: null).
     """
     usage = {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
-        "prompt_tokens_details": None,
+        "prompt_tokens_details": None if cached_tokens is None else {"cached_tokens": cached_tokens},
         "completion_tokens_details": None,
     }
     payload = {

