@@ -64,8 +64,8 @@ class SamplingParams:
     """How to sample: sent as vLLM's completion parameters.
 
     Args:
-        max_tokens: Tokens to generate, at least 1; None sends ``max_tokens: null``, which vLLM reads as "until the
-            context is full" (the prompt plus the completion fill ``--max-model-len``) unless a stop ends it first.
+        max_tokens: Tokens to generate, at least 1; None: as many as the context leaves (the client sends the
+            engine's ``max_model_len``, which vLLM clamps to the room after the prompt), unless a stop ends it first.
         temperature: Sampling temperature, >= 0 (0 is greedy).
         top_p: Nucleus mass in (0, 1].
         top_k: Top-k cut-off; -1 (or 0) disables it.

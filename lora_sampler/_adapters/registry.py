@@ -70,6 +70,7 @@ class AdapterRegistry:
         self._published: Dict[str, Adapter] = {}
         self._checked: Set[str] = set()
         self._base: Optional[List[Tuple[str, str]]] = None
+        self._context: Optional[int] = None  # the engine's max_model_len (0: its card does not say)
         self._in_flight: Counter[str] = collections.Counter()
         self._lineage_of: Dict[str, str] = {}
         self._lineages: Dict[str, List[str]] = {}
@@ -230,6 +231,18 @@ class AdapterRegistry:
         """Return the names the engine serves its base model under (the ids of its base cards; cached)."""
         return tuple(name for name, _ in self._base_cards())
 
+    def max_model_len(self) -> Optional[int]:
+        """Return the engine's context length (``max_model_len`` of its base card in ``GET /v1/models``; cached).
+
+        None when the card does not say (an engine that is not vLLM).
+        """
+        context = self._context
+        if context is None:
+            context = self._transport.get_json(MODELS_PATH, parse=_context_of)
+            with self._lock:
+                self._context = context
+        return context or None
+
     def _base_cards(self) -> List[Tuple[str, str]]:
         base = self._base
         if base is None:
@@ -318,6 +331,13 @@ class AdapterRegistry:
                 logger.info("Retired adapter %r: a newer adapter of its lineage is serving", older)
             except (LoraSamplerError, OSError) as exc:
                 logger.warning("Could not retire adapter %r (its files are kept): %s", older, exc)
+
+
+def _context_of(body: Any) -> int:
+    """Read the base card's ``max_model_len`` from a ``GET /v1/models`` body (0 when it has none)."""
+    lengths = [card.get("max_model_len") for card in model_cards(body) if not card.get("parent")]
+    usable = [n for n in lengths if isinstance(n, int) and not isinstance(n, bool) and n > 0]
+    return usable[0] if usable else 0
 
 
 def _base_cards_of(body: Any) -> List[Tuple[str, str]]:

@@ -168,7 +168,7 @@ class SampleCalls:
             model=model,
             is_adapter=request.adapter is not None,
             session_id=request.session_id or new_id(),
-            payload=request.to_payload(model),
+            payload=self._payload(request, model),
             started=time.monotonic(),
             load_path=load_path,
             parse=lambda body: SampleOutput.from_json(body, request, model=model),
@@ -186,6 +186,18 @@ class SampleCalls:
             self._registry.request_finished(model, served=served)
         self.loads.forget(model)
         return output
+
+    def _payload(self, request: SampleRequest, model: str) -> Dict[str, Any]:
+        """The request's body; ``max_tokens=None`` becomes the engine's context length, which vLLM clamps to the
+        room the prompt leaves (vLLM 0.32 reads ``"max_tokens": null`` as its default, 16)."""
+        payload = request.to_payload(model)
+        if "max_tokens" in payload and payload["max_tokens"] is None:
+            context = self._registry.max_model_len()
+            if context is None:
+                del payload["max_tokens"]
+            else:
+                payload["max_tokens"] = context
+        return payload
 
     def _attempted(self, call: _Call, request: SampleRequest) -> SampleOutput:
         """The call through the retry table; a 5xx to a prompt-logprobs request is noted (see ``outage``)."""

@@ -372,8 +372,9 @@ class _CheckpointRun(threading.Thread):
     def _run_evaluator(self, evaluator: Evaluator, adapter: Adapter, started: float) -> Optional[CheckpointReport]:
         """Warm the adapter, wait for the previous checkpoint's evaluator, run this one's, retire the adapter.
 
-        The previous checkpoint's evaluation must end first (its requests would otherwise interleave with these and
-        swap adapters in the engine), so with ``window`` > 1 only the publish and the warm-up overlap it.
+        The previous checkpoint's evaluation (and its unload) must end first: its requests would otherwise
+        interleave with these and swap adapters in the engine. With ``window`` > 1 the publish and the warm-up of the
+        next checkpoints overlap it, and the reports come in checkpoint order.
         """
         sweep = self.sweep
         warm = _warm_up_adapter(sweep.client, adapter)
@@ -404,11 +405,10 @@ class _CheckpointRun(threading.Thread):
                 self._judge_evaluator(error)
                 raise
         finally:
-            self.inputs_done.set()
             warm.join()
         if sweep.stopped:
             return None
-        self._retire(adapter)
+        self._retire(adapter)  # before the next evaluator starts (run() sets inputs_done): reports come in order
         return CheckpointReport(
             self.checkpoint.path,
             self.checkpoint.step,

