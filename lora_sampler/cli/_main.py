@@ -248,7 +248,14 @@ def _add_sweep_flags(sweep: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="the training run's checkpoints.jsonl: name, sampler_path (or path), batch (or step), final",
     )
-    sweep.add_argument("--input", required=True, help="JSONL prompt or messages lines, one object a line")
+    sweep.add_argument("--input", help="JSONL prompt or messages lines, one object a line (or --evaluator)")
+    sweep.add_argument(
+        "--evaluator",
+        metavar="MODULE:FACTORY",
+        help="instead of --input: FACTORY() makes an evaluator (a callable, async or not, taking a Tinker sampling "
+        "client and returning dict[str, float], e.g. a tinker-cookbook SamplingClientEvaluator) run on each "
+        "checkpoint; its metrics go to sweep.jsonl, the table and --plot (needs lora_sampler[tinker])",
+    )
     sweep.add_argument("--output-dir", required=True, metavar="DIR", help="where outputs and sweep.jsonl go")
     sweep.add_argument(
         "--window", type=int, default=DEFAULT_WINDOW, help=f"checkpoints in flight at once (default: {DEFAULT_WINDOW})"
@@ -523,7 +530,14 @@ def _check_sweep_args(args: argparse.Namespace) -> None:
     """Refuse sweep flags that cannot work, before any request."""
     if not args.lora_base_dir:
         raise UsageError("sweep needs --lora-base-dir (the engine's resolver folder) to publish each checkpoint into")
-    _check_sweep_input(args.input)
+    if (args.input is None) == (args.evaluator is None):
+        raise UsageError("sweep takes --input (lines to sample or --score) or --evaluator MODULE:FACTORY, not both")
+    if args.evaluator is not None:
+        if args.score:
+            raise UsageError("--score scores --input lines; an --evaluator computes its own metrics")
+        args.evaluator_object = _load_evaluator(args.evaluator)
+    else:
+        _check_sweep_input(args.input)
     if args.window < 1:
         raise UsageError(f"--window must be >= 1, got {args.window}")
     for flag, value in (("--idle-timeout", args.idle_timeout), ("--settle", args.settle)):
@@ -538,6 +552,25 @@ def _check_sweep_args(args: argparse.Namespace) -> None:
             check_plot_dependency()
         except ImportError as error:
             raise UsageError(str(error)) from None
+
+
+def _load_evaluator(spec: str) -> Any:
+    """Import the tinker extra and ``module:factory``; call the factory. Every failure is a usage error naming it."""
+    from lora_sampler.batch._evaluator import EvaluatorError, load_factory
+
+    try:
+        import lora_sampler.tinker  # noqa: F401  (the extra, checked before any checkpoint)
+    except ImportError as error:
+        raise UsageError(f"--evaluator: {error}") from None
+    sys.path.insert(0, os.getcwd())  # module:factory names a module of the working directory, as python -m does
+    try:
+        return load_factory(spec)
+    except (ImportError, AttributeError, ValueError, EvaluatorError) as error:
+        raise UsageError(f"--evaluator {spec}: {error}") from None
+    except Exception as error:  # the module or the factory itself failed: say so, without a traceback
+        raise UsageError(f"--evaluator {spec}: {type(error).__name__}: {error}") from None
+    finally:
+        sys.path.remove(os.getcwd())
 
 
 def _check_sweep_input(path: str) -> None:

@@ -58,8 +58,12 @@ def run_sweep(client: SamplerClient, args: argparse.Namespace, defaults: LineDef
             shown.on_event(kind, line, record)
 
     checkpoints = Manifest(args.manifest) if args.manifest else list(args.checkpoints)
-    step = ScoreStep(args.input) if args.score else SampleStep(args.input, defaults)
-    sweep = Sweep(client, checkpoints, step, settings, on_row=on_row, on_outage=shown.on_outage)
+    evaluator = getattr(args, "evaluator_object", None)
+    if evaluator is not None:
+        step = SampleStep([])  # no lines: the evaluator sends its own requests
+    else:
+        step = ScoreStep(args.input) if args.score else SampleStep(args.input, defaults)
+    sweep = Sweep(client, checkpoints, step, settings, on_row=on_row, on_outage=shown.on_outage, evaluator=evaluator)
     try:
         with interrupts_stop(sweep) as interrupts, logs_above(bar):
             for report in sweep.run():
@@ -68,6 +72,8 @@ def run_sweep(client: SamplerClient, args: argparse.Namespace, defaults: LineDef
                 elif not args.quiet:
                     line = report.ledger_line()
                     detail = line["error"]["message"] if report.error else f"{report.rows} rows, {report.failed} failed"
+                    if evaluator is not None and not report.error:
+                        detail = ", ".join(f"{name} {_cell(value)}" for name, value in report.metrics.items())
                     say(bar, f"lora-sampler: {report.checkpoint}: {detail} ({report.seconds:.1f} s)")
                 for note in report.notes if not report.resumed else ():
                     say(bar, f"lora-sampler: {report.checkpoint}: note: {note}")
@@ -99,9 +105,15 @@ def _finish(entries: List[Dict[str, Any]], args: argparse.Namespace, *, interrup
 def summary_table(entries: Sequence[Dict[str, Any]]) -> str:
     """Return the summary table: one row per ledger line; an unusable checkpoint shows its error instead.
 
-    The ``mean sum`` column (the mean log-likelihood per line) shows only for a scoring sweep.
+    The ``mean sum`` column (the mean log-likelihood per line) shows only for a scoring sweep; an evaluator sweep
+    shows one column per metric instead of the row columns.
     """
-    columns = [c for c in COLUMNS if c[1] != "mean_sum" or any(e.get("mean_sum") is not None for e in entries)]
+    names = metric_names(entries)
+    if names:
+        columns = [("checkpoint", "checkpoint"), *((name, name) for name in names), ("seconds", "seconds")]
+        entries = [dict(e, **(e.get("metrics") or {})) if "error" not in e else e for e in entries]
+    else:
+        columns = [c for c in COLUMNS if c[1] != "mean_sum" or any(e.get("mean_sum") is not None for e in entries)]
     table = [[title for title, _ in columns]]
     errors: Dict[int, str] = {}
     for entry in entries:
@@ -110,7 +122,7 @@ def summary_table(entries: Sequence[Dict[str, Any]]) -> str:
             table.append([_short(entry["checkpoint"])])
             continue
         seconds = entry.get("seconds") or 0.0
-        values = dict(entry, rows_per_second=entry["rows"] / seconds if seconds else None)
+        values = dict(entry, rows_per_second=entry.get("rows", 0) / seconds if seconds else None)
         table.append([_short(entry["checkpoint"])] + [_cell(values.get(key)) for _, key in columns[1:]])
     widths = [max(len(row[i]) for row in table if i < len(row)) for i in range(len(columns))]
     lines = []
@@ -118,6 +130,16 @@ def summary_table(entries: Sequence[Dict[str, Any]]) -> str:
         cells = [cell.ljust(widths[0]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)]
         lines.append(("  ".join(cells) + ("  error: " + errors[number] if number in errors else "")).rstrip())
     return "\n".join(lines)
+
+
+def metric_names(entries: Sequence[Dict[str, Any]]) -> List[str]:
+    """The evaluator metrics of the ledger lines, in the order they first appear (none for a sampling sweep)."""
+    names: Dict[str, None] = {}
+    for entry in entries:
+        metrics = entry.get("metrics")
+        if isinstance(metrics, dict):
+            names.update(dict.fromkeys(str(name) for name in metrics))
+    return list(names)
 
 
 def _short(checkpoint: str) -> str:
@@ -133,7 +155,10 @@ def _cell(value: Any) -> str:
 
 
 def draw_plot(entries: Sequence[Dict[str, Any]], path: str) -> None:
-    """Draw mean logprob and mean length per checkpoint against the step into ``path`` (matplotlib, no display)."""
+    """Draw the per-checkpoint values against the step into ``path`` (matplotlib, no display).
+
+    A sampling or scoring sweep draws mean logprob and mean length; an evaluator sweep one panel per metric.
+    """
     check_plot_dependency()
     import matplotlib
 
@@ -142,14 +167,20 @@ def draw_plot(entries: Sequence[Dict[str, Any]], path: str) -> None:
 
     done = [entry for entry in entries if "error" not in entry]
     steps = [entry.get("step") if entry.get("step") is not None else index for index, entry in enumerate(done)]
-    figure, axes = pyplot.subplots(2, 1, sharex=True, figsize=(7, 5))
-    for axis, key, label in ((axes[0], "mean_logprob", "mean logprob"), (axes[1], "mean_length", "mean length")):
+    names = metric_names(done)
+    if names:
+        done = [dict(entry, **(entry.get("metrics") or {})) for entry in done]
+        panels = [(name, name) for name in names]
+    else:
+        panels = [("mean_logprob", "mean logprob"), ("mean_length", "mean length")]
+    figure, axes = pyplot.subplots(len(panels), 1, sharex=True, figsize=(7, 2.5 * len(panels)), squeeze=False)
+    for axis, (key, label) in zip(axes[:, 0], panels):
         points = [(step, entry[key]) for step, entry in zip(steps, done) if entry.get(key) is not None]
         axis.plot([p[0] for p in points], [p[1] for p in points], marker="o")
         axis.set_ylabel(label)
         axis.grid(True, alpha=0.3)
-    axes[1].set_xlabel("step")
-    figure.suptitle("per-checkpoint means")
+    axes[-1, 0].set_xlabel("step")
+    figure.suptitle("per-checkpoint metrics" if names else "per-checkpoint means")
     figure.tight_layout()
     figure.savefig(path)
     pyplot.close(figure)
