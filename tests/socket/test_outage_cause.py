@@ -8,15 +8,17 @@ logprobs; FakeEngine reproduces it (``dies_on_batched_prompt_logprobs``). On a1a
 from __future__ import annotations
 
 import logging
-from typing import Any, List
+from typing import Any, Callable, List
 
 import pytest
 
 from lora_sampler import RetryPolicy, SamplerClient, ScoreRequest
 from lora_sampler._client.outage import LIKELY_CAUSE_WINDOW, PromptLogprobFailures
 from lora_sampler.errors import EngineConnectionError, EngineStatusError
+from lora_sampler.testing import FakeEngine
 from lora_sampler.types import SampleRequest
-from tests.socket.conftest import EngineFactory
+
+EngineFactory = Callable[..., FakeEngine]
 
 QUICK = RetryPolicy(max_attempts=2, base_delay=0.05, max_delay=0.1)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
-from typing import Any, List
+from typing import Any, Callable, List
 
 import pytest
 
@@ -18,7 +18,8 @@ from lora_sampler import RetryPolicy, SamplerClient, SamplingParams, ScoreReques
 from lora_sampler.errors import EngineConnectionError
 from lora_sampler.testing import FakeEngine
 from lora_sampler.types import SampleRequest, Usage
-from tests.socket.conftest import EngineFactory
+
+EngineFactory = Callable[..., FakeEngine]
 
 PROMPT = [10, 11, 12, 13]
 

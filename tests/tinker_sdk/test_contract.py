@@ -16,13 +16,14 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, List
+from typing import Any, Callable, List
 
 import pytest
 
 from lora_sampler import SamplerClient
 from lora_sampler.testing import ByteTokenizer, FakeEngine
-from tests.tinker_sdk.conftest import EngineFactory
+
+EngineFactory = Callable[..., FakeEngine]
 
 PROMPT = [10, 11, 12, 13, 14]
 

@@ -16,7 +16,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 import pytest
 import requests
@@ -24,7 +24,8 @@ import requests
 from lora_sampler import SamplerClient
 from lora_sampler.batch import CheckpointReport
 from lora_sampler.testing import FakeEngine
-from tests.tinker_sdk.conftest import EngineFactory
+
+EngineFactory = Callable[..., FakeEngine]
 
 PROMPT = [10, 11, 12, 13]
 
