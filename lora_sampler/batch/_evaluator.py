@@ -97,7 +97,8 @@ class EvaluatorRun:
         evaluator: The evaluator.
         client: The sweep's client.
         adapter: The checkpoint's published adapter.
-        max_outage, on_outage: The sweep's outage hold, applied to each of the evaluator's requests.
+        max_outage: The sweep's outage hold (seconds), applied to each of the evaluator's requests.
+        on_outage: Called with an ``OutageEvent`` while the engine is away.
     """
 
     def __init__(

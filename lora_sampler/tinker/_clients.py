@@ -369,7 +369,8 @@ class ServiceClient:
             model_path: Anything ``adapter=`` takes (a checkpoint archive or folder, local or ``s3://``, an
                 ``Adapter``, a published adapter name); None samples the base model.
             base_model: The base model to sample when ``model_path`` is None (default: the engine's).
-            retry_config, record_stability_info: Tinker's; not served (the client's ``retry=`` applies).
+            retry_config: Tinker's retry settings; not served (the client's ``retry=`` applies).
+            record_stability_info: Tinker's training record; not served.
 
         Raises:
             NotImplementedError: ``retry_config`` or ``record_stability_info=True``.
