@@ -296,3 +296,22 @@ def test_many_threads_share_one_client(tinker: Any, service: Any) -> None:
     for thread in threads:
         thread.join(60)
     assert len(results) == 8 and all(r == results[0] for r in results)
+
+
+def test_ctrl_c_while_waiting_cancels_the_requests(tinker: Any, make_engine: EngineFactory, lora_dir: Path) -> None:
+    import signal
+
+    from lora_sampler.tinker import ServiceClient
+
+    engine = make_engine(latency=10.0)
+    with ServiceClient(engine.url, lora_base_dir=lora_dir, max_workers=2) as service:
+        client = service.create_sampling_client(base_model="tiny-base").result()
+        futures = [client.sample(prompt(tinker), 1, tinker.SamplingParams(max_tokens=1)) for _ in range(4)]
+        timer = threading.Timer(0.5, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
+        timer.start()
+        began = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            futures[0].result(timeout=30)
+        done, _ = concurrent.futures.wait(futures, timeout=5)
+        assert len(done) == 4 and time.monotonic() - began < 6  # nothing waited for the 10 s answers
+        assert all(f.cancelled() or f.exception() is not None for f in futures)
