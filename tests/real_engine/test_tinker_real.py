@@ -68,7 +68,7 @@ def test_real_contract(tinker: Any, service: Any, vllm_engine: RealEngine) -> No
         sequence = top.sequences[0]
         assert sequence.topk_logprobs is not None and len(sequence.topk_logprobs) == len(sequence.tokens)
         assert all(len(row) == 3 for row in sequence.topk_logprobs)
-        assert sequence.tokens[0] in [token for token, _ in sequence.topk_logprobs[0]]
+        assert [row[0][0] for row in sequence.topk_logprobs] == sequence.tokens
     free = base.sample(prompt, 1, tinker.SamplingParams(temperature=0.0, stop=[])).result(timeout=300)
     assert len(free.sequences[0].tokens) == 256 - prompt.length  # max_tokens=None: the whole context
     assert base.compute_logprobs(prompt).result() != adapter.compute_logprobs(prompt).result()
@@ -78,7 +78,8 @@ def test_real_contract(tinker: Any, service: Any, vllm_engine: RealEngine) -> No
 
 
 async def _sample(client: Any, prompt: Any, tinker: Any) -> Any:
-    return await client.sample(prompt, 1, tinker.SamplingParams(max_tokens=4), topk_sample_logprobs=3)
+    greedy = tinker.SamplingParams(max_tokens=4, temperature=0.0)  # the sampled token is then the most likely
+    return await client.sample(prompt, 1, greedy, topk_sample_logprobs=3)
 
 
 def test_real_cookbook_completers(tinker: Any, service: Any, vllm_engine: RealEngine) -> None:
