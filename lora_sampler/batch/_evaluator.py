@@ -79,8 +79,11 @@ def checked_metrics(answer: object) -> Metrics:
         raise EvaluatorError(f"the evaluator returned a {type(answer).__name__}; it must return dict[str, float]")
     metrics: Metrics = {}
     for name, value in answer.items():
-        if not isinstance(name, str) or not name:
-            raise EvaluatorError(f"the evaluator returned the metric name {name!r}; names must be non-empty str")
+        if not isinstance(name, str) or not name or not name.isprintable():
+            raise EvaluatorError(
+                f"the evaluator returned the metric name {name!r}; names must be non-empty printable str (they are "
+                "column titles and plot labels)"
+            )
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise EvaluatorError(
                 f"the evaluator returned {name!r}: {value!r} ({type(value).__name__}); metric values must be numbers"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import time
 from typing import Any, Callable, Generator, Generic, Optional, TypeVar
 
 import tinker
@@ -53,20 +54,24 @@ class TinkerFuture(concurrent.futures.Future, tinker.APIFuture, Generic[T]):  # 
         else:
             self.set_result(value)
 
-    def _wait_inner(self, timeout: Optional[float]) -> None:
-        """Wait on the client's future (whose wait turns Ctrl-C into cancelling the submitted requests)."""
+    def _wait_inner(self, timeout: Optional[float]) -> Optional[float]:
+        """Wait on the client's future (whose wait turns Ctrl-C into cancelling the submitted requests).
+
+        Returns:
+            What is left of ``timeout`` for the conversion to land here (None: no bound).
+        """
+        started = time.monotonic()
         with contextlib.suppress(concurrent.futures.CancelledError):
             self._inner.exception(timeout)
+        return None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
 
     def result(self, timeout: Optional[float] = None) -> T:
         """The answer in Tinker's type; raises the request's error, or ``TimeoutError`` after ``timeout`` seconds."""
-        self._wait_inner(timeout)
-        return super().result(timeout)  # type: ignore[no-any-return]
+        return super().result(self._wait_inner(timeout))  # type: ignore[no-any-return]
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
         """The request's error, or None; as ``Future.exception``."""
-        self._wait_inner(timeout)
-        return super().exception(timeout)
+        return super().exception(self._wait_inner(timeout))
 
     def cancel(self) -> bool:
         """Cancel the request if it has not started (True); a request in flight runs on (False)."""

@@ -120,7 +120,9 @@ def test_an_evaluator_failing_on_one_checkpoint_fails_only_that_one(
     [
         ({"a": "1"}, "must be numbers"),
         ({"a": True}, "must be numbers"),
-        ({1: 2.0}, "non-empty str"),
+        ({1: 2.0}, "non-empty printable str"),
+        ({"a\nb": 1.0}, "printable"),
+        ({"": 1.0}, "printable"),
         (None, "NoneType"),
     ],
 )
