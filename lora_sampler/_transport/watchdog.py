@@ -60,8 +60,12 @@ class Watchdog:
                     if deadline <= now:
                         del self._armed[slot]
                         slot.cut_now(CUT_DEADLINE)
-                    else:
+                    elif slot.sent:
                         soonest = min(soonest, deadline)
+                    else:
+                        # Not sent yet: once it is, its deadline is ``read`` after that, so no earlier than now + read.
+                        # Look again then (or at ``overall``), when it is known.
+                        soonest = min(soonest, deadline, now + read)
                 self._next = soonest
                 self._wakeup.wait(None if soonest == math.inf else soonest - now)
 
