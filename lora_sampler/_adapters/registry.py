@@ -17,6 +17,7 @@ from lora_sampler._adapters.extract import PublishLimits
 from lora_sampler._adapters.fleet import Fleet
 from lora_sampler._adapters.lease import Lease, hold
 from lora_sampler._adapters.lookup import find_adapter
+from lora_sampler._adapters.storage import StorageOptions
 from lora_sampler._locks import KeyedLocks
 from lora_sampler._transport.http import EngineTransport
 from lora_sampler._wire.messages import unload_adapter_body
@@ -44,7 +45,8 @@ class AdapterRegistry:
         engine_lora_base_dir: The same directory as the engine sees it; defaults to ``lora_base_dir``.
         publish_limits: Bounds for every publish (``publish.PublishLimits``); None for the defaults.
         fleet: The replicas to load on after a publish and to unload from, or None for the one engine.
-        storage_options: Options of the storage library for checkpoint URLs (``s3://``, ``gs://``), or None.
+        storage_options: Options of the storage library for checkpoint URLs (``s3://``, ``gs://``), or None; kept
+            with the transport's timeout, which bounds every storage request (``storage.StorageOptions``).
     """
 
     def __init__(
@@ -59,7 +61,7 @@ class AdapterRegistry:
     ):
         self._transport = transport
         #: The storage library's options for checkpoint URLs (publishing, and a sweep's listing), or None.
-        self.storage_options = dict(storage_options) if storage_options is not None else None
+        self.storage_options = StorageOptions(storage_options, timeout=transport.timeout)
         self._fleet = fleet
         self.publish_limits = publish_limits if publish_limits is not None else PublishLimits()
         self.lora_base_dir = os.path.abspath(os.fspath(lora_base_dir)) if lora_base_dir is not None else None

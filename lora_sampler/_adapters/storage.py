@@ -37,6 +37,7 @@ from lora_sampler.types import Timeout, is_storage_url, split_timeout
 __all__ = [
     "DOWNLOAD_CHUNK_SIZE",
     "Deadlines",
+    "StorageOptions",
     "StoredFile",
     "StoredObject",
     "deadlines",
@@ -85,8 +86,11 @@ _S3_READ_KEYS = ("RequestPayer", "ExpectedBucketOwner", "SSECustomerAlgorithm", 
 T = TypeVar("T")
 
 
-class StoreTimeoutError(TimeoutError):
-    """A request to a store did not end within its deadline (raised to the caller as a ``PublishError``)."""
+class StoreTimeoutError(OSError):
+    """A request to a store did not end within its deadline (raised to the caller as a ``PublishError``).
+
+    Not a ``TimeoutError``: fsspec's ``sync`` turns those into its own ``FSTimeoutError`` without the message.
+    """
 
     def __init__(self, what: str, seconds: float) -> None:
         super().__init__(f"{what} did not end within {seconds:.1f} s")
@@ -122,12 +126,28 @@ class Deadlines:
         return self.request + max(size, 0) / self.min_rate
 
 
+class StorageOptions(Dict[str, Any]):
+    """A client's storage options (what fsspec is given) with the client's ``timeout`` they are used under.
+
+    The client hands this one mapping to publishing and to a sweep's listings, so every storage request it makes is
+    held to its ``timeout`` without a second argument on every path; fsspec receives a plain copy of the options.
+    """
+
+    def __init__(self, options: Optional[Mapping[str, Any]] = None, *, timeout: Optional[Timeout] = None) -> None:
+        super().__init__(options or {})
+        #: The client's ``(connect, read)`` timeout, or None for the default.
+        self.timeout = timeout
+
+
 def deadlines(options: Optional[Mapping[str, Any]] = None, timeout: Optional[Timeout] = None) -> Deadlines:
     """Return the deadlines of a store's requests: the storage options' own timeouts, else ``timeout``.
 
     ``storage_options={"config_kwargs": {"connect_timeout": ..., "read_timeout": ...}}`` (s3fs's botocore settings)
-    wins over the client's ``timeout``; without either, the client's default ``(10, 300)``.
+    wins over ``timeout``, which wins over a ``StorageOptions``' timeout (the client's); without any, the client's
+    default ``(10, 300)``.
     """
+    if timeout is None:
+        timeout = getattr(options, "timeout", None)
     connect, read = split_timeout(DEFAULT_TIMEOUT if timeout is None else timeout)
     config = (options or {}).get("config_kwargs") or {}
     if isinstance(config, Mapping):
@@ -485,7 +505,10 @@ class _S3:
         budget = self.limits.transfer(int(answer.get("ContentLength") or 0))
         try:
             remaining = budget - (time.monotonic() - started)
-            return self.run(lambda _: _read_up_to(body, None), remaining, "the download")
+            try:
+                return self.run(lambda _: _read_up_to(body, None), remaining, "download")
+            except StoreTimeoutError:
+                raise StoreTimeoutError(f"the download of {answer.get('ContentLength')} bytes", budget) from None
         finally:
             self.close(body)
 
@@ -497,7 +520,10 @@ class _S3:
         try:
             while True:
                 began = time.monotonic()
-                chunk = self.run(lambda _: _read_up_to(body, DOWNLOAD_CHUNK_SIZE), budget - spent, "the download")
+                try:
+                    chunk = self.run(lambda _: _read_up_to(body, DOWNLOAD_CHUNK_SIZE), budget - spent, "download")
+                except StoreTimeoutError:
+                    raise StoreTimeoutError(f"the download of {stored.size} bytes", budget) from None
                 spent += time.monotonic() - began  # the time the reader held us up is not the store's
                 if not chunk:
                     return

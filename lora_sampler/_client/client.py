@@ -36,6 +36,7 @@ from lora_sampler._adapters.extract import PublishLimits
 from lora_sampler._adapters.fleet import Fleet, ReplicasSpec
 from lora_sampler._adapters.publish import adapter_targets_lm_head
 from lora_sampler._adapters.registry import AdapterRegistry
+from lora_sampler._adapters.storage import StorageOptions
 from lora_sampler._client.calls import SampleCalls
 from lora_sampler._client.fanout import IN_FLIGHT_PER_WORKER, FanOut, RequestLike, Runner
 from lora_sampler._client.isolation import ModelIsolation
@@ -725,7 +726,11 @@ class SamplerClient:
             delete_retired=delete_retired,
             max_outage=max_outage,
             on_outage=on_outage,
-            storage_options=self._registry.storage_options if storage_options is None else storage_options,
+            storage_options=(
+                self._registry.storage_options
+                if storage_options is None
+                else StorageOptions(storage_options, timeout=self._transport.timeout)
+            ),
             on_row=None if bar is None else lambda checkpoint, kind, line, record: bar.count_row(kind),
             mix_adapters=mix_adapters,
             evaluator=evaluator,

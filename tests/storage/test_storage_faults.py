@@ -1,0 +1,195 @@
+"""Object storage that misbehaves: silent, dripping, dropping, endless and changing stores (a loopback stand-in).
+
+Each store call must end within its deadline, which the store cannot extend: a request within the connect plus read
+timeout (the client's, or the storage options' own), an object within that plus its size at the minimum rate, a
+listing page the same. Measured on a1a82fa: a store that never answered was still waited on at 300 s, a GET
+dripping a byte per 0.5 s took 259.7 s for a 518-byte archive, a dripped listing 226 s. Each test runs the call in a
+thread and gives it ``BOUND`` seconds, far more than its deadline and far less than those waits: a call still running
+then has no bound (the test fails instead of hanging).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any, Callable, Iterator, List
+
+import pytest
+from _faultstore import BUCKET, FaultStore, count
+from _s3server import temporaries
+
+from lora_sampler import SamplerClient
+from lora_sampler._adapters import storage
+from lora_sampler.errors import PublishError
+from lora_sampler.publish import publish_checkpoint
+from lora_sampler.testing import FakeEngine, write_adapter, write_adapter_archive
+
+#: Seconds a call may run before the test calls it unbounded (its deadlines here are 3-5 s).
+BOUND = 60.0
+#: The client's timeout in these tests: 1 s to connect, 2 s to answer.
+TIMEOUT = (1.0, 2.0)
+KEY = "run/step-1.tar.gz"
+URL = f"s3://{BUCKET}/{KEY}"
+
+
+@pytest.fixture
+def store(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FaultStore]:
+    """A running stand-in holding one adapter archive at ``KEY``; no AWS account or metadata service is asked."""
+    import s3fs
+
+    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    s3fs.S3FileSystem.clear_instance_cache()
+    started = FaultStore(drip_interval=0.5)
+    archive = tmp_path / "step-1.tar.gz"
+    write_adapter_archive(archive, "tiny-base")
+    started.objects[KEY] = archive.read_bytes()
+    try:
+        yield started
+    finally:
+        started.stop()
+        s3fs.S3FileSystem.clear_instance_cache()
+
+
+def within_bound(call: Callable[[], Any]) -> BaseException:
+    """Run ``call`` in a thread; assert it ended within ``BOUND`` seconds by raising; return what it raised."""
+    outcome: List[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as error:
+            outcome.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(BOUND)
+    assert not thread.is_alive(), f"the call was still waiting on the store after {BOUND:.0f} s: it has no bound"
+    assert isinstance(outcome[0], BaseException), f"the call returned {outcome[0]!r} instead of failing"
+    return outcome[0]
+
+
+def client_of(store: FaultStore, engine: FakeEngine, lora_dir: Path) -> SamplerClient:
+    return SamplerClient(engine.url, lora_base_dir=lora_dir, timeout=TIMEOUT, storage_options=store.options())
+
+
+def test_silent_store_is_given_up_at_the_client_timeout(store: FaultStore, engine: FakeEngine, lora_dir: Path) -> None:
+    """A store that takes the connection and never answers: the HEAD ends at the client's connect + read timeout."""
+    store.faults["HEAD"] = "silent"
+    with client_of(store, engine, lora_dir) as client:
+        error = within_bound(lambda: client.publish(URL))
+    assert isinstance(error, PublishError), error
+    assert URL in str(error) and "too slow" in str(error) and "within 3.0 s" in str(error)
+    assert count(store, "HEAD") >= 1 and os.listdir(lora_dir) == []
+
+
+def test_dripping_download_is_cut_at_its_transfer_deadline(
+    store: FaultStore, engine: FakeEngine, lora_dir: Path
+) -> None:
+    """A GET whose body drips a byte per 0.5 s (a1a82fa: 259.7 s for 518 bytes) ends at read timeout + size/rate."""
+    store.faults["GET"] = "drip-body"
+    with client_of(store, engine, lora_dir) as client:
+        error = within_bound(lambda: client.publish(URL))
+    assert isinstance(error, PublishError), error
+    assert f"the download of {len(store.objects[KEY])} bytes did not end within 3.0 s" in str(error)
+    assert "nothing was published" in str(error)
+    assert os.listdir(lora_dir) == [] and temporaries(lora_dir) == []
+
+
+def test_store_dripping_its_headers_is_cut_too(store: FaultStore, lora_dir: Path) -> None:
+    """Status line and headers dripped a byte at a time: the same deadline, with the options' own timeouts."""
+    store.faults["GET"] = "drip"
+    options = store.options(config_kwargs={"connect_timeout": 1, "read_timeout": 1})
+    error = within_bound(lambda: publish_checkpoint(URL, lora_dir, storage_options=options))
+    assert isinstance(error, PublishError) and "within 2.0 s" in str(error), error
+
+
+def test_dripping_listing_is_cut_at_its_page_deadline(store: FaultStore, lora_dir: Path) -> None:
+    """A listing dripped a byte per 0.5 s (a1a82fa: 226 s): the glob and a folder's publish end at the deadline."""
+    store.faults["LIST"] = "drip-body"
+    options = storage.StorageOptions(store.options(), timeout=TIMEOUT)
+    error = within_bound(lambda: storage.expand(f"s3://{BUCKET}/run/*.tar.gz", options))
+    assert isinstance(error, PublishError) and "a listing page did not end" in str(error), error
+    error = within_bound(lambda: publish_checkpoint(f"s3://{BUCKET}/run/", lora_dir, storage_options=options))
+    assert isinstance(error, PublishError) and "a listing page did not end" in str(error), error
+
+
+def test_listing_that_never_ends_is_refused(store: FaultStore) -> None:
+    """A store whose every page says "more" with the same continuation token: refused after the repeat."""
+    store.faults["LIST"] = "loop"
+    error = within_bound(lambda: storage.list_folder(f"s3://{BUCKET}/run", store.options()))
+    assert isinstance(error, PublishError) and "does not end" in str(error), error
+    assert count(store, "LIST") == 2
+
+
+def test_connection_dropped_midway_publishes_nothing(store: FaultStore, lora_dir: Path) -> None:
+    """Half the body, then the connection closes: a PublishError naming the URL; nothing left behind."""
+    store.faults["GET"] = "drop"
+    error = within_bound(lambda: publish_checkpoint(URL, lora_dir, storage_options=store.options()))
+    assert isinstance(error, PublishError) and URL in str(error) and "nothing was published" in str(error)
+    assert os.listdir(lora_dir) == [] and temporaries(lora_dir) == []
+
+
+def test_object_changed_after_its_look_up_says_so(store: FaultStore, lora_dir: Path, tmp_path: Path) -> None:
+    """Rewritten between HEAD and GET: refused (If-Match), saying it was rewritten, not blaming the endpoint."""
+    newer = tmp_path / "newer.tar.gz"
+    write_adapter_archive(newer, "tiny-base", rank=4)
+    store.changes[KEY] = newer.read_bytes()
+    error = within_bound(lambda: publish_checkpoint(URL, lora_dir, storage_options=store.options()))
+    assert isinstance(error, PublishError), error
+    message = str(error)
+    assert URL in message and "rewritten in the store after it was looked up" in message
+    assert "Publish it again" in message and "AWS_ENDPOINT_URL" not in message and "endpoint" not in message
+    assert os.listdir(lora_dir) == []
+    assert publish_checkpoint(URL, lora_dir, storage_options=store.options()).source == URL  # as it says
+
+
+def test_unreachable_store_names_the_endpoint(store: FaultStore, lora_dir: Path) -> None:
+    """Nothing listening at the endpoint: the message is about reaching the store (where the endpoint advice fits)."""
+    options = store.options(config_kwargs={"connect_timeout": 1, "read_timeout": 1, "retries": {"max_attempts": 1}})
+    store.stop()
+    error = within_bound(lambda: publish_checkpoint(URL, lora_dir, storage_options=options))
+    assert isinstance(error, PublishError), error
+    assert "cannot be reached" in str(error) and "AWS_ENDPOINT_URL" in str(error)
+
+
+def test_keys_with_double_slashes_are_reported_as_they_are(store: FaultStore, lora_dir: Path) -> None:
+    """A key with ``//`` is listed, globbed, published and named under its own URL, never a collapsed one."""
+    store.objects["run//step-2.tar.gz"] = store.objects[KEY]
+    write_adapter(lora_dir.parent / "folder", "tiny-base")
+    for file in sorted((lora_dir.parent / "folder").iterdir()):
+        store.objects[f"run//step-3/{file.name}"] = file.read_bytes()
+    found = storage.expand(f"s3://{BUCKET}/run//step-*", store.options())
+    assert sorted(found) == [f"s3://{BUCKET}/run//step-2.tar.gz", f"s3://{BUCKET}/run//step-3"]
+    files = storage.list_folder(f"s3://{BUCKET}/run//step-3", store.options())
+    assert {file.url for file in files} == {f"s3://{BUCKET}/run//step-3/{file.rel}" for file in files}
+    assert publish_checkpoint(found[0], lora_dir, storage_options=store.options()).source == found[0]
+    error = within_bound(
+        lambda: publish_checkpoint(f"s3://{BUCKET}/run//missing.tar.gz", lora_dir, storage_options=store.options())
+    )
+    assert f"s3://{BUCKET}/run//missing.tar.gz" in str(error)
+
+
+@pytest.mark.parametrize("name", ["step 1+(ü)%20#.tar.gz", "step-&<'\">.tar.gz", "step-\u2028x.tgz"])
+def test_keys_with_odd_characters_round_trip(store: FaultStore, lora_dir: Path, name: str) -> None:
+    """Spaces, ``+``, ``%``, ``#``, XML specials and unicode in a key: globbed and published under that key."""
+    store.objects[f"run/{name}"] = store.objects.pop(KEY)
+    found = storage.expand(f"s3://{BUCKET}/run/*", store.options())
+    assert found == [f"s3://{BUCKET}/run/{name}"]
+    assert publish_checkpoint(found[0], lora_dir, storage_options=store.options()).source == found[0]
+
+
+def test_huge_listing_is_paged_and_a_glob_reads_only_its_level(store: FaultStore) -> None:
+    """2,500 checkpoints (each a folder of two objects): a glob of the last segment reads 3 pages, not 5 or more;
+    a folder listing follows every page; nothing is lost or repeated."""
+    for step in range(2500):
+        store.objects[f"big/step-{step}/adapter_config.json"] = b"{}"
+        store.objects[f"big/step-{step}/adapter_model.safetensors"] = b"w"
+    found = storage.expand(f"s3://{BUCKET}/big/step-*", store.options())
+    assert len(found) == len(set(found)) == 2500 and count(store, "LIST") == 3
+    files = storage.list_folder(f"s3://{BUCKET}/big", store.options())
+    assert len(files) == len({file.rel for file in files}) == 5000
