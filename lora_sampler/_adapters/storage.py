@@ -442,17 +442,20 @@ class _S3:
         bucket, key, _ = self.fs.split_path(path)
         prefix = key.rstrip("/") + "/" if key.rstrip("/") else ""
         base = url.rstrip("/")
-        files = []
+        files: Dict[str, StoredFile] = {}
         for page in self.listing(bucket, prefix):
             for entry in page.get("Contents") or ():
                 name = str(entry["Key"])
-                rel = name[len(prefix) :]
+                rel = name[len(prefix) :].lstrip("/")  # "step-7//x" is the file x of step-7, fetched by its own key
                 if not rel or name.endswith("/"):
                     continue  # the prefix itself, or a console's folder placeholder
+                url = f"{base}/{name[len(prefix):]}"  # the object's own URL, double slashes kept
+                if rel in files:
+                    raise OSError(f"two objects would be the adapter's file {rel!r}: {files[rel].url} and {url}")
                 etag = _text(entry.get("ETag"))
                 modified = _modified({"LastModified": entry.get("LastModified")})
-                files.append(StoredFile(rel, f"{base}/{rel}", int(entry.get("Size") or 0), etag, modified))
-        return sorted(files, key=lambda file: file.rel)
+                files[rel] = StoredFile(rel, url, int(entry.get("Size") or 0), etag, modified)
+        return sorted(files.values(), key=lambda file: file.rel)
 
     def expand(self, pattern: str, path: str) -> List[str]:
         bucket, key, _ = self.fs.split_path(path)

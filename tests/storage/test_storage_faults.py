@@ -168,6 +168,16 @@ def test_keys_with_double_slashes_are_reported_as_they_are(store: FaultStore, lo
     files = storage.list_folder(f"s3://{BUCKET}/run//step-3", store.options())
     assert {file.url for file in files} == {f"s3://{BUCKET}/run//step-3/{file.rel}" for file in files}
     assert publish_checkpoint(found[0], lora_dir, storage_options=store.options()).source == found[0]
+    for file in sorted((lora_dir.parent / "folder").iterdir()):  # an uploader that joined "step-4/" + "/name"
+        store.objects[f"run/step-4//{file.name}"] = file.read_bytes()
+    files = storage.list_folder(f"s3://{BUCKET}/run/step-4", store.options())
+    assert sorted(file.url for file in files) == sorted(f"s3://{BUCKET}/run/step-4//{file.rel}" for file in files)
+    assert publish_checkpoint(f"s3://{BUCKET}/run/step-4", lora_dir, storage_options=store.options())
+    store.objects[f"run/step-4/{files[0].rel}"] = b"another object for the same file"
+    error = within_bound(
+        lambda: publish_checkpoint(f"s3://{BUCKET}/run/step-4/", lora_dir, storage_options=store.options())
+    )
+    assert f"s3://{BUCKET}/run/step-4//{files[0].rel}" in str(error) and "two objects" in str(error), error
     error = within_bound(
         lambda: publish_checkpoint(f"s3://{BUCKET}/run//missing.tar.gz", lora_dir, storage_options=store.options())
     )
