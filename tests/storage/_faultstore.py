@@ -10,8 +10,9 @@ and a fault per operation that a test sets:
 - ``"drop"``: headers and half the body, then close the connection;
 - ``"loop"`` (listings only): every page says there is more, with the same continuation token.
 
-``changes`` makes the object change between its HEAD and its GET (the GET's ``If-Match`` then fails with 412, as
-S3's does). Every handler thread ends when the store is stopped; the server binds 127.0.0.1 only.
+``changes`` makes the object change (or vanish) between its HEAD and its GET (the GET's ``If-Match`` then fails with
+412, as S3's does, or the GET with 404). Every handler thread ends when the store is stopped; the server binds
+127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import socket
 import socketserver
 import threading
 import urllib.parse
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 from xml.sax.saxutils import escape
 
 BUCKET = "ckpts"
@@ -37,8 +38,8 @@ class FaultStore:
         self.objects: Dict[str, bytes] = {}
         #: ``{"HEAD" | "GET" | "LIST": mode}``; an operation without an entry is answered normally.
         self.faults: Dict[str, str] = {}
-        #: Keys whose object is rewritten right after its HEAD is answered.
-        self.changes: Dict[str, bytes] = {}
+        #: Keys whose object is rewritten (bytes) or deleted (None) right after its HEAD is answered.
+        self.changes: Dict[str, Optional[bytes]] = {}
         self.drip_interval = drip_interval
         self.page_size = 1000
         self.requests: List[Tuple[str, str]] = []
@@ -125,7 +126,11 @@ class FaultStore:
         if method == "HEAD":
             answered = self._send(connection, "HEAD", 200, found, data, head_only=True)
             if key in self.changes:
-                self.objects[key] = self.changes.pop(key)
+                changed = self.changes.pop(key)
+                if changed is None:
+                    del self.objects[key]  # it vanishes
+                else:
+                    self.objects[key] = changed
             return answered
         if headers.get("if-match") not in (None, etag):
             return self._send(

@@ -148,6 +148,14 @@ def test_object_changed_after_its_look_up_says_so(store: FaultStore, lora_dir: P
     assert publish_checkpoint(URL, lora_dir, storage_options=store.options()).source == URL  # as it says
 
 
+def test_object_vanished_after_its_look_up_is_named(store: FaultStore, lora_dir: Path) -> None:
+    """Deleted between HEAD and GET (a retention policy): a PublishError naming the URL; nothing published."""
+    store.changes[KEY] = None
+    error = within_bound(lambda: publish_checkpoint(URL, lora_dir, storage_options=store.options()))
+    assert isinstance(error, PublishError) and URL in str(error) and "no such object" in str(error), error
+    assert os.listdir(lora_dir) == [] and temporaries(lora_dir) == []
+
+
 def test_unreachable_store_names_the_endpoint(store: FaultStore, lora_dir: Path) -> None:
     """Nothing listening at the endpoint: the message is about reaching the store (where the endpoint advice fits)."""
     options = store.options(config_kwargs={"connect_timeout": 1, "read_timeout": 1, "retries": {"max_attempts": 1}})
