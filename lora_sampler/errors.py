@@ -334,6 +334,13 @@ class IncompleteCheckpointError(LoraSamplerError):
         self.path = path
 
 
+class OutputClosedError(LoraSamplerError, BrokenPipeError):
+    """The reader of a batch job's output went away (``lora-sampler sample ... | head -1`` closed the pipe).
+
+    Also a ``BrokenPipeError``. Nothing is wrong with the job: the command line stops quietly.
+    """
+
+
 class BatchInputError(LoraSamplerError, ValueError):
     """A line of a batch input file is unusable.
 

@@ -6,6 +6,7 @@ rewrite of the output, and result records. No HTTP, no threads, no argparse, tqd
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
@@ -26,6 +27,7 @@ from lora_sampler.errors import (
     BatchInputError,
     EngineStatusError,
     LoraSamplerError,
+    OutputClosedError,
 )
 from lora_sampler.types import AdapterSpec, SampleOutput, SampleRequest, SamplingParams, ScoreRequest
 
@@ -600,6 +602,8 @@ def write_record(stream: IO[str], record: Dict[str, Any]) -> None:
     try:
         stream.write(to_json_line(record) + "\n")
         stream.flush()
+    except BrokenPipeError:
+        raise OutputClosedError(f"the reader of {getattr(stream, 'name', 'the output')} closed it") from None
     except OSError as exc:
         raise output_error(getattr(stream, "name", "the output"), exc) from None
 
@@ -607,7 +611,12 @@ def write_record(stream: IO[str], record: Dict[str, Any]) -> None:
 def output_error(path: Any, error: OSError) -> LoraSamplerError:
     """Return the error of an output that cannot be written, naming it and saying that it resumes."""
     reason = error.strerror or str(error)
+    fix = "free some space" if error.errno in _FULL else "fix the cause"
     return LoraSamplerError(
         f"cannot write the output {path}: {reason}. Every record written before is kept and the output is resumable: "
-        f"fix the cause (free some space) and run again with the same --output {path}"
+        f"{fix} and run again with the same --output {path}"
     )
+
+
+#: The errors of a full disk or quota: the fix is to free some space.
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)

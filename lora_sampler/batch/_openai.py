@@ -157,7 +157,7 @@ def _request(obj: Dict[str, Any], defaults: LineDefaults, base_models: Collectio
             sampling_params=params,
             prompt_logprobs=prompt_logprobs == 0,
             topk_prompt_logprobs=prompt_logprobs or 0,
-            extra_body=rest or None,
+            extra_body={**(defaults.extra_body or {}), **rest} or None,  # the line's body over --extra-body
         )
     except (TypeError, ValueError) as exc:  # the prompt or the messages: SampleRequest names them
         raise _Refused(f"body.{exc}" if str(exc).startswith(text_field) else str(exc)) from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import sys
@@ -19,15 +20,22 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 from lora_sampler._adapters.extract import DEFAULT_LIMITS, PublishLimits
 from lora_sampler._adapters.publish import default_adapter_name, remove_adapter_dir
 from lora_sampler._client.client import SamplerClient
-from lora_sampler._defaults import API_KEY_ENV, DEFAULT_IDLE_TIMEOUT, DEFAULT_SETTLE, DEFAULT_WINDOW
+from lora_sampler._defaults import (
+    API_KEY_ENV,
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_SETTLE,
+    DEFAULT_WINDOW,
+    VLLM_API_KEY_ENV,
+)
 from lora_sampler._testmode import set_testing
 from lora_sampler._version import __version__
+from lora_sampler._wire.messages import validated_extra_body
 from lora_sampler.batch._lines import LineDefaults
 from lora_sampler.batch._openai import OPENAI_BATCH_FORMAT, PROMPT_FORMAT, file_format, first_line
 from lora_sampler.cli._runner import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, BatchAbandoned, run_batch
 from lora_sampler.cli._sweep_runner import check_plot_dependency, run_sweep
 from lora_sampler.cli._terminal import LOG_FORMAT, RetryCounter
-from lora_sampler.errors import AdapterConfigError, LoraSamplerError
+from lora_sampler.errors import AdapterConfigError, LoraSamplerError, OutputClosedError
 from lora_sampler.names import validate_adapter_name
 from lora_sampler.retry import DEFAULT_RETRY_POLICY
 from lora_sampler.types import Adapter, SamplingParams, is_checkpoint_path, is_storage_url
@@ -55,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     """Return the ``lora-sampler`` argument parser."""
     epilog = (
         f"Exit status: 0 ok, 1 some prompts failed (or a doctor check), 2 usage, input or engine error, 130 "
-        f"interrupted. Environment: {API_KEY_ENV} (the API key); {TESTING_ENV}=1 (tests only: retry waits are 0 s)"
+        f"interrupted. Environment: {API_KEY_ENV}, else {VLLM_API_KEY_ENV} (the engine's API key)"
     )
     parser = argparse.ArgumentParser(
         prog="lora-sampler", description="Sample LoRA adapters from a vLLM engine.", epilog=epilog
@@ -63,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--log-level", help="DEBUG, INFO (shows every retry), WARNING (default; demo: INFO), ERROR")
-    engine, pace, sampling = _engine_flags(), _pace_flags(), _sampling_flags()
+    engine, pace, sampling, publishing = _engine_flags(), _pace_flags(), _sampling_flags(), _publishing_flags()
     job = _job_flags(pace)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -71,14 +79,23 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, help=text, description=text, parents=[common, *parents])
 
     _add_sample_arguments(
-        add("sample", "sample every prompt of a JSONL file (resumable)", engine, job, sampling), epilog
+        add("sample", "sample every prompt of a JSONL file (resumable)", engine, publishing, job, sampling), epilog
     )
     _add_sweep_flags(
-        add("sweep", "sample the same prompts from every checkpoint of a training run", engine, pace, sampling)
+        add(
+            "sweep",
+            "sample the same prompts from every checkpoint of a training run",
+            engine,
+            publishing,
+            pace,
+            sampling,
+        )
     )
     from lora_sampler.cli._score import add_score_arguments  # its module needs this one's helpers
 
-    add_score_arguments(add("score", "score the tokens of every line of a JSONL file (resumable)", engine, job))
+    add_score_arguments(
+        add("score", "score the tokens of every line of a JSONL file (resumable)", engine, publishing, job)
+    )
 
     doctor = add("doctor", "check that the engine can serve adapters, and say what to fix", engine)
     doctor.add_argument("--adapter", help="also check this checkpoint's (or adapter's) adapter_config.json")
@@ -100,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --concurrent, the adapter whose requests run meanwhile (default: the base model)",
     )
     add("demo", "run a small batch through the built-in test engine, load race included")
-    publish = add("publish", "publish a checkpoint into --lora-base-dir; print the adapter name", engine)
+    publish = add("publish", "publish a checkpoint into --lora-base-dir; print the adapter name", engine, publishing)
     publish.add_argument("checkpoint", help="adapter archive (.tar.gz/.tgz/.tar, or bzip2/xz) or folder")
     publish.add_argument("--name", help="adapter name (default: derived from the checkpoint's content)")
     unload = add("unload", "unload an adapter from the engine; print its name", engine)
@@ -113,7 +130,9 @@ def _engine_flags() -> argparse.ArgumentParser:
     """Return the flags every command that talks to an engine takes: where it is, its key, folder and fleet."""
     engine = argparse.ArgumentParser(add_help=False)
     engine.add_argument("--base-url", required=True, help="engine root URL, e.g. http://127.0.0.1:8000")
-    engine.add_argument("--api-key", help=f"engine API key (default: ${API_KEY_ENV}); never printed")
+    engine.add_argument(
+        "--api-key", help=f"engine API key (default: ${API_KEY_ENV}, else ${VLLM_API_KEY_ENV}); never printed"
+    )
     engine.add_argument(
         "--lora-base-dir",
         help="the engine's resolver folder (its VLLM_LORA_RESOLVER_CACHE_DIR) as this machine sees it",
@@ -124,14 +143,20 @@ def _engine_flags() -> argparse.ArgumentParser:
         help="a fleet: 'router' (--base-url is a vllm-router; ask it for its workers) or URL,URL,... (replica "
         "roots); adapters are then loaded on, checked on and unloaded from every replica",
     )
-    engine.add_argument(
+    return engine
+
+
+def _publishing_flags() -> argparse.ArgumentParser:
+    """Return the flags of every command that publishes checkpoints (``sample``, ``score``, ``sweep``, ``publish``)."""
+    publishing = argparse.ArgumentParser(add_help=False)
+    publishing.add_argument(
         "--max-adapter-gib",
         type=_positive_gib,
         metavar="GIB",
         help=f"largest checkpoint published, extracted, in GiB (default: {DEFAULT_LIMITS.max_total_bytes / GIB:g}; "
         "an archive that expands past it is refused before it fills the shared folder)",
     )
-    return engine
+    return publishing
 
 
 def _add_sample_arguments(sample: argparse.ArgumentParser, epilog: str) -> None:
@@ -139,14 +164,15 @@ def _add_sample_arguments(sample: argparse.ArgumentParser, epilog: str) -> None:
     sample.epilog = (
         'Input lines: {"id": str|int (default: the line number), "prompt": [token ids] or "text"} (or "messages": '
         '[{"role", "content"}, ...] for chat) plus optional num_samples, max_tokens, temperature, top_p, top_k, '
-        "seed, stop, session_id, prompt_logprobs. Or OpenAI batch lines (--format openai-batch): "
+        "seed, stop, session_id, prompt_logprobs, and extra_body (an object of vLLM's other fields, over "
+        "--extra-body). Or OpenAI batch lines (--format openai-batch): "
         '{"custom_id", "method": "POST", "url": "/v1/chat/completions" or "/v1/completions", "body"}, where '
         "body.model names the adapter or base model unless --adapter/--base-model is given. " + epilog
     )
     which = sample.add_mutually_exclusive_group()
     which.add_argument("--adapter", help="checkpoint (archive or folder; published first) or adapter name")
     which.add_argument("--base-model", help="sample the engine's base model by this name")
-    sample.add_argument("--input", required=True, help="JSONL prompts, one object a line; - reads stdin")
+    sample.add_argument("-i", "--input", required=True, help="JSONL prompts, one object a line; - reads stdin")
     sample.add_argument(
         "--format",
         choices=("auto", PROMPT_FORMAT, OPENAI_BATCH_FORMAT),
@@ -194,9 +220,16 @@ def _job_flags(pace: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Return the flags every one-output batch job takes (``sample``, ``score``): output, order, resume, pace."""
     job = argparse.ArgumentParser(add_help=False, parents=[pace])
     job.add_argument(
+        "-o",
         "--output",
         default="-",
         help="JSONL results; running again with the same file resumes (default: stdout, no resume)",
+    )
+    job.add_argument(
+        "--limit",
+        type=_positive_int,
+        metavar="N",
+        help="run only the first N lines of the input (as lm-eval's --limit); pass the same N when resuming",
     )
     for flag, text in [
         ("--ordered", "write results in input order (default: as they finish)"),
@@ -225,6 +258,13 @@ def _sampling_flags() -> argparse.ArgumentParser:
         help="a stop string (repeat the flag for several; a line's own stop may also hold token ids)",
     )
     sampling.add_argument("--prompt-logprobs", action="store_true", help="also return the prompt's logprobs")
+    sampling.add_argument(
+        "--extra-body",
+        type=_json_object,
+        metavar="JSON",
+        help='further fields of every request body, as vLLM takes them, e.g. \'{"repetition_penalty": 1.1, '
+        '"min_tokens": 4}\'; a line\'s own "extra_body" object overrides its keys',
+    )
     return sampling
 
 
@@ -248,7 +288,7 @@ def _add_sweep_flags(sweep: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="the training run's checkpoints.jsonl: name, sampler_path (or path), batch (or step), final",
     )
-    sweep.add_argument("--input", help="JSONL prompt or messages lines, one object a line (or --evaluator)")
+    sweep.add_argument("-i", "--input", help="JSONL prompt or messages lines, one object a line (or --evaluator)")
     sweep.add_argument(
         "--evaluator",
         metavar="MODULE:FACTORY",
@@ -258,7 +298,12 @@ def _add_sweep_flags(sweep: argparse.ArgumentParser) -> None:
     )
     sweep.add_argument("--output-dir", required=True, metavar="DIR", help="where outputs and sweep.jsonl go")
     sweep.add_argument(
-        "--window", type=int, default=DEFAULT_WINDOW, help=f"checkpoints in flight at once (default: {DEFAULT_WINDOW})"
+        "--window",
+        type=int,
+        default=DEFAULT_WINDOW,
+        help="checkpoints with requests in flight at once: the next checkpoint is published and loaded while the "
+        f"last rows of the one before run, so the engine does not idle between them (default: {DEFAULT_WINDOW}; "
+        "1 runs them strictly one after the other)",
     )
     sweep.add_argument("--watch", action="store_true", help="follow a run that is still training")
     sweep.add_argument(
@@ -299,6 +344,29 @@ def _positive_gib(value: str) -> float:
     return gib
 
 
+def _positive_int(value: str) -> int:
+    """Parse a count >= 1 (``--limit``)."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"takes a whole number >= 1, got {value!r}")
+    return number
+
+
+def _json_object(value: str) -> Dict[str, Any]:
+    """Parse ``--extra-body``: a JSON object of body fields, none of those the request sets itself."""
+    try:
+        body = json.loads(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"takes a JSON object such as '{{\"min_tokens\": 4}}' ({exc})") from None
+    try:
+        return validated_extra_body(body)
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("extra_body", "a JSON object", 1)) from None
+
+
 def _replicas(value: str) -> Union[str, List[str]]:
     """Parse ``--replicas``: ``router``, or comma-separated replica root URLs."""
     if value == "router":
@@ -314,7 +382,8 @@ def _replicas(value: str) -> Union[str, List[str]]:
 
 def _client(args: argparse.Namespace, **kwargs: Any) -> SamplerClient:
     # SamplerClient falls back to $LORA_SAMPLER_API_KEY itself.
-    limits = None if args.max_adapter_gib is None else PublishLimits(max_total_bytes=int(args.max_adapter_gib * GIB))
+    gib = getattr(args, "max_adapter_gib", None)  # only the commands that publish take it
+    limits = None if gib is None else PublishLimits(max_total_bytes=int(gib * GIB))
     return SamplerClient(
         args.base_url,
         api_key=args.api_key,
@@ -445,7 +514,7 @@ def run_job(
     abandoned = False
     try:
         return job(client, (preflight or _preflight)(client, args), retries)
-    except BatchAbandoned:
+    except (BatchAbandoned, OutputClosedError):
         abandoned = True
         raise
     finally:
@@ -493,6 +562,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
             sampling_params=params,
             prompt_logprobs=args.prompt_logprobs,
             allow_model_paths=args.allow_model_paths,
+            extra_body=args.extra_body,
         )
         return run_batch(
             client,
@@ -506,6 +576,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
             quiet=args.quiet,
             max_outage=args.max_outage,
             retries=retries,
+            limit=args.limit,
         )
 
     return run_job(args, job)
@@ -516,7 +587,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     _check_pace_flags(args)
     _check_sweep_args(args)
     params = sampling_params(args)
-    defaults = LineDefaults(num_samples=args.num_samples, sampling_params=params, prompt_logprobs=args.prompt_logprobs)
+    defaults = LineDefaults(
+        num_samples=args.num_samples,
+        sampling_params=params,
+        prompt_logprobs=args.prompt_logprobs,
+        extra_body=args.extra_body,
+    )
     return run_job(args, lambda client, _, retries: run_sweep(client, args, defaults, retries), _engine_preflight)
 
 
@@ -631,6 +707,18 @@ def _publish_for_this_run(client: SamplerClient, checkpoint: str, lora_base_dir:
 
 # -- main --------------------------------------------------------------------------------------------------------
 
+#: Exit status when the reader of stdout went away (128 + SIGPIPE, what a shell reports for a process it killed).
+EXIT_BROKEN_PIPE = 141
+
+
+def _silence_stdout() -> None:
+    """Point stdout at the null device, so the interpreter's last flush does not report the closed pipe again."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
 COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
     "sample": cmd_sample,
     "score": cmd_score,
@@ -674,6 +762,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("lora-sampler: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `lora-sampler sample ... | head -1`: the reader has what it wanted; stop quietly
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     except (LoraSamplerError, ValueError, TypeError, OSError) as exc:  # the message says what to fix
         print(f"lora-sampler: error: {exc}", file=sys.stderr)
         return EXIT_ERROR

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import sys
 import time
@@ -63,6 +64,7 @@ def run_batch(
     max_outage: float = 0.0,
     retries: Optional[RetryCounter] = None,
     line_format: Optional[LineFormat] = None,
+    limit: Optional[int] = None,
 ) -> int:
     """Stream ``input_path`` to ``output_path`` through ``client``; return the exit status.
 
@@ -81,6 +83,8 @@ def run_batch(
         max_outage: Seconds to wait out an engine outage before stopping (0: fail fast).
         retries: The counter fed by the client's retry hook, shown on the bar and in the summary.
         line_format: A fixed kind of line and record (e.g. ``lora-sampler score``'s) instead of ``input_format``.
+        limit: Run only the first ``limit`` lines of the input (blank lines not counted); a resume with the same
+            limit covers the same lines.
 
     Raises:
         LoraSamplerError: the job stopped on its own (a duplicate id, an unusable engine, an outage too long), or
@@ -92,8 +96,12 @@ def run_batch(
     with contextlib.ExitStack() as stack:
         source = sys.stdin.buffer if input_path == "-" else stack.enter_context(open(input_path, "rb"))
         lines, records = _read_input(client, source, input_path, defaults, model, input_format, line_format)
+        if limit is not None:
+            lines = itertools.islice(lines, limit)
         state, output = _resume(stack, output_path, records, retry_failed) if to_file else (None, sys.stdout)
         total = None if input_path == "-" else count_lines(input_path)  # cheap for a file; stdin cannot be counted
+        if limit is not None and total is not None:
+            total = min(total, limit)
         view = JobBar(progress_bar(total, quiet), retries, records.message_of)
         stack.callback(view.close)
         done = state.done if state else set()

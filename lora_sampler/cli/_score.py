@@ -32,7 +32,7 @@ def add_score_arguments(score: argparse.ArgumentParser) -> None:
     which = score.add_mutually_exclusive_group(required=True)
     which.add_argument("--adapter", help="checkpoint (archive or folder; published first) or adapter name")
     which.add_argument("--base-model", help="score under the engine's base model, by this name")
-    score.add_argument("--input", required=True, help="JSONL lines to score, one object a line; - reads stdin")
+    score.add_argument("-i", "--input", required=True, help="JSONL lines to score, one object a line; - reads stdin")
 
 
 def score_lines(
@@ -57,6 +57,7 @@ def score_lines(
         max_outage=args.max_outage,
         retries=retries,
         line_format=SCORE_FORMAT,
+        limit=args.limit,
     )
     for note in notes:
         print(f"lora-sampler: note: {name}: {note}", file=sys.stderr)

@@ -417,7 +417,7 @@ class FakeEngine:
             except Exception as exc:  # a bug in the fake: answer it like vLLM's generic handler, visibly
                 answer = bodies.error(500, f"FakeEngine internal error: {exc!r}", "InternalServerError")
             status = answer.status if answer is not None else 0
-            self._log(handler, path, model, status, started, kind)
+            self._log(handler, path, model, status, started, kind, payload)
             if path in COMPLETION_PATHS and status:
                 self._adapters.completion_answered(model)  # before the answer leaves: the next request sees it
             if answer is None:
@@ -430,10 +430,17 @@ class FakeEngine:
                 self._stats.in_flight -= 1
 
     def _log(
-        self, handler: Handler, path: str, model: str | None, status: int, started: float, fault: str | None
+        self,
+        handler: Handler,
+        path: str,
+        model: str | None,
+        status: int,
+        started: float,
+        fault: str | None,
+        payload: Any = None,
     ) -> None:
         """Append the request to the log; it decides nothing and changes no adapter."""
-        record = new_record(handler, path, model, status, started, fault)
+        record = new_record(handler, path, model, status, started, fault, payload)
         with self._lock:  # logged before the answer leaves, so a client never sees it first
             self._stats.records.append(record)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lora_sampler._wire.routes import SESSION_HEADER
 
@@ -34,12 +34,32 @@ class RequestRecord:
     started: float
     finished: float
     fault: str | None = None
+    #: Body fields beyond those lora_sampler always sends (vLLM's extra parameters, e.g. ``min_tokens``), as
+    #: ``(name, value)`` pairs; empty for most requests, so the log stays small.
+    extra_fields: tuple[tuple[str, Any], ...] = ()
+
+
+#: Body fields every completion or chat request carries: the log keeps only the others (``extra_fields``).
+USUAL_FIELDS = frozenset(
+    {"model", "prompt", "messages", "n", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k"}
+    | {"seed", "stop", "stop_token_ids", "logprobs", "top_logprobs", "return_token_ids", "prompt_logprobs"}
+    | {"lora_name", "lora_path", "load_inplace"}
+)
 
 
 def new_record(
-    handler: Handler, path: str, model: str | None, status: int, started: float, fault: str | None
+    handler: Handler,
+    path: str,
+    model: str | None,
+    status: int,
+    started: float,
+    fault: str | None,
+    payload: Any = None,
 ) -> RequestRecord:
     """The record of a request answered now (the Authorization header's value is not kept)."""
+    extra: tuple[tuple[str, Any], ...] = ()
+    if isinstance(payload, dict) and not payload.keys() <= USUAL_FIELDS:
+        extra = tuple((key, value) for key, value in payload.items() if key not in USUAL_FIELDS)
     return RequestRecord(
         method=handler.command,
         path=path,
@@ -50,6 +70,7 @@ def new_record(
         started=started,
         finished=time.monotonic(),
         fault=fault,
+        extra_fields=extra,
     )
 
 
