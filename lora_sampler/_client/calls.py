@@ -31,7 +31,7 @@ from lora_sampler._wire.routes import (
 )
 from lora_sampler.errors import EngineError, EngineStatusError, RequestCancelledError
 from lora_sampler.retry import RetryHook, RetryPolicy, make_retrying
-from lora_sampler.types import SampleOutput, SampleRequest
+from lora_sampler.types import Adapter, SampleOutput, SampleRequest
 
 logger = logging.getLogger(__name__)
 
@@ -107,9 +107,9 @@ class _Attempts:
             self._fleet.reconcile(call.model, call.load_path)
         else:
             path = call.load_path
-            self._loads.load_if_due(call.model, attempt, lambda: self._send_load(call, path))
+            self._loads.load_if_due(call.model, attempt, lambda: self.send_load(call, path))
 
-    def _send_load(self, call: _Call, path: str) -> None:
+    def send_load(self, call: _Call, path: str) -> None:
         """Ask the engine to load the adapter from ``path``; best-effort, so every answer and failure is only logged."""
         payload = load_adapter_body(call.model, path)
         try:
@@ -121,6 +121,10 @@ class _Attempts:
             logger.debug("Proactive load of %r did not load it: %s", call.model, exc)
             return
         logger.debug("Proactive load of %r succeeded", call.model)
+
+
+def _no_parse(body: Any) -> SampleOutput:
+    raise AssertionError("a load request's answer is plain text, never parsed as a completion")  # pragma: no cover
 
 
 class SampleCalls:
@@ -144,10 +148,11 @@ class SampleCalls:
     ):
         self._transport = transport
         self._registry = registry
+        self._fleet = fleet
         self.loads = AdapterLoadCoordinator(episode_gap=2 * retry.max_delay + retry.load_timeout)
         #: The client's scoring isolation.
         self.isolation = isolation if isolation is not None else ModelIsolation()
-        attempts = _Attempts(transport, fleet, self.loads, retry.load_timeout, self.isolation)
+        attempts = self._attempts = _Attempts(transport, fleet, self.loads, retry.load_timeout, self.isolation)
         #: Retries of this client's calls so far (progress bars show them).
         self.retries = RetryCounter()
         #: The last 500 answered to a prompt-logprobs request (an outage right after names it as the likely cause).
@@ -207,6 +212,13 @@ class SampleCalls:
             if error.status >= 500 and request.wants_prompt_logprobs:
                 self.prompt_logprob_failures.note(error)
             raise
+
+    def preload(self, adapter: Adapter) -> None:
+        """Send one load request for ``adapter`` (best-effort, never admitted by the isolation; a fleet has it)."""
+        path = self._registry.engine_path(adapter)
+        if self._fleet is not None or path is None:
+            return
+        self._attempts.send_load(_Call(adapter.name, True, new_id(), {}, time.monotonic(), path, _no_parse), path)
 
     def probe(self, timeout: Tuple[float, float]) -> None:
         """One readiness probe: ``GET /health`` (skipped when the server has none), then ``GET /v1/models``."""

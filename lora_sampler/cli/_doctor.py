@@ -21,7 +21,7 @@ from lora_sampler._adapters.fleet import ReplicasSpec
 from lora_sampler._adapters.publish import CONFIG_FILE, check_adapter_config, remove_adapter_dir
 from lora_sampler._adapters.storage import probe
 from lora_sampler._client.client import SamplerClient
-from lora_sampler._client.selfcheck import DEFECT_LM_HEAD, DEFECT_MIXED_ADAPTERS
+from lora_sampler._client.selfcheck import DEFECT_ENGINE_FAILED, DEFECT_LM_HEAD, DEFECT_MIXED_ADAPTERS
 from lora_sampler._testmode import is_testing
 from lora_sampler.errors import (
     AdapterConfigError,
@@ -316,6 +316,10 @@ _SCORING_FIXES = {
     DEFECT_LM_HEAD: (
         "score adapters that do not target lm_head on this engine, or use a vLLM with issue #51594 fixed (PR "
         "#51597); its generation logprobs are right"
+    ),
+    DEFECT_ENGINE_FAILED: (
+        "restart the engine; score on it with scoring isolation on (the default) and --concurrency 1, and let no "
+        "other client score on it at the same time"
     ),
     "": "do not trust this engine's scores for this adapter; report the figures above to the engine's maintainers",
 }

@@ -119,3 +119,23 @@ def test_sweep_score_gives_each_checkpoint_its_score_alone_on_an_engine_that_mix
         for archive, mean in expected.items():
             assert abs(got[archive] - mean) < 1e-9, (concurrency, archive)
     assert engine.mixed_prompt_logprobs == 0
+
+
+def test_sweep_score_warms_each_checkpoint_by_a_load_call(
+    make_engine: Any, lora_dir: Path, tmp_path: Path, no_waits: None
+) -> None:
+    """Scoring sweep with isolation: each checkpoint is warmed by one load call, not by a one-token completion (which
+    would wait for the previous checkpoint's scoring rows); with --mix-adapters the one-token warm-up stays."""
+    engine = make_engine()
+    make_run(tmp_path / "run", engine.model, (100, 200, 300))
+    write_lines(tmp_path / "lines.jsonl")
+    for mix, warm_ups in (False, 0), (True, 3):
+        engine.reset_log()
+        out = tmp_path / f"out-{mix}"
+        argv = sweep_args(engine, lora_dir, tmp_path / "lines.jsonl", out, "--score", "--quiet")
+        argv += ["--checkpoints", str(tmp_path / "run" / "*.tar.gz"), *(["--mix-adapters"] if mix else [])]
+        assert main(argv) == 0
+        assert engine.calls("/v1/completions") == 3 * len(PROMPTS) + warm_ups
+        if not mix:
+            loads = [r.model for r in engine.requests if r.path == "/v1/load_lora_adapter"]
+            assert sorted(loads) == sorted(entry["adapter"] for entry in ledger(out))
