@@ -122,8 +122,12 @@ class SamplingClient(tinker.SamplingClient):  # type: ignore[misc]
         self._model_base: Optional[str] = None
 
     def __repr__(self) -> str:
-        model = self._model_path if self._model_path is not None else f"base_model={self._given_base_model!r}"
-        return f"lora_sampler.tinker.SamplingClient({model!r} on {self._client.base_url})"
+        if self._model_path is not None:
+            name = self._model_path.name if isinstance(self._model_path, Adapter) else os.fspath(self._model_path)
+            model = f"model_path={name!r}"
+        else:
+            model = f"base_model={self._given_base_model!r}"
+        return f"lora_sampler.tinker.SamplingClient({model}, base_url={self._client.base_url!r})"
 
     # -- what is sampled -----------------------------------------------------------------------------------------
 

@@ -315,3 +315,10 @@ def test_ctrl_c_while_waiting_cancels_the_requests(tinker: Any, make_engine: Eng
         done, _ = concurrent.futures.wait(futures, timeout=5)
         assert len(done) == 4 and time.monotonic() - began < 6  # nothing waited for the 10 s answers
         assert all(f.cancelled() or f.exception() is not None for f in futures)
+
+
+def test_repr_names_the_model_and_the_engine(tinker: Any, service: Any, engine: FakeEngine) -> None:
+    base = service.create_sampling_client(base_model="tiny-base").result()
+    assert repr(base) == f"lora_sampler.tinker.SamplingClient(base_model='tiny-base', base_url={engine.url!r})"
+    adapter = service.create_sampling_client(model_path="runs/step-100").result()
+    assert "model_path='runs/step-100'" in repr(adapter)
