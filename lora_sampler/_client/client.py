@@ -450,6 +450,7 @@ class SamplerClient:
         """
         if not isinstance(request, (SampleRequest, ScoreRequest)):
             raise TypeError(f"request must be a SampleRequest or a ScoreRequest, got {type(request).__name__}")
+        self._transport.check_process()  # a forked child: fail at once here with a user's session
         gate = self._outage_gate(max_outage, on_outage)
         run = self._scorer.run_any
         if gate is None:
@@ -460,6 +461,7 @@ class SamplerClient:
         """Run one ``SampleRequest`` (``sample`` or ``chat`` with its arguments held in a value)."""
         if self._closed:
             raise RuntimeError("this SamplerClient is closed; create a new one")
+        self._transport.check_process()
         return self._calls.run(request)
 
     # -- fan-out --------------------------------------------------------------------------------------------
@@ -470,6 +472,7 @@ class SamplerClient:
         Takes ``sample``'s keyword arguments (sampling fields, ``extra_body`` and ``timeout`` included). Arguments
         are validated here, so a bad one raises at once rather than inside the future.
         """
+        self._transport.check_process()
         return self._fanout.submit(self._calls.run, build_request(prompt, **kwargs))
 
     @_habit_hints
@@ -501,6 +504,7 @@ class SamplerClient:
             progress: Show a progress bar, as ``sample_many`` does; it closes when the iteration ends.
             total: The number of requests, for the bar's total when ``requests`` has no length (a generator).
         """
+        self._transport.check_process()  # a forked child: fail at once here with a user's session
         gate = self._outage_gate(max_outage, on_outage)
         bar = self._progress_bar(requests, progress, total)
         results = self._fanout.imap(requests, self._scorer.run_any, return_exceptions=return_exceptions, gate=gate)
@@ -521,6 +525,7 @@ class SamplerClient:
 
         ``max_outage``, ``on_outage``, ``progress`` and ``total`` work as in ``imap``.
         """
+        self._transport.check_process()  # a forked child: fail at once here with a user's session
         gate = self._outage_gate(max_outage, on_outage)
         bar = self._progress_bar(requests, progress, total)
         pairs = self._fanout.imap_unordered(
@@ -599,6 +604,7 @@ class SamplerClient:
                 received, in input order (None for the failed request and those not answered), so the work done is
                 not lost. Pass ``return_exceptions=True`` to run every request whatever fails.
         """
+        self._transport.check_process()  # a forked child: fail at once here with a user's session
         gate = self._outage_gate(max_outage, on_outage)
         bar = self._progress_bar(requests, progress, total)
         try:

@@ -93,6 +93,9 @@ def test_lifecycle_user_session_client_fails_at_once_in_a_forked_child(engine: F
         status, value = in_forked_child(lambda: client.sample("x", base_model=engine.model, max_tokens=1))
         assert status == "error"
         assert "RuntimeError" in value and "session=" in value and "spawn" in value
+        rows = [request(engine)] * 5
+        status, value = in_forked_child(lambda: client.sample_many(rows, return_exceptions=True))
+        assert status == "error" and "RuntimeError" in value  # raised once, not one error row per request
 
 
 def test_lifecycle_pickled_client_has_no_key_and_reads_it_in_its_process(
