@@ -15,6 +15,7 @@ from typing import Any, List
 import pytest
 import requests
 import responses
+import urllib3
 from rawserver import RawServer
 from test_transport_answers import answering, completion, header, request_line
 
@@ -102,6 +103,10 @@ def test_session_close_leaves_the_users_session_open(engine: FakeEngine) -> None
         assert session.get(f"{engine.url}/health", timeout=5).status_code == 200
 
 
+@pytest.mark.skipif(
+    int(urllib3.__version__.split(".")[0]) < 2,
+    reason="urllib3 1.26 (botocore's pin on Python 3.9) reads a body only in whole chunks: no check between reads",
+)
 def test_session_dripping_body_is_still_bounded_with_a_users_adapter() -> None:
     """With requests' plain adapter (no connection the client can cut), a dripped body still ends near the timeout.
 
