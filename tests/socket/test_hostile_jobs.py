@@ -79,7 +79,9 @@ def test_jobs_second_writer_on_one_output_is_refused(tmp_path: Path, second_resu
         out.write_text(
             json.dumps({"id": "p1", "error": {"status": None, "type": "X", "message": "m", "line": 1}}) + "\n"
         )
-    with FakeEngine(latency=0.02) as slow:
+    # The first run must outlive the second's start-up (a Python process importing the CLI takes seconds on a loaded
+    # machine): 400 requests of 0.1 s, four at a time, keep it busy about 10 s; the second is refused at once.
+    with FakeEngine(latency=0.1) as slow:
         argv = sample_argv(slow, inp, out, "--concurrency", "4")
         with cli_process(argv, tmp_path, "first") as first:
             wait_for_lines(out, 20, first)
