@@ -430,13 +430,14 @@ class _S3:
         token: Optional[str] = None
         while True:
             page = self.page(bucket, prefix, token, delimiter=delimiter)
-            yield page
-            if not page.get("IsTruncated"):
-                return
-            token = page.get("NextContinuationToken")
-            if not token or token in seen:
+            more = bool(page.get("IsTruncated"))
+            token = page.get("NextContinuationToken") if more else None
+            if more and (not token or token in seen):
                 raise OSError(f"the store's listing of {prefix!r} does not end (its continuation token repeats)")
-            seen.add(token)
+            yield page
+            if not more:
+                return
+            seen.add(str(token))
 
     def list_folder(self, url: str, path: str) -> List[StoredFile]:
         bucket, key, _ = self.fs.split_path(path)
@@ -450,6 +451,8 @@ class _S3:
                 if not rel or name.endswith("/"):
                     continue  # the prefix itself, or a console's folder placeholder
                 url = f"{base}/{name[len(prefix):]}"  # the object's own URL, double slashes kept
+                if rel in files and files[rel].url == url:
+                    raise OSError(f"the store's listing of {prefix!r} names {name!r} twice (it does not end)")
                 if rel in files:
                     raise OSError(f"two objects would be the adapter's file {rel!r}: {files[rel].url} and {url}")
                 etag = _text(entry.get("ETag"))

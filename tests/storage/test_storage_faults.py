@@ -211,3 +211,28 @@ def test_huge_listing_is_paged_and_a_glob_reads_only_its_level(store: FaultStore
     assert len(found) == len(set(found)) == 2500 and count(store, "LIST") == 3
     files = storage.list_folder(f"s3://{BUCKET}/big", store.options())
     assert len(files) == len({file.rel for file in files}) == 5000
+
+
+def test_sweep_over_a_dripping_store_records_each_checkpoint_and_ends(
+    store: FaultStore, engine: FakeEngine, lora_dir: Path, tmp_path: Path
+) -> None:
+    """A sweep whose downloads drip: each checkpoint is recorded with the deadline's error under the client's
+    timeout (the sweep's listing and publishing both get it), and the sweep ends; a dripped listing is an error."""
+    store.objects["run/step-2.tar.gz"] = store.objects[KEY]
+    store.faults["GET"] = "drip-body"
+    requests = [{"id": "a", "prompt": [5, 6]}]
+    with client_of(store, engine, lora_dir) as client:
+        sweep = lambda: list(  # noqa: E731
+            client.sweep(f"s3://{BUCKET}/run/*.tar.gz", requests, output_dir=tmp_path / "out", settle=0, window=1)
+        )
+        outcome: List[Any] = []
+        thread = threading.Thread(target=lambda: outcome.append(sweep()), daemon=True)
+        thread.start()
+        thread.join(BOUND)
+        assert not thread.is_alive(), "the sweep was still waiting on the store: it has no bound"
+        reports = outcome[0]
+        assert [report.checkpoint for report in reports] == [URL, f"s3://{BUCKET}/run/step-2.tar.gz"]
+        assert all(report.error and "did not end within 3.0 s" in report.error["message"] for report in reports)
+        store.faults["LIST"] = "drip-body"
+        error = within_bound(sweep)
+    assert isinstance(error, PublishError) and "a listing page did not end within 4.6 s" in str(error), error
