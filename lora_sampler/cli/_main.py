@@ -117,6 +117,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --concurrent, the adapter whose requests run meanwhile (default: the base model)",
     )
     add("demo", "run a small batch through the built-in test engine, load race included")
+    from lora_sampler.testing._serve import add_arguments as add_engine_arguments  # stdlib only, no client
+
+    add_engine_arguments(
+        sub.add_parser(
+            "serve-test-engine",
+            parents=[common],
+            help="serve the built-in test engine (a vLLM stand-in) on a port until Ctrl-C, to try the commands",
+            description="Serve the built-in test engine (a vLLM stand-in, no GPU needed) on a port until Ctrl-C. "
+            "It prints its URL on stdout, and on stderr the resolver folder to pass as --lora-base-dir.",
+        )
+    )
     publish = add("publish", "publish a checkpoint into --lora-base-dir; print the adapter name", engine, publishing)
     publish.add_argument("checkpoint", help="adapter archive (.tar.gz/.tgz/.tar, or bzip2/xz) or folder")
     publish.add_argument("--name", help="adapter name (default: derived from the checkpoint's content)")
@@ -456,6 +467,13 @@ def cmd_score(args: argparse.Namespace) -> int:
     return run_job(args, lambda client, model, retries: score_lines(client, model, retries, args))
 
 
+def cmd_serve_test_engine(args: argparse.Namespace) -> int:
+    """Serve the test engine until Ctrl-C."""
+    from lora_sampler.testing._serve import serve
+
+    return serve(args)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run the demo on the built-in test engine."""
     from lora_sampler.cli._demo import run_demo
@@ -725,6 +743,7 @@ COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
     "sweep": cmd_sweep,
     "doctor": cmd_doctor,
     "demo": cmd_demo,
+    "serve-test-engine": cmd_serve_test_engine,
     "publish": cmd_publish,
     "unload": cmd_unload,
 }

@@ -8,6 +8,7 @@ lifecycle; it reads the engine's settings live and shares the engine's lock. Std
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -28,6 +29,12 @@ if TYPE_CHECKING:
 class _Delay:
     deadline: float | None
     remaining: int | None
+
+
+#: A content name as publishing makes it: the checkpoint's stem, a dash, hex digits of its content digest.
+_CONTENT_NAME = re.compile(r"(.+)-[0-9a-f]{6,64}")
+#: Checkpoint archive endings: a delay names an adapter folder, not the archive it comes from.
+_ARCHIVE_ENDINGS = (".tar.gz", ".tgz", ".tar", ".tar.bz2", ".tar.xz")
 
 
 class AdapterTable:
@@ -56,16 +63,33 @@ class AdapterTable:
     def set_visibility_delay(self, name: str, seconds: float | None, requests: int | None) -> None:
         if seconds is None and requests is None:
             raise ValueError("give seconds= or requests=")
+        if not name or "/" in name or os.sep in name or name in (".", "..") or name.endswith(_ARCHIVE_ENDINGS):
+            raise ValueError(
+                f"set_visibility_delay takes an adapter name (a folder name in lora_dir, e.g. 'step-1' or "
+                f"'step-1-154de9a80e9f'), not {name!r}; a checkpoint's stem also covers the content names publish "
+                "gives it"
+            )
         deadline = None if seconds is None else time.monotonic() + seconds
         with self._lock:
             self._delays[name] = _Delay(deadline, requests)
 
+    def _delay_of(self, name: str) -> tuple[str, _Delay] | None:
+        """The delay hiding ``name`` and its key: the name's own, else its stem's (``step-1`` hides the
+        content-named ``step-1-<digest>`` that publishing gives ``step-1.tar.gz``). Called with the lock held."""
+        delay = self._delays.get(name)
+        if delay is not None:
+            return name, delay
+        match = _CONTENT_NAME.fullmatch(name)
+        if match is not None and match.group(1) in self._delays:
+            return match.group(1), self._delays[match.group(1)]
+        return None
+
     def completion_answered(self, model: str | None) -> None:
         """Count an answered completion against ``model``'s request-count delay."""
         with self._lock:
-            delay = self._delays.get(model or "")
-            if delay is not None and delay.remaining is not None:
-                delay.remaining -= 1
+            found = self._delay_of(model or "")
+            if found is not None and found[1].remaining is not None:
+                found[1].remaining -= 1
 
     # -- files ---------------------------------------------------------------------------------------------------------
 
@@ -75,12 +99,13 @@ class AdapterTable:
             return True
         name = os.path.relpath(os.path.abspath(path), os.path.abspath(lora_dir))
         with self._lock:
-            delay = self._delays.get(name)
-            if delay is None:
+            found = self._delay_of(name)
+            if found is None:
                 return True
+            key, delay = found
             due = delay.deadline is not None and time.monotonic() >= delay.deadline
             if due or (delay.remaining is not None and delay.remaining <= 0):
-                del self._delays[name]
+                del self._delays[key]
                 return True
             return False
 

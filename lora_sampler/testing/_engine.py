@@ -279,7 +279,14 @@ class FakeEngine:
         self._adapters.runtime_updating = bool(on)
 
     def set_visibility_delay(self, name: str, *, seconds: float | None = None, requests: int | None = None) -> None:
-        """Hide ``lora_dir/name`` until ``seconds`` pass or ``requests`` completions for ``name`` were answered."""
+        """Hide ``lora_dir/name`` until ``seconds`` pass or ``requests`` completions for ``name`` were answered.
+
+        ``name`` is an adapter folder name, or a checkpoint's stem: ``"step-1"`` also hides ``step-1-<digest>``, the
+        name publishing gives ``step-1.tar.gz`` (whose digest a test does not know before it publishes).
+
+        Raises:
+            ValueError: neither ``seconds`` nor ``requests``, or ``name`` is a path or an archive name.
+        """
         self._adapters.set_visibility_delay(name, seconds, requests)
 
     def inject_fault(

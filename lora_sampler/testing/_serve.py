@@ -1,0 +1,142 @@
+"""``python -m lora_sampler.testing`` (and ``lora-sampler serve-test-engine``): a ``FakeEngine`` on a port until Ctrl-C.
+
+For trying the command line, or one's own evaluation code, without a GPU or a vLLM install: it serves the vLLM subset
+``FakeEngine`` speaks, with a resolver folder to publish into, and prints the flags to point a client at it. Stdlib
+only; it listens on loopback unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+from typing import List, Optional
+
+from lora_sampler.testing._engine import FakeEngine
+
+#: The port served unless ``--port`` says otherwise (vLLM's own default).
+DEFAULT_PORT = 8000
+#: Environment variables the engine's API key is read from, in order (as a vLLM server reads ``VLLM_API_KEY``).
+KEY_VARIABLES = ("LORA_SAMPLER_API_KEY", "VLLM_API_KEY")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the test engine's options to ``parser``."""
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"port to listen on; 0 picks a free one (default: {DEFAULT_PORT})",
+    )
+    parser.add_argument(
+        "--lora-dir",
+        metavar="DIR",
+        help="the resolver folder adapters are published into (pass it as --lora-base-dir); default: a temporary "
+        "folder, removed on exit",
+    )
+    parser.add_argument("--model", default="tiny-base", help="the base model's name (default: tiny-base)")
+    parser.add_argument(
+        "--require-api-key",
+        action="store_true",
+        help=f"answer 401 without the key in ${KEY_VARIABLES[0]} (else ${KEY_VARIABLES[1]}), as vLLM's --api-key does",
+    )
+    parser.add_argument("--max-model-len", type=int, default=256, help="context length in tokens (default: 256)")
+    parser.add_argument(
+        "--latency", type=float, default=0.0, metavar="SECONDS", help="service time of each completion (default: 0)"
+    )
+    parser.add_argument(
+        "--load-latency", type=float, default=0.0, metavar="SECONDS", help="time of each adapter load (default: 0)"
+    )
+    parser.add_argument(
+        "--max-loras", type=int, default=4, help="adapters held in memory before the oldest is evicted (default: 4)"
+    )
+    parser.add_argument(
+        "--no-runtime-lora-updating",
+        action="store_true",
+        help="serve without /v1/load_lora_adapter and /v1/unload_lora_adapter, as vLLM without "
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
+    )
+
+
+def serve(args: argparse.Namespace, *, ready: Optional[threading.Event] = None) -> int:
+    """Serve until Ctrl-C (or SIGTERM); return the exit status (0).
+
+    Args:
+        args: The options of ``add_arguments``.
+        ready: Set once the engine listens (tests).
+    """
+    key = next((os.environ[name] for name in KEY_VARIABLES if os.environ.get(name)), None)
+    if args.require_api_key and key is None:
+        print(f"serve-test-engine: --require-api-key needs ${KEY_VARIABLES[0]} or ${KEY_VARIABLES[1]}", file=sys.stderr)
+        return 2
+    temporary = None if args.lora_dir else tempfile.mkdtemp(prefix="lora-sampler-test-engine-")
+    lora_dir = os.path.abspath(args.lora_dir or str(temporary))
+    os.makedirs(lora_dir, exist_ok=True)
+    stop = threading.Event()
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    in_main = threading.current_thread() is threading.main_thread()
+    if in_main:  # signal handlers can only be set in the main thread
+        for signum in previous:
+            signal.signal(signum, lambda number, frame: stop.set())
+    try:
+        engine = FakeEngine(
+            model=args.model,
+            lora_dir=lora_dir,
+            api_key=key if args.require_api_key else None,
+            max_model_len=args.max_model_len,
+            latency=args.latency,
+            load_latency=args.load_latency,
+            max_loras=args.max_loras,
+            runtime_lora_updating=not args.no_runtime_lora_updating,
+            host=args.host,
+            port=args.port,
+        )
+        with engine:
+            _say_ready(engine, lora_dir, temporary is not None, args.require_api_key)
+            if ready is not None:
+                ready.set()
+            while not stop.wait(0.2):  # a bounded wait, so Ctrl-C is heard at once on every platform
+                pass
+        print("serve-test-engine: stopped", file=sys.stderr)
+        return 0
+    finally:
+        if in_main:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
+
+
+def _say_ready(engine: FakeEngine, lora_dir: str, temporary: bool, keyed: bool) -> None:
+    lines: List[str] = [
+        f"serve-test-engine: a FakeEngine serving {engine.model!r} at {engine.url} (Ctrl-C stops it)",
+        f"  resolver folder: {lora_dir}{' (temporary: removed on exit)' if temporary else ''}",
+        f"  try: lora-sampler doctor --base-url {engine.url} --lora-base-dir {lora_dir}",
+    ]
+    if keyed:
+        lines.append("  the engine wants the API key of the environment variable it was read from")
+    print("\n".join(lines), file=sys.stderr, flush=True)
+    print(engine.url, flush=True)  # stdout: the URL alone, for scripts
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run ``python -m lora_sampler.testing``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m lora_sampler.testing",
+        description="Serve lora_sampler's built-in test engine (a vLLM stand-in) on a port until Ctrl-C.",
+    )
+    add_arguments(parser)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        return serve(args)
+    except OSError as exc:  # the port is taken, the folder cannot be made
+        print(f"serve-test-engine: error: {exc}", file=sys.stderr)
+        return 2
