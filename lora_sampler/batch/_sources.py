@@ -348,8 +348,12 @@ class CheckpointSource:
         self._seen: Dict[str, Tuple[Tuple[Any, ...], float]] = {}  # path -> (fingerprint, since when)
         self._last_news = time.monotonic()
         self._final: Optional[str] = None
+        self._pending: List[Checkpoint] = []  # listed, not taken, not ready at the last poll
         #: True once nothing is left to hand out (and, watching, the watch ended).
         self.ended = False
+        #: Why it ended, for a person: every checkpoint listed was taken, the watch's idle time ran out, or the
+        #: manifest's final checkpoint is done.
+        self.end_reason = ""
 
     def finished(self, path: str) -> None:
         """Record that ``path`` was evaluated (or given up on): a watch counts its idle time from here."""
@@ -371,9 +375,33 @@ class CheckpointSource:
                 return self._take(checkpoint)
             pending.append(checkpoint)
         final_done = self._final is not None and self._final in self._finished
+        self._pending = pending
         if self._watch and not final_done and now - self._last_news < self._idle:
             return None
+        if self._watch:
+            self.end_reason = (
+                f"the manifest's final checkpoint ({self._final}) is done"
+                if final_done
+                else f"--watch saw nothing new for {self._idle:g} s (--idle-timeout)"
+            )
+        else:
+            self.end_reason = "every checkpoint listed was taken (pass --watch to follow a run still training)"
         return self._give_up(pending, now, watch_ended=self._watch)
+
+    def waiting_for(self) -> str:
+        """Say what the source waits for now (after a ``poll`` that returned None), with the bound of the wait."""
+        now = time.monotonic()
+        changing = [c.path for c in self._pending if self._seen.get(c.path, (_ABSENT, now))[0] != _ABSENT]
+        absent = [c.path for c in self._pending if c.path not in changing]
+        if changing:
+            return f"waiting for {changing[0]} to be complete (still being written; {self._settle:g} s unchanged)"
+        if absent and self._watch:
+            return f"waiting for {absent[0]}, named but not there yet"
+        left = max(0.0, self._idle - (now - self._last_news))
+        return (
+            f"waiting for a new checkpoint; the watch ends after {self._idle:g} s with nothing new "
+            f"(--idle-timeout; {left:.0f} s left)"
+        )
 
     def _ready(self, checkpoint: Checkpoint, now: float) -> bool:
         """True when the checkpoint is ready; else remember what it looks like now."""

@@ -170,6 +170,8 @@ class Sweep:
         settings: ``SweepSettings``.
         on_row: Called for every row, from the checkpoint's thread (progress bars).
         on_outage: Called with each ``OutageEvent``, from worker threads.
+        on_state: Called (in the sweep's thread) with what the sweep waits for whenever that changes, and with why
+            it ended: ``"waiting for a new checkpoint; the watch ends after 3600 s ..."``, ``"done: ..."``.
     """
 
     def __init__(
@@ -182,8 +184,11 @@ class Sweep:
         on_row: Optional[RowHook] = None,
         on_outage: Optional[OutageHook] = None,
         evaluator: Optional[Evaluator] = None,
+        on_state: Optional[Callable[[str], None]] = None,
     ):
         self.client, self.step, self.settings = client, step, settings
+        self.on_state = on_state
+        self._told = ""
         #: Run on each checkpoint instead of the step's lines (``lora_sampler.tinker``'s sampling client).
         self.evaluator = None if evaluator is None else checked_evaluator(evaluator)
         self.on_row, self.on_outage = on_row, on_outage
@@ -286,7 +291,9 @@ class Sweep:
                 run.start()
             if not self._active:
                 if source.ended or self.stopped:
+                    self._tell("stopped" if self.stopped and not source.ended else f"done: {source.end_reason}")
                     return
+                self._tell(source.waiting_for())
                 self._stopping.wait(POLL_SECONDS)
                 continue
             try:
@@ -301,6 +308,24 @@ class Sweep:
                 raise run.fatal
             if run.report is not None:
                 yield self._record(run.report, source, ledger)
+
+    @property
+    def idle(self) -> bool:
+        """Whether no checkpoint is being evaluated (the sweep waits for one, or has ended)."""
+        return not self._active
+
+    def _tell(self, state: str) -> None:
+        """Say what the sweep waits for or why it ended, once per change (``on_state``, and the log at INFO).
+
+        The countdown in a watch's message changes every poll: only the words before it count as a change.
+        """
+        key = state.split(";", 1)[0]
+        if key == self._told:
+            return
+        self._told = key
+        logger.info("sweep: %s", state)
+        if self.on_state is not None:
+            self.on_state(state)
 
     def _record(self, report: CheckpointReport, source: CheckpointSource, ledger: Ledger) -> CheckpointReport:
         ledger.append(report.ledger_line())

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 import threading
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from lora_sampler._client.client import SamplerClient
 from lora_sampler.batch._ledger import read_ledger
@@ -63,7 +63,21 @@ def run_sweep(client: SamplerClient, args: argparse.Namespace, defaults: LineDef
         step = SampleStep([])  # no lines: the evaluator sends its own requests
     else:
         step = ScoreStep(args.input) if args.score else SampleStep(args.input, defaults)
-    sweep = Sweep(client, checkpoints, step, settings, on_row=on_row, on_outage=shown.on_outage, evaluator=evaluator)
+
+    def on_state(state: str) -> None:
+        if not args.quiet:
+            say(bar, f"lora-sampler: {state}")
+
+    sweep = Sweep(
+        client,
+        checkpoints,
+        step,
+        settings,
+        on_row=on_row,
+        on_outage=shown.on_outage,
+        evaluator=evaluator,
+        on_state=on_state,
+    )
     try:
         with interrupts_stop(sweep) as interrupts, logs_above(bar):
             for report in sweep.run():
@@ -154,10 +168,22 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def plot_panels(entries: Sequence[Dict[str, Any]]) -> List[Tuple[str, str]]:
+    """Return the plot's panels, ``(ledger key, label)``, for the finished checkpoints' ledger lines."""
+    names = metric_names(entries)
+    if names:
+        return [(name, name) for name in names]
+    if any(entry.get("mean_sum") is not None for entry in entries):  # scoring: the length is the input's, constant
+        return [("mean_sum", "held-out mean sum (logprob per line)"), ("mean_logprob", "mean logprob per token")]
+    return [("mean_logprob", "mean logprob"), ("mean_length", "mean length")]
+
+
 def draw_plot(entries: Sequence[Dict[str, Any]], path: str) -> None:
     """Draw the per-checkpoint values against the step into ``path`` (matplotlib, no display).
 
-    A sampling or scoring sweep draws mean logprob and mean length; an evaluator sweep one panel per metric.
+    A sampling sweep draws mean logprob and mean length; a scoring sweep the held-out mean sum (logprob per line)
+    and the mean logprob per token (its lengths are the input's, the same for every checkpoint); an evaluator sweep
+    one panel per metric.
     """
     check_plot_dependency()
     import matplotlib
@@ -170,9 +196,7 @@ def draw_plot(entries: Sequence[Dict[str, Any]], path: str) -> None:
     names = metric_names(done)
     if names:
         done = [dict(entry, **(entry.get("metrics") or {})) for entry in done]
-        panels = [(name, name) for name in names]
-    else:
-        panels = [("mean_logprob", "mean logprob"), ("mean_length", "mean length")]
+    panels = plot_panels(done)
     figure, axes = pyplot.subplots(len(panels), 1, sharex=True, figsize=(7, 2.5 * len(panels)), squeeze=False)
     for axis, (key, label) in zip(axes[:, 0], panels):
         points = [(step, entry[key]) for step, entry in zip(steps, done) if entry.get(key) is not None]

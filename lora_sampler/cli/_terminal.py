@@ -168,10 +168,15 @@ def interrupts_stop(job: Stoppable) -> Iterator[Interrupts]:
 
     def handler(signum: int, frame: Optional[FrameType]) -> None:
         state.count += 1
-        job.stop(grace=DEFAULT_DRAIN_SECONDS if state.count == 1 else 0.0)
+        idle = getattr(job, "idle", False)  # a sweep waiting for a checkpoint has nothing in flight
+        job.stop(grace=0.0 if idle or state.count > 1 else DEFAULT_DRAIN_SECONDS)
         if state.count == 1:
             print(
-                "lora-sampler: interrupted; finishing the requests in flight (Ctrl-C again to stop now)",
+                (
+                    "lora-sampler: interrupted while waiting; nothing was in flight, stopping now"
+                    if idle
+                    else "lora-sampler: interrupted; finishing the requests in flight (Ctrl-C again to stop now)"
+                ),
                 file=sys.stderr,
             )
 
