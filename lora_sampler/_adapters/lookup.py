@@ -50,7 +50,7 @@ def find_adapter(name: str, lora_base_dir: str, transport: EngineTransport) -> A
     if os.path.isdir(local):
         return Adapter(name, local)
     try:
-        on_engine = transport.get_json(MODELS_PATH, parse=_adapter_ids)
+        on_engine = transport.get_json(MODELS_PATH, parse=adapter_ids)
     except EngineError as exc:
         logger.debug("Could not list the engine's adapters to look for %r: %s", name, exc)
         return Adapter(name)
@@ -121,7 +121,7 @@ def is_content_name_of(stem: str, candidate: str) -> bool:
     return _CONTENT_SUFFIX.fullmatch(candidate[len(stem) :]) is not None if candidate.startswith(stem) else False
 
 
-def _adapter_ids(body: Any) -> List[str]:
+def adapter_ids(body: Any) -> List[str]:
     """Read the ids of the adapter cards (those with a ``parent``) from a ``GET /v1/models`` body."""
     return [str(card["id"]) for card in model_cards(body) if card.get("parent")]
 

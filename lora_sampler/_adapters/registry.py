@@ -16,7 +16,7 @@ from typing import Any, Counter, Dict, List, Mapping, Optional, Set, Tuple, Unio
 from lora_sampler._adapters.extract import PublishLimits
 from lora_sampler._adapters.fleet import Fleet
 from lora_sampler._adapters.lease import Lease, hold
-from lora_sampler._adapters.lookup import find_adapter
+from lora_sampler._adapters.lookup import adapter_ids, find_adapter
 from lora_sampler._adapters.storage import StorageOptions
 from lora_sampler._locks import KeyedLocks
 from lora_sampler._transport.http import EngineTransport
@@ -228,6 +228,10 @@ class AdapterRegistry:
     def engine_model(self) -> str:
         """Return the engine's base model: the ``root`` of the base card in ``GET /v1/models`` (cached)."""
         return self._base_cards()[0][1]
+
+    def loaded_adapters(self) -> Tuple[str, ...]:
+        """Return the adapters the engine lists as loaded (its adapter cards in ``GET /v1/models``; not cached)."""
+        return tuple(self._transport.get_json(MODELS_PATH, parse=adapter_ids))
 
     def served_base_models(self) -> Tuple[str, ...]:
         """Return the names the engine serves its base model under (the ids of its base cards; cached)."""

@@ -820,6 +820,10 @@ class SamplerClient:
         """
         return self._registry.engine_model()
 
+    def loaded_adapters(self) -> Tuple[str, ...]:
+        """Return the names of the adapters the engine has loaded now (one ``GET /v1/models``; not cached)."""
+        return self._registry.loaded_adapters()
+
     def served_base_models(self) -> Tuple[str, ...]:
         """Return the names ``base_model=`` may take: the ids of the base cards in ``GET /v1/models`` (cached).
 

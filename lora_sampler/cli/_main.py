@@ -131,6 +131,15 @@ def build_parser() -> argparse.ArgumentParser:
     publish = add("publish", "publish a checkpoint into --lora-base-dir; print the adapter name", engine, publishing)
     publish.add_argument("checkpoint", help="adapter archive (.tar.gz/.tgz/.tar, or bzip2/xz) or folder")
     publish.add_argument("--name", help="adapter name (default: derived from the checkpoint's content)")
+    from lora_sampler.cli._adapters import add_adapters_arguments
+
+    add_adapters_arguments(
+        add(
+            "adapters",
+            "list the adapters published in --lora-base-dir (source, size, age); --older-than removes old ones",
+            engine,
+        )
+    )
     unload = add("unload", "unload an adapter from the engine; print its name", engine)
     unload.add_argument("name", help="adapter name")
     unload.add_argument("--delete-files", action="store_true", help="then delete its folder (needs --lora-base-dir)")
@@ -412,6 +421,18 @@ def cmd_publish(args: argparse.Namespace) -> int:
     with _client(args) as client:
         print(client.publish(args.checkpoint, name=args.name).name)
     return EXIT_OK
+
+
+def cmd_adapters(args: argparse.Namespace) -> int:
+    """List the published adapters; remove old ones nothing uses."""
+    from lora_sampler.cli._adapters import run_adapters
+
+    if not args.lora_base_dir:
+        raise UsageError("adapters needs --lora-base-dir (the engine's resolver folder)")
+    if not os.path.isdir(args.lora_base_dir):
+        raise UsageError(f"--lora-base-dir {args.lora_base_dir} is not a folder")
+    with _client(args) as client:
+        return run_adapters(client, args.lora_base_dir, args.older_than, args.dry_run)
 
 
 def cmd_unload(args: argparse.Namespace) -> int:
@@ -746,6 +767,7 @@ COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
     "serve-test-engine": cmd_serve_test_engine,
     "publish": cmd_publish,
     "unload": cmd_unload,
+    "adapters": cmd_adapters,
 }
 
 
