@@ -130,8 +130,22 @@ def test_real_sweep_score_two_adapters_concurrency_one_keeps_the_engine_alive(
     assert largest <= 1e-4
 
 
-def test_real_lm_head_adapter_measured(vllm_engine: RealEngine, vllm_env: Any, tmp_path: Path, capsys: Any) -> None:
-    """An adapter on lm_head: prompt vs generation logprobs and both against peft; the self-check agrees with peft."""
+def test_real_lm_head_adapter_measured(vllm_env: Any, tmp_path: Path, capsys: Any) -> None:
+    """An adapter on lm_head: prompt vs generation logprobs and both against peft; the self-check agrees with peft.
+
+    On an engine of its own (stopped afterwards): after this test on the shared engine, a later base-model parity
+    check against peft was off by 2.1 nats once (not reproduced on a fresh engine), so no other test shares it.
+    """
+    from conftest import start_engine  # the real-engine conftest, as test_tinker_real imports it
+
+    engine = start_engine(vllm_env, tmp_path / "lm-head-engine")
+    try:
+        _measure_lm_head(engine, vllm_env, tmp_path, capsys)
+    finally:
+        engine.stop()
+
+
+def _measure_lm_head(vllm_engine: RealEngine, vllm_env: Any, tmp_path: Path, capsys: Any) -> None:
     adapter = tmp_path / "lm-head-adapter"
     built = subprocess.run(
         [str(vllm_env.python), "-c", LM_HEAD_BUILDER, str(vllm_env.model_dir), str(adapter)],
