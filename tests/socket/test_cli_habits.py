@@ -65,7 +65,8 @@ def test_extra_body_reaches_the_engine_and_a_line_overrides_it(engine: FakeEngin
     argv = ["sample", *_base(engine), "-i", str(inp), "-o", str(tmp_path / "o.jsonl"), "--ordered"]
     assert main([*argv, "--extra-body", extra]) == 0
     sent = [dict(r.extra_fields) for r in engine.requests if r.path == COMPLETIONS]
-    assert sent == [
+    # The two lines are sent concurrently: the engine may see them in either order.
+    assert sorted(sent, key=lambda fields: fields["min_tokens"]) == [
         {"min_tokens": 1, "repetition_penalty": 1.1},
         {"min_tokens": 2, "repetition_penalty": 1.1, "ignore_eos": True},
     ]
