@@ -1,4 +1,4 @@
-"""The time until a fleet serves a new adapter, and failed first requests, against the number of replicas (SPEC §9).
+"""The time until a fleet serves a new adapter, and failed first requests, against the number of replicas.
 
 1, 4, 16 and 64 FakeEngine replicas WITHOUT a resolver (they serve an adapter only once it was loaded on them), 0.5 s
 per load, behind a real vllm-router (``--policy consistent_hash``). For each fleet size, two contenders, run

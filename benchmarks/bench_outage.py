@@ -1,10 +1,10 @@
-"""A batch job across an engine outage (SPEC §10): what ``lora-sampler sample`` does when the engine dies mid-run.
+"""A batch job across an engine outage: what ``lora-sampler sample`` does when the engine dies mid-run.
 
 A ``FakeEngine`` runs in its own process (``lora_sampler.testing._process.EngineProcess``, 10 ms per completion);
 ``lora-sampler sample`` runs in another, over 3,000 lines at concurrency 16, with the real retry waits. At about 25%
 of the lines the engine is SIGKILLed; scenarios:
 
-* ``--max-outage 0`` (fail fast, the behaviour before SPEC §10), engine restarted 3 s later;
+* ``--max-outage 0`` (fail fast, the behaviour before outages were waited out), engine restarted 3 s later;
 * ``--max-outage 600`` (the default), engine restarted 3 s later on the same port, with the adapter hidden from its
   resolver for 3 completions (a restarted engine that forgot the adapter);
 * ``--max-outage 5``, the engine never comes back: seconds from the kill to the exit;

@@ -1,4 +1,4 @@
-"""Publishing adapter archives versus a plain ``tarfile`` extract and ``tar x`` of them (SPEC §8, issue 11).
+"""Publishing adapter archives versus a plain ``tarfile`` extract and ``tar x`` of them.
 
 Three payloads, each one ``adapter_model.safetensors`` in a ``.tar.gz`` made like ``tar -czf`` (gzip level 6):
 random bytes (incompressible), zeros (a fresh LoRA's ``lora_B``: a few KB of gzip expanding to hundreds of MB),
@@ -14,7 +14,7 @@ every case of every payload, alternating, in a rotated order:
 
 Target: publish cold at most 1.5x the ``tarfile`` extract on each payload (wall time).
 
-``--storage`` measures the storage row instead (SPEC §14): a random-weights archive (200 MiB) on a real S3 API server
+``--storage`` measures the storage row instead: a random-weights archive (200 MiB) on a real S3 API server
 on loopback (moto, in its own process group), alternating in rounds ``publish from the URL`` (streamed once through
 the extraction) with ``download, then publish`` (s3fs's ``get`` to a local file, then ``publish_checkpoint`` of it)
 and ``one GET to a file, then publish`` (the same single streamed GET the URL publish reads, written to a file: the

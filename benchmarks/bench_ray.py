@@ -82,7 +82,7 @@ def main(argv: Any = None) -> int:
     print(f"# bench_ray: {_common.describe_machine(info)}", flush=True)
     scratch = tempfile.mkdtemp(prefix="lsray", dir="/tmp")  # short: Ray's socket paths have a length limit
     os.makedirs(os.path.join(scratch, "home"))
-    # Before Ray is imported: Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER at import time (ROUTER.md §4).
+    # Before Ray is imported: Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER at import time.
     os.environ.update(
         {
             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",

@@ -8,8 +8,8 @@ and adapter slots with a swap cost (as vLLM with ``--max-loras``). Each arm runs
 * ``sweep``: one ``lora-sampler sweep --checkpoints 'run/step-*.tar.gz'``.
 
 Reported per arm: wall time, engine idle time between the first and the last completion (nothing in flight),
-adapter swaps into slots, adapters still loaded at the end, and the order checkpoints were taken in. The target
-(SPEC §13): the sweep within 1.1x of K times one checkpoint's steady-state time, idle between checkpoints under one
+adapter swaps into slots, adapters still loaded at the end, and the order checkpoints were taken in. The target:
+the sweep within 1.1x of K times one checkpoint's steady-state time, idle between checkpoints under one
 request's latency, and faster than both alternatives::
 
     python benchmarks/bench_sweep.py                     # K=8 x 500 prompts, 2 slots
@@ -273,7 +273,7 @@ def _real_archive(adapter_dir: Path, path: str, salt: str) -> str:
 def _goals(
     sweep: Optional[Dict[str, Any]], results: List[Dict[str, Any]], steady: Optional[float], latency: float
 ) -> Dict[str, Optional[bool]]:
-    """SPEC §13's targets, judged on this run (None: an arm needed was not run)."""
+    """The sweep's targets (module docstring), judged on this run (None: an arm needed was not run)."""
     if sweep is None:
         return {}
     others = [r["wall_seconds"] for r in results if r["arm"] in ("loop", "batch")]

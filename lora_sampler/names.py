@@ -1,4 +1,4 @@
-"""The adapter-name rule, in one place (SPEC §11).
+"""The adapter-name rule, in one place (see docs/guides/publishing.md).
 
 An adapter name is the ``model`` field of every request and one folder inside ``lora_base_dir``, so it must be
 safe on the wire, in a path, and in a log line. The rule is exactly what the error message states:

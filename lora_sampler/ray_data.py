@@ -53,7 +53,7 @@ class ClientSettings:
         retry: The ``RetryPolicy``; its hooks must be picklable.
         verify: TLS verification: True, False, or a CA bundle path on the workers.
         max_outage: Seconds each batch waits out an engine outage (a restart, no router worker) before its held
-            rows fail (SPEC §10); 0 fails them at once.
+            rows fail (see docs/guides/outages.md); 0 fails them at once.
     """
 
     base_url: str

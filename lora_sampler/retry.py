@@ -1,4 +1,4 @@
-"""The retry contract of SPEC §4: the policy value, the retry table, the wait schedule and the backoff glue.
+"""The retry contract (docs/guides/retries.md): the policy value, the table, the wait schedule and the backoff glue.
 
 This is the only module that imports ``backoff``. It decides *whether* and *when* to retry; what happens before
 a wait (the proactive adapter load) is handed in by the client. It sends no requests itself.
@@ -140,7 +140,7 @@ class RetryPolicy:
         object.__setattr__(self, "on_giveup", _as_hooks(self.on_giveup, "on_giveup"))
 
     def should_retry(self, error: BaseException) -> bool:
-        """Apply the retry table (SPEC §4) to one failed attempt, one row a line; the error alone decides.
+        """Apply the retry table to one failed attempt, one row a line; the error alone decides.
 
         The rows' errors are classified once, by the transport (``EngineStatusError.from_response``).
         """
@@ -173,7 +173,7 @@ DEFAULT_RETRY_POLICY = RetryPolicy()
 
 
 def is_transport_failure(error: BaseException) -> bool:
-    """Tell whether the request got no answer: refused, reset, DNS, timeout (row 1 of SPEC §4; an outage sign)."""
+    """Tell whether the request got no answer: refused, reset, DNS, timeout (the table's first row; an outage sign)."""
     return isinstance(error, (EngineConnectionError, EngineTimeoutError))
 
 

@@ -19,7 +19,7 @@ from lora_sampler._wire.archives import ARCHIVE_SUFFIXES as ARCHIVE_SUFFIXES  # 
 from lora_sampler._wire.archives import has_archive_suffix
 from lora_sampler._wire.messages import SAMPLING_FIELDS, validated_extra_body, validated_messages
 
-#: URL schemes of object stores whose objects and prefixes are checkpoint paths (SPEC §14).
+#: URL schemes of object stores whose objects and prefixes are checkpoint paths (see docs/guides/object-storage.md).
 STORAGE_SCHEMES = ("s3", "gs", "gcs")
 
 Prompt = Union[str, Sequence[int]]
@@ -279,7 +279,7 @@ class SampleRequest:
         payload.update(
             n=self.num_samples,
             **params.to_payload(),
-            # Completions: logprobs=1 returns the sampled token's logprob (verified on vLLM, FINDINGS §4b); chat
+            # Completions: logprobs=1 returns the sampled token's logprob (verified on vLLM); chat
             # takes a flag, and top_logprobs (0 by default) for alternatives.
             logprobs=True if self.messages is not None else max(1, self.topk_sample_logprobs),
             return_token_ids=True,

@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 #: Bytes read per step when hashing a checkpoint on its own.
 CHUNK_SIZE = 1 << 20
-#: The file vLLM's resolver reads from each adapter folder (shared/vllm-cpu/FINDINGS.md §2).
+#: The file vLLM's resolver reads from each adapter folder.
 CONFIG_FILE = "adapter_config.json"
 #: Name of the record lora_sampler leaves in each published folder (vLLM ignores extra files).
 MARKER_FILE = ".lora_sampler.json"

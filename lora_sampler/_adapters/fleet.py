@@ -1,4 +1,4 @@
-"""A fleet of replicas: which engines serve ``base_url``, and the adapter lifecycle on every one of them (SPEC §9).
+"""A fleet of replicas: which engines serve ``base_url``, and the adapter lifecycle on every one of them.
 
 Replicas that never resolve adapters from disk (SGLang; vLLM without the resolver plugin; any replica that just
 restarted) serve an adapter only once it was loaded on them, and a router forwards a load to one replica only. So
@@ -33,7 +33,7 @@ from lora_sampler.types import model_cards
 
 logger = logging.getLogger(__name__)
 
-#: vllm-router's list of its workers: ``{"urls": ["http://10.0.0.11:8000", ...]}`` (ROUTER.md §1).
+#: vllm-router's list of its workers: ``{"urls": ["http://10.0.0.11:8000", ...]}``.
 #: The ``replicas=`` value that asks base_url (a vllm-router) for its workers.
 ROUTER = "router"
 #: Replicas talked to at once; a larger fleet is served in waves of this many.

@@ -1,7 +1,7 @@
 """Checkpoint to published adapter folder: content-derived names, safe extraction, one ``os.rename``, preflight.
 
 The engine's filesystem resolver loads ``<lora_base_dir>/<name>`` lazily, so a folder must appear there complete
-or not at all (half-written folders give 400s, shared/vllm-cpu/FINDINGS.md §4c). No HTTP and no threads here; the
+or not at all (half-written folders give 400s). No HTTP and no threads here; the
 client reads the engine's model and calls ``check_adapter_config`` itself.
 """
 
@@ -385,8 +385,8 @@ def remove_adapter_dir(lora_base_dir: StrPath, name: str) -> bool:
     """Delete a published adapter folder without the engine ever seeing it half-deleted.
 
     The folder is first renamed to a dotted temporary name (one atomic step), then removed. Unload the adapter
-    from the engine first: deleting a folder the engine may reload from disk kills the engine
-    (shared/vllm-cpu/FINDINGS.md §5). A symlink under ``name`` is unlinked, never followed.
+    from the engine first: deleting a folder the engine may reload from disk kills the engine (vLLM reloads an
+    evicted adapter from its folder). A symlink under ``name`` is unlinked, never followed.
 
     Returns:
         True if something was removed, False if nothing was there.
@@ -456,7 +456,7 @@ def check_adapter_config(adapter_dir: StrPath, engine_model: Optional[str]) -> D
     """Check an adapter folder's ``adapter_config.json`` before any request is sent, and return it.
 
     vLLM's resolver loads a folder only if ``peft_type`` is ``"LORA"`` and ``base_model_name_or_path`` equals the
-    engine's ``--model`` string exactly; otherwise every request gets a permanent 404 (FINDINGS §2).
+    engine's ``--model`` string exactly; otherwise every request gets a permanent 404.
 
     Args:
         adapter_dir: The adapter folder.

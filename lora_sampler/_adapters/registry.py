@@ -299,7 +299,7 @@ class AdapterRegistry:
                 UNLOAD_ADAPTER_PATH, name, unload_adapter_body(name), session_id, transport.timeout
             )
         except EngineStatusError as error:
-            # 404 "cannot be found" means the engine holds no such adapter (FINDINGS §4d); a 404 {"detail":...}
+            # 404 "cannot be found" means the engine holds no such adapter; a 404 {"detail":...}
             # means runtime updating is off and the engine may still reload it from disk, so nothing is deleted.
             if not is_not_held(error.status, error.engine_message):
                 error.message += "; the adapter's files were left in place"

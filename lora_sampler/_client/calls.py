@@ -52,7 +52,7 @@ class _Call:
 
 
 class _Attempts:
-    """What the retry wrapper calls: one attempt, and the proactive load before a wait (SPEC §4)."""
+    """What the retry wrapper calls: one attempt, and the proactive load before a wait (see docs/guides/retries.md)."""
 
     def __init__(
         self,
@@ -117,7 +117,7 @@ class _Attempts:
                 LOAD_ADAPTER_PATH, call.model, payload, call.session_id, self._load_timeout
             )
         except EngineError as exc:
-            # 400 "already been loaded"; 404 runtime updating off or not visible yet (FINDINGS §4d); no answer.
+            # 400 "already been loaded"; 404 runtime updating off or not visible yet; no answer.
             logger.debug("Proactive load of %r did not load it: %s", call.model, exc)
             return
         logger.debug("Proactive load of %r succeeded", call.model)

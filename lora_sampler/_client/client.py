@@ -117,7 +117,7 @@ class SamplerClient:
         publish_limits: Bounds on each checkpoint published (``PublishLimits``: extracted size, members, names).
         max_response_bytes: Largest answer accepted (default 256 MiB); a larger one raises ``EngineProtocolError``.
         replicas: None (``base_url`` is one engine), ``"router"`` (a vllm-router's ``GET /list_workers``) or replica
-            root URLs: adapters are then loaded on, reconciled on and unloaded from every replica (SPEC §9).
+            root URLs: adapters are then loaded on, reconciled on and unloaded from every replica.
         storage_options: Options of the storage library (fsspec's s3fs/gcsfs, e.g. ``{"endpoint_url": ...}``) for
             checkpoint URLs (``s3://``, ``gs://``); None uses its standard chain (``AWS_*``, profiles, roles).
         session: A ``requests.Session`` to send every request through: its mounted adapters, auth, TLS settings
@@ -495,7 +495,7 @@ class SamplerClient:
             requests: ``SampleRequest`` values (``prompt=`` or chat ``messages=``), or mappings of their fields; or
                 ``ScoreRequest`` values, whose results are ``ScoreOutput`` values.
             return_exceptions: Yield a failed request's exception instead of raising it (and stopping).
-            max_outage: Seconds to wait out an engine outage (SPEC §10). 0 fails requests at once. When > 0, a
+            max_outage: Seconds to wait out an engine outage. 0 fails requests at once. When > 0, a
                 request that fails outage-class (transport errors once retries ran out; vllm-router's 500/503 with
                 no worker reachable) is held, no new request is sent, the engine is probed, and held requests run
                 again once it answers. Past ``max_outage`` they fail with their last error, and requests not yet
@@ -779,7 +779,7 @@ class SamplerClient:
     ) -> None:
         """Ask the engine to unload an adapter; delete its folder only once the engine has let go of it.
 
-        Deleting a folder the engine may still reload from disk can crash the engine (FINDINGS §5), so files
+        Deleting a folder the engine may still reload from disk can crash the engine, so files
         are removed only after the engine answered 200, or 404 "cannot be found".
 
         Args:

@@ -1,4 +1,4 @@
-"""Outages during long jobs (SPEC §10): which failures mean "the engine is away", probing it, holding work meanwhile.
+"""Outages during long jobs: which failures mean "the engine is away", probing it, holding work meanwhile.
 
 ``is_outage`` reads a failure the retry table gave up on (its transport row, or vllm-router's no-worker answer);
 ``probe_until`` probes with capped backoff; ``OutageGate`` holds the requests of one ``imap`` call while the engine

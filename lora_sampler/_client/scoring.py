@@ -1,4 +1,4 @@
-"""Scoring: the logprob of given tokens under an adapter or the base model (SPEC §15).
+"""Scoring: the logprob of given tokens under an adapter or the base model (see docs/guides/scoring.md).
 
 Owns turning a ``ScoreRequest`` into engine requests: texts that must be split at the prompt/completion boundary are
 tokenized by the engine (``POST /tokenize``, under the retry policy), then one completion asks for the prompt

@@ -8,21 +8,21 @@ from __future__ import annotations
 
 import re
 
-#: vLLM phrases that mean "this model name is not servable (yet)" (shared/vllm-cpu/FINDINGS.md §4a, §4c).
+#: vLLM phrases that mean "this model name is not servable (yet)".
 NOT_FOUND_PHRASES = ("does not exist", "not found", "cannot be found")
-#: vLLM's 400 while the resolver found the adapter folder but could not load it yet (FINDINGS §4c).
+#: vLLM's 400 while the resolver found the adapter folder but could not load it yet.
 NOT_LOADED_PHRASE = "was found but could not be loaded"
 #: The text of Python's ``json.JSONDecodeError``, which vLLM's resolver surfaces as a 400 while an
-#: ``adapter_config.json`` is half-written (FINDINGS §4c): "<reason>: line L column C (char N)".
+#: ``adapter_config.json`` is half-written: "<reason>: line L column C (char N)".
 JSON_DECODE_ERROR = re.compile(
     r"^(Expecting|Unterminated string|Invalid control character|Invalid \\|Extra data)[^\n]*"
     r": line \d+ column \d+ \(char \d+\)$"
 )
-#: vLLM's 400 for a load of a name it already holds: the adapter is loaded (FINDINGS §4d).
+#: vLLM's 400 for a load of a name it already holds: the adapter is loaded.
 ALREADY_LOADED = "has already been loaded"
-#: vLLM's 404 for an unload of a name it does not hold: the engine has let go of it (FINDINGS §4d).
+#: vLLM's 404 for an unload of a name it does not hold: the engine has let go of it.
 NOT_HELD = "cannot be found"
-#: vllm-router's answers when no worker can be reached (ROUTER.md §3c): (status, how the message starts).
+#: vllm-router's answers when no worker can be reached: (status, how the message starts).
 ROUTER_OUTAGE_ANSWERS = (
     (500, "Request failed: error sending request for url"),
     (503, "No available workers"),

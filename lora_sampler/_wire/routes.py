@@ -5,7 +5,7 @@ Pure names: no I/O. The client, the batch formats and FakeEngine all speak these
 
 from __future__ import annotations
 
-#: Text completions (SPEC §2); token-id prompts go here too.
+#: Text completions; token-id prompts go here too.
 COMPLETIONS_PATH = "/v1/completions"
 #: Chat completions: ``messages`` rendered by the engine's chat template.
 CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
@@ -21,18 +21,18 @@ TOKENIZE_PATH = "/tokenize"
 HEALTH_PATH = "/health"
 #: vLLM's second liveness route (SageMaker's name for it); answers as ``/health`` does.
 PING_PATH = "/ping"
-#: The prefix of the OpenAI-compatible routes, the ones an API key guards (``/health`` stays open, ROUTER.md §2).
+#: The prefix of the OpenAI-compatible routes, the ones an API key guards (``/health`` stays open).
 API_PREFIX = "/v1"
-#: vllm-router's list of its workers (ROUTER.md).
+#: vllm-router's list of its workers.
 LIST_WORKERS_PATH = "/list_workers"
-#: Header vLLM routers hash to pick a replica (ROUTER.md §3a).
+#: Header vLLM routers hash to pick a replica.
 SESSION_HEADER = "X-Session-ID"
 #: Header carrying a fresh id per attempt, so one attempt can be found in the engine's and a proxy's logs.
 REQUEST_ID_HEADER = "X-Request-Id"
 
 #: The completion routes (text and chat): the ones that sample, and whose ``model`` may be an adapter.
 COMPLETION_PATHS = (COMPLETIONS_PATH, CHAT_COMPLETIONS_PATH)
-#: The runtime adapter routes, registered only with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` (FINDINGS §4d).
+#: The runtime adapter routes, registered only with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``.
 ADAPTER_COMMAND_PATHS = (LOAD_ADAPTER_PATH, UNLOAD_ADAPTER_PATH)
 #: Every endpoint the client calls: a base URL must not end in one (the client appends them to the engine root).
 ENDPOINT_PATHS = (*COMPLETION_PATHS, MODELS_PATH, *ADAPTER_COMMAND_PATHS, TOKENIZE_PATH, HEALTH_PATH)

@@ -1,6 +1,6 @@
 """Scoring batch lines: ``{"id", "prompt", "completion"?}`` in, ``{"id", "model", "tokens", "logprobs", "sum"}`` out.
 
-The line parser and the record format of ``lora-sampler score`` (SPEC §15), and the sweep's scoring step
+The line parser and the record format of ``lora-sampler score``, and the sweep's scoring step
 (``sweep --score``: every checkpoint scored, its ledger line with the mean logprob per token and per line); the
 streaming, resume and outages are ``BatchJob``'s, the same as for sampling.
 """

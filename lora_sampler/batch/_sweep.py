@@ -51,7 +51,7 @@ RowHook = Callable[[Checkpoint, str, InputLine, Optional[Dict[str, Any]]], None]
 
 @dataclass(frozen=True)
 class SweepSettings:
-    """How a sweep runs (the flags of ``lora-sampler sweep``; see SPEC §13)."""
+    """How a sweep runs (the flags of ``lora-sampler sweep``; see docs/guides/sweeps.md)."""
 
     output_dir: str
     window: int = DEFAULT_WINDOW
@@ -108,7 +108,7 @@ class CheckpointReport:
         return self.error is None and self.failed == 0
 
     def ledger_line(self) -> Dict[str, Any]:
-        """Return the ``sweep.jsonl`` line (SPEC §13)."""
+        """Return the ``sweep.jsonl`` line (see docs/guides/sweeps.md)."""
         if self.error is not None:
             return {"checkpoint": self.checkpoint, "error": dict(self.error)}
         line: Dict[str, Any] = {"checkpoint": self.checkpoint, "adapter": self.adapter, "output": self.output}

@@ -185,7 +185,7 @@ def check_engine(client: SamplerClient, findings: List[Finding]) -> Optional[str
 
 
 def check_runtime_updating(client: SamplerClient) -> Finding:
-    """Check that the load/unload endpoints exist, by unloading a name nobody uses (FINDINGS §4d)."""
+    """Check that the load/unload endpoints exist, by unloading a name nobody uses."""
     name = PROBE_PREFIX + secrets.token_hex(4)
     fix = "start vLLM with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (and --enable-lora)"
     try:
@@ -248,7 +248,7 @@ def _probe(client: SamplerClient, name: str, lora_base_dir: str) -> Finding:
 
 
 def check_adapter(adapter: str, lora_base_dir: Optional[str], model: str) -> Finding:
-    """Check that an adapter's ``adapter_config.json`` is a LoRA made for the engine's model (SPEC §5)."""
+    """Check that an adapter's ``adapter_config.json`` is a LoRA made for the engine's model."""
     check = "adapter config"
     path = adapter
     if is_storage_url(adapter):

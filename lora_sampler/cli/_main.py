@@ -289,7 +289,7 @@ def _sampling_flags() -> argparse.ArgumentParser:
 
 
 def _add_sweep_flags(sweep: argparse.ArgumentParser) -> None:
-    """Add the flags of ``sweep`` beyond the shared ones (SPEC §13)."""
+    """Add the flags of ``sweep`` beyond the shared ones (see docs/guides/sweeps.md)."""
     sweep.epilog = (
         "Every checkpoint once, in natural order (step-200 before step-1000), each complete before it is taken; "
         "DIR/<adapter>.jsonl per checkpoint in sample's record format and DIR/sweep.jsonl with one line per "

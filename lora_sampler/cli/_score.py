@@ -1,4 +1,4 @@
-"""``lora-sampler score``: the logprobs of every line's tokens under one adapter or the base model (SPEC §15).
+"""``lora-sampler score``: the logprobs of every line's tokens under one adapter or the base model.
 
 Its own flags and its job: the preflight, client and job runner are ``sample``'s (resume, progress, summary, exit
 status, ``--max-outage``), with the scoring lines and records of ``batch._score``.

@@ -1,4 +1,4 @@
-"""Test helpers for code that uses lora_sampler: ``FakeEngine``, a loopback stand-in for vLLM (SPEC §7).
+"""Test helpers for code that uses lora_sampler: ``FakeEngine``, a loopback stand-in for vLLM.
 
 Stdlib only: importing it loads neither requests, backoff nor the client, and never pytest (the ``lora_engine``
 fixture is a separate pytest plugin module).

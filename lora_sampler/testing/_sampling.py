@@ -16,10 +16,10 @@ from typing import Any
 
 from lora_sampler.testing import _bodies as bodies
 
-#: Ids 0-3 are the tiny tokenizer's specials (FINDINGS §2); byte ``b`` of UTF-8 text is id ``4 + b``.
+#: Ids 0-3 are the tiny tokenizer's specials; byte ``b`` of UTF-8 text is id ``4 + b``.
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")
 BYTE_OFFSET = len(SPECIAL_TOKENS)
-#: vLLM's default ``--max-logprobs`` (the limit message is vLLM's wording, not in FINDINGS).
+#: vLLM's default ``--max-logprobs`` (the limit message is vLLM's wording, not read off an engine).
 MAX_LOGPROBS = 20
 #: Tokens per block of the fake's prefix cache (``FakeEngine(prompt_tokens_details=True)``).
 PREFIX_BLOCK = 16

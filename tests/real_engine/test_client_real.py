@@ -1,7 +1,7 @@
 """``SamplerClient`` against the real vLLM engine: the adapter-load race and the errors that must not be retried.
 
 Every scenario uses a fresh adapter name (the engine never forgets a resolved name). Adapter directories are
-never deleted while the engine runs (FINDINGS §5), except by ``client.unload(delete_files=True)``, which unloads
+never deleted while the engine runs, except by ``client.unload(delete_files=True)``, which unloads
 first; the unload-then-delete test checks exactly that the engine survives it.
 """
 
@@ -190,7 +190,7 @@ def test_32_concurrent_first_requests_through_the_race(
 
 
 def _unload_then_delete(url: str, api_key: str, model: str, lora_dir: Path, source: Path, names: list[str]) -> None:
-    """Run FINDINGS §5's engine-killing sequence through the client's API, which must keep the engine healthy.
+    """Run the engine-killing sequence (delete, evict, reload) through the client,, which must keep the engine healthy.
 
     Publish and sample ``names[0]``, ``unload(delete_files=True)`` it, sample every other name (more than
     ``--max-loras`` 4, so a still-registered ``names[0]`` would be evicted and reloaded from its deleted folder),
@@ -223,7 +223,7 @@ def _unload_then_delete(url: str, api_key: str, model: str, lora_dir: Path, sour
 
 
 def test_unload_then_delete_leaves_the_engine_healthy(vllm_engine: RealEngine, adapter_name: str) -> None:
-    """client.unload(delete_files=True) never reaches FINDINGS §5's engine-killing sequence on the real engine."""
+    """client.unload(delete_files=True) never reaches the engine-killing sequence on the real engine."""
     names = [adapter_name] + [vllm_engine.fresh_name("after-unload") for _ in range(5)]
     _unload_then_delete(
         vllm_engine.url, vllm_engine.api_key, vllm_engine.model, vllm_engine.lora_dir, vllm_engine.adapter_dir, names
@@ -233,7 +233,7 @@ def test_unload_then_delete_leaves_the_engine_healthy(vllm_engine: RealEngine, a
 
 
 def test_unload_then_delete_leaves_the_fake_engine_healthy(tmp_path: Path) -> None:
-    """The FakeEngine twin: the same sequence leaves the fake (which dies like vLLM, FINDINGS §5) alive."""
+    """The FakeEngine twin: the same sequence leaves the fake (which dies like vLLM) alive."""
     lora_dir = tmp_path / "loras"
     lora_dir.mkdir()
     source = Path(write_adapter(tmp_path / "source", "tiny-base"))

@@ -1,9 +1,9 @@
-"""Pin the real engine's HTTP behaviour (FINDINGS §4) with plain ``requests``, body for body.
+"""Pin the real engine's HTTP behaviour with plain ``requests``, body for body.
 
 These are the facts the client's retry table and the fake engine are built on; if a vLLM upgrade changes
 one of them, this file says which. Each scenario uses a fresh adapter name, because the engine never
-forgets a name it has resolved. Adapter directories are never deleted while the engine runs (FINDINGS §5:
-deleting an adapter the engine may reload from disk kills it).
+forgets a name it has resolved. Adapter directories are never deleted while the engine runs:
+deleting an adapter the engine may reload from disk kills it.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 One scenario list, each scenario a plain function of an engine-like ``Target`` (``url``, ``api_key``, ``model``,
 ``lora_dir``, and ``source``: an adapter directory to copy). Each test runs one scenario on both engines, checks the
-statuses the row of FINDINGS §4 promises, and compares the two engines' answers: status, content type, body shape
+statuses vLLM answers (test_engine_bodies.py), and compares the two engines' answers: status, content type, body shape
 (the keys of the error object, plain text, ...) and the whole body with names and engine-specific folders replaced
 by placeholders. File paths under /tmp, /root, ... are *not* normalised here: vLLM rewrites them to ``<path>`` and the
 fake must do the same. The fake gets the real engine's settings (exact ``--model`` string, key, max_model_len 256,
@@ -42,7 +42,7 @@ from lora_sampler.testing import FakeEngine
 if TYPE_CHECKING:
     from conftest import RealEngine
 
-#: The real engine's limits (conftest.ENGINE_FLAGS) and the tiny model's vocabulary (FINDINGS "How to reproduce").
+#: The real engine's limits (conftest.ENGINE_FLAGS) and the tiny model's vocabulary.
 MAX_MODEL_LEN = 256
 MAX_LORA_RANK = 8
 MAX_LORAS = 4
@@ -359,7 +359,7 @@ def prompt_logprobs_top_k(t: Target) -> list[requests.Response]:
     return [t.complete(t.model, prompt, max_tokens=1, prompt_logprobs=k) for k in (0, 2)]
 
 
-#: scenario -> the statuses both engines must answer, in order (FINDINGS §4).
+#: scenario -> the statuses both engines must answer, in order.
 SCENARIOS: dict[Callable[[Target], list[requests.Response]], list[int]] = {
     unknown_model: [404],
     atomic_publish: [200],

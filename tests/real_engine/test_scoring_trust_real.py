@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 ADAPTER_CHECK = "prompt vs generation logprobs (adapter)"
 BASE_CHECK = "prompt vs generation logprobs (base model)"
-#: The same tolerance as peft parity (SPEC's 0.02 between the engine and a forward pass of the same weights).
+#: The same tolerance as peft parity (0.02 between the engine and a forward pass of the same weights).
 PEFT_TOLERANCE = 0.02
 LINES = [
     {"id": "a", "prompt": "the model samples a token", "completion": " from the engine"},

@@ -25,7 +25,7 @@ from _services import unavailable
 from lora_sampler.testing._process import EngineProcess, stop_group
 
 BASE_MODEL = "tiny-base"
-#: vllm-router's answer when a worker cannot be reached (ROUTER.md §3c).
+#: vllm-router's answer when a worker cannot be reached.
 ROUTER_DEAD_WORKER = "Request failed: error sending request"
 START_TIMEOUT = 30.0
 #: A FakeEngine replica in a process of its own (kill, restart on the same port, commands).

@@ -2,7 +2,7 @@
 
 Such replicas (SGLang; vLLM without the resolver plugin; any replica that just restarted) serve an adapter only
 once it was loaded on them, and the router forwards a load to one replica only. Measured before fleet mode: 64
-first requests for a new adapter, 6 failed (SPEC §9). One module-scoped fleet serves every test (each test uses
+first requests for a new adapter, 6 failed. One module-scoped fleet serves every test (each test uses
 adapters of its own); the retry waits are real, so a test sees what a user sees. Run with ``tox -e router``.
 """
 

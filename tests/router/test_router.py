@@ -57,7 +57,7 @@ def test_router_fresh_adapter_self_heals_and_loads_reach_the_404_replica(
         for i in range(30):
             for replica in replicas:
                 replica.command("reset")
-            out = client.sample(f"row {i}", adapter="fresh")  # a fresh X-Session-ID per call (SPEC §4)
+            out = client.sample(f"row {i}", adapter="fresh")  # a fresh X-Session-ID per call
             assert out.sequences
             logs = _logs(replicas)
             sessions = _replica_of_sessions(logs)
@@ -172,7 +172,7 @@ def test_router_fleet_down_mid_batch_fails_rows_with_the_routers_answer_then_res
             for i in failed:
                 error = results[i]
                 assert isinstance(error, EngineStatusError), repr(error)
-                assert error.status == 500 and error.attempts == 1  # a 5xx is raised at once (SPEC §4)
+                assert error.status == 500 and error.attempts == 1  # a 5xx is raised at once
                 assert error.engine_message.startswith(ROUTER_DEAD_WORKER), error.engine_message
                 assert ROUTER_DEAD_WORKER in str(error) and "/v1/completions" in str(error)
 

@@ -161,7 +161,7 @@ def test_auth_guards_v1_but_not_health(make_engine: EngineFactory) -> None:
 
 
 def test_auth_checked_before_model(make_engine: EngineFactory) -> None:
-    """A wrong key with an unknown model gives 401, not 404 (FINDINGS §4f)."""
+    """A wrong key with an unknown model gives 401, not 404."""
     engine = make_engine(api_key="sekrit")
     assert_body(complete(engine, "ghost"), _bodies.unauthorized())
 
@@ -299,7 +299,7 @@ def test_completion_token_out_of_vocab(engine: FakeEngine) -> None:
 
 
 def test_completion_unknown_model_before_length(engine: FakeEngine) -> None:
-    """An unknown model gets the generic 404 even with an over-length prompt (FINDINGS §4a)."""
+    """An unknown model gets the generic 404 even with an over-length prompt."""
     assert_body(complete(engine, "ghost", prompt=[5] * 300), _bodies.model_not_found("ghost", BASE))
 
 
@@ -357,7 +357,7 @@ def test_resolver_missing_weights_then_not_poisoned(engine: FakeEngine, lora_dir
 
 
 def test_resolver_rank_above_max_is_not_loadable(engine: FakeEngine, lora_dir: Path) -> None:
-    """r greater than max_lora_rank is the same 400 (FINDINGS §4c)."""
+    """r greater than max_lora_rank is the same 400."""
     write_adapter(lora_dir / "r16", BASE, rank=16)
     assert_body(complete(engine, "r16"), _bodies.adapter_not_loadable("r16"))
 
@@ -507,7 +507,7 @@ def test_lru_death_fails_in_flight_requests(make_engine: EngineFactory, lora_dir
 
 
 def test_lru_unload_before_delete_is_safe(make_engine: EngineFactory, lora_dir: Path) -> None:
-    """Unloading first, then deleting, leaves the engine healthy: the name is just a 404 (FINDINGS §5)."""
+    """Unloading first, then deleting, leaves the engine healthy: the name is just a 404."""
     engine = make_engine(max_loras=1)
     for name in ("e1", "e2"):
         write_adapter(lora_dir / name, BASE)

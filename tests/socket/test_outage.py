@@ -1,4 +1,4 @@
-"""Long jobs across engine outages (SPEC §10): a FakeEngine in its own process, killed and restarted on its port.
+"""Long jobs across engine outages: a FakeEngine in its own process, killed and restarted on its port.
 
 The CLI runs in a subprocess (``LORA_SAMPLER_TESTING=1``: retry waits are 0 s, probe waits are real). Every engine
 and CLI process is stopped by the test that started it. Bounds on durations are generous: the machine is loaded.
@@ -206,7 +206,7 @@ def test_ray_data_sample_batches_wait_out_an_engine_restart(engine: EngineProces
 
 
 def test_cli_max_outage_0_keeps_failing_fast(engine: EngineProcess, lora_dir: Path, tmp_path: Path) -> None:
-    """``--max-outage 0``: a killed engine stops the job after a few failures (exit 2), as before SPEC §10."""
+    """``--max-outage 0``: a killed engine stops the job after a few failures (exit 2), the old way."""
     inp, out = write_prompts(tmp_path / "in.jsonl", 600), tmp_path / "out.jsonl"
     archive = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
     with running_cli(cli_args(engine, lora_dir, archive, inp, out, "--max-outage", "0"), tmp_path) as proc:

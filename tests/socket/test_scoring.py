@@ -92,7 +92,7 @@ def test_fake_engine_prompt_logprobs_do_not_depend_on_k(engine: FakeEngine) -> N
 
 
 def test_compute_logprobs_rides_out_the_adapter_race(engine: FakeEngine, lora_dir: Path) -> None:
-    """An adapter not visible yet is retried with a proactive load, as sample is (SPEC §4)."""
+    """An adapter not visible yet is retried with a proactive load, as sample is (see docs/guides/retries.md)."""
     write_adapter(lora_dir / "late", engine.model)
     engine.set_visibility_delay("late", requests=2)
     with SamplerClient(engine.url, lora_base_dir=lora_dir, retry=FAST) as client:

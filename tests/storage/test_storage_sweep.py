@@ -1,4 +1,4 @@
-"""A checkpoint sweep over storage URLs (SPEC §13/§14): an s3:// pattern, and a manifest in the store."""
+"""A checkpoint sweep over storage URLs (see docs/guides/sweeps.md): an s3:// pattern, and a manifest in the store."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Outage classification and the hold/probe/re-run gate of SPEC §10, with scripted calls and probes (no sockets)."""
+"""Outage classification and the hold/probe/re-run gate (docs/guides/outages.md), scripted (no sockets)."""
 
 from __future__ import annotations
 

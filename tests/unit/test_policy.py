@@ -73,7 +73,7 @@ def test_policy_is_immutable_and_hooks_normalise_to_tuples() -> None:
 
 
 def test_policy_table_by_error_class() -> None:
-    """should_retry follows SPEC §4 from the error alone."""
+    """should_retry follows the retry table from the error alone."""
     policy = RetryPolicy()
     assert policy.should_retry(EngineConnectionError("x", adapter=False))
     assert policy.should_retry(EngineTimeoutError("x", adapter=True))

@@ -1,4 +1,4 @@
-"""The retry table of SPEC §4, row by row, for adapter and base-model requests.
+"""The retry table (docs/guides/retries.md), row by row, for adapter and base-model requests.
 
 Each row runs once, through ``responses``: it patches requests' transport adapter, which is the path every request
 of the client takes (``Session.send`` and the session's mounted adapter), so there is no second path to cover.
