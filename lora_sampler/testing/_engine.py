@@ -73,7 +73,7 @@ class FakeEngine:
         port: the port to listen on (0 picks a free one).
         old_error_shape: send error fields at the top level, as older vLLM builds do.
         chat_template: whether the model has a chat template; without one, ``/v1/chat/completions`` answers vLLM's
-            400 (``no_chat_template``). The template is fixed and documented in ``_chat`` (and the README).
+            400 (``no_chat_template``). The template is fixed and documented in ``_chat`` (and docs/guides/testing.md).
         lora_slots: adapters a running batch may hold at once (vLLM's ``--max-loras`` as its scheduler applies it);
             None (default): no limit. A completion for an adapter in no slot waits for an idle slot, then swaps it
             in for ``swap_latency`` seconds; ``adapter_swaps`` counts the swaps (``_slots``).

@@ -225,11 +225,11 @@ def test_cli_score_needs_adapter_or_base_model(engine: FakeEngine, tmp_path: Pat
     assert main(["score", "--base-url", engine.url, "--input", str(inp)]) == 2
 
 
-def test_readme_scoring_example_runs_as_written(capsys: Any) -> None:
-    """The README's Scoring example runs on FakeEngine as written: 11 logprobs for 11 bytes, then two scored lines."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    block = readme.split("\n## Scoring\n", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
-    exec(compile(block, "README.md (Scoring)", "exec"), {})
+def test_docs_scoring_example_runs_as_written(capsys: Any) -> None:
+    """The scoring guide's first example runs on FakeEngine as written: 11 logprobs for 11 bytes, two scored lines."""
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "scoring.md").read_text(encoding="utf-8")
+    block = guide.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(block, "docs/guides/scoring.md", "exec"), {})
     printed = capsys.readouterr().out.splitlines()
     assert len(printed) == 3 and printed[0].startswith("11 None -")
     assert printed[1].startswith("(36, 56) [") and printed[2].startswith("(36, 57) [")  # " 4", " 5": 4 + byte
