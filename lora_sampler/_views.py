@@ -113,3 +113,15 @@ def output_dict(output: SampleOutput) -> Dict[str, Any]:
 
 def _numbers(values: Optional[Sequence[Optional[float]]]) -> Optional[List[Optional[float]]]:
     return None if values is None else [json_number(v) for v in values]
+
+
+def printable(text: str) -> str:
+    """Return ``text`` safe to print on a terminal: control characters (newlines, escapes that move the cursor or
+    recolour it, bidirectional overrides) as backslash escapes, everything printable as it is.
+
+    A checkpoint may be named anything a filesystem allows; printed raw, a name with a newline forges a log line and
+    one with ``\\x1b[`` rewrites the terminal.
+    """
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii") for char in text)

@@ -341,6 +341,38 @@ class OutputClosedError(LoraSamplerError, BrokenPipeError):
     """
 
 
+class CheckpointMissingError(IncompleteCheckpointError):
+    """A sweep's named checkpoint is not there: a manifest line ahead of its file, a retention policy's deletion, or a
+    file removed mid-sweep (waited for under a watch, up to the checkpoint timeout).
+
+    Attributes:
+        path: The checkpoint.
+    """
+
+
+class CheckpointIncompleteError(IncompleteCheckpointError):
+    """A sweep's checkpoint was still being written (changing, or not reading to its end) when its checkpoint
+    timeout, counted from when it was first seen, ran out.
+
+    Attributes:
+        path: The checkpoint.
+    """
+
+
+class OutputWriteError(LoraSamplerError):
+    """An output file cannot be written (a full disk, a folder gone read-only); every record written before is kept.
+
+    Attributes:
+        path: The output file.
+        reason: What the system said (``No space left on device``).
+    """
+
+    def __init__(self, message: str = "", *, path: Optional[str] = None, reason: str = "", **kwargs: Any):
+        super().__init__(message, **kwargs)
+        self.path = path
+        self.reason = reason
+
+
 class BatchInputError(LoraSamplerError, ValueError):
     """A line of a batch input file is unusable.
 

@@ -161,34 +161,41 @@ def _sha256_folder(files: List[Tuple[str, str]]) -> str:
     return digest.hexdigest()
 
 
-def list_folder_files(root: str) -> List[Tuple[str, str]]:
-    """List a checkpoint folder's files as sorted ``(relative posix path, full path)`` pairs.
+#: The files of an adapter folder that are the adapter: its config and its weights (peft's ``save_pretrained``
+#: names; ``new_embeddings`` holds the rows of added tokens). Publishing a folder copies these and nothing else.
+ADAPTER_FILE_NAMES = (
+    "adapter_config.json",
+    "adapter_model.safetensors",
+    "adapter_model.bin",
+    "adapter_model.pt",
+    "new_embeddings.safetensors",
+    "new_embeddings.bin",
+)
 
-    Symlinked files count as the file they point to (a Hugging Face cache snapshot is made of them); our own
-    ``MARKER_FILE`` at the root is skipped, so a published folder can be published again under another name.
+
+def list_folder_files(root: str) -> List[Tuple[str, str]]:
+    """List a checkpoint folder's adapter files (``ADAPTER_FILE_NAMES`` at its root) as sorted ``(name, full path)``.
+
+    Nothing else the folder holds (optimizer states, logs, a README, other folders) is read, hashed or copied: a
+    training run's checkpoint folder can hold gigabytes beside its adapter, or files that are not meant to be shared
+    in the resolver folder. Symlinked files count as the file they point to (a Hugging Face cache snapshot is made of
+    them).
 
     Raises:
-        PublishError: an entry is a device, FIFO or socket, a dangling link, or a symlinked sub-folder.
+        PublishError: an adapter file is a device, FIFO or socket, or a dangling link.
     """
     found: List[Tuple[str, str]] = []
-    for folder, subfolders, names in os.walk(root):
-        for sub in subfolders:
-            if os.path.islink(os.path.join(folder, sub)):
-                raise PublishError(
-                    f"{os.path.join(folder, sub)} is a symlinked folder; copy it into the checkpoint or pass an archive"
-                )
-        for entry in names:
-            full = os.path.join(folder, entry)
-            rel = os.path.relpath(full, root).replace(os.sep, "/")
-            if rel == MARKER_FILE:
-                continue
-            try:
-                mode = os.stat(full).st_mode
-            except OSError as error:
-                raise PublishError(f"cannot read {full} ({error}); an adapter folder holds plain files") from error
-            if not stat.S_ISREG(mode):
-                raise PublishError(f"{full} is not a regular file (device, FIFO or socket); remove it from the folder")
-            found.append((rel, full))
+    for name in ADAPTER_FILE_NAMES:
+        full = os.path.join(root, name)
+        if not os.path.lexists(full):
+            continue
+        try:
+            mode = os.stat(full).st_mode
+        except OSError as error:
+            raise PublishError(f"cannot read {full} ({error}); an adapter folder holds plain files") from error
+        if not stat.S_ISREG(mode):
+            raise PublishError(f"{full} is not a regular file (device, FIFO or socket); replace it with the file")
+        found.append((name, full))
     return sorted(found)
 
 

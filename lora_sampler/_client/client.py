@@ -46,6 +46,7 @@ from lora_sampler._client.scoring import Scorer
 from lora_sampler._client.selfcheck import DEFAULT_SCORING_TOLERANCE, ScoringCheck, ScoringSelfCheck
 from lora_sampler._defaults import (
     API_KEY_ENV,
+    DEFAULT_CHECKPOINT_TIMEOUT,
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_MAX_WORKERS,
     DEFAULT_SETTLE,
@@ -653,6 +654,8 @@ class SamplerClient:
         mix_adapters: bool = False,
         progress: bool = False,
         evaluator: Optional[Callable[[Any], Any]] = None,
+        checkpoint_timeout: float = DEFAULT_CHECKPOINT_TIMEOUT,
+        allow_outside_paths: bool = False,
     ) -> Iterator[CheckpointReport]:
         """Sample the same requests from every checkpoint of a training run, each once; yield a report per checkpoint.
 
@@ -697,6 +700,10 @@ class SamplerClient:
                 (``lora_sampler.tinker.SamplingClient``, the ``[tinker]`` extra), it returns the checkpoint's metrics,
                 ``dict[str, float]`` (``CheckpointReport.metrics``); an async one (tinker-cookbook's evaluators) runs
                 in its own event loop. The window, warm-up, unload, resume and outage hold apply as for lines.
+            checkpoint_timeout: Seconds one checkpoint (absent, or still being written) is waited for from when it
+                was first seen; then it is recorded as ``CheckpointMissingError`` or ``CheckpointIncompleteError``
+                and the sweep goes on. Without a watch an absent checkpoint is recorded at once.
+            allow_outside_paths: Take a manifest's sampler paths outside the manifest's folder (or store prefix).
 
         Raises:
             TypeError, ValueError: bad arguments, before any request.
@@ -737,6 +744,8 @@ class SamplerClient:
                 if storage_options is None
                 else StorageOptions(storage_options, timeout=self._transport.timeout)
             ),
+            checkpoint_timeout=checkpoint_timeout,
+            allow_outside_paths=allow_outside_paths,
             on_row=None if bar is None else lambda checkpoint, kind, line, record: bar.count_row(kind),
             mix_adapters=mix_adapters,
             evaluator=evaluator,

@@ -6,10 +6,11 @@ repaired), the lock that keeps a second sweep out of the same folder, and the du
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 try:
     import fcntl
@@ -18,7 +19,7 @@ except ImportError:  # pragma: no cover - Windows: no lock, one sweep per folder
 
 from lora_sampler._files import replacing
 from lora_sampler.batch._lines import to_json_line
-from lora_sampler.errors import LoraSamplerError
+from lora_sampler.errors import LoraSamplerError, OutputWriteError
 
 logger = logging.getLogger(__name__)
 
@@ -31,8 +32,9 @@ class Ledger:
 
     Opening it takes an exclusive lock on the folder (a second sweep into it is refused), reads the finished
     checkpoints, and rewrites the file atomically without the lines that must go: error lines (those checkpoints run
-    again), a torn last line (a kill mid-write), and repeats of a checkpoint. Each ``append`` is one ``write`` of one
-    whole line, then ``fsync``.
+    again), a torn last line (a kill mid-write), and repeats of one checkpoint with the same adapter (the later line
+    is kept). A checkpoint whose content changed has one line per content (adapter); ``finished`` holds the latest.
+    Each ``append`` is one ``write`` of one whole line, then ``fsync``.
 
     Args:
         output_dir: The sweep's output folder (created when missing).
@@ -46,10 +48,11 @@ class Ledger:
         self.path = os.path.join(output_dir, LEDGER_NAME)
         self._lock_fd = _lock_folder(output_dir)
         try:
-            #: The finished checkpoints' lines, by checkpoint, in file order.
+            #: The finished checkpoints' latest lines, by ``ledger_key``, in file order.
             self.finished: Dict[str, Dict[str, Any]] = {}
             #: Checkpoints recorded as failed by earlier runs (they run again).
             self.retried: List[str] = []
+            self._lines_of: Dict[Tuple[str, Any], int] = {}  # (checkpoint, adapter) -> 1 once it has a line
             self._repair()
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         except BaseException:
@@ -70,41 +73,80 @@ class Ledger:
         self._unlock()
 
     def append(self, entry: Dict[str, Any]) -> None:
-        """Append one line durably (one ``write``, then ``fsync``); a finished one joins ``finished``."""
+        """Append one line durably (one ``write``, then ``fsync``); a finished one joins ``finished``.
+
+        Raises:
+            OutputWriteError: the line cannot be written (a full disk); a part written is cut off again, so the
+                ledger stays whole lines and the sweep resumes.
+        """
         data = (to_json_line(entry) + "\n").encode("utf-8")
         view = memoryview(data)
-        while view:
-            view = view[os.write(self._fd, view) :]
-        os.fsync(self._fd)
+        size = os.fstat(self._fd).st_size
+        try:
+            while view:
+                view = view[os.write(self._fd, view) :]
+            os.fsync(self._fd)
+        except OSError as error:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, size)
+            raise OutputWriteError(
+                f"cannot write {self.path}: {error.strerror or error}. Every checkpoint recorded before is kept and "
+                f"the sweep resumes: free some space, then run again with the same --output-dir "
+                f"{os.path.dirname(self.path)}",
+                path=self.path,
+            ) from None
         if "error" not in entry:
-            self.finished[str(entry["checkpoint"])] = entry
+            self.finished[ledger_key(entry)] = entry
+            self._dedupe(entry)
+
+    def _dedupe(self, entry: Dict[str, Any]) -> None:
+        """After a checkpoint with the same content was evaluated again (a touched file), keep its newer line only."""
+        key = (ledger_key(entry), entry.get("adapter"))
+        if self._lines_of.get(key, 0) == 0:
+            self._lines_of[key] = 1
+            return
+        fd, self._fd = self._fd, -1
+        os.close(fd)
+        self.finished.clear()
+        self._lines_of.clear()
+        self._repair()
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def _repair(self) -> None:
         """Read the ledger; rewrite it atomically when lines must go (see the class docstring)."""
         if not os.path.exists(self.path):
             return
-        kept: List[bytes] = []
+        kept: Dict[Tuple[str, Any], bytes] = {}  # (checkpoint, adapter) -> its latest line, at its first place
         dropped = 0
         with open(self.path, "rb") as handle:
             for raw in handle:
                 entry = _entry(raw)
                 checkpoint = None if entry is None else entry.get("checkpoint")
-                if entry is None or not isinstance(checkpoint, str) or checkpoint in self.finished:
+                if entry is None or not isinstance(checkpoint, str):
                     dropped += 1
                 elif "error" in entry:
                     self.retried.append(checkpoint)
                     dropped += 1
                 else:
-                    self.finished[checkpoint] = entry
-                    kept.append(raw)
+                    key = (ledger_key(entry), entry.get("adapter"))
+                    dropped += key in kept  # the same content again (a touched file): its newer line replaces it
+                    kept[key] = raw
+                    self._lines_of[key] = 1
+                    self.finished[key[0]] = entry  # the latest evaluation of a checkpoint whose content changed
         if dropped:
-            _replace(self.path, kept)
+            _replace(self.path, list(kept.values()))
             logger.info("%s: %d finished checkpoints kept, %d lines dropped", self.path, len(kept), dropped)
 
     def _unlock(self) -> None:
         fd, self._lock_fd = self._lock_fd, -1
         if fd >= 0:
             os.close(fd)  # closing the descriptor releases the flock
+
+
+def ledger_key(entry: Dict[str, Any]) -> str:
+    """What identifies a ledger line's checkpoint: its real path (``path``), else (older ledgers) ``checkpoint``."""
+    path = entry.get("path")
+    return path if isinstance(path, str) else str(entry["checkpoint"])
 
 
 def read_ledger(path: str) -> List[Dict[str, Any]]:

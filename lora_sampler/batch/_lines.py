@@ -28,6 +28,7 @@ from lora_sampler.errors import (
     EngineStatusError,
     LoraSamplerError,
     OutputClosedError,
+    OutputWriteError,
 )
 from lora_sampler.types import AdapterSpec, SampleOutput, SampleRequest, SamplingParams, ScoreRequest
 
@@ -98,14 +99,15 @@ class InputLine:
     """One non-blank input line: a request to send, or the reason it cannot be sent (``error``)."""
 
     line_number: int
-    id: LineId
+    id: Optional[LineId]
     request: Union[SampleRequest, ScoreRequest, None] = None
     error: str = ""
 
     @property
     def key(self) -> str:
-        """The resume-set key of this line's id."""
-        return id_key(self.id)
+        """The resume-set key of this line's id; a line whose id cannot be read (it is not JSON) is keyed by its
+        line number in a form no id's key takes (``#line5``), so it never collides with the id ``5``."""
+        return id_key(self.id) if self.id is not None else f"#line{self.line_number}"
 
 
 def read_line_object(raw: bytes, line_number: int) -> Union[InputLine, Tuple[Dict[str, Any], LineId], None]:
@@ -115,14 +117,14 @@ def read_line_object(raw: bytes, line_number: int) -> Union[InputLine, Tuple[Dic
     try:
         obj = loads_line(raw)
     except ValueError as exc:  # UnicodeDecodeError is a ValueError too
-        return InputLine(line_number, line_number, error=f"not valid JSON ({exc})")
+        return InputLine(line_number, None, error=f"not valid JSON ({exc})")
     if not isinstance(obj, dict):
-        return InputLine(line_number, line_number, error=f"a JSON object is needed, got a {type(obj).__name__}")
+        return InputLine(line_number, None, error=f"a JSON object is needed, got a {type(obj).__name__}")
     line_id = obj.get("id", line_number)
     if isinstance(line_id, bool) or not isinstance(line_id, (str, int)):
-        return InputLine(line_number, line_number, error=f"id must be a string or an integer, got {line_id!r}")
+        return InputLine(line_number, None, error=f"id must be a string or an integer, got {line_id!r}")
     if isinstance(line_id, str) and text_problem(line_id):
-        return InputLine(line_number, line_number, error=f"the id {text_problem(line_id)}; give the line a text id")
+        return InputLine(line_number, None, error=f"the id {text_problem(line_id)}; give the line a text id")
     return obj, line_id
 
 
@@ -278,6 +280,8 @@ RecordKey = Callable[[Dict[str, Any]], Optional[Tuple[Optional[str], bool]]]
 def record_key(record: Dict[str, Any]) -> Optional[Tuple[Optional[str], bool]]:
     """Return the resume key of a prompt-format output record and whether it failed (None: not a record)."""
     line_id = record.get("id")
+    if line_id is None and "error" in record:
+        return None, True  # the error record of a line whose id could not be read: it runs again
     if isinstance(line_id, bool) or not isinstance(line_id, (str, int)):
         return None
     return id_key(line_id), "error" in record
@@ -608,13 +612,15 @@ def write_record(stream: IO[str], record: Dict[str, Any]) -> None:
         raise output_error(getattr(stream, "name", "the output"), exc) from None
 
 
-def output_error(path: Any, error: OSError) -> LoraSamplerError:
+def output_error(path: Any, error: OSError) -> OutputWriteError:
     """Return the error of an output that cannot be written, naming it and saying that it resumes."""
     reason = error.strerror or str(error)
     fix = "free some space" if error.errno in _FULL else "fix the cause"
-    return LoraSamplerError(
+    return OutputWriteError(
         f"cannot write the output {path}: {reason}. Every record written before is kept and the output is resumable: "
-        f"{fix} and run again with the same --output {path}"
+        f"{fix} and run again with the same --output {path}",
+        path=str(path),
+        reason=reason,
     )
 
 

@@ -8,7 +8,9 @@ fingerprinted and read through the storage layer.
 
 from __future__ import annotations
 
-import glob
+import dataclasses
+import fnmatch
+import hashlib
 import json
 import logging
 import os
@@ -22,8 +24,17 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from lora_sampler._adapters import storage
-from lora_sampler._defaults import DEFAULT_IDLE_TIMEOUT, DEFAULT_SETTLE
-from lora_sampler.errors import BatchInputError, PublishError
+from lora_sampler._adapters.archive import ADAPTER_FILE_NAMES
+from lora_sampler._defaults import DEFAULT_CHECKPOINT_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_SETTLE
+from lora_sampler._views import printable
+from lora_sampler.errors import (
+    BatchInputError,
+    CheckpointIncompleteError,
+    CheckpointMissingError,
+    IncompleteCheckpointError,
+    LoraSamplerError,
+    PublishError,
+)
 from lora_sampler.types import ARCHIVE_SUFFIXES, is_storage_url
 
 logger = logging.getLogger(__name__)
@@ -51,26 +62,119 @@ def step_of(path: str) -> Optional[int]:
     return int(runs[-1]) if runs else None
 
 
-def _is_checkpoint(path: str) -> bool:
-    return path.lower().endswith(ARCHIVE_SUFFIXES) or os.path.isdir(path)
+#: The files of an adapter folder that a sweep recognises it by (and that publishing copies): its config and weights.
+ADAPTER_FILES = ADAPTER_FILE_NAMES
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One entry a pattern matched now.
+
+    Attributes:
+        path: The match as named (absolute): the ``checkpoint`` of its ``sweep.jsonl`` line.
+        real: Its real path (symlinks resolved): a checkpoint is counted once per real path.
+        adapter: Whether it holds an adapter file at all (an archive, or a folder with its config or weights);
+            ``logs/`` or ``notes.txt`` matched by ``run/*`` do not, and are noted once and skipped.
+    """
+
+    path: str
+    real: str
+    adapter: bool
+
+
+def _holds_adapter(path: str, real: str) -> bool:
+    """An archive (by its name or its target's), or a folder with an adapter config or weights file."""
+    if os.path.isdir(real):
+        try:
+            with os.scandir(real) as entries:
+                return any(entry.name in ADAPTER_FILES for entry in entries)
+        except OSError:
+            return False
+    return path.lower().endswith(ARCHIVE_SUFFIXES) or real.lower().endswith(ARCHIVE_SUFFIXES)
+
+
+def scan_pattern(pattern: str) -> List[Listed]:
+    """Return what a local path or glob matches now, in natural order, each real path once (the first name kept).
+
+    ``**`` matches folders recursively and follows symlinked folders, but each real folder is entered once per
+    place in the pattern, so a symlink loop (``run/a -> .``) ends the walk instead of repeating it. A plain path
+    that does not exist (yet) gives an empty list, so a watch can wait for it.
+    """
+    local = os.path.abspath(os.path.expanduser(pattern))
+    matches = _glob(local) if _GLOB_CHARS.search(local) else ([local] if os.path.lexists(local) else [])
+    names: Dict[str, str] = {}  # real path -> the name it is listed under
+    for match in sorted(set(matches), key=natural_key):
+        real = os.path.realpath(match)
+        if not os.path.exists(real):
+            continue  # a dangling link
+        if real not in names or match == real:  # each real path once: its own name if matched, else the first
+            names[real] = match
+    found = [Listed(match, real, _holds_adapter(match, real)) for real, match in names.items()]
+    return sorted(found, key=lambda listed: natural_key(listed.path))
+
+
+def _glob(pattern: str) -> List[str]:
+    """Expand a local glob (``**`` included) without ever walking a real folder twice for one part of the pattern."""
+    parts = pattern.split(os.sep)
+    root = os.sep
+    index = 1  # parts[0] is "" for an absolute path
+    while index < len(parts) and not _GLOB_CHARS.search(parts[index]):
+        root = os.path.join(root, parts[index])
+        index += 1
+    found: List[str] = []
+    walked: Set[Tuple[Tuple[int, int], int]] = set()
+    _match(root, parts[index:], 0, found, walked)
+    return found
+
+
+def _match(folder: str, parts: List[str], at: int, found: List[str], walked: Set[Tuple[Tuple[int, int], int]]) -> None:
+    if at == len(parts):
+        found.append(folder)
+        return
+    part = parts[at]
+    if part == "**":
+        try:
+            info = os.stat(folder)
+        except OSError:
+            return
+        key = ((info.st_dev, info.st_ino), at)
+        if key in walked:
+            return  # this real folder was walked for this part already: a symlink loop, or two links to it
+        walked.add(key)
+        _match(folder, parts, at + 1, found, walked)  # ** matching no folder
+        for name in _names(folder):
+            full = os.path.join(folder, name)
+            if not name.startswith(".") and os.path.isdir(full):
+                _match(full, parts, at, found, walked)
+        return
+    if not _GLOB_CHARS.search(part):
+        full = os.path.join(folder, part)
+        if os.path.lexists(full):
+            _match(full, parts, at + 1, found, walked)
+        return
+    for name in _names(folder):
+        if (name.startswith(".") and not part.startswith(".")) or not fnmatch.fnmatchcase(name, part):
+            continue
+        _match(os.path.join(folder, name), parts, at + 1, found, walked)
+
+
+def _names(folder: str) -> List[str]:
+    try:
+        return os.listdir(folder)
+    except OSError:  # not a folder, gone, or unreadable: it matches nothing below
+        return []
 
 
 def expand_pattern(pattern: str, storage_options: Optional[Mapping[str, Any]] = None) -> List[str]:
     """Return the checkpoints (archives or adapter folders) a path or glob names now, in natural order.
 
     A plain path that does not exist (yet) gives an empty list, so a watch can wait for it. ``**`` matches folders
-    recursively. Local paths come back absolute. A storage URL's pattern globs the store's listing (archive objects
-    and prefixes), with ``storage_options``.
+    recursively. Local paths come back absolute, each real path once. A storage URL's pattern globs the store's
+    listing (archive objects and prefixes), with ``storage_options``.
     """
     if is_storage_url(pattern):
         return sorted(set(storage.expand(pattern, storage_options)), key=natural_key)
-    local = os.path.expanduser(pattern)
-    if _GLOB_CHARS.search(local):
-        matches = glob.glob(local, recursive=True)
-    else:
-        matches = [local] if os.path.exists(local) else []
-    found = {os.path.abspath(match) for match in matches if _is_checkpoint(match)}
-    return sorted(found, key=natural_key)
+    return [listed.path for listed in scan_pattern(pattern) if listed.adapter]
 
 
 # -- the settle/complete probe -----------------------------------------------------------------------------------
@@ -179,6 +283,29 @@ def _safetensors_problem(path: str) -> Optional[str]:
     return None if size == expected else f"{size} bytes, its header declares {expected}"
 
 
+def content_signature(path: str) -> Optional[str]:
+    """Return a short signature of a local checkpoint's bytes as the filesystem tells them (size, times, inode; a
+    folder: those of its adapter files), or None when it is absent or a storage URL. Written to ``sweep.jsonl``, so a
+    later run notices a checkpoint overwritten with other weights (one ``stat`` per file, no read)."""
+    if is_storage_url(path):
+        return None
+    try:
+        info = os.stat(path)
+        if os.path.isdir(path):
+            parts: List[Any] = []
+            for name in ADAPTER_FILES:
+                try:
+                    st = os.stat(os.path.join(path, name))
+                except FileNotFoundError:
+                    continue
+                parts.append((name, st.st_size, st.st_mtime_ns, st.st_ino))
+        else:
+            parts = [(info.st_size, info.st_mtime_ns, info.st_ino)]
+    except OSError:
+        return None
+    return hashlib.blake2b(repr(parts).encode(), digest_size=8).hexdigest()
+
+
 # -- the manifest ------------------------------------------------------------------------------------------------
 
 
@@ -187,33 +314,60 @@ class Checkpoint:
     """One checkpoint of a training run.
 
     Attributes:
-        path: The archive or folder (absolute) or storage URL: the ``checkpoint`` of its ``sweep.jsonl`` line.
+        path: The archive or folder (absolute) or storage URL, as named: the ``checkpoint`` of its ``sweep.jsonl`` line.
         step: The training step (the manifest's ``batch``/``step``, else the last number in the name), or None.
         name: The manifest's ``name``, or None.
         final: The manifest marks it as the run's last checkpoint.
+        real: Its real path (symlinks resolved), when it differs from ``path``: what identifies it.
+        problem: Why this entry cannot be used at all (a manifest line that is not JSON, a path outside the
+            manifest's folder): it is recorded as an error line, once.
+        replaces: The adapter an earlier evaluation of this checkpoint used, when its content changed since.
+        signature: ``content_signature`` when it was handed out (written to the ledger).
     """
 
     path: str
     step: Optional[int] = None
     name: Optional[str] = None
     final: bool = False
+    real: Optional[str] = None
+    problem: Optional[str] = None
+    replaces: Optional[str] = None
+    signature: Optional[str] = None
+
+    @property
+    def key(self) -> str:
+        """What identifies the checkpoint across listings and runs: its real path (or URL)."""
+        return self.real or self.path
 
 
 @dataclass(frozen=True)
 class Manifest:
-    """A training run's ``checkpoints.jsonl``, as ``SamplerClient.sweep``'s ``checkpoints`` (re-read on a watch)."""
+    """A training run's ``checkpoints.jsonl``, as ``SamplerClient.sweep``'s ``checkpoints`` (re-read on a watch).
+
+    Attributes:
+        path: The manifest (a local path or a storage URL).
+        allow_outside_paths: Take sampler paths outside the manifest's folder (or store prefix) too. Off by
+            default: a manifest is often written by other code, and every path it names is copied into the shared
+            resolver folder.
+    """
 
     path: str
+    allow_outside_paths: bool = False
 
 
-def read_manifest(path: str, storage_options: Optional[Mapping[str, Any]] = None) -> List[Checkpoint]:
+def read_manifest(
+    path: str, storage_options: Optional[Mapping[str, Any]] = None, *, allow_outside_paths: bool = False
+) -> List[Checkpoint]:
     """Read a ``checkpoints.jsonl`` in file order: ``{"name", "sampler_path" (or "path"), "batch" (or "step"),
     "final"}`` per line; other fields are ignored, a line without a sampler path (a state-only save) is skipped,
     and a relative path resolves against the manifest's folder. A last line still being written is left for later.
     The manifest may itself be a storage URL (then a relative path is a key beside it).
 
+    A complete line that is not a JSON object, or whose sampler path lies outside the manifest's folder (an absolute
+    path elsewhere, ``..``; unless ``allow_outside_paths``), comes back as a ``Checkpoint`` with a ``problem``: the
+    sweep records it as an error line and goes on.
+
     Raises:
-        BatchInputError: a complete line is not a JSON object (the message names the line).
         FileNotFoundError: there is no manifest at ``path`` (yet).
     """
     if is_storage_url(path):
@@ -232,40 +386,66 @@ def read_manifest(path: str, storage_options: Optional[Mapping[str, Any]] = None
         except ValueError:
             if number == len(raw_lines):  # no newline yet: the training run is writing this line
                 break
-            raise BatchInputError(
-                f"{path}: line {number} is not JSON; the manifest takes one JSON object a line, as "
-                '{"name": ..., "sampler_path": ..., "batch": ...}',
-                path=path,
-                line_number=number,
-            ) from None
-        checkpoint = _manifest_entry(entry, folder, path, number)
+            entry = None
+        checkpoint = _manifest_entry(entry, folder, path, number, allow_outside_paths)
         if checkpoint is not None:
             checkpoints.append(checkpoint)
     return checkpoints
 
 
-def _manifest_entry(entry: Any, folder: str, path: str, number: int) -> Optional[Checkpoint]:
+def _bad_line(path: str, number: int, why: str) -> Checkpoint:
+    """The entry of a manifest line that cannot be used: keyed by the manifest and its line, recorded once."""
+    return Checkpoint(f"{path}#line{number}", problem=f"{path}: line {number} {why}")
+
+
+def _manifest_entry(entry: Any, folder: str, path: str, number: int, allow_outside_paths: bool) -> Optional[Checkpoint]:
     if not isinstance(entry, dict):
-        raise BatchInputError(f"{path}: line {number} is not a JSON object", path=path, line_number=number)
+        shape = "is not JSON" if entry is None else "is not a JSON object"
+        return _bad_line(
+            path,
+            number,
+            f'{shape}; the manifest takes one JSON object a line, as {{"name": ..., '
+            '"sampler_path": ..., "batch": ...}',
+        )
     location = entry.get("sampler_path") or entry.get("path")
     if not location:
         return None  # a state-only save: nothing to sample
     if not isinstance(location, str):
-        raise BatchInputError(f"{path}: line {number}: sampler_path must be a string", path=path, line_number=number)
-    if "://" in location:
-        pass  # a storage URL, or a training service's own (tinker://), kept as written
+        return _bad_line(path, number, "has a sampler_path that is not a string")
+    outside = False
+    if is_storage_url(location):
+        outside = not location.startswith(folder.rstrip("/") + "/")
+    elif "://" in location:
+        pass  # a training service's own (tinker://), kept as written: nothing is copied from it here
     elif is_storage_url(folder):
-        location = f"{folder}/{posixpath.normpath(location)}"
+        relative = posixpath.normpath(location)
+        outside = relative.startswith("../") or relative == ".." or location.startswith("/")
+        location = f"{folder}/{relative.lstrip('/')}"
     else:
         location = os.path.abspath(os.path.join(folder, os.path.expanduser(location)))
+        outside = not _inside(location, folder)
     step = entry.get("batch", entry.get("step"))
     name = entry.get("name")
+    problem = None
+    if outside and not allow_outside_paths:
+        problem = (
+            f"{path}: line {number} names {location}, outside the manifest's folder {folder}; every checkpoint is "
+            "copied into the shared resolver folder, so a path elsewhere needs --allow-outside-paths "
+            "(allow_outside_paths=True)"
+        )
     return Checkpoint(
         location,
         step=step if isinstance(step, int) and not isinstance(step, bool) else step_of(location),
         name=name if isinstance(name, str) else None,
         final=entry.get("final") is True,
+        problem=problem,
     )
+
+
+def _inside(location: str, folder: str) -> bool:
+    """Whether ``location`` (symlinks resolved) lies inside ``folder`` (resolved too)."""
+    real, base = os.path.realpath(location), os.path.realpath(folder)
+    return real == base or real.startswith(base.rstrip(os.sep) + os.sep)
 
 
 # -- the source --------------------------------------------------------------------------------------------------
@@ -273,14 +453,26 @@ def _manifest_entry(entry: Any, folder: str, path: str, number: int) -> Optional
 
 @dataclass(frozen=True)
 class Unusable:
-    """A checkpoint that never became complete: recorded as failed with ``reason``."""
+    """A checkpoint that cannot be evaluated: recorded as an error line with ``error``."""
 
     checkpoint: Checkpoint
-    reason: str
+    error: LoraSamplerError
+
+    @property
+    def reason(self) -> str:
+        """The error's message."""
+        return str(self.error)
 
 
-Listing = Callable[[], List[Checkpoint]]
-_ABSENT: Tuple[Any, ...] = ("absent",)  # the fingerprint of a checkpoint not (yet) there
+Listing = Callable[[], List[Union[Checkpoint, "NotAnAdapter"]]]
+
+
+@dataclass(frozen=True)
+class NotAnAdapter:
+    """A pattern's match that holds no adapter file at all (``logs/``): noted once, looked at again later."""
+
+    path: str
+    real: str
 
 
 def listing(
@@ -288,161 +480,330 @@ def listing(
 ) -> Listing:
     """Return the function that lists the checkpoints known now: patterns re-globbed, or the manifest re-read.
 
-    Patterns' matches are merged in natural order; a manifest keeps its file order.
+    Patterns' matches are merged in natural order, each real path once; a manifest keeps its file order.
     """
     if isinstance(checkpoints, Manifest):
-        manifest = checkpoints.path
+        manifest = checkpoints
 
-        def reread() -> List[Checkpoint]:
+        def reread() -> List[Union[Checkpoint, NotAnAdapter]]:
             try:
-                return read_manifest(manifest, storage_options)
+                found = read_manifest(manifest.path, storage_options, allow_outside_paths=manifest.allow_outside_paths)
             except FileNotFoundError:  # not written yet: a watch waits for it
                 return []
+            return [_resolved(checkpoint) for checkpoint in found]
 
         return reread
     patterns = [checkpoints] if isinstance(checkpoints, str) else list(checkpoints)
     if not patterns or not all(isinstance(p, str) and p for p in patterns):
         raise ValueError("checkpoints takes a path or glob, a list of them, or a Manifest")
 
-    def expand() -> List[Checkpoint]:
-        found: Set[str] = set()
+    def expand() -> List[Union[Checkpoint, NotAnAdapter]]:
+        found: Dict[str, Union[Checkpoint, NotAnAdapter]] = {}
         for pattern in patterns:
-            found.update(expand_pattern(pattern, storage_options))
-        return [Checkpoint(path, step=step_of(path)) for path in sorted(found, key=natural_key)]
+            if is_storage_url(pattern):
+                for url in storage.expand(pattern, storage_options):
+                    found.setdefault(url, Checkpoint(url, step=step_of(url)))
+                continue
+            named = not _GLOB_CHARS.search(pattern)  # a plain path names its checkpoint, whatever it holds
+            for listed in scan_pattern(pattern):
+                if listed.adapter or named:
+                    real = listed.real if listed.real != listed.path else None
+                    found.setdefault(listed.real, Checkpoint(listed.path, step=step_of(listed.path), real=real))
+                else:
+                    found.setdefault(listed.real, NotAnAdapter(listed.path, listed.real))
+        return sorted(found.values(), key=lambda item: natural_key(item.path))
 
     return expand
 
 
-class CheckpointSource:
-    """Hand out each checkpoint once it is complete, in the listing's order, each once.
+def _resolved(checkpoint: Checkpoint) -> Checkpoint:
+    """A manifest's local checkpoint with its real path (symlinks resolved), once it exists."""
+    if checkpoint.problem is not None or "://" in checkpoint.path:
+        return checkpoint
+    real = os.path.realpath(checkpoint.path)
+    return dataclasses.replace(checkpoint, real=real) if real != checkpoint.path else checkpoint
 
-    A checkpoint is ready once its fingerprint stayed the same for ``settle`` seconds (or its newest file is older
-    than that) and it reads to its end. One still changing, absent, or not reading to its end is waited for while
-    watching; without a watch, or once the watch ended, one that never became complete comes out as ``Unusable``.
+
+def _real_key(key: str, line: Mapping[str, Any]) -> str:
+    """A ledger line's checkpoint as the listing keys it: lines of older versions name no ``path``, and their
+    ``checkpoint`` may lie under a symlinked folder."""
+    if "path" in line or not line or "://" in key:
+        return key
+    return os.path.realpath(key)
+
+
+class _Pending:
+    """A listed checkpoint not handed out yet, and what the source saw of it."""
+
+    __slots__ = ("checkpoint", "fingerprint", "first_seen", "since")
+
+    def __init__(self, checkpoint: Checkpoint, now: float):
+        self.checkpoint = checkpoint
+        self.first_seen = now
+        self.fingerprint: Tuple[Any, ...] = ()
+        self.since = now
+
+
+_ABSENT: Tuple[Any, ...] = ("absent", None)  # the fingerprint of a checkpoint not (yet) there
+#: Seconds between listings while nothing listed is ready, at the least (more when a listing is slow: see poll).
+RELIST_SECONDS = 0.25
+
+
+class CheckpointSource:
+    """Hand out each checkpoint once it is complete, in the listing's order, each real path once.
+
+    The listing runs once, then again only when nothing already listed is ready (and at most every
+    ``RELIST_SECONDS``, or ten times as long as a listing takes), so its cost per checkpoint does not grow with the
+    folder. A checkpoint is ready once its fingerprint stayed the same for ``settle`` seconds (or its newest file is
+    older than that) and it reads to its end. Every wait is bounded: an absent or unfinished checkpoint is waited for
+    at most ``checkpoint_timeout`` seconds from when it was first seen (absent ones only under a watch; without a
+    watch an absent one and a settled one that does not read to its end are given up on at once), then it comes out
+    as ``Unusable``. A watch ends ``idle_timeout`` seconds after the last news once nothing is pending, or once the
+    manifest's ``final`` checkpoint is finished. A match that holds no adapter file at all is noted once (a log
+    warning) and looked at again at the next listings.
 
     Args:
         list_checkpoints: The listing (``listing``).
-        skip: Checkpoint paths already done (the ledger's).
-        watch: Keep looking for new checkpoints until ``idle_timeout`` passes with nothing new, or the manifest's
-            ``final`` checkpoint is ``finished``.
+        skip: Checkpoints already done: their keys, or the ledger's finished lines by key (then a checkpoint whose
+            ``content_signature`` differs from the line's ``signature`` is handed out again, naming the line's
+            adapter as ``replaces``).
+        watch: Keep looking for new checkpoints (see above).
         settle: Seconds a fingerprint must stay the same.
-        idle_timeout: Seconds of nothing new after which a watch ends (without a watch: the longest wait for a
-            checkpoint that keeps changing).
+        idle_timeout: Seconds of nothing new after which a watch ends.
+        checkpoint_timeout: Seconds one checkpoint is waited for, from when it was first seen.
         storage_options: Passed to ``checkpoint_fingerprint``.
+        clock: The monotonic clock (tests drive it).
     """
 
     def __init__(
         self,
         list_checkpoints: Listing,
         *,
-        skip: Iterable[str] = (),
+        skip: Union[Iterable[str], Mapping[str, Mapping[str, Any]]] = (),
         watch: bool = False,
         settle: float = DEFAULT_SETTLE,
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        checkpoint_timeout: float = DEFAULT_CHECKPOINT_TIMEOUT,
         storage_options: Optional[Mapping[str, Any]] = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self._list, self._watch, self._settle, self._idle = list_checkpoints, watch, settle, idle_timeout
+        self._timeout = checkpoint_timeout
         self._storage_options = storage_options
-        self._taken: Set[str] = set(skip)
-        self._finished: Set[str] = set(skip)
-        self._seen: Dict[str, Tuple[Tuple[Any, ...], float]] = {}  # path -> (fingerprint, since when)
-        self._last_news = time.monotonic()
+        self._clock = clock
+        lines = skip if isinstance(skip, Mapping) else {key: {} for key in skip}
+        #: key -> (signature, adapter) of each checkpoint done (evaluated, or recorded as failed in this run).
+        self._done: Dict[str, Tuple[Optional[str], Optional[str]]] = {
+            _real_key(key, line): (line.get("signature"), line.get("adapter")) for key, line in lines.items()
+        }
+        self._pending: Dict[str, _Pending] = {}
+        self._taken: Set[str] = set()
+        self._noted: Set[str] = set()
         self._final: Optional[str] = None
-        self._pending: List[Checkpoint] = []  # listed, not taken, not ready at the last poll
+        self._listed_at: Optional[float] = None
+        self._listing_seconds = 0.0
+        self._emptied_at: Optional[float] = None  # when the last pending checkpoint went
+        self._last_news = clock()
         #: True once nothing is left to hand out (and, watching, the watch ended).
         self.ended = False
         #: Why it ended, for a person: every checkpoint listed was taken, the watch's idle time ran out, or the
         #: manifest's final checkpoint is done.
         self.end_reason = ""
 
-    def finished(self, path: str) -> None:
-        """Record that ``path`` was evaluated (or given up on): a watch counts its idle time from here."""
-        self._finished.add(path)
-        self._last_news = time.monotonic()
+    def finished(self, key: str, *, signature: Optional[str] = None, adapter: Optional[str] = None) -> None:
+        """Record that checkpoint ``key`` was evaluated (with the content ``signature``, as ``adapter``) or given up
+        on: a watch counts its idle time from here."""
+        self._taken.discard(key)
+        self._done[key] = (signature, adapter)
+        self._last_news = self._clock()
+
+    def listed(self) -> int:
+        """List now (if not done yet) and return how many checkpoints wait to be handed out."""
+        if self._listed_at is None:
+            self._relist(self._clock())
+        return len(self._pending)
 
     def poll(self) -> Union[Checkpoint, Unusable, None]:
         """Return the next ready checkpoint, one given up on, or None (nothing ready now; see ``ended``)."""
         if self.ended:
             return None
-        now = time.monotonic()
-        pending: List[Checkpoint] = []
-        for checkpoint in self._list():
-            if checkpoint.final:
-                self._final = checkpoint.path
-            if checkpoint.path in self._taken:
-                continue
-            if self._ready(checkpoint, now):
-                return self._take(checkpoint)
-            pending.append(checkpoint)
-        final_done = self._final is not None and self._final in self._finished
-        self._pending = pending
+        now = self._clock()
+        if self._listed_at is None:
+            self._relist(now)
+        item = self._next(now)
+        if item is None and self._listing_due(now):
+            self._relist(now)
+            item = self._next(now)
+        if item is not None:
+            return item
+        final_done = self._final is not None and self._final in self._done
+        if self._pending:
+            if not final_done:
+                return None  # each pending checkpoint is bounded by checkpoint_timeout
+            return self._give_up(next(iter(self._pending)), now, "the run's final checkpoint is done")
         if self._watch and not final_done and now - self._last_news < self._idle:
             return None
         if self._watch:
             self.end_reason = (
-                f"the manifest's final checkpoint ({self._final}) is done"
+                f"the manifest's final checkpoint ({printable(self._final or '')}) is done"
                 if final_done
                 else f"--watch saw nothing new for {self._idle:g} s (--idle-timeout)"
             )
         else:
             self.end_reason = "every checkpoint listed was taken (pass --watch to follow a run still training)"
-        return self._give_up(pending, now, watch_ended=self._watch)
+        self.ended = True
+        return None
 
     def waiting_for(self) -> str:
         """Say what the source waits for now (after a ``poll`` that returned None), with the bound of the wait."""
-        now = time.monotonic()
-        changing = [c.path for c in self._pending if self._seen.get(c.path, (_ABSENT, now))[0] != _ABSENT]
-        absent = [c.path for c in self._pending if c.path not in changing]
-        if changing:
-            return f"waiting for {changing[0]} to be complete (still being written; {self._settle:g} s unchanged)"
-        if absent and self._watch:
-            return f"waiting for {absent[0]}, named but not there yet"
+        now = self._clock()
+        for pending in self._pending.values():
+            name = printable(pending.checkpoint.path)
+            left = max(0.0, self._timeout - (now - pending.first_seen))
+            if pending.fingerprint and pending.fingerprint[0] != "absent":
+                return (
+                    f"waiting for {name} to be complete (still being written; {self._settle:g} s unchanged; "
+                    f"--checkpoint-timeout {self._timeout:g} s, {left:.0f} s left)"
+                )
+            bound = f"--checkpoint-timeout {self._timeout:g} s, {left:.0f} s left"
+            return f"waiting for {name}, named but not there yet; {bound}"  # the countdown after the ";"
         left = max(0.0, self._idle - (now - self._last_news))
         return (
             f"waiting for a new checkpoint; the watch ends after {self._idle:g} s with nothing new "
             f"(--idle-timeout; {left:.0f} s left)"
         )
 
-    def _ready(self, checkpoint: Checkpoint, now: float) -> bool:
+    # -- listing ------------------------------------------------------------------------------------------------
+
+    def _relist_interval(self) -> float:
+        return max(RELIST_SECONDS, 10 * self._listing_seconds)
+
+    def _listing_due(self, now: float) -> bool:
+        """List again: the last listing is old enough, or (without a watch) the last listed checkpoint went since,
+        and one more look catches checkpoints written meanwhile before the sweep ends."""
+        assert self._listed_at is not None
+        if now - self._listed_at >= self._relist_interval():
+            return True
+        return not self._watch and self._emptied_at is not None and self._listed_at < self._emptied_at
+
+    def _relist(self, now: float) -> None:
+        started = self._clock()
+        listed = self._list()
+        self._listing_seconds = self._clock() - started
+        self._listed_at = now
+        for item in listed:
+            if isinstance(item, NotAnAdapter):
+                self._note(item)
+                continue
+            key = item.key
+            if item.final:
+                self._final = key
+            if key in self._pending or key in self._taken:
+                continue
+            if key in self._done:
+                changed = self._changed(item)
+                if changed is None:
+                    continue
+                item = changed
+            self._pending[key] = _Pending(item, now)
+            self._emptied_at = None
+
+    def _note(self, item: NotAnAdapter) -> None:
+        if item.real in self._noted:
+            return
+        self._noted.add(item.real)
+        logger.warning(
+            "%s holds no adapter file (no archive suffix; a folder without %s or adapter weights): skipped%s",
+            printable(item.path),
+            _CONFIG_NAME,
+            ", looked at again at the next listings" if self._watch else "",
+        )
+
+    def _changed(self, item: Checkpoint) -> Optional[Checkpoint]:
+        """A done checkpoint whose content changed since (its signature differs): to evaluate again."""
+        signature, adapter = self._done[item.key]
+        if signature is None or adapter is None:
+            return None  # failed, or done by a version that recorded no signature
+        now_signature = content_signature(item.real or item.path)
+        if now_signature is None or now_signature == signature:
+            return None
+        return dataclasses.replace(item, replaces=adapter)
+
+    # -- handing out --------------------------------------------------------------------------------------------
+
+    def _next(self, now: float) -> Union[Checkpoint, Unusable, None]:
+        """The first pending checkpoint that is ready, or the first one due to be given up on."""
+        for key, pending in self._pending.items():  # returns right after changing it
+            checkpoint = pending.checkpoint
+            if checkpoint.problem is not None:
+                return self._hand_out(key, Unusable(checkpoint, BatchInputError(checkpoint.problem)), now)
+            if self._ready(pending, now):
+                signature = content_signature(checkpoint.key)
+                return self._hand_out(key, dataclasses.replace(checkpoint, signature=signature), now)
+            why = self._hopeless(pending, now)
+            if why is not None:
+                return self._give_up(key, now, why)
+        return None
+
+    def _hand_out(self, key: str, item: Union[Checkpoint, Unusable], now: float) -> Union[Checkpoint, Unusable]:
+        del self._pending[key]
+        self._taken.add(key)
+        self._last_news = now
+        if not self._pending:
+            self._emptied_at = now
+        return item
+
+    def _ready(self, pending: _Pending, now: float) -> bool:
         """True when the checkpoint is ready; else remember what it looks like now."""
+        checkpoint = pending.checkpoint
         try:
-            fingerprint = checkpoint_fingerprint(checkpoint.path, self._storage_options)
+            fingerprint = checkpoint_fingerprint(checkpoint.key, self._storage_options)
         except FileNotFoundError:
             fingerprint = _ABSENT
-        previous = self._seen.get(checkpoint.path)
-        if previous is None or previous[0] != fingerprint:
-            self._seen[checkpoint.path] = (fingerprint, now)
-            self._last_news = now  # something new, or something changing: a watch goes on
-            since = now
-        else:
-            since = previous[1]
-        return fingerprint[1] is None and self._settled(fingerprint, since, now)
+        except OSError as error:  # unreadable (permissions), a loop of links: not there, for all we can read
+            fingerprint = ("absent", f"it cannot be read ({type(error).__name__}: {error})")
+        if pending.fingerprint != fingerprint:
+            pending.fingerprint, pending.since = fingerprint, now
+        return fingerprint[0] != "absent" and fingerprint[1] is None and self._settled(fingerprint, pending.since, now)
 
     def _settled(self, fingerprint: Tuple[Any, ...], since: float, now: float) -> bool:
         """Unchanged for ``settle`` seconds, as we watched it or by its modification time (never when absent)."""
-        if fingerprint == _ABSENT:
+        if fingerprint[0] == "absent":
             return False
         return now - since >= self._settle or time.time() - float(fingerprint[0]) >= self._settle
 
-    def _give_up(self, pending: List[Checkpoint], now: float, *, watch_ended: bool) -> Union[Unusable, None]:
-        """Without a watch (or once it ended): give up on what cannot become ready; end when nothing is left."""
-        for checkpoint in pending:
-            fingerprint, since = self._seen[checkpoint.path]
-            still_changing = fingerprint != _ABSENT and not self._settled(fingerprint, since, now)
-            if still_changing and not watch_ended and now - since < self._idle:
-                return None  # being written right now: worth waiting for, even without a watch
-            self._taken.add(checkpoint.path)
-            if fingerprint == _ABSENT:
-                reason = f"{checkpoint.path} does not exist"
-            elif fingerprint[1] is not None:
-                reason = f"{checkpoint.path} is incomplete: {fingerprint[1]}"
-            else:
-                reason = f"{checkpoint.path} kept changing for {now - since:.0f} s"
-            return Unusable(checkpoint, reason)
-        self.ended = True
+    def _hopeless(self, pending: _Pending, now: float) -> Optional[str]:
+        """Why a checkpoint that is not ready is given up on now, or None while it is worth waiting for."""
+        fingerprint, waited = pending.fingerprint, now - pending.first_seen
+        absent = fingerprint[0] == "absent"
+        if waited >= self._timeout:
+            return f"waited {waited:.0f} s (--checkpoint-timeout {self._timeout:g})"
+        if self._watch:
+            return None
+        if absent:
+            return "not waited for without --watch"
+        if fingerprint[1] is not None and self._settled(fingerprint, pending.since, now):
+            return "settled"  # does not read to its end, and is not being written: waiting will not help
         return None
 
-    def _take(self, checkpoint: Checkpoint) -> Checkpoint:
-        self._taken.add(checkpoint.path)
-        self._last_news = time.monotonic()
-        return checkpoint
+    def _give_up(self, key: str, now: float, why: str) -> Unusable:
+        pending = self._pending[key]
+        checkpoint, fingerprint = pending.checkpoint, pending.fingerprint
+        shown = printable(checkpoint.path)
+        error: LoraSamplerError
+        if not fingerprint or fingerprint[0] == "absent":
+            detail = "" if not fingerprint or fingerprint[1] is None else f" ({fingerprint[1]})"
+            error = CheckpointMissingError(
+                f"{shown} does not exist{detail} ({why}): a manifest line ahead of its file, or a checkpoint deleted "
+                "after it was listed (a retention policy?). Restore it and run again, or drop its line",
+                path=checkpoint.path,
+            )
+        elif why == "settled":
+            error = IncompleteCheckpointError(f"{shown} is incomplete: {fingerprint[1]}", path=checkpoint.path)
+        else:
+            state = f"does not read to its end: {fingerprint[1]}" if fingerprint[1] else "kept changing"
+            error = CheckpointIncompleteError(
+                f"{shown} {state}; {why}. Raise --checkpoint-timeout for checkpoints that take longer to write",
+                path=checkpoint.path,
+            )
+        return self._hand_out(key, Unusable(checkpoint, error), now)  # type: ignore[return-value]

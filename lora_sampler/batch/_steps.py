@@ -103,7 +103,7 @@ def _item_line(item: Any, number: int, defaults: LineDefaults, adapter: Adapter,
     if not isinstance(item, Mapping):
         raise TypeError(f"requests must hold mappings or request values, got {type(item).__name__}")
     line = parse(json.dumps(dict(item)).encode("utf-8"), number, defaults)
-    return line if line is not None else InputLine(number, number, error="an empty line")
+    return line if line is not None else InputLine(number, None, error="an empty line")
 
 
 def answered_records(path: str, counts: Dict[str, int]) -> Iterator[Dict[str, Any]]:

@@ -19,9 +19,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Union
 
+from lora_sampler._adapters.lease import remove_if_unleased
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._client.outage import OutageHook, checked_seconds
-from lora_sampler._defaults import DEFAULT_IDLE_TIMEOUT, DEFAULT_SETTLE, DEFAULT_WINDOW
+from lora_sampler._defaults import DEFAULT_CHECKPOINT_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_SETTLE, DEFAULT_WINDOW
+from lora_sampler._views import printable
 from lora_sampler.batch._evaluator import Evaluator, EvaluatorError, EvaluatorRun, Metrics, checked_evaluator
 from lora_sampler.batch._job import DEFAULT_DRAIN_SECONDS, DEFAULT_FAIL_FAST, BatchJob
 from lora_sampler.batch._ledger import Ledger
@@ -36,7 +38,7 @@ from lora_sampler.batch._sources import (
 )
 from lora_sampler.batch._steps import EvaluationStep, SampleStep
 from lora_sampler.batch._steps import SweepInput as SweepInput  # for SamplerClient.sweep's annotations
-from lora_sampler.errors import BatchInputError, IncompleteCheckpointError, LoraSamplerError
+from lora_sampler.errors import BatchInputError, CheckpointMissingError, LoraSamplerError, OutputWriteError
 from lora_sampler.types import Adapter, SampleRequest, SamplingParams, ScoreRequest, StopSpec, sampling_params_from
 
 logger = logging.getLogger(__name__)
@@ -64,11 +66,13 @@ class SweepSettings:
     fail_fast: int = DEFAULT_FAIL_FAST
     storage_options: Optional[Mapping[str, Any]] = None
     mix_adapters: bool = False
+    checkpoint_timeout: float = DEFAULT_CHECKPOINT_TIMEOUT
+    allow_outside_paths: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
             raise ValueError(f"window must be an int >= 1, got {self.window!r}")
-        for name in ("idle_timeout", "settle", "max_outage"):
+        for name in ("idle_timeout", "settle", "max_outage", "checkpoint_timeout"):
             checked_seconds(getattr(self, name), name)
         if self.keep_loaded and self.delete_retired:
             raise ValueError("delete_retired deletes the folders of unloaded adapters; it cannot go with keep_loaded")
@@ -78,11 +82,15 @@ class SweepSettings:
 class CheckpointReport:
     """One finished checkpoint: its ``sweep.jsonl`` line (``ledger_line``), or the error that made it unusable.
 
-    ``rows`` counts the lines of its output file over every run that wrote to it; ``mean_logprob`` is per generated
-    token (per scored token when scoring), ``mean_length`` in generated tokens per sequence, ``mean_sum`` (scoring)
-    the mean summed logprob per line; ``metrics`` an evaluator's answer (a value that is not finite reads None);
-    ``extra`` holds a step's own fields. ``resumed`` is True for a report read back
-    from ``sweep.jsonl`` because an earlier run finished the checkpoint (it is not written to the ledger).
+    ``path`` is the checkpoint's real path (symlinks resolved) or URL; ``replaces`` names the adapter of an earlier
+    evaluation of the same checkpoint whose content has changed since; ``notes`` says what else happened to it (its
+    adapter folder deleted or kept, its content changed); ``signature`` is what its files looked like when it was
+    taken (for noticing a later change). ``rows`` counts the lines of its output file over every run that wrote to
+    it; ``mean_logprob`` is per generated token (per scored token when scoring), ``mean_length`` in generated tokens
+    per sequence, ``mean_sum`` (scoring) the mean summed logprob per line; ``metrics`` an evaluator's answer (a value
+    that is not finite reads None); ``extra`` holds a step's own fields.
+    ``resumed`` is True for a report read back from ``sweep.jsonl`` because an earlier run finished the checkpoint
+    (it is not written to the ledger).
     """
 
     checkpoint: str
@@ -100,7 +108,10 @@ class CheckpointReport:
     extra: Dict[str, Any] = field(default_factory=dict)
     mean_sum: Optional[float] = None
     resumed: bool = False
+    path: Optional[str] = None
+    replaces: Optional[str] = None
     notes: List[str] = field(default_factory=list)
+    signature: Optional[str] = None
 
     @property
     def ok(self) -> bool:
@@ -112,6 +123,9 @@ class CheckpointReport:
         if self.error is not None:
             return {"checkpoint": self.checkpoint, "error": dict(self.error)}
         line: Dict[str, Any] = {"checkpoint": self.checkpoint, "adapter": self.adapter, "output": self.output}
+        for name in ("path", "replaces", "signature"):
+            if getattr(self, name) is not None:
+                line[name] = getattr(self, name)
         line.update(rows=self.rows, failed=self.failed, tokens=self.tokens, mean_logprob=self.mean_logprob)
         line.update(mean_length=self.mean_length, seconds=round(self.seconds, 3), step=self.step)
         if self.mean_sum is not None:
@@ -140,11 +154,14 @@ class CheckpointReport:
 
     @classmethod
     def failure(cls, checkpoint: Checkpoint, error: BaseException, seconds: float = 0.0) -> CheckpointReport:
-        """The report of a checkpoint that could not be used."""
-        message = str(error) or repr(error)
-        return cls(
-            checkpoint.path, checkpoint.step, seconds=seconds, error={"type": type(error).__name__, "message": message}
-        )
+        """The report of a checkpoint that could not be used (its error names the file when it has one)."""
+        details: Dict[str, Any] = {"type": type(error).__name__, "message": str(error) or repr(error)}
+        path = getattr(error, "path", None)
+        if isinstance(path, str):
+            details["path"] = path
+        report = cls(checkpoint.path, checkpoint.step, seconds=seconds, error=details)
+        report.path = checkpoint.key
+        return report
 
 
 #: ``CheckpointReport`` fields that are not ledger keys: ``extra`` spreads its keys into the line; ``resumed`` is the
@@ -192,6 +209,8 @@ class Sweep:
         #: Run on each checkpoint instead of the step's lines (``lora_sampler.tinker``'s sampling client).
         self.evaluator = None if evaluator is None else checked_evaluator(evaluator)
         self.on_row, self.on_outage = on_row, on_outage
+        if isinstance(checkpoints, Manifest) and settings.allow_outside_paths:
+            checkpoints = dataclasses.replace(checkpoints, allow_outside_paths=True)
         self._checkpoints = checkpoints
         self._listing = listing(checkpoints, settings.storage_options)
         self._stopping = threading.Event()
@@ -200,6 +219,7 @@ class Sweep:
         self._lock = threading.Lock()
         self._adapters_changed = threading.Condition(self._lock)
         self._adapters_in_use: Set[str] = set()
+        self._by_content: Dict[str, str] = {}  # the digest part of an adapter name -> the first adapter of it
         #: Set once a second stop left requests in flight (the outputs stay resumable).
         self.abandoned = False
         #: The ledger's path, once ``run`` opened it.
@@ -217,6 +237,23 @@ class Sweep:
             runs = list(self._active)
         for run in runs:
             run.stop(grace)
+
+    def _same_content(self, adapter: Adapter, checkpoint: Checkpoint) -> Adapter:
+        """Two checkpoints with the same bytes share one adapter (and output file), whatever their names: a later one
+        is published under the name the first got, so it finds its rows done. The extra folder goes again."""
+        suffix = adapter.name.rsplit("-", 1)[-1]
+        if adapter.digest is None or not adapter.digest.startswith(suffix):
+            return adapter  # an explicit or foreign name: nothing to share
+        with self._lock:
+            first = self._by_content.setdefault(suffix, adapter.name)
+        if first == adapter.name:
+            return adapter
+        shared = self.client.publish(checkpoint.path, name=first)
+        try:
+            self.client.unload(adapter, delete_files=True)  # never requested: the unload is a formality
+        except (LoraSamplerError, OSError) as error:
+            logger.debug("Could not remove the extra folder %r: %s", adapter.name, error)
+        return shared
 
     @contextlib.contextmanager
     def _using(self, adapter: str, claimed: threading.Event) -> Iterator[None]:
@@ -256,10 +293,14 @@ class Sweep:
                 watch=settings.watch,
                 settle=settings.settle,
                 idle_timeout=settings.idle_timeout,
+                checkpoint_timeout=settings.checkpoint_timeout,
                 storage_options=settings.storage_options,
             )
-            if not settings.watch and not ledger.finished and not self._listing():
+            if not settings.watch and not ledger.finished and not source.listed():
                 raise ValueError(f"{_describe(self._checkpoints)} names no checkpoint archive or adapter folder")
+            for line in ledger.finished.values():
+                if isinstance(line.get("adapter"), str):
+                    self._by_content.setdefault(line["adapter"].rsplit("-", 1)[-1], line["adapter"])
             for line in list(ledger.finished.values()):  # an earlier run's: a re-run cell draws the same curve
                 yield CheckpointReport.from_ledger(line, resumed=True)
             mixing = self.client.isolation.mixing() if settings.mix_adapters else contextlib.nullcontext()
@@ -281,8 +322,7 @@ class Sweep:
                 if item is None:
                     break
                 if isinstance(item, Unusable):
-                    error = IncompleteCheckpointError(item.reason, path=item.checkpoint.path)
-                    yield self._record(CheckpointReport.failure(item.checkpoint, error), source, ledger)
+                    yield self._record(CheckpointReport.failure(item.checkpoint, item.error), source, ledger)
                     continue
                 run = _CheckpointRun(self, item, after, claimed)
                 after, claimed = run.inputs_done, run.claimed
@@ -329,7 +369,7 @@ class Sweep:
 
     def _record(self, report: CheckpointReport, source: CheckpointSource, ledger: Ledger) -> CheckpointReport:
         ledger.append(report.ledger_line())
-        source.finished(report.checkpoint)
+        source.finished(report.path or report.checkpoint, signature=report.signature, adapter=report.adapter)
         return report
 
 
@@ -370,8 +410,12 @@ class _CheckpointRun(threading.Thread):
             self.report = self._evaluate(started)
         except _SweepFatal as fatal:
             self.fatal = fatal.error
+        except OutputWriteError as error:  # a full disk fails every checkpoint after it: stop, resumable
+            self.fatal = _resumable(error, self.sweep.settings.output_dir)
         except (LoraSamplerError, OSError, ValueError, TypeError) as error:
-            self.report = CheckpointReport.failure(self.checkpoint, error, time.monotonic() - started)
+            self.report = CheckpointReport.failure(
+                self.checkpoint, _vanished(self.checkpoint, error), time.monotonic() - started
+            )
         except Exception as error:  # an evaluator's own error: this checkpoint failed, the sweep goes on
             if self.sweep.evaluator is None:
                 self.fatal = error
@@ -386,7 +430,7 @@ class _CheckpointRun(threading.Thread):
 
     def _evaluate(self, started: float) -> Optional[CheckpointReport]:
         sweep = self.sweep
-        adapter = sweep.client.publish(self.checkpoint.path)
+        adapter = sweep._same_content(sweep.client.publish(self.checkpoint.path), self.checkpoint)
         while not self.claimed_before.wait(0.05):
             if sweep.stopped:
                 return None
@@ -482,19 +526,26 @@ class _CheckpointRun(threading.Thread):
             sweep.abandoned = True
         if job.abandoned or sweep.stopped:
             return None  # not finished: the next run resumes its output
-        self._retire(adapter)
+        notes = self._retire(adapter)
         if job.fatal is not None:
             self._judge(job.fatal)
         summary = step.summary(output)
         known = {name: summary.pop(name) for name in _SUMMARY_FIELDS if name in summary}
+        checkpoint = self.checkpoint
+        replaces = checkpoint.replaces if checkpoint.replaces not in (None, adapter.name) else None
+        if replaces is not None:
+            notes.insert(0, f"content changed since it was evaluated as {replaces}; evaluated again as {adapter.name}")
         return CheckpointReport(
-            self.checkpoint.path,
-            self.checkpoint.step,
+            checkpoint.path,
+            checkpoint.step,
             adapter.name,
             os.path.basename(output),
             seconds=time.monotonic() - started,
             extra=summary,
-            notes=scoring_notes(adapter) if isinstance(step, ScoreStep) else [],
+            path=checkpoint.key,
+            replaces=replaces,
+            notes=notes + (scoring_notes(adapter) if isinstance(step, ScoreStep) else []),
+            signature=checkpoint.signature,
             **known,
         )
 
@@ -519,23 +570,60 @@ class _CheckpointRun(threading.Thread):
         """A job that stopped on its own: the input or the engine is at fault (the sweep stops), or the checkpoint."""
         if isinstance(error, BatchInputError):
             raise _SweepFatal(error)
+        if isinstance(error, OutputWriteError):
+            raise _SweepFatal(_resumable(error, self.sweep.settings.output_dir))
         try:
             self.sweep.client.wait_ready(0)
         except LoraSamplerError:
             raise _SweepFatal(error) from None
         raise error  # the engine answers: this checkpoint's adapter is unusable
 
-    def _retire(self, adapter: Adapter) -> None:
-        """Unload the finished adapter (every replica); delete its folder with ``delete_retired``."""
+    def _retire(self, adapter: Adapter) -> List[str]:
+        """Unload the finished adapter (every replica); with ``delete_retired`` delete its folder unless another run
+        holds a lease on it. Return the notes naming what was deleted or kept."""
         settings = self.sweep.settings
         if settings.keep_loaded:
-            return
+            return []
+        shown = printable(self.checkpoint.path)
         try:
-            self.sweep.client.unload(adapter, delete_files=settings.delete_retired)
+            self.sweep.client.unload(adapter)  # lets go of this client's lease on the folder
         except (LoraSamplerError, OSError, ValueError) as error:
-            logger.warning(
-                "Could not unload adapter %r of %s (its files are kept): %s", adapter.name, self.checkpoint.path, error
+            logger.warning("Could not unload adapter %r of %s (its files are kept): %s", adapter.name, shown, error)
+            return [f"could not unload {adapter.name} (its folder is kept): {error}"] if settings.delete_retired else []
+        if not settings.delete_retired or adapter.path is None:
+            return []
+        try:
+            removed = remove_if_unleased(os.path.dirname(adapter.path), adapter.name)
+        except OSError as error:
+            note = f"could not delete its adapter folder {adapter.path}: {error}"
+        else:
+            note = (
+                f"deleted its adapter folder {adapter.path}"
+                if removed
+                else f"kept its adapter folder {adapter.path}: another run holds a lease on it"
             )
+        logger.info("%s: %s", shown, note)
+        return [note]
+
+
+def _resumable(error: OutputWriteError, output_dir: str) -> OutputWriteError:
+    """The sweep's words for an output it cannot write: the flag to run again with is ``--output-dir``."""
+    return OutputWriteError(
+        f"cannot write {error.path}: {error.reason or error}. Every record and checkpoint written before is kept and "
+        f"the sweep resumes: free some space, then run again with the same --output-dir {output_dir}",
+        path=error.path,
+        reason=error.reason,
+    )
+
+
+def _vanished(checkpoint: Checkpoint, error: BaseException) -> BaseException:
+    """A checkpoint that failed because it is gone (deleted after it was listed) is recorded as missing."""
+    if "://" in checkpoint.path or os.path.lexists(checkpoint.key):
+        return error
+    return CheckpointMissingError(
+        f"{printable(checkpoint.path)} was deleted while the sweep used it ({error}); restore it and run again",
+        path=checkpoint.path,
+    )
 
 
 _SUMMARY_FIELDS = ("rows", "failed", "tokens", "mean_logprob", "mean_length", "mean_sum")
@@ -658,6 +746,8 @@ def sweep(
     max_outage: float = 0.0,
     on_outage: Optional[OutageHook] = None,
     storage_options: Optional[Mapping[str, Any]] = None,
+    checkpoint_timeout: float = DEFAULT_CHECKPOINT_TIMEOUT,
+    allow_outside_paths: bool = False,
     step: Optional[EvaluationStep] = None,
     on_row: Optional[RowHook] = None,
     mix_adapters: bool = False,
@@ -692,6 +782,8 @@ def sweep(
         max_outage=max_outage,
         storage_options=storage_options,
         mix_adapters=mix_adapters,
+        checkpoint_timeout=checkpoint_timeout,
+        allow_outside_paths=allow_outside_paths,
     )
     if step is None:
         if requests is None:

@@ -22,6 +22,7 @@ from lora_sampler._adapters.publish import default_adapter_name, remove_adapter_
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._defaults import (
     API_KEY_ENV,
+    DEFAULT_CHECKPOINT_TIMEOUT,
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_SETTLE,
     DEFAULT_WINDOW,
@@ -332,6 +333,19 @@ def _add_sweep_flags(sweep: argparse.ArgumentParser) -> None:
         default=DEFAULT_IDLE_TIMEOUT,
         metavar="SECONDS",
         help=f"--watch ends after this long with nothing new (default: {DEFAULT_IDLE_TIMEOUT:g})",
+    )
+    sweep.add_argument(
+        "--checkpoint-timeout",
+        type=float,
+        default=DEFAULT_CHECKPOINT_TIMEOUT,
+        metavar="SECONDS",
+        help="wait at most this long for one checkpoint (absent, or still being written) from when it was first "
+        f"seen, then record it as missing or incomplete and go on (default: {DEFAULT_CHECKPOINT_TIMEOUT:g})",
+    )
+    sweep.add_argument(
+        "--allow-outside-paths",
+        action="store_true",
+        help="take manifest sampler paths outside the manifest's folder (absolute paths elsewhere, ..)",
     )
     sweep.add_argument(
         "--settle",
@@ -655,7 +669,8 @@ def _check_sweep_args(args: argparse.Namespace) -> None:
         _check_sweep_input(args.input)
     if args.window < 1:
         raise UsageError(f"--window must be >= 1, got {args.window}")
-    for flag, value in (("--idle-timeout", args.idle_timeout), ("--settle", args.settle)):
+    timeouts = (("--idle-timeout", args.idle_timeout), ("--settle", args.settle))
+    for flag, value in (*timeouts, ("--checkpoint-timeout", args.checkpoint_timeout)):
         if not 0 <= value < float("inf"):
             raise UsageError(f"{flag} takes seconds >= 0, got {value:g}")
     if args.keep_loaded and args.delete_retired:

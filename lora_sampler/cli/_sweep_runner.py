@@ -10,12 +10,13 @@ import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from lora_sampler._client.client import SamplerClient
+from lora_sampler._views import printable
 from lora_sampler.batch._ledger import read_ledger
 from lora_sampler.batch._lines import PROMPT_RECORDS, InputLine, LineDefaults
 from lora_sampler.batch._score import ScoreStep
 from lora_sampler.batch._sources import Checkpoint, Manifest
 from lora_sampler.batch._steps import SampleStep
-from lora_sampler.batch._sweep import Sweep, SweepSettings
+from lora_sampler.batch._sweep import CheckpointReport, Sweep, SweepSettings
 from lora_sampler.cli._runner import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, BatchAbandoned
 from lora_sampler.cli._terminal import JobBar, RetryCounter, interrupts_stop, logs_above, progress_bar, say
 
@@ -30,7 +31,17 @@ COLUMNS = (
     ("rows/s", "rows_per_second"),
 )
 #: The ``SweepSettings`` fields that come straight from flags of the same name.
-SETTINGS_FLAGS = ("window", "watch", "idle_timeout", "settle", "keep_loaded", "delete_retired", "max_outage")
+SETTINGS_FLAGS = (
+    "window",
+    "watch",
+    "idle_timeout",
+    "settle",
+    "keep_loaded",
+    "delete_retired",
+    "max_outage",
+    "checkpoint_timeout",
+    "allow_outside_paths",
+)
 _PLOT_EXTRA = "--plot needs matplotlib: pip install 'lora_sampler[plot]'"
 
 
@@ -81,21 +92,27 @@ def run_sweep(client: SamplerClient, args: argparse.Namespace, defaults: LineDef
     try:
         with interrupts_stop(sweep) as interrupts, logs_above(bar):
             for report in sweep.run():
-                if not args.quiet and report.resumed:
-                    say(bar, f"lora-sampler: {report.checkpoint}: done by an earlier run ({report.rows} rows)")
-                elif not args.quiet:
-                    line = report.ledger_line()
-                    detail = line["error"]["message"] if report.error else f"{report.rows} rows, {report.failed} failed"
-                    if evaluator is not None and not report.error:
-                        detail = ", ".join(f"{name} {_cell(value)}" for name, value in report.metrics.items())
-                    say(bar, f"lora-sampler: {report.checkpoint}: {detail} ({report.seconds:.1f} s)")
+                if not args.quiet:
+                    say(bar, report_line(report, evaluator is not None))
                 for note in report.notes if not report.resumed else ():
-                    say(bar, f"lora-sampler: {report.checkpoint}: note: {note}")
+                    say(bar, printable(f"lora-sampler: {report.checkpoint}: note: {note}"))
     finally:
         shown.close()
     if sweep.abandoned:
         raise BatchAbandoned
     return _finish(read_ledger(sweep.ledger_path) if sweep.ledger_path else [], args, interrupted=interrupts.count > 0)
+
+
+def report_line(report: CheckpointReport, metrics: bool = False) -> str:
+    """The line printed for a finished checkpoint: its name (control characters escaped), rows (an evaluator's
+    metrics) or its error."""
+    name = printable(report.checkpoint)
+    if report.resumed:
+        return f"lora-sampler: {name}: done by an earlier run ({report.rows} rows)"
+    detail = report.error["message"] if report.error else f"{report.rows} rows, {report.failed} failed"
+    if metrics and not report.error:
+        detail = ", ".join(f"{metric} {_cell(value)}" for metric, value in report.metrics.items())
+    return printable(f"lora-sampler: {name}: {detail} ({report.seconds:.1f} s)")
 
 
 def _finish(entries: List[Dict[str, Any]], args: argparse.Namespace, *, interrupted: bool) -> int:
@@ -132,7 +149,7 @@ def summary_table(entries: Sequence[Dict[str, Any]]) -> str:
     errors: Dict[int, str] = {}
     for entry in entries:
         if "error" in entry:
-            errors[len(table)] = f"{entry['error'].get('type')}: {entry['error'].get('message')}"
+            errors[len(table)] = printable(f"{entry['error'].get('type')}: {entry['error'].get('message')}")
             table.append([_short(entry["checkpoint"])])
             continue
         seconds = entry.get("seconds") or 0.0
@@ -157,7 +174,7 @@ def metric_names(entries: Sequence[Dict[str, Any]]) -> List[str]:
 
 
 def _short(checkpoint: str) -> str:
-    return checkpoint.rstrip("/").rsplit("/", 1)[-1]
+    return printable(checkpoint.rstrip("/").rsplit("/", 1)[-1])
 
 
 def _cell(value: Any) -> str:

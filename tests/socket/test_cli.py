@@ -179,10 +179,10 @@ def test_cli_sample_reports_malformed_lines(
     err = capsys.readouterr().err
     assert "line 3" in err and "line 5" in err and "line 8" in err
     got = records(out)
-    assert ids(out) == ["p1", "p2", 3, "p4", "noprompt", "p6", "p7", "neg", "p9", "p10"]  # --ordered
+    assert ids(out) == ["p1", "p2", None, "p4", "noprompt", "p6", "p7", "neg", "p9", "p10"]  # --ordered
     errors = {r["id"]: r["error"] for r in got if "error" in r}
-    assert set(errors) == {3, "noprompt", "neg"}
-    assert errors[3]["line"] == 3 and "not valid JSON" in errors[3]["message"]
+    assert set(errors) == {None, "noprompt", "neg"}  # a line that is not JSON has no id to give
+    assert errors[None]["line"] == 3 and "not valid JSON" in errors[None]["message"]
     assert engine.calls(COMPLETIONS) == 7
 
 
@@ -497,3 +497,22 @@ def test_cli_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["sample", "--base-url", "http://127.0.0.1:1"]) == 2
     assert main(["sample", "--help"]) == 0
     assert "LORA_SAMPLER_API_KEY" in capsys.readouterr().out
+
+
+def test_cli_sample_integer_ids_and_a_bad_line_never_collide(
+    engine: FakeEngine, lora_dir: Path, archive: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ids 0..N-1 (as enumerate numbers them) and one line that is not JSON at line 5: every good line is answered,
+    the bad one is an error row, and a second run retries only that line (it used to be keyed by its line number,
+    so line 6's id 5 "repeated" it: exit 2 with 5 of 200 rows, every run)."""
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    lines = [json.dumps({"id": number, "prompt": [5, 6]}) for number in range(200)]
+    lines.insert(4, "{this is not json")
+    inp.write_text("\n".join(lines) + "\n")
+    for _ in range(2):
+        assert main(sample_args(engine, lora_dir, archive, inp, out)) == 1
+        got = records(out)
+        assert sorted(r["id"] for r in got if "error" not in r) == list(range(200))
+        assert [r["error"]["line"] for r in got if "error" in r] == [5]
+    assert "repeats the id" not in capsys.readouterr().err
+    assert engine.calls(COMPLETIONS) == 200  # the second run sent nothing again

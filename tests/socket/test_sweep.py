@@ -112,7 +112,10 @@ def test_sweep_takes_checkpoints_in_natural_order_and_unloads_each(
         "mean_length",
         "seconds",
         "step",
+        "path",
+        "signature",
     }
+    assert lines[0]["path"] == os.path.realpath(lines[0]["checkpoint"])
     outputs = ids_per_output(out)
     assert sorted(outputs) == sorted(line["output"] for line in lines)
     assert all(sorted(ids) == sorted(f"p{n}" for n in range(50)) for ids in outputs.values())

@@ -70,13 +70,13 @@ def test_parse_line_skips_blank_lines() -> None:
 @pytest.mark.parametrize(
     ("raw", "expected_id", "phrase"),
     [
-        (b"{not json\n", 4, "not valid JSON"),
-        (b"[1, 2]\n", 4, "JSON object"),
+        (b"{not json\n", None, "not valid JSON"),
+        (b"[1, 2]\n", None, "JSON object"),
         (b'{"id": "x"}\n', "x", "no 'prompt'"),
-        (b'{"id": 1.5, "prompt": "a"}\n', 4, "id must be"),
+        (b'{"id": 1.5, "prompt": "a"}\n', None, "id must be"),
         (b'{"id": "y", "prompt": []}\n', "y", "prompt must not be empty"),
         (b'{"id": "z", "prompt": "a", "max_tokens": 0}\n', "z", "max_tokens"),
-        (b'\xff\xfe{"prompt": 1}\n', 4, "not valid JSON"),
+        (b'\xff\xfe{"prompt": 1}\n', None, "not valid JSON"),
     ],
 )
 def test_parse_line_reports_bad_lines_without_raising(raw: bytes, expected_id: Any, phrase: str) -> None:
@@ -85,14 +85,15 @@ def test_parse_line_reports_bad_lines_without_raising(raw: bytes, expected_id: A
     assert line is not None and line.request is None
     assert line.id == expected_id
     assert phrase in line.error
+    assert line.key == (json.dumps(expected_id) if expected_id is not None else "#line4")  # never an id's key
 
 
 def test_read_input_streams_and_numbers_lines() -> None:
     """read_input yields non-blank lines with their 1-based line numbers."""
     data = jsonl({"id": "a", "prompt": "x"}, "", {"prompt": [5]}, "oops")
     lines = list(read_input(io.BytesIO(data), DEFAULTS))
-    assert [(line.line_number, line.id) for line in lines] == [(1, "a"), (3, 3), (4, 4)]
-    assert lines[2].error
+    assert [(line.line_number, line.id) for line in lines] == [(1, "a"), (3, 3), (4, None)]
+    assert lines[2].error and lines[2].key == "#line4"
 
 
 def test_read_input_duplicate_id_names_both_lines() -> None:

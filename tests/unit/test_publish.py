@@ -7,6 +7,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -280,10 +281,28 @@ def test_publish_directory_checkpoint(tmp_path: pathlib.Path, base: pathlib.Path
     assert publish_checkpoint(str(source) + os.sep, base) == adapter
 
 
+def test_publish_directory_copies_only_the_adapter_files(tmp_path: pathlib.Path, base: pathlib.Path) -> None:
+    """A training run's checkpoint folder holds more than the adapter (optimizer state, logs, private notes): only
+    its config and weights are copied into the shared resolver folder, and only they make its content name."""
+    source = write_adapter_dir(tmp_path / "step-8")
+    plain = publish_checkpoint(source, base)
+    (source / "secret.txt").write_text("not for the shared folder")
+    (source / "optimizer").mkdir()
+    (source / "optimizer" / "state.pt").write_bytes(b"x" * 1000)
+    again = publish_checkpoint(source, base)
+    assert again == plain
+    published = sorted(name for name in os.listdir(str(again.path)) if not name.startswith("."))  # and our marker
+    assert published == ["adapter_config.json", "adapter_model.safetensors"]
+
+
 def test_publish_directory_with_fifo_is_refused(tmp_path: pathlib.Path, base: pathlib.Path) -> None:
-    """A FIFO in an adapter folder is refused (reading it would hang)."""
+    """A FIFO as an adapter file is refused (reading it would hang); one beside the adapter is never read."""
     source = write_adapter_dir(tmp_path / "step")
     os.mkfifo(source / "pipe")
+    publish_checkpoint(source, base)
+    for name in os.listdir(base):
+        shutil.rmtree(base / name)
+    os.mkfifo(source / "adapter_model.bin")
     with pytest.raises(PublishError, match="not a regular file"):
         publish_checkpoint(source, base)
     assert os.listdir(base) == []

@@ -23,7 +23,7 @@ from lora_sampler.batch._sources import (
     read_manifest,
     step_of,
 )
-from lora_sampler.errors import BatchInputError, LoraSamplerError
+from lora_sampler.errors import LoraSamplerError
 from lora_sampler.testing import write_adapter, write_adapter_archive
 
 
@@ -46,6 +46,8 @@ def test_expand_pattern_takes_archives_and_folders_in_natural_order(tmp_path: Pa
         (tmp_path / f"step-{step}.tar.gz").write_bytes(b"x")
     (tmp_path / "step-300.tar.gz.partial").write_bytes(b"x")
     (tmp_path / "step-50").mkdir()
+    (tmp_path / "step-50" / "adapter_model.safetensors").write_bytes(b"x")
+    (tmp_path / "step-60").mkdir()  # no adapter file at all (yet): not a checkpoint
     found = expand_pattern(str(tmp_path / "step-*"))
     assert [os.path.basename(p) for p in found] == [
         "step-50",
@@ -82,12 +84,14 @@ def test_read_manifest_skips_state_only_lines_and_resolves_relative_paths(tmp_pa
     ]
 
 
-def test_read_manifest_refuses_a_bad_line_in_the_middle(tmp_path: Path) -> None:
-    """A complete line that is not JSON is an input error naming the line."""
+def test_read_manifest_keeps_a_bad_line_in_the_middle_as_a_problem(tmp_path: Path) -> None:
+    """A complete line that is not JSON is an entry with a problem naming the line (recorded, the rest goes on)."""
     manifest = tmp_path / "checkpoints.jsonl"
     manifest.write_text('{"sampler_path": "a.tar"}\nnot json\n{"sampler_path": "b.tar"}\n')
-    with pytest.raises(BatchInputError, match="line 2 is not JSON"):
-        read_manifest(str(manifest))
+    got = read_manifest(str(manifest))
+    assert [os.path.basename(c.path) for c in got] == ["a.tar", "checkpoints.jsonl#line2", "b.tar"]
+    assert got[1].problem is not None and "line 2 is not JSON" in got[1].problem
+    assert got[0].problem is None and got[2].problem is None
 
 
 def test_checkpoint_fingerprint_tells_a_truncated_archive(tmp_path: Path) -> None:
