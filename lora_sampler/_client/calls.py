@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Tuple, cast
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 from lora_sampler._adapters.fleet import Fleet
 from lora_sampler._adapters.loads import AdapterLoadCoordinator
@@ -29,9 +29,9 @@ from lora_sampler._wire.routes import (
     LOAD_ADAPTER_PATH,
     MODELS_PATH,
 )
-from lora_sampler.errors import EngineError, EngineStatusError, RequestCancelledError
-from lora_sampler.retry import RetryHook, RetryPolicy, make_retrying
-from lora_sampler.types import Adapter, SampleOutput, SampleRequest
+from lora_sampler.errors import EngineError, EngineProtocolError, EngineStatusError, RequestCancelledError
+from lora_sampler.retry import RetryHook, RetryPolicy, is_adapter_race, make_retrying
+from lora_sampler.types import Adapter, SampleOutput, SampleRequest, outputs_from_batch, prompt_list
 
 logger = logging.getLogger(__name__)
 
@@ -46,9 +46,10 @@ class _Call:
     payload: Dict[str, Any]
     started: float
     load_path: Optional[str]
-    parse: Callable[[Any], SampleOutput]
+    parse: Callable[[Any], Any]
     is_chat: bool = False
     timeout: Optional[Timeout] = None
+    prompts: int = 1
 
 
 class _Attempts:
@@ -68,7 +69,7 @@ class _Attempts:
         self._load_timeout = load_timeout
         self._isolation = isolation
 
-    def attempt(self, call: _Call) -> SampleOutput:
+    def attempt(self, call: _Call) -> Any:
         """Send exactly one completion request for ``call``; once its fan-out is cancelled, raise instead of retrying.
 
         Raises:
@@ -83,7 +84,11 @@ class _Attempts:
                 ) from error
             raise
 
-    def _send(self, call: _Call) -> SampleOutput:
+    def _send(self, call: _Call) -> Any:
+        """Send the one completion POST of ``call``: one prompt, or a prompt list (``prompts`` of them) for a batch.
+
+        A batched scoring request is a scoring request: it is admitted as one (``ModelIsolation``).
+        """
         if is_cancelled():
             raise RequestCancelledError(
                 "not sent: its fan-out was cancelled", model=call.model, adapter=call.is_adapter
@@ -164,11 +169,7 @@ class SampleCalls:
 
     def run(self, request: SampleRequest) -> SampleOutput:
         """Run one ``SampleRequest`` through the retry table and return its output."""
-        if request.adapter is not None:
-            adapter = self._registry.resolve(request.adapter)
-            model, load_path = adapter.name, self._registry.engine_path(adapter)
-        else:
-            model, load_path = str(request.base_model), None
+        model, load_path = self._model_of(request)
         call = _Call(
             model=model,
             is_adapter=request.adapter is not None,
@@ -180,8 +181,66 @@ class SampleCalls:
             is_chat=request.is_chat,
             timeout=request.timeout,
         )
+        output: SampleOutput = self._counted(call, request)
+        return output
+
+    def run_many(self, requests: Sequence[SampleRequest]) -> List[Union[SampleOutput, EngineError]]:
+        """Run requests that differ only in their prompt as one ``/v1/completions`` with a prompt list.
+
+        The request goes through the retry table as a whole (the adapter race, transport failures). A 400 for the
+        whole request (one prompt too long, a token out of vocabulary) is split in halves, again and again, so that
+        only the prompts it is about get it; the others are answered.
+
+        Returns:
+            Per request, in order: its output, or the error for its prompt alone (that 400, or its part of the
+            answer not fitting, as ``EngineProtocolError``).
+
+        Raises:
+            EngineError: what failed the request as a whole once the retry table ran its course (every prompt's).
+        """
+        if len(requests) == 1:
+            try:
+                return [self.run(requests[0])]
+            except EngineStatusError as error:
+                if not _is_about_prompts(error):
+                    raise
+                return [error]
+        first = requests[0]
+        model, load_path = self._model_of(first)
+        payload = self._payload(first, model)
+        payload["prompt"] = prompt_list(requests)
+        call = _Call(
+            model=model,
+            is_adapter=first.adapter is not None,
+            session_id=first.session_id or new_id(),
+            payload=payload,
+            started=time.monotonic(),
+            load_path=load_path,
+            parse=lambda body: outputs_from_batch(body, requests, model=model),
+            timeout=first.timeout,
+            prompts=len(requests),
+        )
+        try:
+            parts: List[Union[SampleOutput, ValueError]] = self._counted(call, first)
+        except EngineStatusError as error:
+            if not _is_about_prompts(error):
+                raise
+            half = len(requests) // 2  # a refusal about some prompt: find which, in halves
+            return self.run_many(requests[:half]) + self.run_many(requests[half:])
+        return [self._part_error(part, call) if isinstance(part, ValueError) else part for part in parts]
+
+    def _model_of(self, request: SampleRequest) -> Tuple[str, Optional[str]]:
+        """Return the model name a request is sent to, and the engine's path to load it from (adapters only)."""
+        if request.adapter is None:
+            return str(request.base_model), None
+        adapter = self._registry.resolve(request.adapter)
+        return adapter.name, self._registry.engine_path(adapter)
+
+    def _counted(self, call: _Call, request: SampleRequest) -> Any:
+        """Run ``call`` through the retry table, counting it as in flight for its adapter (lineage retirement)."""
         if not call.is_adapter:
             return self._attempted(call, request)
+        model = call.model
         self._registry.request_started(model)
         served = False
         try:
@@ -191,6 +250,15 @@ class SampleCalls:
             self._registry.request_finished(model, served=served)
         self.loads.forget(model)
         return output
+
+    def _part_error(self, problem: ValueError, call: _Call) -> EngineProtocolError:
+        """The error of one prompt whose part of a batched answer does not fit."""
+        return EngineProtocolError(
+            f"POST {COMPLETIONS_PATH} (model {call.model!r}, {call.prompts} prompts in one request): the engine at "
+            f"{self._transport.base_url} answered with a part that does not fit: {problem}",
+            model=call.model,
+            adapter=call.is_adapter,
+        )
 
     def _payload(self, request: SampleRequest, model: str) -> Dict[str, Any]:
         """The request's body; ``max_tokens=None`` becomes the engine's context length, which vLLM clamps to the
@@ -204,7 +272,7 @@ class SampleCalls:
                 payload["max_tokens"] = context
         return payload
 
-    def _attempted(self, call: _Call, request: SampleRequest) -> SampleOutput:
+    def _attempted(self, call: _Call, request: SampleRequest) -> Any:
         """The call through the retry table; a 5xx to a prompt-logprobs request is noted (see ``outage``)."""
         try:
             return self._retrying(call)
@@ -228,3 +296,12 @@ class SampleCalls:
             if exc.status != 404:
                 raise
         self._transport.get_json(MODELS_PATH, timeout=timeout)
+
+
+#: Statuses of a refusal that may concern some prompts of a request only (413: a proxy's body size limit).
+_PROMPT_REFUSALS = (400, 413)
+
+
+def _is_about_prompts(error: EngineStatusError) -> bool:
+    """Tell whether a refusal of a batched request may concern only some of its prompts (so splitting it helps)."""
+    return error.status in _PROMPT_REFUSALS and not is_adapter_race(error)

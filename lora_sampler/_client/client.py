@@ -38,7 +38,7 @@ from lora_sampler._adapters.publish import adapter_targets_lm_head
 from lora_sampler._adapters.registry import AdapterRegistry
 from lora_sampler._adapters.storage import StorageOptions
 from lora_sampler._client.calls import SampleCalls
-from lora_sampler._client.fanout import IN_FLIGHT_PER_WORKER, FanOut, RequestLike, Runner
+from lora_sampler._client.fanout import IN_FLIGHT_PER_WORKER, Batching, FanOut, RequestLike, Runner
 from lora_sampler._client.isolation import ModelIsolation
 from lora_sampler._client.outage import OutageGate, OutageHook, checked_seconds, probe_timeout, probe_until
 from lora_sampler._client.progress import ProgressBar
@@ -181,7 +181,9 @@ class SamplerClient:
         #: Keeps scoring requests apart from other models' requests (``mix_adapters`` turns it off).
         self.isolation = ModelIsolation(mix_adapters=mix_adapters)
         self._calls = SampleCalls(self._transport, self._registry, self._fleet, retry, self.isolation)
-        self._scorer = Scorer(self._transport, retry, self._calls.run, self._registry.served_base_models)
+        self._scorer = Scorer(
+            self._transport, retry, self._calls.run, self._registry.served_base_models, self._calls.run_many
+        )
         self._fanout = FanOut(max_workers)
         #: The ``SamplingInterruptedError`` of the last ``sample_many`` stopped by Ctrl-C (its ``.results``), or None.
         self.last_interrupt: Optional[SamplingInterruptedError] = None
@@ -486,11 +488,13 @@ class SamplerClient:
         on_outage: Optional[OutageHook] = None,
         progress: bool = False,
         total: Optional[int] = None,
+        prompts_per_request: Optional[int] = None,
     ) -> Iterator[Any]:
         """Yield the result of each request in input order, keeping a bounded number in flight.
 
-        At most ``2 * max_workers`` requests are pulled from ``requests`` ahead of the results yielded, so a
-        generator of a million prompts never becomes a million futures.
+        At most ``2 * max_workers`` requests (of up to ``prompts_per_request`` prompts each, so counted in prompts)
+        are pulled from ``requests`` ahead of the results yielded, so a generator of a million prompts never becomes
+        a million futures.
 
         Args:
             requests: ``SampleRequest`` values (``prompt=`` or chat ``messages=``), or mappings of their fields; or
@@ -504,11 +508,18 @@ class SamplerClient:
             on_outage: Called with an ``OutageEvent`` while the engine is away (from worker threads).
             progress: Show a progress bar, as ``sample_many`` does; it closes when the iteration ends.
             total: The number of requests, for the bar's total when ``requests`` has no length (a generator).
+            prompts_per_request: Requests sharing a model and settings (sampling or scoring; chat never) go
+                together as one ``/v1/completions`` of up to this many prompts. None (default): the measured
+                defaults (32 for scoring and for short generations, fewer for long ones); 1: one prompt per request.
+                Results, errors, retries and outages stay per prompt (docs/guides/batching.md).
         """
         self._transport.check_process()  # a forked child: fail at once here with a user's session
+        batching = self._batching(prompts_per_request)
         gate = self._outage_gate(max_outage, on_outage)
         bar = self._progress_bar(requests, progress, total)
-        results = self._fanout.imap(requests, self._scorer.run_any, return_exceptions=return_exceptions, gate=gate)
+        results = self._fanout.imap(
+            requests, self._scorer.run_any, return_exceptions=return_exceptions, gate=gate, batching=batching
+        )
         return results if bar is None else bar.follow(results)
 
     @_habit_hints
@@ -521,16 +532,18 @@ class SamplerClient:
         on_outage: Optional[OutageHook] = None,
         progress: bool = False,
         total: Optional[int] = None,
+        prompts_per_request: Optional[int] = None,
     ) -> Iterator[Tuple[int, Any]]:
         """Yield ``(index, result)`` pairs as requests finish, keeping a bounded number in flight.
 
-        ``max_outage``, ``on_outage``, ``progress`` and ``total`` work as in ``imap``.
+        ``max_outage``, ``on_outage``, ``progress``, ``total`` and ``prompts_per_request`` work as in ``imap``.
         """
         self._transport.check_process()  # a forked child: fail at once here with a user's session
+        batching = self._batching(prompts_per_request)
         gate = self._outage_gate(max_outage, on_outage)
         bar = self._progress_bar(requests, progress, total)
         pairs = self._fanout.imap_unordered(
-            requests, self._scorer.run_any, return_exceptions=return_exceptions, gate=gate
+            requests, self._scorer.run_any, return_exceptions=return_exceptions, gate=gate, batching=batching
         )
         return pairs if bar is None else bar.follow(pairs, lambda pair: pair[1])
 
@@ -542,6 +555,10 @@ class SamplerClient:
             return None
         calls = self._calls  # not self: the bar must not keep the client alive
         return ProgressBar(requests, lambda: calls.retries.value, total)
+
+    def _batching(self, prompts_per_request: Optional[int]) -> Batching:
+        """Return how one fan-out batches its prompts (checked before any request)."""
+        return Batching(prompts_per_request, self._scorer.run_many_any)
 
     def _outage_gate(self, max_outage: float, on_outage: Optional[OutageHook]) -> Optional[OutageGate]:
         """Return the outage gate of one fan-out, or None for ``max_outage=0`` (fail at once)."""
@@ -585,6 +602,7 @@ class SamplerClient:
         max_outage: float = 0.0,
         on_outage: Optional[OutageHook] = None,
         total: Optional[int] = None,
+        prompts_per_request: Optional[int] = None,
     ) -> List[Any]:
         """Run many requests over the thread pool and return their results in input order.
 
@@ -596,6 +614,7 @@ class SamplerClient:
             max_outage: Seconds to wait out an engine outage, as in ``imap`` (0: fail at once).
             on_outage: Called with an ``OutageEvent`` while the engine is away.
             total: The number of requests, for the bar's total when ``requests`` has no length (a generator).
+            prompts_per_request: Prompts per ``/v1/completions``, as in ``imap`` (None: the measured defaults).
 
         Raises:
             SamplingInterruptedError: Ctrl-C (a kernel interrupt): the requests in flight were cancelled; its
@@ -606,6 +625,7 @@ class SamplerClient:
                 not lost. Pass ``return_exceptions=True`` to run every request whatever fails.
         """
         self._transport.check_process()  # a forked child: fail at once here with a user's session
+        batching = self._batching(prompts_per_request)
         gate = self._outage_gate(max_outage, on_outage)
         bar = self._progress_bar(requests, progress, total)
         try:
@@ -615,6 +635,7 @@ class SamplerClient:
                 return_exceptions=return_exceptions,
                 gate=gate,
                 on_outcome=None if bar is None else bar.update,
+                batching=batching,
             )
         except SamplingInterruptedError as stop:
             # A copy without the traceback: the raised error's frames hold this client (no cycle to collect).
@@ -652,6 +673,7 @@ class SamplerClient:
         on_outage: Optional[OutageHook] = None,
         storage_options: Optional[Mapping[str, Any]] = None,
         mix_adapters: bool = False,
+        prompts_per_request: Optional[int] = None,
         progress: bool = False,
         evaluator: Optional[Callable[[Any], Any]] = None,
         checkpoint_timeout: float = DEFAULT_CHECKPOINT_TIMEOUT,
@@ -695,6 +717,8 @@ class SamplerClient:
             storage_options: Options of the storage library for checkpoint URLs; default: the client's.
             mix_adapters: Let this client's requests mix models while the sweep runs, scoring ones included (by
                 default a scoring request is never in flight with the next checkpoint's warm-up or rows).
+            prompts_per_request: Lines sent together in one completion request, as in ``imap`` (None: the measured
+                defaults; 1: one line per request).
             progress: Show a progress bar over the rows of every checkpoint (as ``sample_many``'s).
             evaluator: Instead of ``requests``: called on each checkpoint with a Tinker-compatible sampling client
                 (``lora_sampler.tinker.SamplingClient``, the ``[tinker]`` extra), it returns the checkpoint's metrics,
@@ -746,6 +770,7 @@ class SamplerClient:
             ),
             checkpoint_timeout=checkpoint_timeout,
             allow_outside_paths=allow_outside_paths,
+            prompts_per_request=prompts_per_request,
             on_row=None if bar is None else lambda checkpoint, kind, line, record: bar.count_row(kind),
             mix_adapters=mix_adapters,
             evaluator=evaluator,

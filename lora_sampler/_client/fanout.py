@@ -1,10 +1,19 @@
-"""The thread-pool fan-out: the lazily started worker pool, the windowed iterators, and stopping them on Ctrl-C.
+"""The thread-pool fan-out: the lazily started worker pool, the windowed iterators, batching, and stopping on Ctrl-C.
 
-``FanOut`` runs a request function on its pool (``submit``) and streams results while keeping at most
-``IN_FLIGHT_PER_WORKER * max_workers`` requests in flight (``imap`` in input order, ``imap_unordered`` as they
-finish, ``collect`` into a list), so a generator of a million prompts never becomes a million futures. A
-``KeyboardInterrupt`` while the caller waits on any of them cancels the requests of that fan-out: those not started
-never start, those in flight have their connections shut (the engine aborts them), and nothing waits for them.
+``FanOut`` runs a request function on its pool (``submit``) and streams results while keeping a bounded number of
+prompts in flight (``imap`` in input order, ``imap_unordered`` as they finish, ``collect`` into a list), so a
+generator of a million prompts never becomes a million futures.
+
+With ``Batching``, requests that can share one ``/v1/completions`` (one model and the same settings, ``batch_key``)
+are gathered into batches of at most ``prompts_per_request`` prompts: the first prompt of a key opens a batch and
+queues it on the pool; later prompts of that key join it until it is full or a worker takes it. So a batch goes as
+soon as a worker is free for it, holding what arrived meanwhile: nothing waits for a batch to fill. Every prompt
+keeps its own future, so order, errors, progress and partial results stay per prompt, and the read-ahead is counted
+in prompts: ``IN_FLIGHT_PER_WORKER * max_workers`` times the batch size.
+
+A ``KeyboardInterrupt`` while the caller waits on any of them cancels the requests of that fan-out: those not
+started never start, those in flight have their connections shut (the engine aborts them), and nothing waits for
+them.
 """
 
 from __future__ import annotations
@@ -13,7 +22,9 @@ import collections
 import concurrent.futures
 import contextlib
 import functools
+import json
 import os
+import queue
 import threading
 import weakref
 from typing import (
@@ -22,46 +33,65 @@ from typing import (
     Deque,
     Dict,
     Generator,
+    Hashable,
     Iterable,
     Iterator,
     List,
     Mapping,
     Optional,
+    Protocol,
+    Sequence,
     Tuple,
     Union,
 )
 
 from lora_sampler._client.outage import OutageGate
+from lora_sampler._defaults import (
+    DEFAULT_SAMPLING_PROMPTS_PER_REQUEST,
+    DEFAULT_SCORING_PROMPTS_PER_REQUEST,
+    GENERATED_TOKENS_PER_REQUEST,
+    MAX_PROMPTS_PER_REQUEST,
+)
 from lora_sampler._transport.cancel import CancelScope
 from lora_sampler.errors import RequestCancelledError, SamplingInterruptedError
-from lora_sampler.types import SampleRequest, ScoreRequest, build_request
+from lora_sampler.types import DEFAULT_SAMPLING_PARAMS, SampleRequest, ScoreRequest, build_request
 
 #: ``imap`` keeps at most this many requests per worker submitted ahead of the results it has yielded.
 IN_FLIGHT_PER_WORKER = 2
 
 RequestLike = Union[SampleRequest, ScoreRequest, Mapping[str, Any]]
+Request = Union[SampleRequest, ScoreRequest]
 Runner = Callable[[Any], Any]
+#: Runs the requests of one batch: per request its outcome (an output or its own error); raises a shared failure.
+BatchRunner = Callable[[Sequence[Any]], Sequence[Any]]
 Future = concurrent.futures.Future
 
 
-class _Batch:
-    """The requests of one fan-out (or of a client's ``submit`` calls): their cancel scope and unfinished futures."""
+class _Cancellable(Protocol):
+    def cancel(self) -> bool: ...
+
+
+class _Work:
+    """The requests of one fan-out (or of a client's ``submit`` calls): their cancel scope and what to cancel.
+
+    It holds futures, or the batches of a batched fan-out (each cancels its prompts' futures).
+    """
 
     def __init__(self) -> None:
         self.scope = CancelScope()
-        self._futures: weakref.WeakSet[Future[Any]] = weakref.WeakSet()
+        self._pending: weakref.WeakSet[_Cancellable] = weakref.WeakSet()
         self._lock = threading.Lock()
 
-    def add(self, future: Future[Any]) -> None:
+    def add(self, item: _Cancellable) -> None:
         with self._lock:
-            self._futures.add(future)
+            self._pending.add(item)
 
     def cancel(self) -> None:
         """Cancel the futures not started and shut down the connections of those running; returns at once."""
         with self._lock:
-            futures = list(self._futures)
-        for future in futures:  # first, so a worker freed by a shut connection does not start one of them
-            future.cancel()
+            items = list(self._pending)
+        for item in items:  # first, so a worker freed by a shut connection does not start one of them
+            item.cancel()
         self.scope.cancel()
 
 
@@ -107,6 +137,205 @@ def settle(future: Future[Any], run: Runner, request: Any) -> None:
         future.set_result(value)
 
 
+def checked_prompts_per_request(value: object) -> Optional[int]:
+    """Return ``prompts_per_request`` if valid: None (the measured defaults) or an int in 1..``MAX``.
+
+    Raises:
+        ValueError: anything else; the message says what is accepted.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PROMPTS_PER_REQUEST:
+        raise ValueError(
+            f"prompts_per_request must be None (the measured defaults), 1 (one prompt per request) or an int up to "
+            f"{MAX_PROMPTS_PER_REQUEST}, got {value!r}"
+        )
+    return value
+
+
+def default_prompts_per_request(request: Request) -> int:
+    """The measured default batch size for ``request``'s kind of work (see ``_defaults``).
+
+    Scoring: ``DEFAULT_SCORING_PROMPTS_PER_REQUEST``. Sampling: ``DEFAULT_SAMPLING_PROMPTS_PER_REQUEST`` for short
+    generations, fewer as each prompt may generate more (at most about ``GENERATED_TOKENS_PER_REQUEST`` tokens per
+    request, so one request's answer never waits on many long generations), down to 1; 1 for ``max_tokens=None``.
+    """
+    if isinstance(request, ScoreRequest):
+        return DEFAULT_SCORING_PROMPTS_PER_REQUEST
+    max_tokens = (request.sampling_params or DEFAULT_SAMPLING_PARAMS).max_tokens
+    if max_tokens is None:  # up to the context: as long as generations get
+        return 1
+    generated = max_tokens * request.num_samples
+    return max(1, min(DEFAULT_SAMPLING_PROMPTS_PER_REQUEST, GENERATED_TOKENS_PER_REQUEST // generated))
+
+
+def batch_key(request: Request) -> Optional[Hashable]:
+    """Return what requests must share to go as one ``/v1/completions`` (everything but the prompt), or None.
+
+    None means "always alone": chat requests (the chat endpoint takes one conversation), and requests whose extra
+    body fields cannot be compared.
+    """
+    if isinstance(request, ScoreRequest):
+        as_text = request.completion is None and isinstance(request.prompt, str)  # else scored as token ids
+        return (ScoreRequest, request.adapter, request.base_model, request.session_id, as_text)
+    if request.messages is not None:
+        return None
+    extra: Optional[str] = None
+    if request.extra_body:
+        try:
+            extra = json.dumps(request.extra_body, sort_keys=True, allow_nan=False)
+        except (TypeError, ValueError):
+            return None
+    return (
+        SampleRequest,
+        request.adapter,
+        request.base_model,
+        request.num_samples,
+        request.sampling_params,
+        request.prompt_logprobs,
+        request.topk_prompt_logprobs,
+        request.session_id,
+        request.timeout,
+        extra,
+        isinstance(request.prompt, str),  # vLLM takes a list of texts or of token-id lists, not both
+    )
+
+
+class Batching:
+    """How one fan-out puts prompts together.
+
+    Args:
+        prompts_per_request: At most this many prompts per request; None: the measured default of each request's
+            kind (``default_prompts_per_request``).
+        run_many: Runs one batch (``SampleCalls.run_many`` through the scorer): per request its outcome.
+    """
+
+    def __init__(self, prompts_per_request: Optional[int], run_many: BatchRunner):
+        self.prompts_per_request = checked_prompts_per_request(prompts_per_request)
+        self.run_many = run_many
+
+    @property
+    def is_off(self) -> bool:
+        """Whether every request goes alone (``prompts_per_request=1``): the fan-out works as without batching."""
+        return self.prompts_per_request == 1
+
+    @property
+    def largest(self) -> int:
+        """The most prompts one of this fan-out's requests may carry (it sizes the read-ahead)."""
+        if self.prompts_per_request is not None:
+            return self.prompts_per_request
+        return max(DEFAULT_SCORING_PROMPTS_PER_REQUEST, DEFAULT_SAMPLING_PROMPTS_PER_REQUEST)
+
+    def size_for(self, request: Request) -> int:
+        """The most prompts the batch ``request`` opens may hold."""
+        if self.prompts_per_request is not None:
+            return self.prompts_per_request
+        return default_prompts_per_request(request)
+
+
+class _Group:
+    """The prompts of one batch: their requests and futures, gathered until a worker takes them or it is full."""
+
+    __slots__ = ("__weakref__", "futures", "key", "requests", "size")
+
+    def __init__(self, key: Optional[Hashable], size: int, request: Request, future: Future[Any]):
+        self.key, self.size = key, size
+        self.requests: List[Request] = [request]
+        self.futures: List[Future[Any]] = [future]
+
+    def cancel(self) -> bool:
+        """Cancel the prompts not started (a batch starts all its prompts at once)."""
+        for future in self.futures:
+            future.cancel()
+        return True
+
+
+class _Gatherer:
+    """Gathers the requests of one batched fan-out into batches and runs each on the pool when a worker is free.
+
+    Holds no reference to the fan-out's caller: only the pool's start function, the run functions and the gate.
+    """
+
+    def __init__(
+        self,
+        start: Callable[..., Any],
+        work: _Work,
+        batching: Batching,
+        run: Runner,
+        gate: Optional[OutageGate],
+    ):
+        self._start, self._work, self._batching = start, work, batching
+        self._run, self._gate = run, gate
+        self._open: Dict[Hashable, _Group] = {}  # the batch of each key still taking prompts
+        self._lock = threading.Lock()
+
+    def add(self, request: Request) -> Future[Any]:
+        """Put ``request`` into its key's open batch, or open one (queued on the pool); return its future."""
+        future: Future[Any] = Future()
+        key = batch_key(request)
+        if key is not None:
+            try:
+                with self._lock:
+                    group = self._open.get(key)
+                    if group is not None:
+                        group.requests.append(request)
+                        group.futures.append(future)
+                        if len(group.futures) >= group.size:
+                            del self._open[key]  # full: the next prompt of this key opens another
+                        return future
+            except TypeError:  # a part of the key cannot be hashed (an unusual adapter value): it goes alone
+                key = None
+        size = 1 if key is None else self._batching.size_for(request)
+        group = _Group(key, size, request, future)
+        if size > 1:
+            with self._lock:
+                self._open[key] = group
+        self._work.add(group)
+        try:
+            self._start(self._take, group)
+        except BaseException:
+            with self._lock:
+                if self._open.get(key) is group:
+                    del self._open[key]
+            raise
+        return future
+
+    def _take(self, group: _Group) -> None:
+        """Close ``group`` to new prompts, run the prompts not cancelled as one request, and settle their futures."""
+        if group.size > 1:
+            with self._lock:
+                if self._open.get(group.key) is group:
+                    del self._open[group.key]
+        live = [(request, future) for request, future in zip(group.requests, group.futures)]
+        live = [(request, future) for request, future in live if future.set_running_or_notify_cancel()]
+        if not live:
+            return
+        requests = [request for request, _ in live]
+        try:
+            outcomes = self._work.scope.run(self._send, requests)
+            if len(outcomes) != len(requests):  # a bug, never the engine: say so on every prompt
+                raise RuntimeError(f"a batch of {len(requests)} requests gave {len(outcomes)} outcomes")
+        except BaseException as error:  # the whole request failed: each prompt gets the error
+            for _, future in live:
+                future.set_exception(error)
+            return
+        for (_, future), outcome in zip(live, outcomes):
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+
+    def _send(self, requests: List[Request]) -> Sequence[Any]:
+        """Run one batch (held through outages by the gate as one request)."""
+        if len(requests) == 1:
+            run, argument = self._run, requests[0]
+            call: Callable[[], Sequence[Any]] = lambda: [run(argument)]  # noqa: E731
+        else:
+            run_many = self._batching.run_many
+            call = lambda: run_many(requests)  # noqa: E731
+        return call() if self._gate is None else self._gate.run(call)
+
+
 class FanOut:
     """A worker pool of ``max_workers`` threads, started on first use, and the iterators that feed it.
 
@@ -120,8 +349,8 @@ class FanOut:
         self._pid = os.getpid()  # the process whose threads the executor's are
         self._lock = threading.Lock()
         self._closed = False
-        self._batches: weakref.WeakSet[_Batch] = weakref.WeakSet()
-        self._submits = self._new_batch()
+        self._works: weakref.WeakSet[_Work] = weakref.WeakSet()
+        self._submits = self._new_work()
 
     def close(self, *, wait: bool = True) -> None:
         """Refuse new work and stop the worker threads. Idempotent.
@@ -132,37 +361,37 @@ class FanOut:
         with self._lock:
             self._closed = True
             executor, self._executor = self._executor, None
-            batches = [] if wait else list(self._batches)
-        for batch in batches:
-            batch.cancel()
+            works = [] if wait else list(self._works)
+        for work in works:
+            work.cancel()
         if executor is not None:
             executor.shutdown(wait=wait, cancel_futures=not wait)
 
-    def _new_batch(self) -> _Batch:
-        batch = _Batch()
+    def _new_work(self) -> _Work:
+        work = _Work()
         with self._lock:
-            self._batches.add(batch)
-        return batch
+            self._works.add(work)
+        return work
 
     def _interrupt_submits(self) -> None:
         """Ctrl-C while waiting on a ``submit`` future: cancel every submitted request; later submits start afresh."""
-        batch, self._submits = self._submits, self._new_batch()
-        batch.cancel()
+        work, self._submits = self._submits, self._new_work()
+        work.cancel()
 
-    def submit(self, run: Runner, request: Union[SampleRequest, ScoreRequest]) -> Future[Any]:
+    def submit(self, run: Runner, request: Request) -> Future[Any]:
         """Run ``run(request)`` on the pool and return its future.
 
         Raises:
             RuntimeError: the client is closed.
         """
-        batch = self._submits
+        work = self._submits
         future = SampleFuture(self._interrupt_submits)
-        batch.add(future)
-        self._start(settle, future, functools.partial(batch.scope.run, run), request)
+        work.add(future)
+        self._start(settle, future, functools.partial(work.scope.run, run), request)
         return future
 
-    def _submit(self, batch: _Batch, run: Runner, request: Any) -> Future[Any]:
-        return self._start(batch.scope.run, run, request)
+    def _submit(self, work: _Work, run: Runner, request: Any) -> Future[Any]:
+        return self._start(work.scope.run, run, request)
 
     def _start(self, function: Callable[..., Any], *arguments: Any) -> Future[Any]:
         """Run ``function(*arguments)`` on the pool (started on first use).
@@ -179,11 +408,28 @@ class FanOut:
                 self._pid = os.getpid()
             return self._executor.submit(function, *arguments)
 
+    def _sender(
+        self, work: _Work, run: Runner, gate: Optional[OutageGate], batching: Optional[Batching]
+    ) -> Tuple[Callable[[Request], Future[Any]], int]:
+        """Return how one fan-out sends a request (alone, or into a batch) and its read-ahead in prompts."""
+        limit = IN_FLIGHT_PER_WORKER * self.max_workers
+        if batching is None or batching.is_off:
+            run = _through(gate, run)
+            return lambda request: self._submit(work, run, request), limit
+        gatherer = _Gatherer(self._start, work, batching, run, gate)
+        return gatherer.add, limit * batching.largest
+
     def imap(
-        self, requests: Iterable[RequestLike], run: Runner, *, return_exceptions: bool, gate: Optional[OutageGate]
+        self,
+        requests: Iterable[RequestLike],
+        run: Runner,
+        *,
+        return_exceptions: bool,
+        gate: Optional[OutageGate],
+        batching: Optional[Batching] = None,
     ) -> Iterator[Any]:
         """Yield the outcome of each request in input order, with a bounded window in flight (see ``SamplerClient``)."""
-        return self._stream(requests, run, return_exceptions, gate, collections.deque())
+        return self._stream(requests, run, return_exceptions, gate, collections.deque(), batching)
 
     def collect(
         self,
@@ -193,6 +439,7 @@ class FanOut:
         return_exceptions: bool,
         gate: Optional[OutageGate],
         on_outcome: Optional[Callable[[Any], None]] = None,
+        batching: Optional[Batching] = None,
     ) -> List[Any]:
         """Return the outcomes in input order (``sample_many``); ``on_outcome`` sees each as it is taken.
 
@@ -202,7 +449,7 @@ class FanOut:
         """
         results: List[Any] = []
         window: Deque[Future[Any]] = collections.deque()
-        stream = self._stream(requests, run, return_exceptions, gate, window)
+        stream = self._stream(requests, run, return_exceptions, gate, window, batching)
         try:
             for result in stream:
                 results.append(result)
@@ -228,27 +475,40 @@ class FanOut:
         return_exceptions: bool,
         gate: Optional[OutageGate],
         window: Deque[Future[Any]],
+        batching: Optional[Batching],
     ) -> Generator[Any, None, None]:
-        batch = self._new_batch()
-        run = _through(gate, run)
-        limit = IN_FLIGHT_PER_WORKER * self.max_workers
+        work = self._new_work()
+        send, limit = self._sender(work, run, gate, batching)
         finished = False
         try:
             for item in requests:
-                window.append(self._submit(batch, run, as_request(item)))
+                window.append(send(as_request(item)))
                 while window and (len(window) >= limit or window[0].done()):
                     yield _take(window, return_exceptions)
             while window:
                 yield _take(window, return_exceptions)
             finished = True
         finally:
-            _end(batch, gate, window, finished)
+            _end(work, gate, window, finished)
 
     def imap_unordered(
-        self, requests: Iterable[RequestLike], run: Runner, *, return_exceptions: bool, gate: Optional[OutageGate]
+        self,
+        requests: Iterable[RequestLike],
+        run: Runner,
+        *,
+        return_exceptions: bool,
+        gate: Optional[OutageGate],
+        batching: Optional[Batching] = None,
     ) -> Iterator[Tuple[int, Any]]:
         """Yield ``(index, outcome)`` pairs as requests finish, with a bounded window in flight."""
-        batch = self._new_batch()
+        if batching is not None and not batching.is_off:
+            return self._unordered_batched(requests, run, return_exceptions, gate, batching)
+        return self._unordered(requests, run, return_exceptions, gate)
+
+    def _unordered(
+        self, requests: Iterable[RequestLike], run: Runner, return_exceptions: bool, gate: Optional[OutageGate]
+    ) -> Generator[Tuple[int, Any], None, None]:
+        work = self._new_work()
         run = _through(gate, run)
         pending: Dict[Future[Any], int] = {}
         limit = IN_FLIGHT_PER_WORKER * self.max_workers
@@ -261,7 +521,7 @@ class FanOut:
                     if nxt is None:
                         exhausted = True
                         break
-                    pending[self._submit(batch, run, as_request(nxt[1]))] = nxt[0]
+                    pending[self._submit(work, run, as_request(nxt[1]))] = nxt[0]
                 if not pending:
                     finished = True
                     return
@@ -269,7 +529,40 @@ class FanOut:
                 for future in done:
                     yield pending.pop(future), outcome(future, return_exceptions)
         finally:
-            _end(batch, gate, pending, finished)
+            _end(work, gate, pending, finished)
+
+    def _unordered_batched(
+        self,
+        requests: Iterable[RequestLike],
+        run: Runner,
+        return_exceptions: bool,
+        gate: Optional[OutageGate],
+        batching: Batching,
+    ) -> Generator[Tuple[int, Any], None, None]:
+        """``imap_unordered`` with batches: prompts finish a batch at a time, reported through a queue of futures."""
+        work = self._new_work()
+        send, limit = self._sender(work, run, gate, batching)
+        finished_futures: queue.SimpleQueue[Future[Any]] = queue.SimpleQueue()
+        pending: Dict[Future[Any], int] = {}
+        source = enumerate(requests)
+        exhausted = finished = False
+        try:
+            while True:
+                while not exhausted and len(pending) < limit:
+                    nxt = next(source, None)
+                    if nxt is None:
+                        exhausted = True
+                        break
+                    future = send(as_request(nxt[1]))
+                    pending[future] = nxt[0]
+                    future.add_done_callback(finished_futures.put)
+                if not pending:
+                    finished = True
+                    return
+                future = finished_futures.get()
+                yield pending.pop(future), outcome(future, return_exceptions)
+        finally:
+            _end(work, gate, pending, finished)
 
 
 def _take(window: Deque[Future[Any]], return_exceptions: bool) -> Any:
@@ -279,7 +572,7 @@ def _take(window: Deque[Future[Any]], return_exceptions: bool) -> Any:
     return value
 
 
-def _end(batch: _Batch, gate: Optional[OutageGate], unfinished: Iterable[Future[Any]], finished: bool) -> None:
+def _end(work: _Work, gate: Optional[OutageGate], unfinished: Iterable[Future[Any]], finished: bool) -> None:
     """Wind a fan-out down: cancel what never started, release held requests, and cancel the rest if it stopped early.
 
     A fan-out that stopped early (Ctrl-C, an error raised to the caller, or its iterator closed) has its requests in
@@ -290,7 +583,7 @@ def _end(batch: _Batch, gate: Optional[OutageGate], unfinished: Iterable[Future[
     if gate is not None:
         gate.close()
     if not finished:
-        batch.cancel()
+        work.cancel()
 
 
 def _finished(future: Future[Any]) -> Any:
@@ -323,7 +616,7 @@ def _through(gate: Optional[OutageGate], run: Runner) -> Runner:
     return lambda request: gate.run(lambda: run(request))
 
 
-def as_request(item: RequestLike) -> Union[SampleRequest, ScoreRequest]:
+def as_request(item: RequestLike) -> Request:
     """Return ``item`` as a request: a mapping of ``SampleRequest`` fields (``max_tokens`` and such too), or as is."""
     if isinstance(item, (SampleRequest, ScoreRequest)):
         return item

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union, cast
 
+from lora_sampler._client.outage import is_outage
 from lora_sampler._transport.http import EngineTransport, new_id
 from lora_sampler._wire.routes import TOKENIZE_PATH
 from lora_sampler.errors import EngineError, EngineProtocolError
@@ -21,6 +22,15 @@ from lora_sampler.types import Prompt, SampleOutput, SampleRequest, SamplingPara
 #: vLLM computes prompt logprobs only alongside generation: one token is the least it generates. The logprobs are
 #: the model's own (vLLM's default ``logprobs_mode`` is raw), so temperature does not change them.
 SCORING_PARAMS = SamplingParams(max_tokens=1)
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A score request made ready to send: its completion request, the sequence scored and where scoring starts."""
+
+    sample: SampleRequest
+    sequence: Prompt
+    start: int
 
 
 @dataclass
@@ -45,6 +55,7 @@ class Scorer:
         transport: The client's transport (for ``/tokenize``).
         policy: The client's retry policy (a tokenize request is a base-model request in the retry table).
         run: Sends one ``SampleRequest`` through the retry contract (the client's sampling path).
+        run_many: Sends ``SampleRequest`` values differing only in their prompt as one request (``SampleCalls``).
         base_models: Returns the names the engine serves its base model under (the tokenizer's model).
     """
 
@@ -54,13 +65,28 @@ class Scorer:
         policy: RetryPolicy,
         run: Callable[[SampleRequest], SampleOutput],
         base_models: Callable[[], Tuple[str, ...]],
+        run_many: Callable[[Sequence[SampleRequest]], Sequence[Any]],
     ):
         self._base_url, self._run, self._base_models = transport.base_url, run, base_models
+        self._run_many = run_many
         self._tokenize = make_retrying(policy, _Tokenizer(transport).attempt, _nothing_to_prepare)
 
     def run_any(self, request: Union[SampleRequest, ScoreRequest]) -> Any:
         """Run one request of a fan-out: score a ``ScoreRequest``, sample anything else."""
         return self.score(request) if isinstance(request, ScoreRequest) else self._run(request)
+
+    def run_many_any(self, requests: Sequence[Union[SampleRequest, ScoreRequest]]) -> List[Any]:
+        """Run requests of one batch (all ``ScoreRequest`` or all ``SampleRequest``, sharing their settings).
+
+        Returns:
+            Per request, in order: its output, or the error for it alone.
+
+        Raises:
+            EngineError: what failed the batch as a whole (every request's error).
+        """
+        if isinstance(requests[0], ScoreRequest):
+            return self.score_many(cast(Sequence[ScoreRequest], requests))
+        return list(self._run_many(cast(Sequence[SampleRequest], requests)))
 
     def score(self, request: ScoreRequest) -> ScoreOutput:
         """Score one request: tokenize what must be split, then one completion with the prompt tokens' logprobs.
@@ -69,7 +95,48 @@ class Scorer:
             ValueError: the prompt holds no token once tokenized (nothing to condition on).
             EngineError: the engine's answer after the retry table ran its course.
         """
-        session = request.session_id or new_id()
+        prepared = self._prepare(request, request.session_id or new_id())
+        return self._finish(request, prepared, self._run(prepared.sample))
+
+    def score_many(self, requests: Sequence[ScoreRequest]) -> List[Any]:
+        """Score requests sharing a model and a session as one completion request with their sequences as a list.
+
+        Texts to split are tokenized first, one ``/tokenize`` each. A request that cannot be prepared (its tokenize
+        refused, or no prompt token) or answered gets its own error; the others are scored together.
+
+        Returns:
+            Per request, in order: its ``ScoreOutput``, or its error.
+
+        Raises:
+            EngineError: what failed the batch as a whole (an outage while tokenizing too).
+        """
+        session = requests[0].session_id or new_id()
+        outcomes: List[Any] = []
+        ready: List[Tuple[int, _Prepared]] = []
+        for position, request in enumerate(requests):
+            try:
+                prepared = self._prepare(request, session)
+            except (ValueError, EngineError) as error:
+                if is_outage(error):
+                    raise  # the engine is away: the whole batch is held or fails, not this prompt alone
+                outcomes.append(error)
+                continue
+            outcomes.append(None)
+            ready.append((position, prepared))
+        if ready:
+            answers = self._run_many([prepared.sample for _, prepared in ready])
+            for (position, prepared), answer in zip(ready, answers):
+                if isinstance(answer, BaseException):
+                    outcomes[position] = answer
+                    continue
+                try:
+                    outcomes[position] = self._finish(requests[position], prepared, answer)
+                except EngineProtocolError as error:
+                    outcomes[position] = error
+        return outcomes
+
+    def _prepare(self, request: ScoreRequest, session: str) -> _Prepared:
+        """Return the completion request that scores ``request`` (its texts tokenized where they must be split)."""
         if request.completion is None:
             sequence, start = request.prompt, 1
         else:
@@ -93,8 +160,11 @@ class Scorer:
             prompt_logprobs=True,
             session_id=session,
         )
-        output = self._run(sample)
-        tokens = _prompt_tokens(output, sequence)
+        return _Prepared(sample, sequence, start)
+
+    def _finish(self, request: ScoreRequest, prepared: _Prepared, output: SampleOutput) -> ScoreOutput:
+        """Read the scores of ``prepared``'s sequence from the engine's answer."""
+        tokens = _prompt_tokens(output, prepared.sequence)
         if output.prompt_logprobs is None or tokens is None:  # from_json checked the logprobs of known tokens
             raise EngineProtocolError(
                 f"the engine at {self._base_url} answered a text prompt without its prompt_token_ids, so its "
@@ -102,7 +172,7 @@ class Scorer:
                 model=output.model,
                 adapter=request.adapter is not None,
             )
-        return ScoreOutput(tokens, output.prompt_logprobs, start, output.model)
+        return ScoreOutput(tokens, output.prompt_logprobs, prepared.start, output.model)
 
     def _tokens(self, part: Prompt, model: str, special_tokens: bool, session: str) -> Tuple[int, ...]:
         if not isinstance(part, str):

@@ -81,6 +81,8 @@ class BatchJob:
         on_outage: Also called with each ``OutageEvent`` (from worker threads), e.g. to show the wait.
         records: The output format (``PROMPT_RECORDS``, or ``openai_batch.OPENAI_BATCH_RECORDS``).
         unusable_errors: The failures that count towards ``fail_fast``.
+        prompts_per_request: Lines sent together in one completion request (``SamplerClient.imap``); None: the
+            measured defaults, 1: one line per request.
     """
 
     def __init__(
@@ -98,12 +100,14 @@ class BatchJob:
         on_outage: Optional[OutageHook] = None,
         records: RecordFormat = PROMPT_RECORDS,
         unusable_errors: Tuple[Type[BaseException], ...] = UNUSABLE_ERRORS,
+        prompts_per_request: Optional[int] = None,
     ):
         self._client, self._lines, self._output, self._done = client, iter(lines), output, done
         self._ordered, self._model, self._on_event, self._fail_fast = ordered, model, on_event, fail_fast
         self._max_outage, self._on_outage = max_outage, on_outage
         self._gave_up: Optional[OutageEvent] = None  # set (from a worker thread) once the outage outlasted the limit
         self._records, self._unusable_errors = records, unusable_errors
+        self._prompts_per_request = prompts_per_request
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=64)
         self._stopping = threading.Event()
         self._deadline: Optional[float] = None
@@ -205,7 +209,11 @@ class BatchJob:
                     by_index: Dict[int, InputLine] = {}
                     requests = self._requests(by_index.__setitem__, stop_at_bad=False)
                     outcomes = self._client.imap_unordered(
-                        requests, return_exceptions=True, max_outage=self._max_outage, on_outage=self._outage
+                        requests,
+                        return_exceptions=True,
+                        max_outage=self._max_outage,
+                        on_outage=self._outage,
+                        prompts_per_request=self._prompts_per_request,
                     )
                     for index, outcome in outcomes:
                         self._put(("result", by_index.pop(index), outcome))
@@ -224,7 +232,11 @@ class BatchJob:
         while True:
             requests = self._requests(lambda n, line: in_order.append(line), stop_at_bad=True, held=held)
             outcomes = self._client.imap(
-                requests, return_exceptions=True, max_outage=self._max_outage, on_outage=self._outage
+                requests,
+                return_exceptions=True,
+                max_outage=self._max_outage,
+                on_outage=self._outage,
+                prompts_per_request=self._prompts_per_request,
             )
             for outcome in outcomes:
                 self._put(("result", in_order.popleft(), outcome))

@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 from lora_sampler._adapters.lease import remove_if_unleased
 from lora_sampler._client.client import SamplerClient
+from lora_sampler._client.fanout import checked_prompts_per_request
 from lora_sampler._client.outage import OutageHook, checked_seconds
 from lora_sampler._defaults import DEFAULT_CHECKPOINT_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_SETTLE, DEFAULT_WINDOW
 from lora_sampler._views import printable
@@ -68,12 +69,14 @@ class SweepSettings:
     mix_adapters: bool = False
     checkpoint_timeout: float = DEFAULT_CHECKPOINT_TIMEOUT
     allow_outside_paths: bool = False
+    prompts_per_request: Optional[int] = None
 
     def __post_init__(self) -> None:
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
             raise ValueError(f"window must be an int >= 1, got {self.window!r}")
         for name in ("idle_timeout", "settle", "max_outage", "checkpoint_timeout"):
             checked_seconds(getattr(self, name), name)
+        checked_prompts_per_request(self.prompts_per_request)
         if self.keep_loaded and self.delete_retired:
             raise ValueError("delete_retired deletes the folders of unloaded adapters; it cannot go with keep_loaded")
 
@@ -513,6 +516,7 @@ class _CheckpointRun(threading.Thread):
                     max_outage=settings.max_outage,
                     on_outage=sweep.on_outage,
                     records=step.records,
+                    prompts_per_request=settings.prompts_per_request,
                 )
                 with self._lock:
                     self._job, grace = job, self._grace
@@ -748,6 +752,7 @@ def sweep(
     storage_options: Optional[Mapping[str, Any]] = None,
     checkpoint_timeout: float = DEFAULT_CHECKPOINT_TIMEOUT,
     allow_outside_paths: bool = False,
+    prompts_per_request: Optional[int] = None,
     step: Optional[EvaluationStep] = None,
     on_row: Optional[RowHook] = None,
     mix_adapters: bool = False,
@@ -784,6 +789,7 @@ def sweep(
         mix_adapters=mix_adapters,
         checkpoint_timeout=checkpoint_timeout,
         allow_outside_paths=allow_outside_paths,
+        prompts_per_request=prompts_per_request,
     )
     if step is None:
         if requests is None:

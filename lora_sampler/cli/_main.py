@@ -24,8 +24,10 @@ from lora_sampler._defaults import (
     API_KEY_ENV,
     DEFAULT_CHECKPOINT_TIMEOUT,
     DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_SCORING_PROMPTS_PER_REQUEST,
     DEFAULT_SETTLE,
     DEFAULT_WINDOW,
+    MAX_PROMPTS_PER_REQUEST,
     VLLM_API_KEY_ENV,
 )
 from lora_sampler._testmode import set_testing
@@ -227,6 +229,15 @@ def _pace_flags() -> argparse.ArgumentParser:
         "waits at most 5 s for an answer",
     )
     pace.add_argument("--concurrency", type=int, default=16, help="requests in flight (default: 16)")
+    pace.add_argument(
+        "--prompts-per-request",
+        type=int,
+        default=None,
+        metavar="N",
+        help="lines of one model and settings sent together in one completion request (chat lines always alone); "
+        f"1 sends each alone, at most {MAX_PROMPTS_PER_REQUEST} (default: measured, "
+        f"{DEFAULT_SCORING_PROMPTS_PER_REQUEST} for scoring and for short generations, fewer for long ones)",
+    )
     pace.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
     pace.add_argument(
         "--mix-adapters",
@@ -542,6 +553,11 @@ def _check_pace_flags(args: argparse.Namespace) -> None:
         raise UsageError(f"--concurrency must be >= 1, got {args.concurrency}")
     if not 0 <= args.max_outage < float("inf"):
         raise UsageError(f"--max-outage takes seconds >= 0 (0 stops at once), got {args.max_outage:g}")
+    if args.prompts_per_request is not None and not 1 <= args.prompts_per_request <= MAX_PROMPTS_PER_REQUEST:
+        raise UsageError(
+            f"--prompts-per-request takes 1 (one line per request) to {MAX_PROMPTS_PER_REQUEST}, or leave it out for "
+            f"the measured defaults; got {args.prompts_per_request}"
+        )
 
 
 #: One batch job on a ready client: ``(client, what --adapter/--base-model resolved to, retry counter) -> status``.
@@ -630,6 +646,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
             max_outage=args.max_outage,
             retries=retries,
             limit=args.limit,
+            prompts_per_request=args.prompts_per_request,
         )
 
     return run_job(args, job)

@@ -65,6 +65,7 @@ def run_batch(
     retries: Optional[RetryCounter] = None,
     line_format: Optional[LineFormat] = None,
     limit: Optional[int] = None,
+    prompts_per_request: Optional[int] = None,
 ) -> int:
     """Stream ``input_path`` to ``output_path`` through ``client``; return the exit status.
 
@@ -85,6 +86,7 @@ def run_batch(
         line_format: A fixed kind of line and record (e.g. ``lora-sampler score``'s) instead of ``input_format``.
         limit: Run only the first ``limit`` lines of the input (blank lines not counted); a resume with the same
             limit covers the same lines.
+        prompts_per_request: Lines sent together in one completion request (None: the measured defaults).
 
     Raises:
         LoraSamplerError: the job stopped on its own (a duplicate id, an unusable engine, an outage too long), or
@@ -105,7 +107,18 @@ def run_batch(
         view = JobBar(progress_bar(total, quiet), retries, records.message_of)
         stack.callback(view.close)
         done = state.done if state else set()
-        job = _new_job(client, lines, output, done, records, view, ordered=ordered, model=model, max_outage=max_outage)
+        job = _new_job(
+            client,
+            lines,
+            output,
+            done,
+            records,
+            view,
+            ordered=ordered,
+            model=model,
+            max_outage=max_outage,
+            prompts_per_request=prompts_per_request,
+        )
         with interrupts_stop(job) as interrupts, logs_above(view.bar):
             stats = job.run()
     if not quiet:
@@ -142,6 +155,7 @@ def _new_job(
     ordered: bool,
     model: Optional[str],
     max_outage: float,
+    prompts_per_request: Optional[int],
 ) -> BatchJob:
     """The job streaming ``lines`` to ``output``, reporting to ``view``; stopped by errors the whole job shares."""
     return BatchJob(
@@ -156,6 +170,7 @@ def _new_job(
         on_outage=view.on_outage,
         records=records,
         unusable_errors=UNUSABLE_ERRORS if model is not None else ENGINE_WIDE_ERRORS,  # None: a model per line
+        prompts_per_request=prompts_per_request,
     )
 
 

@@ -56,6 +56,7 @@ def score_lines(
         quiet=args.quiet,
         max_outage=args.max_outage,
         retries=retries,
+        prompts_per_request=args.prompts_per_request,
         line_format=SCORE_FORMAT,
         limit=args.limit,
     )

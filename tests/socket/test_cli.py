@@ -136,7 +136,8 @@ def test_cli_sample_runs_a_2000_line_batch(
     got = records(out)
     assert sorted(r["id"] for r in got) == sorted(f"p{n}" for n in range(1, 2001))
     assert all("error" not in r and len(r["sequences"]) == 1 for r in got)
-    assert engine.calls(COMPLETIONS) == 2000
+    sent = [r.prompts for r in engine.requests if r.path == COMPLETIONS]
+    assert sum(sent) == 2000 and len(sent) < 2000 / 8  # each line sent once, many to a request (the default)
     assert "2000 done, 0 failed, 0 skipped" in capsys.readouterr().err
 
 
@@ -156,7 +157,8 @@ def test_cli_sample_retries_failed_ids_on_resume(
     """Ids that failed run again on resume and their error lines go; --no-retry-failed keeps them."""
     inp, out = write_prompts(tmp_path / "in.jsonl", 20), tmp_path / "out.jsonl"
     engine.inject_fault("status", status=500, count=3, message="scripted engine failure")
-    assert main(sample_args(engine, lora_dir, archive, inp, out, "--concurrency", "1")) == 1
+    one_each = ("--concurrency", "1", "--prompts-per-request", "1")  # a failed request is one line
+    assert main(sample_args(engine, lora_dir, archive, inp, out, *one_each)) == 1
     failed = [r for r in records(out) if "error" in r]
     assert len(failed) == 3 and all(r["error"]["status"] == 500 for r in failed)
     assert main(sample_args(engine, lora_dir, archive, inp, out, "--no-retry-failed")) == 1
@@ -183,7 +185,7 @@ def test_cli_sample_reports_malformed_lines(
     errors = {r["id"]: r["error"] for r in got if "error" in r}
     assert set(errors) == {None, "noprompt", "neg"}  # a line that is not JSON has no id to give
     assert errors[None]["line"] == 3 and "not valid JSON" in errors[None]["message"]
-    assert engine.calls(COMPLETIONS) == 7
+    assert sum(r.prompts for r in engine.requests if r.path == COMPLETIONS) == 7
 
 
 def test_cli_sample_duplicate_id_is_an_input_error(
@@ -230,6 +232,8 @@ def test_cli_sample_stops_early_on_an_unusable_adapter(
         str(out),
         "--concurrency",
         "2",
+        "--prompts-per-request",
+        "1",
     ]
     assert main(args) == 2
     assert "consecutive failures" in capsys.readouterr().err
@@ -353,7 +357,7 @@ def test_cli_sample_sigint_exits_130_and_resumes(lora_dir: Path, tmp_path: Path)
     inp, out = write_prompts(tmp_path / "in.jsonl", count), tmp_path / "out.jsonl"
     with FakeEngine(lora_dir=lora_dir, latency=0.05) as slow:
         ckpt = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), slow.model)
-        args = sample_args(slow, lora_dir, ckpt, inp, out, "--concurrency", "4")
+        args = sample_args(slow, lora_dir, ckpt, inp, out, "--concurrency", "4", "--prompts-per-request", "1")
         with running_cli(args, tmp_path) as proc:
             wait_for_lines(out, 10, proc)
             proc.send_signal(signal.SIGINT)

@@ -123,7 +123,7 @@ def test_socket_imap_keeps_a_bounded_number_pulled_ahead(engine: FakeEngine) -> 
 
     ahead: List[int] = []
     with SamplerClient(engine.url, max_workers=8) as client:
-        results = client.imap(requests())
+        results = client.imap(requests(), prompts_per_request=1)
         for count, _ in enumerate(results, 1):
             ahead.append(pulled - count)
             if count == 300:

@@ -82,7 +82,7 @@ def test_jobs_second_writer_on_one_output_is_refused(tmp_path: Path, second_resu
     # The first run must outlive the second's start-up (a Python process importing the CLI takes seconds on a loaded
     # machine): 400 requests of 0.1 s, four at a time, keep it busy about 10 s; the second is refused at once.
     with FakeEngine(latency=0.1) as slow:
-        argv = sample_argv(slow, inp, out, "--concurrency", "4")
+        argv = sample_argv(slow, inp, out, "--concurrency", "4", "--prompts-per-request", "1")  # one line a request
         with cli_process(argv, tmp_path, "first") as first:
             wait_for_lines(out, 20, first)
             with cli_process(argv, tmp_path, "second") as second:

@@ -70,14 +70,17 @@ def hang_later(engine: FakeEngine, after: float) -> threading.Timer:
     return timer
 
 
-def test_interrupt_sample_many_stops_at_once_and_keeps_the_answers(engine: FakeEngine) -> None:
+@pytest.mark.parametrize("prompts_per_request, count", [(1, 200), (None, 8000)], ids=["one-each", "batched"])
+def test_interrupt_sample_many_stops_at_once_and_keeps_the_answers(
+    engine: FakeEngine, prompts_per_request: Any, count: int
+) -> None:
     """Ctrl-C in sample_many: control back without waiting for the hung requests (aborted); answers kept."""
     engine.latency = 0.05
-    requests = [{"prompt": f"p{i}", "base_model": engine.model} for i in range(200)]
+    requests = [{"prompt": f"p{i}", "base_model": engine.model} for i in range(count)]
     timer = hang_later(engine, 0.4)
     with SamplerClient(engine.url, max_workers=4) as client:
         with sigint_after(0.8), pytest.raises(SamplingInterruptedError) as info:
-            client.sample_many(requests)
+            client.sample_many(requests, prompts_per_request=prompts_per_request)
         stopped = time.monotonic()
         timer.cancel()
         error = info.value

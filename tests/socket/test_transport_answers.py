@@ -380,7 +380,7 @@ def test_answers_cli_records_an_inexact_answer_as_an_error_row_and_resume_runs_i
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     inp.write_text("".join(json.dumps({"id": f"p{n}", "prompt": [1, n]}) + "\n" for n in range(3)))
     argv = [sys.executable, "-m", "lora_sampler", "sample", "--base-url", "URL", "--base-model", "m", "--quiet"]
-    argv += ["--input", str(inp), "--output", str(out), "--concurrency", "1"]
+    argv += ["--input", str(inp), "--output", str(out), "--concurrency", "1", "--prompts-per-request", "1"]
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     with RawServer(engine) as server:
         argv[5] = server.url
