@@ -50,7 +50,7 @@ def test_sample_many_error_from_the_input_keeps_the_answers_too(engine: FakeEngi
 
     with SamplerClient(engine.url, max_workers=2) as client:  # 4 in flight: the first 35 were taken before the 40th
         with pytest.raises(TypeError, match="num_samples=") as caught:
-            client.sample_many(requests())
+            client.sample_many(requests(), prompts_per_request=1)  # one prompt a request: 4 in flight
     results = getattr(caught.value, "results", None)
     assert results is not None and len(results) == 39
     assert all(isinstance(r, SampleOutput) for r in results[:35]) and results[0].sequences
