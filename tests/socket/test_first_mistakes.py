@@ -118,6 +118,7 @@ def test_cli_prints_each_distinct_error_once_with_a_count(engine: FakeEngine, tm
     lines = [f'{{"id": {i}, "prompt": [5, 6]}}\n' for i in range(29)] + [f'{{"id": "long", "prompt": {[5] * 300}}}\n']
     inp.write_text("".join(lines), encoding="utf-8")
     argv = ["sample", "--base-url", engine.url, "--base-model", engine.model, "--concurrency", "1", "--ordered"]
+    argv += ["--prompts-per-request", "1"]  # the scripted 400s answer one line each
     code = main([*argv, "--input", str(inp), "--output", str(out), "--quiet"])
     err = capsys.readouterr().err.splitlines()
     assert code == 1 and len(out.read_text().splitlines()) == 30

@@ -33,7 +33,8 @@ def test_scoring_beside_sampling_kills_the_engine_and_the_hold_names_why(
         with SamplerClient(engine.url, max_workers=2, retry=QUICK, timeout=(0.5, 5)) as client:
             first = client.sample_many(batch, return_exceptions=True, max_outage=1.0)
             engine.stop()  # vLLM's server shuts itself down within about a second of the engine's death
-            results = client.sample_many(later, return_exceptions=True, max_outage=1.0)
+            # One prompt per request: two are sent and held, the third is never sent (its error says why).
+            results = client.sample_many(later, return_exceptions=True, max_outage=1.0, prompts_per_request=1)
     assert all(isinstance(r, EngineStatusError) and r.status == 500 for r in first), first
     held = [r for r in results if isinstance(r, EngineConnectionError)]
     assert len(held) == len(later), results

@@ -85,7 +85,7 @@ def score(server: ScoringServer, tmp_path: Path, lines: List[Dict[str, Any]]) ->
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     inp.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
     argv = ["score", "--base-url", server.url, "--base-model", MODEL, "--input", str(inp), "--output", str(out)]
-    status = main([*argv, "--concurrency", "1", "--quiet", "--max-outage", "0"])
+    status = main([*argv, "--concurrency", "1", "--quiet", "--max-outage", "0", "--prompts-per-request", "1"])
     records = {record["id"]: record for record in map(json.loads, out.read_text().splitlines())}
     assert len(records) == len(lines)
     records["status"] = {"exit": status}

@@ -45,7 +45,8 @@ def test_session_requests_go_through_its_mounted_adapter(engine: FakeEngine) -> 
         session.mount("http://", adapter)
         with SamplerClient(engine.url, session=session, max_workers=4) as client:
             assert client.sample("x", base_model=engine.model).sequences
-            assert len(client.sample_many([{"prompt": f"p{i}", "base_model": engine.model} for i in range(12)])) == 12
+            requests_ = [{"prompt": f"p{i}", "base_model": engine.model} for i in range(12)]
+            assert len(client.sample_many(requests_, prompts_per_request=1)) == 12  # one request per prompt
             client.engine_model()
     assert sum(url.endswith("/v1/completions") for url in adapter.sent) == 13
     assert any(url.endswith("/v1/models") for url in adapter.sent)
