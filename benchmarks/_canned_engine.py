@@ -2,12 +2,14 @@
 
 Answers every ``POST /v1/completions`` with the same 200 body (the shape vLLM sends for ``logprobs=1`` and
 ``return_token_ids``) after a fixed service latency, ``GET /v1/models`` with one base card and ``/health`` with
-an empty 200. It parses no JSON and keeps no state, so the client is what the benchmark measures. Stdlib only;
-run it in its own process::
+an empty 200. It parses no JSON (but a prompt list's, below) and keeps no state, so the client is what the
+benchmark measures. Stdlib only; run it in its own process::
 
     python benchmarks/_canned_engine.py --latency-ms 20 [--port 0] [--body FILE]
 
 ``--body FILE`` serves that file's bytes as the completion body instead (e.g. a scoring answer with prompt logprobs).
+A request with a list of prompts (lora_sampler batches them) gets the canned choice ``n`` times per prompt, numbered
+over the request as vLLM numbers them, and the usage times the prompts.
 
 It prints one JSON line ``{"url": "http://127.0.0.1:PORT", "pid": PID}`` once it listens, and serves until
 SIGTERM/SIGINT or until its standard input closes (so it never outlives a benchmark that died).
@@ -19,9 +21,10 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import signal
 import threading
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
 
 #: The base model name in the canned bodies.
 MODEL = "bench/base-model"
@@ -82,6 +85,10 @@ COMPLETION = _response("200 OK", completion_body())
 MODELS = _response("200 OK", models_body())
 HEALTH = _response("200 OK", b"", "text/plain")
 NOT_FOUND = _response("404 Not Found", b'{"detail":"Not Found"}')
+#: A request body whose prompt is a list of prompts (texts or token-id lists), as lora_sampler batches them.
+_PROMPT_LIST = re.compile(rb'"prompt"\s*:\s*\[\s*[\["]')
+#: The batched answers made so far, by (canned answer, (prompts, n)).
+_BATCHED: Dict[Tuple[bytes, Tuple[int, int]], bytes] = {}
 
 
 class CannedHttp(asyncio.Protocol):
@@ -115,10 +122,11 @@ class CannedHttp(asyncio.Protocol):
             total = end + 4 + length
             if len(self.buffer) < total:
                 return
+            body = bytes(self.buffer[end + 4 : total])
             del self.buffer[:total]
             target = head.split(b" ", 2)[1] if head.count(b" ") >= 2 else b""
             if target.startswith(b"/v1/completions"):
-                answer = self.completion
+                answer = self.completion if _PROMPT_LIST.search(body) is None else self._batched(body)
             elif target.startswith(b"/v1/models"):
                 answer = MODELS
             elif target.startswith((b"/health", b"/ping")):
@@ -130,6 +138,20 @@ class CannedHttp(asyncio.Protocol):
                 asyncio.get_running_loop().call_later(self.latency, self._send, answer, close)
             else:
                 self._send(answer, close)
+
+    def _batched(self, body: bytes) -> bytes:
+        """The canned answer to a prompt list: the canned choice ``n`` times per prompt, numbered over the request."""
+        request = json.loads(body)
+        shape = (len(request["prompt"]), int(request.get("n") or 1))
+        answer = _BATCHED.get((self.completion, shape))
+        if answer is None:
+            canned = json.loads(self.completion.split(b"\r\n\r\n", 1)[1])
+            choice = canned["choices"][0]
+            canned["choices"] = [dict(choice, index=index) for index in range(shape[0] * shape[1])]
+            usage = canned.get("usage") or {}
+            canned["usage"] = {key: value * shape[0] for key, value in usage.items() if isinstance(value, int)}
+            answer = _BATCHED[(self.completion, shape)] = _response("200 OK", json.dumps(canned).encode())
+        return answer
 
     def _send(self, answer: bytes, close: bool = False) -> None:
         if self.transport is not None and not self.transport.is_closing():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import os
 import platform
@@ -261,3 +262,12 @@ def checkout_env(checkout: str) -> Dict[str, str]:
     run outside this folder, since Python puts its working directory first on the path.
     """
     return {**os.environ, "PYTHONPATH": os.pathsep.join([checkout, sysconfig.get_paths()["purelib"]])}
+
+
+def one_prompt_per_request(method: Callable[..., Any]) -> Dict[str, Any]:
+    """``{"prompts_per_request": 1}`` when the fan-out ``method`` takes it, else ``{}`` (a checkout from before it).
+
+    lora_sampler sends many prompts per request by default; the benchmarks that compare one request per prompt
+    with other clients (or with an older checkout) ask for one prompt per request.
+    """
+    return {"prompts_per_request": 1} if "prompts_per_request" in inspect.signature(method).parameters else {}

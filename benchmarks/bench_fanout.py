@@ -78,9 +78,10 @@ class LoraSampler(Contender):
 
         self.client = SamplerClient(url, api_key="bench-key", max_workers=concurrency, timeout=(TIMEOUT, TIMEOUT))
         self.request = SampleRequest(PROMPT, base_model=MODEL)
+        self._one_each = _common.one_prompt_per_request(self.client.sample_many)  # as the other contenders send
 
     def run(self, n: int) -> int:
-        results = self.client.sample_many([self.request] * n)
+        results = self.client.sample_many([self.request] * n, **self._one_each)
         return sum(1 for r in results if r.sequences)
 
     def close(self) -> None:

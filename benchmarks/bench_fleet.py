@@ -59,7 +59,7 @@ def run_once(contender: str, router_url: str, fleet: _common.ServerProcess, fold
         adapter = client.publish(checkpoint)
         published = time.monotonic() - started
         rows = [{"prompt": [1, 2, i], "adapter": adapter} for i in range(FIRST_REQUESTS)]
-        results = client.sample_many(rows, return_exceptions=True)
+        results = client.sample_many(rows, return_exceptions=True, **_common.one_prompt_per_request(client.sample_many))
     per_replica = fleet.command(op="loads", name=adapter.name)["replicas"]
     served = [r["served_at"] for r in per_replica]
     return {

@@ -16,6 +16,7 @@ worktree can be counted with the same interpreter and engine.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import re
@@ -36,26 +37,33 @@ MAX_GROWTH = 0.03
 _SUMMARY = re.compile(r"^(?:summary|totals):\s*(\d+)", re.MULTILINE)
 
 
-def worker(url: str, requests: int, warmup: int) -> None:
-    """Send ``warmup`` then ``requests`` completions through one client (the process valgrind counts)."""
+def worker(url: str, requests: int, warmup: int, prompts_per_request: int) -> None:
+    """Send ``warmup`` then ``requests`` completions through one client (the process valgrind counts).
+
+    ``prompts_per_request`` (1 by default: one request per prompt, as every tree before it sent) is passed when the
+    measured tree's ``sample_many`` takes it.
+    """
     sys.modules["msgspec"] = None  # type: ignore[assignment]  # the stdlib decoder, as on trees without [fast]
     import lora_sampler
     from lora_sampler import SamplerClient, SampleRequest
 
     request = SampleRequest(PROMPT, base_model=MODEL)
     with SamplerClient(url, api_key="bench-key", max_workers=1) as client:
-        assert len(client.sample_many([request] * warmup)) == warmup
-        outputs = client.sample_many([request] * requests) if requests else []
+        takes = "prompts_per_request" in inspect.signature(client.sample_many).parameters
+        batching = {"prompts_per_request": prompts_per_request} if takes else {}
+        assert len(client.sample_many([request] * warmup, **batching)) == warmup
+        outputs = client.sample_many([request] * requests, **batching) if requests else []
         assert len(outputs) == requests and all(output.sequences for output in outputs)
     print(json.dumps({"lora_sampler": os.path.dirname(lora_sampler.__file__)}), flush=True)
 
 
-def count(tree: str, url: str, requests: int, warmup: int) -> Dict[str, Any]:
+def count(tree: str, url: str, requests: int, warmup: int, prompts_per_request: int = 1) -> Dict[str, Any]:
     """Run one worker under callgrind; return its total instructions and which package it measured."""
     with tempfile.TemporaryDirectory(prefix="bench-callgrind-") as scratch:
         out = os.path.join(scratch, "callgrind.out")
         argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__]
         argv += ["--worker", url, "--requests", str(requests), "--warmup", str(warmup)]
+        argv += ["--prompts-per-request", str(prompts_per_request)]
         env = dict(os.environ, PYTHONPATH=tree, PYTHONDONTWRITEBYTECODE="1")
         started = time.monotonic()
         done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=3600, check=False)
@@ -78,10 +86,16 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=DEFAULT_REQUESTS)
     parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP)
     parser.add_argument("--baseline", help="a results file to compare with (e.g. the 'before' run)")
+    parser.add_argument(
+        "--prompts-per-request",
+        type=int,
+        default=1,
+        help="prompts per request (default 1, as trees before batching sent them; the figure is then per prompt)",
+    )
     parser.add_argument("--worker", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.worker, args.requests, args.warmup)
+        worker(args.worker, args.requests, args.warmup, args.prompts_per_request)
         return
     import _common  # not in the worker: it puts this checkout's lora_sampler first on the path
 
@@ -90,8 +104,8 @@ def main() -> None:
     tree = os.path.abspath(args.tree)
     commit = subprocess.run(["git", "-C", tree, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     with _common.canned_engine(0) as engine:
-        none = count(tree, engine.url, 0, args.warmup)
-        full = count(tree, engine.url, args.requests, args.warmup)
+        none = count(tree, engine.url, 0, args.warmup, args.prompts_per_request)
+        full = count(tree, engine.url, args.requests, args.warmup, args.prompts_per_request)
     per_request = (full["instructions"] - none["instructions"]) / args.requests
     results: Dict[str, Any] = {
         "benchmark": "bench_instructions",

@@ -78,7 +78,9 @@ def run_lora_sampler(url: str, lora_dir: str, name: str, clients: int, arm: Call
         requests_ = [SampleRequest(PROMPT, adapter=name) for _ in range(clients)]
         arm()
         started = time.perf_counter()
-        results = client.sample_many(requests_, return_exceptions=True)
+        results = client.sample_many(
+            requests_, return_exceptions=True, **_common.one_prompt_per_request(client.sample_many)
+        )
         elapsed = time.perf_counter() - started
     failures = sum(1 for r in results if isinstance(r, BaseException))
     return {"elapsed_s": elapsed, "failures": failures, "failed_rounds": rounds[0]}

@@ -54,9 +54,10 @@ def run_lora_sampler(engine: Any, concurrency: int, n: int) -> Dict[str, Any]:
     """Send ``n`` completions through ``SamplerClient(max_workers=c).sample_many``; return the outcome."""
     request = SampleRequest(PROMPT, base_model=engine.model, sampling_params=PARAMS)
     with SamplerClient(engine.url, api_key=engine.api_key, max_workers=concurrency, timeout=TIMEOUT) as client:
-        client.sample_many([request] * concurrency)  # warm: threads and connections
+        one_each = _common.one_prompt_per_request(client.sample_many)  # one request per completion, as requests'
+        client.sample_many([request] * concurrency, **one_each)  # warm: threads and connections
         started = time.perf_counter()
-        results = client.sample_many([request] * n, return_exceptions=True)
+        results = client.sample_many([request] * n, return_exceptions=True, **one_each)
         elapsed = time.perf_counter() - started
     return _outcome(n, sum(1 for r in results if not isinstance(r, BaseException)), elapsed)
 

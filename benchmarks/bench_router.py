@@ -101,9 +101,10 @@ def measure(url: str, concurrency: int, n: int) -> float:
 
     requests = [SampleRequest([*PROMPT, i % 200], base_model=MODEL) for i in range(n)]
     with SamplerClient(url, max_workers=concurrency, timeout=(30.0, 30.0)) as client:
-        client.sample_many(requests[: concurrency * 2])
+        one_each = _common.one_prompt_per_request(client.sample_many)  # requests/s: one prompt per request
+        client.sample_many(requests[: concurrency * 2], **one_each)
         started = time.perf_counter()
-        results = client.sample_many(requests)
+        results = client.sample_many(requests, **one_each)
         elapsed = time.perf_counter() - started
     assert all(r.sequences for r in results)
     return n / elapsed
