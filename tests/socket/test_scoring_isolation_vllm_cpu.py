@@ -26,7 +26,8 @@ def test_sweep_score_concurrency_one_keeps_an_engine_alive_that_dies_on_mixed_st
     lines.write_text("".join(json.dumps(line) + "\n" for line in LINES))
     out = tmp_path / "out"
     argv = sweep_args(engine, lora_dir, lines, out, "--score", "--quiet", "--max-outage", "0")
-    assert main([*argv, "--checkpoints", str(tmp_path / "run" / "*.tar.gz"), "--concurrency", "1"]) == 0
+    one_per_step = ["--concurrency", "1", "--prompts-per-request", "1"]  # several prompts in one request share a step
+    assert main([*argv, "--checkpoints", str(tmp_path / "run" / "*.tar.gz"), *one_per_step]) == 0
     assert not engine.is_dead
     assert [entry["rows"] for entry in ledger(out)] == [len(LINES)] * 4
     assert all(entry["failed"] == 0 for entry in ledger(out))
