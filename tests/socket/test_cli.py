@@ -519,4 +519,4 @@ def test_cli_sample_integer_ids_and_a_bad_line_never_collide(
         assert sorted(r["id"] for r in got if "error" not in r) == list(range(200))
         assert [r["error"]["line"] for r in got if "error" in r] == [5]
     assert "repeats the id" not in capsys.readouterr().err
-    assert engine.calls(COMPLETIONS) == 200  # the second run sent nothing again
+    assert sum(r.prompts for r in engine.requests if r.path == COMPLETIONS) == 200  # the second run sent nothing again
