@@ -169,7 +169,9 @@ def test_jobs_hung_but_healthy_engine_fails_the_lines_instead_of_holding_them(
     inp, out = write_prompts(tmp_path / "in.jsonl", count), tmp_path / "out.jsonl"
     with FakeEngine() as engine:
         engine.inject_fault("hang", count=10**6, seconds=1.0)  # every completion: no answer for 1 s, then a drop
+        # One prompt per request, so that requests count attempts per line (batched, a request holds several lines).
         argv = sample_argv(engine, inp, out, "--timeout", "1,0.3", "--max-outage", "20", "--concurrency", "8")
+        argv += ["--prompts-per-request", "1"]
         assert main(argv) == 2  # consecutive engine-wide failures stop the job
         sent = engine.calls("/v1/completions")
     # The retry table's attempts for each line at most; before, every line was held and re-run while the health
