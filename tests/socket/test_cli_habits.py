@@ -36,7 +36,6 @@ def test_short_input_and_output_flags(engine: FakeEngine, tmp_path: Path) -> Non
     assert ids(tmp_path / "s.jsonl") and sorted(ids(tmp_path / "c.jsonl")) == [0, 1, 2]
 
 
-
 def prompts_sent(engine: FakeEngine) -> int:
     """The prompts the engine's completions held (a request may hold several)."""
     return sum(record.prompts for record in engine.requests if record.path == COMPLETIONS)
