@@ -144,7 +144,10 @@ def test_router_one_replica_killed_mid_batch_costs_no_rows(
     write_adapter(os.path.join(lora_dir, "steady"), BASE_MODEL)
     with SamplerClient(router.url, lora_base_dir=lora_dir, max_workers=8) as client:
         served: List[int] = []
-        results = client.sample_many(_rows(240, replicas[:1], kill_at=40, served=served), return_exceptions=True)
+        # One prompt per request: the test counts requests per replica as they are answered, killed and re-sent.
+        results = client.sample_many(
+            _rows(240, replicas[:1], kill_at=40, served=served), return_exceptions=True, prompts_per_request=1
+        )
     assert replicas[0].process.poll() is not None and served[0] > 0, served
     assert all(isinstance(r, SampleOutput) for r in results), [r for r in results if not isinstance(r, SampleOutput)]
     assert sum(r["status"] == 200 for log in _logs(replicas[1:]) for r in log) >= 240 - 40
@@ -164,7 +167,10 @@ def test_router_fleet_down_mid_batch_fails_rows_with_the_routers_answer_then_res
     restarted: List[Replica] = []
     try:
         with SamplerClient(router.url, lora_base_dir=lora_dir, max_workers=8) as client:
-            results = client.sample_many(_rows(120, replicas, kill_at=40), return_exceptions=True)
+            # One prompt per request: rows pulled before the kill must be answered before it, not held for a batch.
+            results = client.sample_many(
+                _rows(120, replicas, kill_at=40), return_exceptions=True, prompts_per_request=1
+            )
             assert len(results) == 120
             assert all(isinstance(r, SampleOutput) for r in results[:20])  # answered before the kill
             failed = [i for i, r in enumerate(results) if not isinstance(r, SampleOutput)]
