@@ -37,7 +37,11 @@ def test_sweep_real_three_adapters_on_max_loras_one(
     shutil.copytree(engine.adapter_dirs[0], run / "step-100")
     shutil.copytree(engine.adapter_dirs[1], run / "step-200")
     shutil.copytree(engine.adapter_dirs[0], run / "step-1000")
-    (run / "step-1000" / "README.md").write_text("step 1000: other files, so another adapter\n")
+    # Another adapter: its config differs (dropout, which inference ignores). Other files in the folder would not do:
+    # only the adapter's own files are published and hashed, so a copy with a README is the same checkpoint content.
+    config = json.loads((run / "step-1000" / "adapter_config.json").read_text())
+    config["lora_dropout"] = 0.05
+    (run / "step-1000" / "adapter_config.json").write_text(json.dumps(config))
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"id": n, "prompt": [1, 5 + n, 9]}) + "\n" for n in range(PROMPTS)))
     out = tmp_path / "out"
