@@ -59,11 +59,15 @@ def engine(make_engine: EngineFactory) -> FakeEngine:
 
 @pytest.fixture
 def checkpoints(tmp_path: Path) -> List[Path]:
-    """Three adapter checkpoint folders of a training run (``run/step-100``, ``-200``, ``-300``), base ``tiny-base``."""
+    """Three adapter checkpoint folders of a training run (``run/step-100``, ``-200``, ``-300``), base ``tiny-base``.
+
+    Each step has its own rank (2, 4, 8: within FakeEngine's ``max_lora_rank``), so the three hold different bytes, as
+    a real run's checkpoints do: a sweep treats two paths with the same bytes as one adapter under one name.
+    """
     folders = []
-    for step in (100, 200, 300):
+    for step, rank in ((100, 2), (200, 4), (300, 8)):
         folder = tmp_path / "run" / f"step-{step}"
-        write_adapter(folder, base_model="tiny-base")
+        write_adapter(folder, base_model="tiny-base", rank=rank)
         folders.append(folder)
     return folders
 
