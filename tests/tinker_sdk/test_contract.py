@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import multiprocessing
 import os
 import pickle
@@ -16,7 +17,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, List
+from typing import Any, Callable, Iterator, List
 
 import pytest
 
@@ -298,13 +299,26 @@ def test_many_threads_share_one_client(tinker: Any, service: Any) -> None:
     assert len(results) == 8 and all(r == results[0] for r in results)
 
 
+@contextlib.contextmanager
+def _python_ctrl_c() -> Iterator[None]:
+    """Python's own Ctrl-C handler, as a user's script has it, for the block: in a full run an earlier test's imports
+    (the cookbook's stack) may leave another SIGINT handler installed, which swallowed the signal."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_ctrl_c_while_waiting_cancels_the_requests(tinker: Any, make_engine: EngineFactory, lora_dir: Path) -> None:
     import signal
 
     from lora_sampler.tinker import ServiceClient
 
     engine = make_engine(latency=10.0)
-    with ServiceClient(engine.url, lora_base_dir=lora_dir, max_workers=2) as service:
+    with _python_ctrl_c(), ServiceClient(engine.url, lora_base_dir=lora_dir, max_workers=2) as service:
         client = service.create_sampling_client(base_model="tiny-base").result()
         futures = [client.sample(prompt(tinker), 1, tinker.SamplingParams(max_tokens=1)) for _ in range(4)]
         timer = threading.Timer(0.5, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
