@@ -508,28 +508,12 @@ class FanOut:
     def _unordered(
         self, requests: Iterable[RequestLike], run: Runner, return_exceptions: bool, gate: Optional[OutageGate]
     ) -> Generator[Tuple[int, Any], None, None]:
+        """``imap_unordered`` one request per prompt: each submitted to the pool as itself."""
         work = self._new_work()
         run = _through(gate, run)
-        pending: Dict[Future[Any], int] = {}
         limit = IN_FLIGHT_PER_WORKER * self.max_workers
-        source = enumerate(requests)
-        exhausted = finished = False
-        try:
-            while True:
-                while not exhausted and len(pending) < limit:
-                    nxt = next(source, None)
-                    if nxt is None:
-                        exhausted = True
-                        break
-                    pending[self._submit(work, run, as_request(nxt[1]))] = nxt[0]
-                if not pending:
-                    finished = True
-                    return
-                done, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
-                for future in done:
-                    yield pending.pop(future), outcome(future, return_exceptions)
-        finally:
-            _end(work, gate, pending, finished)
+        submit = functools.partial(self._submit, work, run)
+        yield from _as_finished(requests, submit, limit, return_exceptions, work, gate)
 
     def _unordered_batched(
         self,
@@ -539,30 +523,42 @@ class FanOut:
         gate: Optional[OutageGate],
         batching: Batching,
     ) -> Generator[Tuple[int, Any], None, None]:
-        """``imap_unordered`` with batches: prompts finish a batch at a time, reported through a queue of futures."""
+        """``imap_unordered`` with batches: prompts finish a batch at a time."""
         work = self._new_work()
         send, limit = self._sender(work, run, gate, batching)
-        finished_futures: queue.SimpleQueue[Future[Any]] = queue.SimpleQueue()
-        pending: Dict[Future[Any], int] = {}
-        source = enumerate(requests)
-        exhausted = finished = False
-        try:
-            while True:
-                while not exhausted and len(pending) < limit:
-                    nxt = next(source, None)
-                    if nxt is None:
-                        exhausted = True
-                        break
-                    future = send(as_request(nxt[1]))
-                    pending[future] = nxt[0]
-                    future.add_done_callback(finished_futures.put)
-                if not pending:
-                    finished = True
-                    return
-                future = finished_futures.get()
-                yield pending.pop(future), outcome(future, return_exceptions)
-        finally:
-            _end(work, gate, pending, finished)
+        yield from _as_finished(requests, send, limit, return_exceptions, work, gate)
+
+
+def _as_finished(
+    requests: Iterable[RequestLike],
+    send: Callable[[Request], Future[Any]],
+    limit: int,
+    return_exceptions: bool,
+    work: _Work,
+    gate: Optional[OutageGate],
+) -> Generator[Tuple[int, Any], None, None]:
+    """Keep at most ``limit`` prompts in flight through ``send``; yield ``(index, outcome)`` as each finishes."""
+    finished_futures: queue.SimpleQueue[Future[Any]] = queue.SimpleQueue()
+    pending: Dict[Future[Any], int] = {}
+    source = enumerate(requests)
+    exhausted = finished = False
+    try:
+        while True:
+            while not exhausted and len(pending) < limit:
+                nxt = next(source, None)
+                if nxt is None:
+                    exhausted = True
+                    break
+                future = send(as_request(nxt[1]))
+                pending[future] = nxt[0]
+                future.add_done_callback(finished_futures.put)
+            if not pending:
+                finished = True
+                return
+            future = finished_futures.get()
+            yield pending.pop(future), outcome(future, return_exceptions)
+    finally:
+        _end(work, gate, pending, finished)
 
 
 def _take(window: Deque[Future[Any]], return_exceptions: bool) -> Any:
