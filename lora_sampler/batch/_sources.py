@@ -283,12 +283,21 @@ def _safetensors_problem(path: str) -> Optional[str]:
     return None if size == expected else f"{size} bytes, its header declares {expected}"
 
 
-def content_signature(path: str) -> Optional[str]:
-    """Return a short signature of a local checkpoint's bytes as the filesystem tells them (size, times, inode; a
-    folder: those of its adapter files), or None when it is absent or a storage URL. Written to ``sweep.jsonl``, so a
-    later run notices a checkpoint overwritten with other weights (one ``stat`` per file, no read)."""
+def content_signature(path: str, storage_options: Optional[Mapping[str, Any]] = None) -> Optional[str]:
+    """Return a short signature of a checkpoint's bytes as its filesystem or store tells them, or None when it is
+    absent or its store cannot be reached. Written to ``sweep.jsonl``, so a later run notices a checkpoint
+    overwritten with other weights.
+
+    A local checkpoint costs one ``stat`` per file and no read (size, times, inode; a folder: those of its adapter
+    files). A storage URL costs one metadata request (an object: its ETag, version and size; a prefix: one listing of
+    its objects' paths, ETags and sizes), bounded as every storage read is.
+    """
     if is_storage_url(path):
-        return None
+        try:
+            _, _, stored = storage.settle_signature(path, storage_options)
+        except (OSError, PublishError):  # absent (FileNotFoundError) or unreachable: no signature to compare
+            return None
+        return hashlib.blake2b(repr(("stored", tuple(stored))).encode(), digest_size=8).hexdigest()
     try:
         info = os.stat(path)
         if os.path.isdir(path):
@@ -602,6 +611,7 @@ class CheckpointSource:
         self._final: Optional[str] = None
         self._listed_at: Optional[float] = None
         self._listing_seconds = 0.0
+        self._store_unanswered = False  # a change check of this listing found the store silent or unreachable
         self._emptied_at: Optional[float] = None  # when the last pending checkpoint went
         self._last_news = clock()
         #: True once nothing is left to hand out (and, watching, the watch ended).
@@ -689,8 +699,8 @@ class CheckpointSource:
     def _relist(self, now: float) -> None:
         started = self._clock()
         listed = self._list()
-        self._listing_seconds = self._clock() - started
         self._listed_at = now
+        self._store_unanswered = False
         for item in listed:
             if isinstance(item, NotAnAdapter):
                 self._note(item)
@@ -707,6 +717,9 @@ class CheckpointSource:
                 item = changed
             self._pending[key] = _Pending(item, now)
             self._emptied_at = None
+        # The change checks of done checkpoints count too (a stored one costs a request): the next listing waits ten
+        # times as long as this one took, so listing never takes more than a tenth of a watch's time.
+        self._listing_seconds = self._clock() - started
 
     def _note(self, item: NotAnAdapter) -> None:
         if item.real in self._noted:
@@ -724,7 +737,20 @@ class CheckpointSource:
         signature, adapter = self._done[item.key]
         if signature is None or adapter is None:
             return None  # failed, or done by a version that recorded no signature
-        now_signature = content_signature(item.real or item.path)
+        path = item.real or item.path
+        stored = is_storage_url(path)
+        if stored and self._store_unanswered:
+            return None
+        now_signature = content_signature(path, self._storage_options)
+        if now_signature is None and stored:
+            # The store did not answer within its deadline: the other checks of this listing would wait as long
+            # each, so they wait for the next listing (a watch's) or run (the change is then noticed).
+            self._store_unanswered = True
+            logger.warning(
+                "could not look at %s in the store to see whether it changed since it was evaluated; "
+                "the other stored checkpoints are looked at by the next listing",
+                printable(path),
+            )
         if now_signature is None or now_signature == signature:
             return None
         return dataclasses.replace(item, replaces=adapter)
@@ -738,7 +764,7 @@ class CheckpointSource:
             if checkpoint.problem is not None:
                 return self._hand_out(key, Unusable(checkpoint, BatchInputError(checkpoint.problem)), now)
             if self._ready(pending, now):
-                signature = content_signature(checkpoint.key)
+                signature = content_signature(checkpoint.key, self._storage_options)
                 return self._hand_out(key, dataclasses.replace(checkpoint, signature=signature), now)
             why = self._hopeless(pending, now)
             if why is not None:

@@ -236,3 +236,29 @@ def test_sweep_over_a_dripping_store_records_each_checkpoint_and_ends(
         store.faults["LIST"] = "drip-body"
         error = within_bound(sweep)
     assert isinstance(error, PublishError) and "a listing page did not end within 4.6 s" in str(error), error
+
+
+def test_rerun_over_a_silent_store_waits_for_one_change_check_only(
+    store: FaultStore, engine: FakeEngine, lora_dir: Path, tmp_path: Path
+) -> None:
+    """A finished sweep run again while the store lists but never answers a HEAD: the change check of the first
+    checkpoint waits out its deadline, the others are left for the next run, and the sweep ends with every report."""
+    for step in (2, 3, 4):
+        store.objects[f"run/step-{step}.tar.gz"] = store.objects[KEY]
+    requests = [{"id": 0, "prompt": [5, 6]}]
+    with client_of(store, engine, lora_dir) as client:
+        sweep = lambda: list(  # noqa: E731
+            client.sweep(f"s3://{BUCKET}/run/*.tar.gz", requests, output_dir=tmp_path / "out", settle=0, window=1)
+        )
+        first = sweep()
+        assert [report.error for report in first] == [None] * 4
+        store.faults["HEAD"] = "silent"
+        before = len(store.requests)
+        outcome: List[Any] = []
+        thread = threading.Thread(target=lambda: outcome.append(sweep()), daemon=True)
+        thread.start()
+        thread.join(BOUND)
+        assert not thread.is_alive(), "the rerun was still waiting on the store: it has no bound"
+    assert [report.checkpoint for report in outcome[0]] == [report.checkpoint for report in first]
+    looked_at = {key for operation, key in store.requests[before:] if operation == "HEAD"}
+    assert len(looked_at) == 1, looked_at

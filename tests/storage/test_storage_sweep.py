@@ -72,3 +72,30 @@ def test_storage_sweep_reads_a_manifest_in_the_store(
     argv = ["sweep", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--input", str(inp), "--quiet"]
     assert main([*argv, "--output-dir", str(out), "--manifest", manifest.path, "--settle", "0"]) == 0
     assert [line["checkpoint"] for line in ledger(out)] == [urls[2], urls[0]]
+
+
+def test_storage_sweep_evaluates_an_overwritten_object_again(
+    s3: Any, engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
+) -> None:
+    """An object overwritten with other weights after its sweep (a new ETag) is evaluated again under its new
+    content name, its line naming the old adapter in ``replaces``; an unchanged store adds nothing."""
+    urls = upload_run(s3, tmp_path, engine.model)
+    inp, out = tmp_path / "prompts.jsonl", tmp_path / "out"
+    inp.write_text("".join(json.dumps({"id": n, "prompt": [5, n]}) + "\n" for n in range(4)))
+    argv = ["sweep", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--input", str(inp), "--quiet"]
+    argv += ["--output-dir", str(out), "--checkpoints", f"s3://{BUCKET}/run1/step-*.tar.gz", "--settle", "0"]
+    assert main(argv) == 0
+    first = ledger(out)
+    assert len(first) == 3 and all(line["signature"] for line in first)
+    assert main(argv) == 0 and len(ledger(out)) == 3  # same objects: nothing again
+
+    other = write_adapter_archive(str(tmp_path / "retrained.tar.gz"), engine.model, rank=8)
+    s3.upload_file(other, BUCKET, "run1/step-20.tar.gz")
+    assert main(argv) == 0
+    lines = ledger(out)
+    assert len(lines) == 4
+    again = lines[3]
+    assert again["checkpoint"] == urls[1] and again["replaces"] == first[1]["adapter"]
+    assert again["adapter"] != first[1]["adapter"] and again["adapter"].startswith("step-20-")
+    assert again["rows"] == 4 and again["failed"] == 0 and again["signature"] != first[1]["signature"]
+    assert main(argv) == 0 and len(ledger(out)) == 4  # the new content is done: nothing again
