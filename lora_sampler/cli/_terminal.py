@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import signal
 import sys
@@ -143,6 +144,21 @@ def logs_above(bar: Any) -> Iterator[None]:
             package.addHandler(h)
 
 
+def say_from_signal_handler(message: str) -> None:
+    """Print a line on stderr from a signal handler.
+
+    The handler runs in the main thread between two of its steps, which may be inside a ``print`` to stderr: its
+    buffer is then locked by the very frame the handler interrupted, and another ``print`` raises "reentrant call".
+    Then the line goes straight to stderr's file descriptor, on a line of its own.
+    """
+    try:
+        print(message, file=sys.stderr)
+    except RuntimeError:  # reentrant call: the interrupted frame holds stderr's buffer
+        # No descriptor (a captured stderr): the line is lost, the exit status still says it.
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            os.write(sys.stderr.fileno(), f"\n{message}\n".encode("utf-8", "replace"))
+
+
 @dataclass
 class Interrupts:
     """How many times Ctrl-C was pressed during the job."""
@@ -171,13 +187,10 @@ def interrupts_stop(job: Stoppable) -> Iterator[Interrupts]:
         idle = getattr(job, "idle", False)  # a sweep waiting for a checkpoint has nothing in flight
         job.stop(grace=0.0 if idle or state.count > 1 else DEFAULT_DRAIN_SECONDS)
         if state.count == 1:
-            print(
-                (
-                    "lora-sampler: interrupted while waiting; nothing was in flight, stopping now"
-                    if idle
-                    else "lora-sampler: interrupted; finishing the requests in flight (Ctrl-C again to stop now)"
-                ),
-                file=sys.stderr,
+            say_from_signal_handler(
+                "lora-sampler: interrupted while waiting; nothing was in flight, stopping now"
+                if idle
+                else "lora-sampler: interrupted; finishing the requests in flight (Ctrl-C again to stop now)"
             )
 
     previous = signal.signal(signal.SIGINT, handler)
