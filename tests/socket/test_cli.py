@@ -336,7 +336,9 @@ def test_cli_sample_killed_midway_resumes_every_id_once(lora_dir: Path, tmp_path
     inp, out = write_prompts(tmp_path / "in.jsonl", count), tmp_path / "out.jsonl"
     with FakeEngine(lora_dir=lora_dir, latency=0.05) as slow:
         ckpt = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), slow.model)
-        args = sample_args(slow, lora_dir, ckpt, inp, out, "--concurrency", "4")
+        # One line a request (300 requests of 0.05 s, four at a time: about 4 s), so the kill lands mid-run; at the
+        # default 32 prompts a request the job is ten requests long. tests/socket/test_batching.py kills a batched one.
+        args = sample_args(slow, lora_dir, ckpt, inp, out, "--concurrency", "4", "--prompts-per-request", "1")
         with running_cli(args, tmp_path) as proc:
             wait_for_lines(out, 20, proc)
             proc.kill()

@@ -29,6 +29,9 @@ LINES, LATENCY, CONCURRENCY = 3000, 0.01, 16
 RESTART_AFTER = 3.0
 #: The library tests restart sooner (any restart exercises the hold; the CLI test keeps the issue's 3 s).
 QUICK_RESTART = 1.0
+#: A job of 600 lines still running when its engine is killed: 8 prompts a request and 0.2 s a request, 16 in
+#: flight, take about 1 s after the first lines are written.
+SLOW_LATENCY, SLOW_PROMPTS_PER_REQUEST = 0.2, 8
 #: Upper bound for a job that waits out a 5 s outage limit: 5 s plus one probe, with room for a loaded machine.
 GAVE_UP_WITHIN = 30.0
 
@@ -65,7 +68,10 @@ def test_cli_batch_outlives_an_engine_restart_and_heals_the_forgotten_adapter(
     name = default_adapter_name(archive)
     restarted: Optional[EngineProcess] = None
     try:
-        with running_cli(cli_args(engine, lora_dir, archive, inp, out), tmp_path) as proc:
+        # The issue's 3,000 requests (one line each): batched 32 to a request, the job is ~100 requests and can end
+        # before the kill lands.
+        args = cli_args(engine, lora_dir, archive, inp, out, "--prompts-per-request", "1")
+        with running_cli(args, tmp_path) as proc:
             wait_for_lines(out, LINES // 4, proc)
             engine.kill()
             killed_at = len(ids(out))
@@ -85,27 +91,31 @@ def test_cli_batch_outlives_an_engine_restart_and_heals_the_forgotten_adapter(
     assert raced and loads, "the restarted engine never went through the adapter-load race"
 
 
-def test_cli_engine_that_never_comes_back_exits_2_after_max_outage_then_resumes(
-    engine: EngineProcess, lora_dir: Path, tmp_path: Path
-) -> None:
-    """``--max-outage 5`` with the engine gone for good: exit 2 in about 5 s, saying so; a rerun later completes."""
+def test_cli_engine_that_never_comes_back_exits_2_after_max_outage_then_resumes(lora_dir: Path, tmp_path: Path) -> None:
+    """``--max-outage 5`` with the engine gone for good: exit 2 in about 5 s, saying so; a rerun later completes.
+
+    The job must still be running when the engine dies (``SLOW_LATENCY``): at the default 32 prompts per request and
+    10 ms a request, the whole job was done before the kill and exited 0.
+    """
     count = 600
     inp, out = write_prompts(tmp_path / "in.jsonl", count), tmp_path / "out.jsonl"
-    archive = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
-    args = cli_args(engine, lora_dir, archive, inp, out, "--max-outage", "5")
-    with running_cli(args, tmp_path) as proc:
-        wait_for_lines(out, 50, proc)
-        engine.kill()
-        killed = time.monotonic()
-        status = proc.wait(timeout=WAIT_SECONDS)
-        took = time.monotonic() - killed
-    stderr = (tmp_path / "cli.stderr").read_text()
-    assert status == 2, stderr
-    assert 5.0 <= took < GAVE_UP_WITHIN, took
-    assert "unreachable for" in stderr and "--max-outage 5" in stderr and "resume" in stderr, stderr
-    assert len(set(ids(out))) == len(ids(out)) < count + 1
-    with engine.restart() as again:
-        assert main(cli_args(again, lora_dir, archive, inp, out)) == 0
+    with EngineProcess(str(lora_dir), latency=SLOW_LATENCY) as engine:
+        archive = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
+        more = ("--max-outage", "5", "--prompts-per-request", str(SLOW_PROMPTS_PER_REQUEST))
+        args = cli_args(engine, lora_dir, archive, inp, out, *more)
+        with running_cli(args, tmp_path) as proc:
+            wait_for_lines(out, 50, proc)
+            engine.kill()
+            killed = time.monotonic()
+            status = proc.wait(timeout=WAIT_SECONDS)
+            took = time.monotonic() - killed
+        stderr = (tmp_path / "cli.stderr").read_text()
+        assert status == 2, stderr
+        assert 5.0 <= took < GAVE_UP_WITHIN, took
+        assert "unreachable for" in stderr and "--max-outage 5" in stderr and "resume" in stderr, stderr
+        assert len(set(ids(out))) == len(ids(out)) < count  # stopped mid-run, each line written once
+        with engine.restart() as again:
+            assert main(cli_args(again, lora_dir, archive, inp, out)) == 0
     assert_every_id_once(out, count)
 
 
@@ -205,14 +215,16 @@ def test_ray_data_sample_batches_wait_out_an_engine_restart(engine: EngineProces
         ClientSettings(engine.url, max_outage=-1)
 
 
-def test_cli_max_outage_0_keeps_failing_fast(engine: EngineProcess, lora_dir: Path, tmp_path: Path) -> None:
+def test_cli_max_outage_0_keeps_failing_fast(lora_dir: Path, tmp_path: Path) -> None:
     """``--max-outage 0``: a killed engine stops the job after a few failures (exit 2), the old way."""
     inp, out = write_prompts(tmp_path / "in.jsonl", 600), tmp_path / "out.jsonl"
-    archive = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
-    with running_cli(cli_args(engine, lora_dir, archive, inp, out, "--max-outage", "0"), tmp_path) as proc:
-        wait_for_lines(out, 50, proc)
-        engine.kill()
-        assert proc.wait(timeout=WAIT_SECONDS) == 2
+    with EngineProcess(str(lora_dir), latency=SLOW_LATENCY) as engine:  # still running when the engine dies
+        archive = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
+        more = ("--max-outage", "0", "--prompts-per-request", str(SLOW_PROMPTS_PER_REQUEST))
+        with running_cli(cli_args(engine, lora_dir, archive, inp, out, *more), tmp_path) as proc:
+            wait_for_lines(out, 50, proc)
+            engine.kill()
+            assert proc.wait(timeout=WAIT_SECONDS) == 2
     stderr = (tmp_path / "cli.stderr").read_text()
     assert "consecutive failures" in stderr and "engine unreachable since" not in stderr, stderr
 
