@@ -161,14 +161,17 @@ def test_notebook_interrupt_stops_the_cell_and_keeps_the_answers(kernel: Kernel,
 
 
 def test_notebook_rerunning_a_client_cell_keeps_threads_flat(kernel: Kernel, engine: FakeEngine) -> None:
-    """Ten runs of a cell that makes a client and samples (never closed) leave the threads of one client."""
+    """Ten runs of a cell that makes a client and samples (never closed) leave the threads of one client at most: its
+    8 workers and the process's deadline watchdog. (How many workers one run starts varies with how its 32 prompts
+    were grouped, 3 to 8, so the bound is one client's, not the first run's count.)"""
+    workers = 8
     cell = (
-        _client_cell(engine, 8) + f"\n_ = client.sample_many([{{'prompt': 'p', 'base_model': {engine.model!r}}}] * 32)"
+        _client_cell(engine, workers)
+        + f"\n_ = client.sample_many([{{'prompt': 'p', 'base_model': {engine.model!r}}}] * 32)"
     )
-    kernel.run(cell)
-    first = kernel.value("__import__('threading').active_count()")
-    for _ in range(9):
+    before = kernel.value("__import__('threading').active_count()")
+    for _ in range(10):
         kernel.run(cell)
     time.sleep(0.3)
-    assert kernel.value("__import__('threading').active_count()") <= first
-    assert established(kernel.pid, engine.port) <= 8
+    assert kernel.value("__import__('threading').active_count()") <= before + workers + 1
+    assert established(kernel.pid, engine.port) <= workers
