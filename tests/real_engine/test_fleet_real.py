@@ -79,9 +79,11 @@ def _lists(engine: RealEngine, name: str) -> bool:
 
 
 def _sample(client: SamplerClient, adapter: Any, count: int) -> List[Any]:
+    """``count`` requests of one prompt each: each has its own session id, which the router hashes, so they reach
+    both replicas (batched, the prompts made one to four requests, which could all land on one replica)."""
     params = SamplingParams(max_tokens=4, temperature=0.0)
     rows = [{"prompt": [1, 2, 3 + i], "adapter": adapter, "sampling_params": params} for i in range(count)]
-    return client.sample_many(rows, return_exceptions=True)
+    return client.sample_many(rows, return_exceptions=True, prompts_per_request=1)
 
 
 def test_fleet_real_publish_sample_restart_sample_unload_delete(
