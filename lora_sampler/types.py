@@ -644,24 +644,14 @@ def outputs_from_batch(
             that are not each number once, or a token-id prompt's choices that echo another prompt's token ids (the
             engine's answers could not be told apart, so none is used).
     """
-    if not isinstance(body, dict):
-        raise ValueError(f"it is a JSON {type(body).__name__}, not a completion object")
-    answered = body.get("model")
-    if model is not None and answered != model:
-        raise ValueError(
-            f"it answers for model {answered!r}, not the requested {model!r} (an adapter silently not applied, "
-            "or a proxy that fell back to another model)"
-        )
-    choices = body.get("choices")
-    if not isinstance(choices, list) or not set(map(type, choices)) <= _DICT_TYPE:
-        raise ValueError("it has no 'choices' list of objects; is base_url a vLLM server?")
+    choices = _model_choices(body, model)
     n = requests[0].num_samples
     if len(choices) != n * len(requests):
         raise ValueError(
             f"it holds {len(choices)} choices where {len(requests)} prompts of num_samples={n} each were sent; "
             "the answers cannot be matched to their prompts, so none is used"
         )
-    indices = [choice.get("index") for choice in choices]
+    indices: List[Any] = [choice.get("index") for choice in choices]  # checked below: ints 0..N-1
     expected = list(range(len(choices)))
     if indices != expected:
         if not set(map(type, indices)) <= _INT_TYPE or sorted(indices) != expected:
@@ -713,8 +703,9 @@ def _own_usage(choices: List[Dict[str, Any]], request: SampleRequest) -> Optiona
     }
 
 
-def _choices_of(body: Any, request: SampleRequest, model: Optional[str]) -> List[Dict[str, Any]]:
-    """Return an answer's choices in index order, once it is checked to be the requested model's ``n`` choices."""
+def _model_choices(body: Any, model: Optional[str]) -> List[Dict[str, Any]]:
+    """Return an answer's ``choices``, once it is checked to be a completion object for the requested model whose
+    choices are a list of objects (one request's answer or a prompt list's)."""
     if not isinstance(body, dict):
         raise ValueError(f"it is a JSON {type(body).__name__}, not a completion object")
     answered = body.get("model")
@@ -726,6 +717,12 @@ def _choices_of(body: Any, request: SampleRequest, model: Optional[str]) -> List
     choices = body.get("choices")
     if not isinstance(choices, list) or not set(map(type, choices)) <= _DICT_TYPE:
         raise ValueError("it has no 'choices' list of objects; is base_url a vLLM server?")
+    return choices
+
+
+def _choices_of(body: Any, request: SampleRequest, model: Optional[str]) -> List[Dict[str, Any]]:
+    """Return an answer's choices in index order, once it is checked to be the requested model's ``n`` choices."""
+    choices = _model_choices(body, model)
     if len(choices) != request.num_samples:
         raise ValueError(f"it holds {len(choices)} choices where num_samples={request.num_samples} were asked")
     indices = [choice.get("index", position) for position, choice in enumerate(choices)]
