@@ -1,4 +1,4 @@
-"""Value types: what a sample request holds, how it becomes a vLLM payload, and how an answer is read.
+"""Value types: what a sample request holds, how it becomes a vLLM payload, and the outputs an answer becomes.
 
 Frozen dataclasses with validation in ``__post_init__`` (bad arguments raise ``ValueError``/``TypeError``
 naming the argument, before any request). No I/O here.
@@ -15,6 +15,9 @@ from dataclasses import fields as dataclass_fields
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union, cast, overload
 
 from lora_sampler import _views
+from lora_sampler._wire import answers
+from lora_sampler._wire.answers import MAX_LOGPROB as MAX_LOGPROB  # re-exported: a public name here
+from lora_sampler._wire.answers import model_cards as model_cards  # re-exported: a public name here
 from lora_sampler._wire.archives import ARCHIVE_SUFFIXES as ARCHIVE_SUFFIXES  # re-exported: a public name here
 from lora_sampler._wire.archives import has_archive_suffix
 from lora_sampler._wire.messages import SAMPLING_FIELDS, validated_extra_body, validated_messages
@@ -164,18 +167,6 @@ class Adapter:
 
 
 AdapterSpec = Union[Adapter, str, "os.PathLike[str]"]
-
-
-def model_cards(body: Any) -> List[Dict[str, Any]]:
-    """Return the model cards of a ``GET /v1/models`` body (base models, and adapters with a ``parent``).
-
-    Raises:
-        ValueError: the body has no ``data`` list of cards with an ``id`` each.
-    """
-    cards = body.get("data") if isinstance(body, dict) else None
-    if not isinstance(cards, list) or not all(isinstance(card, dict) and "id" in card for card in cards):
-        raise ValueError("it has no 'data' list of model cards with an 'id' each")
-    return cards
 
 
 def is_storage_url(value: object) -> bool:
@@ -379,6 +370,7 @@ def build_request(prompt: Optional[Prompt] = None, **fields: Any) -> SampleReque
 
 #: Token ids are below this: vLLM holds them as 32-bit ints (a larger one would be sent on and wrap or fail there).
 TOKEN_ID_LIMIT = 2**31
+_INT_TYPE = {int}
 
 
 def _validated_prompt(prompt: object, what: str = "prompt") -> Prompt:
@@ -600,9 +592,13 @@ class SampleOutput:
             ValueError: the body is not exactly the answer: not ``num_samples`` choices, a choice without token
                 ids or their logprobs, prompt logprobs missing when asked, or another model.
         """
-        choices = _choices_of(body, request, model)
-        sequences = tuple(_sequence_from_choice(choice, request.topk_sample_logprobs) for choice in choices)
-        prompt_lp, topk = _prompt_logprobs_of(choices[0], request) if request.wants_prompt_logprobs else (None, None)
+        choices = answers.choices_of(body, request.num_samples, model)
+        topk_samples = request.topk_sample_logprobs
+        sequences = tuple(GeneratedSequence(**answers.sequence_fields(choice, topk_samples)) for choice in choices)
+        prompt_lp, topk = None, None
+        if request.wants_prompt_logprobs:
+            prompt_lp, raw = answers.prompt_logprobs_of(choices[0], request.prompt, request.prompt_logprobs)
+            topk = PromptTopK(raw, request.topk_prompt_logprobs) if request.topk_prompt_logprobs else None
         return cls(sequences, prompt_lp, topk, str(body.get("model") or ""), body)
 
 
@@ -644,263 +640,15 @@ def outputs_from_batch(
             that are not each number once, or a token-id prompt's choices that echo another prompt's token ids (the
             engine's answers could not be told apart, so none is used).
     """
-    choices = _model_choices(body, model)
-    n = requests[0].num_samples
-    if len(choices) != n * len(requests):
-        raise ValueError(
-            f"it holds {len(choices)} choices where {len(requests)} prompts of num_samples={n} each were sent; "
-            "the answers cannot be matched to their prompts, so none is used"
-        )
-    indices: List[Any] = [choice.get("index") for choice in choices]  # checked below: ints 0..N-1
-    expected = list(range(len(choices)))
-    if indices != expected:
-        if not set(map(type, indices)) <= _INT_TYPE or sorted(indices) != expected:
-            raise ValueError(f"its choice indices are not 0..{len(choices) - 1} once each")
-        choices = [choices[position] for position in sorted(expected, key=indices.__getitem__)]
-    shared = {key: value for key, value in body.items() if key not in ("choices", "usage")}
-    shared["request_usage"] = body.get("usage")
+    prompts = [cast(Prompt, request.prompt) for request in requests]
+    parts = answers.prompt_parts(body, prompts, requests[0].num_samples, model)
     outputs: List[Union[SampleOutput, ValueError]] = []
-    for number, request in enumerate(requests):
-        own = [dict(choice, index=index) for index, choice in enumerate(choices[number * n : (number + 1) * n])]
-        _check_echo(own, request, number)
-        part = dict(shared, choices=own, usage=_own_usage(own, request))
+    for number, (request, part) in enumerate(zip(requests, parts)):
         try:
             outputs.append(SampleOutput.from_json(part, request))
         except ValueError as problem:
             outputs.append(ValueError(f"prompt {number} of {len(requests)}: {problem}"))
     return outputs
-
-
-def _check_echo(choices: List[Dict[str, Any]], request: SampleRequest, number: int) -> None:
-    """Refuse a token-id prompt's choices that carry another prompt's ``prompt_token_ids`` (answers mixed up)."""
-    if isinstance(request.prompt, str):
-        return
-    sent = list(cast(Sequence[int], request.prompt))
-    for choice in choices:
-        echoed = choice.get("prompt_token_ids")
-        if echoed is not None and echoed != sent:
-            raise ValueError(
-                f"the choices in place of prompt {number} echo other prompt token ids than it was sent; the answers "
-                "cannot be matched to their prompts, so none is used"
-            )
-
-
-def _own_usage(choices: List[Dict[str, Any]], request: SampleRequest) -> Optional[Dict[str, int]]:
-    """Return one prompt's token counts from its own choices (None when its prompt's length is unknown)."""
-    echoed = choices[0].get("prompt_token_ids") if choices else None
-    if isinstance(echoed, list):
-        prompt_tokens = len(echoed)
-    elif isinstance(request.prompt, str):
-        return None
-    else:
-        prompt_tokens = len(cast(Sequence[int], request.prompt))
-    generated = [choice.get("token_ids") for choice in choices]
-    completion_tokens = sum(len(ids) for ids in generated if isinstance(ids, list))
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-
-
-def _model_choices(body: Any, model: Optional[str]) -> List[Dict[str, Any]]:
-    """Return an answer's ``choices``, once it is checked to be a completion object for the requested model whose
-    choices are a list of objects (one request's answer or a prompt list's)."""
-    if not isinstance(body, dict):
-        raise ValueError(f"it is a JSON {type(body).__name__}, not a completion object")
-    answered = body.get("model")
-    if model is not None and answered != model:
-        raise ValueError(
-            f"it answers for model {answered!r}, not the requested {model!r} (an adapter silently not applied, "
-            "or a proxy that fell back to another model)"
-        )
-    choices = body.get("choices")
-    if not isinstance(choices, list) or not set(map(type, choices)) <= _DICT_TYPE:
-        raise ValueError("it has no 'choices' list of objects; is base_url a vLLM server?")
-    return choices
-
-
-def _choices_of(body: Any, request: SampleRequest, model: Optional[str]) -> List[Dict[str, Any]]:
-    """Return an answer's choices in index order, once it is checked to be the requested model's ``n`` choices."""
-    choices = _model_choices(body, model)
-    if len(choices) != request.num_samples:
-        raise ValueError(f"it holds {len(choices)} choices where num_samples={request.num_samples} were asked")
-    indices = [choice.get("index", position) for position, choice in enumerate(choices)]
-    expected = list(range(len(choices)))
-    if indices != expected:
-        if not set(map(type, indices)) <= _INT_TYPE or sorted(indices) != expected:
-            raise ValueError(f"its choice indices are {indices}, not 0..{len(choices) - 1} once each")
-        choices = [choices[position] for position in sorted(expected, key=indices.__getitem__)]
-    return choices
-
-
-def _prompt_logprobs_of(
-    first: Dict[str, Any], request: SampleRequest
-) -> Tuple[Optional[Tuple[Optional[float], ...]], Optional[PromptTopK]]:
-    """Read the prompt logprobs asked for from the first choice: each token's own, and the top-k view."""
-    raw = first.get("prompt_logprobs")
-    if not isinstance(raw, list) or not set(map(type, raw)) <= _ENTRY_TYPES:
-        raise ValueError("prompt logprobs were asked for, but its first choice has no 'prompt_logprobs' list")
-    prompt_ids = first.get("prompt_token_ids") or (None if isinstance(request.prompt, str) else request.prompt)
-    if prompt_ids is not None and (
-        not isinstance(prompt_ids, (list, tuple)) or not set(map(type, prompt_ids)) <= _INT_TYPE
-    ):
-        raise ValueError("its 'prompt_token_ids' is not a list of token ids")
-    sent = request.prompt
-    if prompt_ids is not None and sent is not None and not isinstance(sent, str) and tuple(prompt_ids) != tuple(sent):
-        raise ValueError(
-            f"its 'prompt_token_ids' ({_ids_preview(prompt_ids)}) are not the token ids sent "
-            f"({_ids_preview(sent)}): its prompt logprobs would be those of other tokens"
-        )
-    prompt_lp: Optional[Tuple[Optional[float], ...]] = None
-    if request.prompt_logprobs:
-        prompt_lp = _actual_logprobs(raw, prompt_ids)
-    elif prompt_ids is not None and len(raw) != len(prompt_ids):
-        raise ValueError(f"it has {len(raw)} prompt logprobs for {len(prompt_ids)} prompt tokens")
-    topk = PromptTopK(raw, request.topk_prompt_logprobs) if request.topk_prompt_logprobs else None
-    return prompt_lp, topk
-
-
-_DICT_TYPE = {dict}
-_INT_TYPE = {int}
-_NONE_TYPE = type(None)
-_LOGPROB_TYPES = {float, int, _NONE_TYPE}
-_ENTRY_TYPES = {dict, _NONE_TYPE}
-_NUMBER_TYPES = (int, float)
-_INFINITY = float("inf")
-#: The largest logprob accepted: 0 plus room for float rounding in the engine's log-softmax.
-MAX_LOGPROB = 1e-3
-
-
-def _floats(values: List[Any], what: str) -> Tuple[float, ...]:
-    """Convert JSON numbers to floats; one too large for a float (``10**400``, ``1e400``) is refused as malformed."""
-    try:
-        floats = tuple(map(float, values))
-    except OverflowError:  # an integer such as 10**400
-        raise ValueError(f"{what} holds a number too large for a float") from None
-    if _INFINITY in floats or -_INFINITY in floats:  # a literal such as 1e400: strict JSON writers refuse it
-        raise ValueError(f"{what} holds a number too large for a float")
-    return floats
-
-
-def _sequence_from_choice(choice: Dict[str, Any], topk: int = 0) -> GeneratedSequence:
-    """Read one choice; it must carry its token ids and one logprob per token (the client always asks for both).
-
-    With ``topk``, it must also carry the top-k alternatives of each position, keyed ``"token_id:<id>"``.
-    """
-    index = choice.get("index", 0)
-    tokens = choice.get("token_ids")
-    # Type sets are checked with C loops: this runs for every choice of every answer.
-    if not isinstance(tokens, list) or not set(map(type, tokens)) <= _INT_TYPE:
-        raise ValueError(f"choice {index} has no 'token_ids' list of ints (vLLM sends them for return_token_ids)")
-    logprobs_block = choice.get("logprobs")
-    message = choice.get("message")
-    if isinstance(message, dict):  # a chat choice: logprobs.content holds one {"token", "logprob", ...} per token
-        entries = logprobs_block.get("content") if isinstance(logprobs_block, dict) else None
-        usable = isinstance(entries, list) and set(map(type, entries)) <= _DICT_TYPE
-        token_logprobs = [entry.get("logprob") for entry in cast(List[Dict[str, Any]], entries)] if usable else None
-        text = message.get("content")
-        where = "logprobs.content"
-    else:
-        token_logprobs = logprobs_block.get("token_logprobs") if isinstance(logprobs_block, dict) else None
-        text = choice.get("text")
-        where = "logprobs.token_logprobs"
-    if not isinstance(token_logprobs, list) or len(token_logprobs) != len(tokens):
-        raise ValueError(f"choice {index} has no '{where}' list with one entry per token")
-    kinds = set(map(type, token_logprobs))
-    if not kinds <= _LOGPROB_TYPES:
-        raise ValueError(f"choice {index} has a token logprob that is not a number")
-    return GeneratedSequence(
-        tokens=tuple(tokens),
-        logprobs=_checked_logprobs(
-            (
-                _floats(token_logprobs, f"choice {index}")
-                if _NONE_TYPE not in kinds
-                else _floats([math.nan if lp is None else lp for lp in token_logprobs], f"choice {index}")
-            ),
-            f"choice {index}'s logprobs",
-        ),
-        stop_reason=str(choice.get("finish_reason") or ""),
-        text=str(text or ""),
-        matched_stop=choice.get("stop_reason"),
-        topk_logprobs=_sampled_topk(logprobs_block, len(tokens), topk, index) if topk else None,
-    )
-
-
-#: The key prefix of a token in vLLM's logprobs with ``return_tokens_as_token_ids``.
-_TOKEN_ID_PREFIX = "token_id:"  # noqa: S105  (a key prefix, not a secret)
-
-
-def _sampled_topk(block: Any, length: int, k: int, index: object) -> Tuple[TopK, ...]:
-    """Read the top-k alternatives of each generated position (``logprobs.top_logprobs``), best first, trimmed to k."""
-    tops = block.get("top_logprobs") if isinstance(block, dict) else None
-    if not isinstance(tops, list) or len(tops) != length:
-        raise ValueError(f"choice {index} has no 'logprobs.top_logprobs' list with one entry per token")
-    positions: List[TopK] = []
-    for position, top in enumerate(tops):
-        pairs: List[Tuple[int, float]] = []
-        for key, value in top.items() if isinstance(top, dict) else ():
-            digits = key[len(_TOKEN_ID_PREFIX) :] if isinstance(key, str) and key.startswith(_TOKEN_ID_PREFIX) else ""
-            if not digits.isdigit() or not isinstance(value, _NUMBER_TYPES) or isinstance(value, bool):
-                raise ValueError(
-                    f"choice {index} has a top logprob at position {position} that is not a "
-                    f"'{_TOKEN_ID_PREFIX}<id>': number pair ({key!r}); is return_tokens_as_token_ids honoured?"
-                )
-            pairs.append((int(digits), float(value)))
-        pairs.sort(key=lambda pair: -pair[1])
-        positions.append(tuple(pairs[:k]))
-    return tuple(positions)
-
-
-def _actual_logprobs(
-    raw: List[Optional[Dict[str, Any]]], prompt_ids: Optional[Sequence[int]]
-) -> Tuple[Optional[float], ...]:
-    """Read each prompt token's own logprob from vLLM's prompt_logprobs (``[None, {"<id>": {"logprob", ...}}, ...]``).
-
-    Every position after the first must hold the prompt token's own entry (vLLM always adds it to the top k), so a
-    missing one is an error rather than a silent ``None``; without the prompt's token ids, every entry is None.
-    """
-    if prompt_ids is None:
-        return (None,) * len(raw)
-    if len(raw) != len(prompt_ids):
-        raise ValueError(f"it has {len(raw)} prompt logprobs for {len(prompt_ids)} prompt tokens")
-    actual: List[Optional[float]] = [None]
-    keys = map(str, prompt_ids)
-    next(keys, None)
-    for position, (entry, key) in enumerate(zip(raw[1:], keys), 1):
-        chosen = entry.get(key) if entry else None
-        logprob = chosen.get("logprob") if isinstance(chosen, dict) else None
-        if not isinstance(logprob, _NUMBER_TYPES) or isinstance(logprob, bool):
-            raise ValueError(f"its prompt logprobs at position {position} lack prompt token {key}'s own entry")
-        actual.append(logprob)
-    return (None, *_checked_logprobs(_floats(actual[1:], "its prompt logprobs"), "its prompt logprobs"))
-
-
-def _ids_preview(ids: Sequence[int]) -> str:
-    """A short view of a token id list for a message: its length and first ids."""
-    head = ", ".join(map(str, ids[:6]))
-    return f"{len(ids)} ids: [{head}{', ...' if len(ids) > 6 else ''}]"
-
-
-def _checked_logprobs(values: Tuple[float, ...], what: str) -> Tuple[float, ...]:
-    """Refuse a logprob above 0 (beyond float rounding): a log-probability never is, so the answer is wrong."""
-    if values and max(values) > MAX_LOGPROB:
-        position, value = next((i, v) for i, v in enumerate(values) if v > MAX_LOGPROB)
-        raise ValueError(f"{what} holds {value!r} at position {position}: a logprob is never above 0")
-    return values
-
-
-def _rank_of(item: Tuple[str, Dict[str, Any]]) -> Tuple[int, float]:
-    info = item[1]
-    return info.get("rank") or 1 << 30, -info["logprob"]
-
-
-def _ranked(entry: Optional[Dict[str, Dict[str, Any]]], k: int) -> Optional[TopK]:
-    """Return the best ``k`` ``(token_id, logprob)`` pairs of one position, by rank (vLLM adds the prompt token)."""
-    if not entry:
-        return None
-    pairs = sorted(entry.items(), key=_rank_of)[:k]
-    return tuple([(int(token), float(info["logprob"])) for token, info in pairs])
 
 
 _UNREAD: Any = object()
@@ -941,7 +689,7 @@ class PromptTopK(Sequence[Optional[TopK]]):
 
     def _position(self, index: int) -> Optional[TopK]:
         try:
-            return _ranked(self._raw[index], self._k)
+            return answers.ranked(self._raw[index], self._k)
         except (TypeError, LookupError, AttributeError, ValueError, OverflowError) as exc:
             raise ValueError(f"the engine's prompt logprobs at position {index} are malformed: {exc!r}") from None
 

@@ -24,12 +24,12 @@ import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
 
 from lora_sampler._transport.http import EngineTransport, normalise_base_url
+from lora_sampler._wire.answers import model_cards
 from lora_sampler._wire.messages import load_adapter_body, unload_adapter_body
 from lora_sampler._wire.refusals import is_already_loaded, is_not_held
 from lora_sampler._wire.routes import LIST_WORKERS_PATH, LOAD_ADAPTER_PATH, MODELS_PATH, UNLOAD_ADAPTER_PATH
 from lora_sampler.errors import EngineError, EngineStatusError, FleetError, LoraSamplerError
 from lora_sampler.retry import RetryPolicy
-from lora_sampler.types import model_cards
 
 logger = logging.getLogger(__name__)
 

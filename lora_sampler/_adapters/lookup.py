@@ -18,9 +18,10 @@ import time
 from typing import Any, List, Optional, Sequence
 
 from lora_sampler._transport.http import EngineTransport
+from lora_sampler._wire.answers import model_cards
 from lora_sampler._wire.routes import MODELS_PATH
 from lora_sampler.errors import AdapterNotFoundError, EngineError
-from lora_sampler.types import Adapter, model_cards
+from lora_sampler.types import Adapter
 
 logger = logging.getLogger(__name__)
 

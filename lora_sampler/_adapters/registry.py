@@ -20,12 +20,13 @@ from lora_sampler._adapters.lookup import adapter_ids, find_adapter
 from lora_sampler._adapters.storage import StorageOptions
 from lora_sampler._locks import KeyedLocks
 from lora_sampler._transport.http import EngineTransport
+from lora_sampler._wire.answers import model_cards
 from lora_sampler._wire.messages import unload_adapter_body
 from lora_sampler._wire.refusals import is_not_held
 from lora_sampler._wire.routes import MODELS_PATH, UNLOAD_ADAPTER_PATH
 from lora_sampler.errors import AdapterConfigError, EngineError, EngineStatusError, LoraSamplerError
 from lora_sampler.names import validate_adapter_name
-from lora_sampler.types import Adapter, AdapterSpec, is_checkpoint_path, is_storage_url, model_cards
+from lora_sampler.types import Adapter, AdapterSpec, is_checkpoint_path, is_storage_url
 
 logger = logging.getLogger(__name__)
 
