@@ -15,7 +15,7 @@ Document = Union[bytes, bytearray, memoryview, str]
 try:
     import msgspec
 except ImportError:  # the fixed dependencies only: the standard library decodes
-    msgspec = None  # type: ignore[assignment]
+    msgspec = None  # type: ignore[assignment,unused-ignore]  # needed only where msgspec is installed
 
 
 def _refuse_constant(name: str) -> Any:
