@@ -53,7 +53,7 @@ from lora_sampler._defaults import (
     MAX_PROMPTS_PER_REQUEST,
 )
 from lora_sampler._transport.cancel import CancelScope
-from lora_sampler.errors import RequestCancelledError, SamplingInterruptedError
+from lora_sampler.errors import LoraSamplerError, RequestCancelledError, SamplingInterruptedError
 from lora_sampler.types import DEFAULT_SAMPLING_PARAMS, SampleRequest, ScoreRequest, build_request
 
 #: ``imap`` keeps at most this many requests per worker submitted ahead of the results it has yielded.
@@ -479,10 +479,11 @@ class FanOut:
     ) -> Generator[Any, None, None]:
         work = self._new_work()
         send, limit = self._sender(work, run, gate, batching)
+        source = _Source(requests)
         finished = False
         try:
-            for item in requests:
-                window.append(send(as_request(item)))
+            for item in source:
+                window.append(_sent(send, item))
                 while window and (len(window) >= limit or window[0].done()):
                     yield _take(window, return_exceptions)
             while window:
@@ -490,6 +491,7 @@ class FanOut:
             finished = True
         finally:
             _end(work, gate, window, finished)
+        source.check()
 
     def imap_unordered(
         self,
@@ -540,7 +542,8 @@ def _as_finished(
     """Keep at most ``limit`` prompts in flight through ``send``; yield ``(index, outcome)`` as each finishes."""
     finished_futures: queue.SimpleQueue[Future[Any]] = queue.SimpleQueue()
     pending: Dict[Future[Any], int] = {}
-    source = enumerate(requests)
+    inputs = _Source(requests)
+    source = enumerate(inputs)
     exhausted = finished = False
     try:
         while True:
@@ -549,16 +552,17 @@ def _as_finished(
                 if nxt is None:
                     exhausted = True
                     break
-                future = send(as_request(nxt[1]))
+                future = _sent(send, nxt[1])
                 pending[future] = nxt[0]
                 future.add_done_callback(finished_futures.put)
             if not pending:
                 finished = True
-                return
+                break
             future = finished_futures.get()
             yield pending.pop(future), outcome(future, return_exceptions)
     finally:
         _end(work, gate, pending, finished)
+    inputs.check()
 
 
 def _take(window: Deque[Future[Any]], return_exceptions: bool) -> Any:
@@ -610,6 +614,55 @@ def _through(gate: Optional[OutageGate], run: Runner) -> Runner:
     if gate is None:
         return run
     return lambda request: gate.run(lambda: run(request))
+
+
+class _Source:
+    """The caller's requests as one fan-out pulls them, counted; a failure of their iterator is held, not raised.
+
+    So the requests pulled before it run to their end and keep their answers (``check`` raises it afterwards).
+    """
+
+    def __init__(self, requests: Iterable[RequestLike]):
+        self._items = iter(requests)
+        self.pulled = 0
+        self.error: Optional[Exception] = None
+
+    def __iter__(self) -> Iterator[RequestLike]:
+        while True:
+            try:
+                item = next(self._items)
+            except StopIteration:
+                return
+            except Exception as error:  # the caller's generator failed (Ctrl-C is no Exception: it stops at once)
+                self.error = error
+                return
+            self.pulled += 1
+            yield item
+
+    def check(self) -> None:
+        """Raise the iterator's failure, once every request pulled before it has its outcome.
+
+        Raises:
+            LoraSamplerError: the iterator raised; the error names it and how many requests ran (its cause is it).
+        """
+        if self.error is None:
+            return
+        raise LoraSamplerError(
+            f"the requests iterable raised {type(self.error).__name__}: {self.error} after {self.pulled} requests; "
+            f"those {self.pulled} ran to their end and were kept (sample_many: in this error's .results, one slot "
+            "each in input order; imap: yielded before this error)"
+        ) from self.error
+
+
+def _sent(send: Callable[[Request], Future[Any]], item: RequestLike) -> Future[Any]:
+    """Send one item of a fan-out; an invalid item is not sent: its future holds its error (its slot's outcome)."""
+    try:
+        request = as_request(item)
+    except (TypeError, ValueError) as error:
+        refused: Future[Any] = Future()
+        refused.set_exception(error)
+        return refused
+    return send(request)
 
 
 def as_request(item: RequestLike) -> Request:

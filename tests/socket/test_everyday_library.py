@@ -41,7 +41,8 @@ def test_sample_many_error_keeps_every_answer_received(engine: FakeEngine) -> No
 
 
 def test_sample_many_error_from_the_input_keeps_the_answers_too(engine: FakeEngine) -> None:
-    """A bad request mapping in the middle of a generator: the TypeError carries the answers before it."""
+    """A bad request mapping in the middle of a generator: the TypeError (raised in input order) carries every answer
+    before it."""
 
     def requests() -> Iterator[Dict[str, Any]]:
         for number in range(39):
@@ -52,8 +53,8 @@ def test_sample_many_error_from_the_input_keeps_the_answers_too(engine: FakeEngi
         with pytest.raises(TypeError, match="num_samples=") as caught:
             client.sample_many(requests(), prompts_per_request=1)  # one prompt a request: 4 in flight
     results = getattr(caught.value, "results", None)
-    assert results is not None and len(results) == 39
-    assert all(isinstance(r, SampleOutput) for r in results[:35]) and results[0].sequences
+    assert results is not None and len(results) == 40 and results[39] is None  # a slot per input seen: its own None
+    assert all(isinstance(r, SampleOutput) for r in results[:39]) and results[0].sequences  # those before all ran
 
 
 @pytest.mark.parametrize(
