@@ -26,7 +26,20 @@ import time
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Awaitable, Callable, ContextManager, Dict, Iterator, List, Mapping, Optional, Tuple, TypeVar
+from typing import (
+    Any,
+    Awaitable,
+    Callable,
+    ContextManager,
+    Dict,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Set,
+    Tuple,
+    TypeVar,
+)
 
 from lora_sampler._adapters.archive import CONFIG_FILE
 from lora_sampler._defaults import DEFAULT_STORAGE_MIN_RATE, DEFAULT_TIMEOUT
@@ -62,6 +75,14 @@ RANGED_BLOCK_SIZE = 16 << 20
 #: The most bytes one S3 listing page can hold: 1,000 keys of up to 1,024 bytes, each with its XML around it. A page
 #: has the deadline of an object of this size.
 LIST_PAGE_BYTES = 1000 * 1600
+#: Keys an S3 listing page holds at most (``MaxKeys``); a listing of N keys takes ceil(N / 1,000) pages.
+KEYS_PER_PAGE = 1000
+#: Most keys one listing may hold (``storage_options={"max_listed_keys": N}``, the CLI's ``--max-listed-keys``):
+#: a store whose pages never end is cut after this many keys' pages (1,000 pages), while a real bucket of 100,000
+#: keys lists in full ten times over.
+DEFAULT_MAX_LISTED_KEYS = 1_000_000
+#: The storage option naming the listing bound: lora_sampler's own, taken out before fsspec sees the options.
+MAX_LISTED_KEYS_OPTION = "max_listed_keys"
 #: Seconds a closing reader waits for its download thread at most (a thread stuck in a library's read is left).
 CLOSE_WAIT = 5.0
 
@@ -98,6 +119,16 @@ class StoreTimeoutError(OSError):
         self.seconds = seconds
 
 
+class ListingTooLongError(OSError):
+    """A listing went on past ``max_listed_keys`` (its pages never end, or the prefix is far too wide)."""
+
+    def __init__(self, prefix: str, limits: Deadlines) -> None:
+        super().__init__(
+            f"the store's listing of {prefix!r} goes on past max_listed_keys={limits.max_listed_keys} "
+            f"({limits.listing_pages} pages of up to {KEYS_PER_PAGE:,} keys)"
+        )
+
+
 class ObjectChangedError(OSError):
     """The object was rewritten between its look-up and its download (S3 answered 412 to ``If-Match``)."""
 
@@ -110,11 +141,23 @@ class Deadlines:
         connect: Seconds to connect (the client's connect timeout, or the storage options' ``connect_timeout``).
         read: Seconds to wait for an answer (the client's read timeout, or the options' ``read_timeout``).
         min_rate: Bytes per second an object's transfer may not fall below on average (``DEFAULT_STORAGE_MIN_RATE``).
+        max_listed_keys: Most keys one listing may hold (``DEFAULT_MAX_LISTED_KEYS``).
     """
 
     connect: float
     read: float
     min_rate: float = DEFAULT_STORAGE_MIN_RATE
+    max_listed_keys: int = DEFAULT_MAX_LISTED_KEYS
+
+    @property
+    def listing_pages(self) -> int:
+        """Pages one listing may take: ``max_listed_keys`` at 1,000 keys a page, rounded up."""
+        return -(-self.max_listed_keys // KEYS_PER_PAGE)
+
+    @property
+    def listing(self) -> float:
+        """Seconds a whole listing may take: each of its pages' bound (a store with many pages is given no more)."""
+        return self.listing_pages * self.transfer(LIST_PAGE_BYTES)
 
     @property
     def request(self) -> float:
@@ -144,7 +187,10 @@ def deadlines(options: Optional[Mapping[str, Any]] = None, timeout: Optional[Tim
 
     ``storage_options={"config_kwargs": {"connect_timeout": ..., "read_timeout": ...}}`` (s3fs's botocore settings)
     wins over ``timeout``, which wins over a ``StorageOptions``' timeout (the client's); without any, the client's
-    default ``(10, 300)``.
+    default ``(10, 300)``. ``storage_options={"max_listed_keys": N}`` bounds a listing (``DEFAULT_MAX_LISTED_KEYS``).
+
+    Raises:
+        PublishError: ``max_listed_keys`` is not a whole number of at least 1.
     """
     if timeout is None:
         timeout = getattr(options, "timeout", None)
@@ -153,7 +199,13 @@ def deadlines(options: Optional[Mapping[str, Any]] = None, timeout: Optional[Tim
     if isinstance(config, Mapping):
         connect = float(config.get("connect_timeout", connect))
         read = float(config.get("read_timeout", read))
-    return Deadlines(connect, read)
+    most = (options or {}).get(MAX_LISTED_KEYS_OPTION, DEFAULT_MAX_LISTED_KEYS)
+    if isinstance(most, bool) or not isinstance(most, int) or most < 1:
+        raise PublishError(
+            f"storage_options={{{MAX_LISTED_KEYS_OPTION!r}: {most!r}}} must be a whole number of keys >= 1 (default "
+            f"{DEFAULT_MAX_LISTED_KEYS:,}); the CLI's --max-listed-keys sets it"
+        )
+    return Deadlines(connect, read, max_listed_keys=most)
 
 
 @dataclass(frozen=True)
@@ -222,7 +274,9 @@ def list_folder(
             return _S3(fs, limits, options).list_folder(url, path)
         root = path.rstrip("/")
         fs.invalidate_cache(root)
-        found = _bounded(partial(fs.find, root, detail=True), limits.transfer(LIST_PAGE_BYTES), "the listing")
+        found = _bounded(partial(fs.find, root, detail=True), limits.listing, "the listing")
+        if len(found) > limits.max_listed_keys:
+            raise ListingTooLongError(root, limits)
     files = []
     for name, info in found.items():
         rel = name[len(root) :].lstrip("/")
@@ -249,8 +303,9 @@ def expand(
         fs.invalidate_cache()
         if not _GLOB_CHARS.search(path):
             return [pattern] if _bounded(partial(fs.exists, path), limits.request, "the look-up") else []
-        bound = limits.transfer(LIST_PAGE_BYTES)
-        matches = _bounded(partial(fs.glob, path, detail=True), bound, "the listing")
+        matches = _bounded(partial(fs.glob, path, detail=True), limits.listing, "the listing")
+        if len(matches) > limits.max_listed_keys:
+            raise ListingTooLongError(path, limits)
     return [
         f"{scheme}://{name}"
         for name, info in matches.items()
@@ -425,10 +480,14 @@ class _S3:
         return self.run(lambda client: client.list_objects_v2(**request), seconds, "a listing page")
 
     def listing(self, bucket: str, prefix: str, *, delimiter: str = "") -> Iterator[Dict[str, Any]]:
-        """Yield every page below ``prefix``; refuse a listing whose continuation token comes back (it never ends)."""
-        seen = set()
+        """Yield every page below ``prefix``; refuse a listing whose continuation token comes back (it never ends),
+        or that goes on past ``max_listed_keys`` at 1,000 keys a page (new tokens for ever, or far too wide a prefix).
+        """
+        seen: Set[str] = set()
         token: Optional[str] = None
         while True:
+            if len(seen) >= self.limits.listing_pages:
+                raise ListingTooLongError(prefix, self.limits)
             page = self.page(bucket, prefix, token, delimiter=delimiter)
             more = bool(page.get("IsTruncated"))
             token = page.get("NextContinuationToken") if more else None
@@ -754,8 +813,14 @@ def _translate(error: BaseException, url: str, options: Optional[Mapping[str, An
         message = (
             f"cannot {action} {url}: the store was too slow ({error}; a request has the connect plus read timeout, "
             "a download that plus its size at the minimum rate); nothing was published. Check the store, or give "
-            "a longer timeout: SamplerClient(timeout=(connect, read)) or "
+            "a longer timeout: SamplerClient(timeout=(connect, read)) (the CLI's --timeout CONNECT,READ) or "
             "storage_options={'config_kwargs': {'read_timeout': ...}}"
+        )
+    elif isinstance(error, ListingTooLongError):
+        message = (
+            f"cannot {action} {url}: {error}; nothing was published. Narrow the URL or glob to the checkpoints you "
+            f"mean, or raise the bound: storage_options={{{MAX_LISTED_KEYS_OPTION!r}: ...}} (the CLI's "
+            "--max-listed-keys)"
         )
     elif isinstance(error, ObjectChangedError):
         message = (
@@ -810,7 +875,9 @@ def _s3_error(error: Exception) -> Exception:
 def _redacted(text: str, options: Optional[Mapping[str, Any]]) -> str:
     """Blank every secret-looking value of the options and the environment out of ``text``."""
     secrets = [os.environ.get(name) for name in _SECRET_ENV]
-    secrets += [str(value) for key, value in _flat_items(options or {}) if _is_secret_key(key)]
+    secrets += [
+        str(value) for key, value in _flat_items(options or {}) if _is_secret_key(key) and key != MAX_LISTED_KEYS_OPTION
+    ]
     for secret in secrets:
         if secret and len(secret) >= 4:
             text = text.replace(secret, "***")
@@ -854,7 +921,7 @@ def _filesystem(
             f"({error.name or package} is not installed); install it: pip install 'lora_sampler[{extra}]'"
         ) from None
     limits = deadlines(options, timeout)
-    settings = dict(options or {})
+    settings = {key: value for key, value in (options or {}).items() if key != MAX_LISTED_KEYS_OPTION}
     if scheme == "s3":
         config = dict(settings.get("config_kwargs") or {})
         config.setdefault("connect_timeout", limits.connect)

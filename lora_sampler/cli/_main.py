@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from lora_sampler._adapters.extract import DEFAULT_LIMITS, PublishLimits
 from lora_sampler._adapters.publish import default_adapter_name, remove_adapter_dir
+from lora_sampler._adapters.storage import DEFAULT_MAX_LISTED_KEYS, MAX_LISTED_KEYS_OPTION
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._defaults import (
     API_KEY_ENV,
@@ -134,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     publish = add("publish", "publish a checkpoint into --lora-base-dir; print the adapter name", engine, publishing)
     publish.add_argument("checkpoint", help="adapter archive (.tar.gz/.tgz/.tar, or bzip2/xz) or folder")
     publish.add_argument("--name", help="adapter name (default: derived from the checkpoint's content)")
+    add_timeout_flag(publish)
     from lora_sampler.cli._adapters import add_adapters_arguments
 
     add_adapters_arguments(
@@ -179,6 +181,13 @@ def _publishing_flags() -> argparse.ArgumentParser:
         help=f"largest checkpoint published, extracted, in GiB (default: {DEFAULT_LIMITS.max_total_bytes / GIB:g}; "
         "an archive that expands past it is refused before it fills the shared folder)",
     )
+    publishing.add_argument(
+        "--max-listed-keys",
+        type=_positive_int,
+        metavar="N",
+        help=f"most keys one storage listing may hold (a glob, a folder checkpoint, a sweep's listing; default: "
+        f"{DEFAULT_MAX_LISTED_KEYS:,}, one request per 1,000 keys); a store whose listing goes on past it is refused",
+    )
     return publishing
 
 
@@ -210,6 +219,18 @@ def _add_sample_arguments(sample: argparse.ArgumentParser, epilog: str) -> None:
     )
 
 
+def add_timeout_flag(parser: argparse.ArgumentParser) -> None:
+    """Add ``--timeout CONNECT,READ``: each engine request's and each storage request's bound (``parse_timeout``)."""
+    parser.add_argument(
+        "--timeout",
+        default=DEFAULT_TIMEOUT,
+        metavar="CONNECT,READ",
+        help=f"seconds to connect and to wait for each answer of the engine and the store (default: "
+        f"{DEFAULT_TIMEOUT}); a store's download has that plus its size at 1 MB/s; the startup check waits at most "
+        "5 s for an answer",
+    )
+
+
 def _pace_flags() -> argparse.ArgumentParser:
     """Return the flags of every command that runs many requests (``sample``, ``score``, ``sweep``)."""
     pace = argparse.ArgumentParser(add_help=False)
@@ -221,13 +242,7 @@ def _pace_flags() -> argparse.ArgumentParser:
         help="wait this long for an engine that went away (crash, restart, no router worker) before stopping; "
         f"0 stops at once (default: {DEFAULT_MAX_OUTAGE:g})",
     )
-    pace.add_argument(
-        "--timeout",
-        default=DEFAULT_TIMEOUT,
-        metavar="CONNECT,READ",
-        help=f"seconds to connect and to wait for each answer (default: {DEFAULT_TIMEOUT}); the startup check "
-        "waits at most 5 s for an answer",
-    )
+    add_timeout_flag(pace)
     pace.add_argument("--concurrency", type=int, default=16, help="requests in flight (default: 16)")
     pace.add_argument(
         "--prompts-per-request",
@@ -429,12 +444,14 @@ def _client(args: argparse.Namespace, **kwargs: Any) -> SamplerClient:
     # SamplerClient falls back to $LORA_SAMPLER_API_KEY itself.
     gib = getattr(args, "max_adapter_gib", None)  # only the commands that publish take it
     limits = None if gib is None else PublishLimits(max_total_bytes=int(gib * GIB))
+    most = getattr(args, "max_listed_keys", None)
     return SamplerClient(
         args.base_url,
         api_key=args.api_key,
         lora_base_dir=args.lora_base_dir,
         replicas=args.replicas,
         publish_limits=limits,
+        storage_options=None if most is None else {MAX_LISTED_KEYS_OPTION: most},
         **kwargs,
     )
 
@@ -443,7 +460,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     """Publish a checkpoint and print the adapter name."""
     if not args.lora_base_dir:
         raise UsageError("publish needs --lora-base-dir (the engine's resolver folder)")
-    with _client(args) as client:
+    with _client(args, timeout=parse_timeout(args.timeout)) as client:
         print(client.publish(args.checkpoint, name=args.name).name)
     return EXIT_OK
 

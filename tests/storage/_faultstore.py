@@ -8,7 +8,9 @@ and a fault per operation that a test sets:
 - ``"drip"``: send the answer (status line, headers and body) one byte per ``drip_interval`` seconds;
 - ``"drip-body"``: headers at once, then the body one byte per ``drip_interval``;
 - ``"drop"``: headers and half the body, then close the connection;
-- ``"loop"`` (listings only): every page says there is more, with the same continuation token.
+- ``"loop"`` (listings only): every page says there is more, with the same continuation token;
+- ``"endless"`` (listings only): every page says there is more, with a new continuation token each time (the
+  pages after the last entry are empty).
 
 ``changes`` makes the object change (or vanish) between its HEAD and its GET (the GET's ``If-Match`` then fails with
 412, as S3's does, or the GET with 404). Every handler thread ends when the store is stopped; the server binds
@@ -161,8 +163,9 @@ class FaultStore:
             contents.append(key)
         entries = [("key", key) for key in contents] + [("prefix", common) for common in commons]
         page = entries[start : start + limit]
-        more = start + limit < len(entries) or self.faults.get("LIST") == "loop"
-        token = str(start + limit) if self.faults.get("LIST") != "loop" else "same-token"
+        fault = self.faults.get("LIST")
+        more = start + limit < len(entries) or fault in ("loop", "endless")
+        token = "same-token" if fault == "loop" else str(start + limit)
         parts = [
             '<?xml version="1.0" encoding="UTF-8"?>',
             '<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">',

@@ -21,6 +21,7 @@ from _s3server import temporaries
 
 from lora_sampler import SamplerClient
 from lora_sampler._adapters import storage
+from lora_sampler.cli import main
 from lora_sampler.errors import PublishError
 from lora_sampler.publish import publish_checkpoint
 from lora_sampler.testing import FakeEngine, write_adapter, write_adapter_archive
@@ -124,6 +125,78 @@ def test_listing_that_never_ends_is_refused(store: FaultStore) -> None:
     error = within_bound(lambda: storage.list_folder(f"s3://{BUCKET}/run", store.options()))
     assert isinstance(error, PublishError) and "does not end" in str(error), error
     assert count(store, "LIST") == 2
+
+
+@pytest.mark.parametrize("pattern", [f"s3://{BUCKET}/run/*.tar.gz", f"s3://{BUCKET}/run/"])
+def test_listing_whose_pages_never_end_is_cut_at_the_listing_bound(
+    store: FaultStore, lora_dir: Path, pattern: str
+) -> None:
+    """Every page says "more" with a new continuation token (00c7ac5: a glob and a folder publish still listing
+    after 60 s and 6,000-11,000 requests): the whole listing stops at ``max_listed_keys`` (one page per 1,000 keys),
+    with an error naming the bound and how to raise it."""
+    store.faults["LIST"] = "endless"
+    options = storage.StorageOptions(store.options(max_listed_keys=5000), timeout=TIMEOUT)
+    if pattern.endswith("/"):
+        call: Callable[[], Any] = lambda: publish_checkpoint(pattern, lora_dir, storage_options=options)  # noqa: E731
+    else:
+        call = lambda: storage.expand(pattern, options)  # noqa: E731
+    error = within_bound(call)
+    assert isinstance(error, PublishError), error
+    assert "max_listed_keys=5000" in str(error) and "5 pages" in str(error), error
+    assert count(store, "LIST") <= 6
+    assert os.listdir(lora_dir) == [] and temporaries(lora_dir) == []
+
+
+def test_default_listing_bound_lists_a_bucket_of_100000_keys_in_full() -> None:
+    """The default bound leaves a real bucket of 100,000 keys room to list in full, ten times over."""
+    assert storage.DEFAULT_MAX_LISTED_KEYS >= 1_000_000
+    assert storage.deadlines({}).listing_pages == storage.DEFAULT_MAX_LISTED_KEYS // 1000
+
+
+def point_the_environment_at(store: FaultStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI takes no storage options: the standard variables point the storage library at the stand-in."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", store.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+
+
+def test_cli_publish_timeout_bounds_the_store(
+    store: FaultStore,
+    engine: FakeEngine,
+    lora_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``lora-sampler publish --timeout 1,2`` (00c7ac5: no such flag) holds a silent store's HEAD to 3 s, as
+    ``SamplerClient(timeout=(1, 2))`` does: the CLI builds its client from the same value."""
+    point_the_environment_at(store, monkeypatch)
+    store.faults["HEAD"] = "silent"
+    argv = ["publish", URL, "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--timeout", "1,2"]
+    status = within_bound(lambda: SystemExit(main(argv)))
+    assert isinstance(status, SystemExit) and status.code == 2, status
+    err = capsys.readouterr().err
+    assert URL in err and "too slow" in err and "within 3.0 s" in err and "--timeout" in err, err
+    assert count(store, "HEAD") >= 1 and os.listdir(lora_dir) == []
+
+
+def test_cli_max_listed_keys_bounds_a_folder_publish(
+    store: FaultStore,
+    engine: FakeEngine,
+    lora_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--max-listed-keys 2000`` reaches the store's listing: an endless listing stops after its 2 pages."""
+    point_the_environment_at(store, monkeypatch)
+    store.faults["LIST"] = "endless"
+    url = f"s3://{BUCKET}/run/"
+    argv = ["publish", url, "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--max-listed-keys", "2000"]
+    status = within_bound(lambda: SystemExit(main(argv)))
+    assert isinstance(status, SystemExit) and status.code == 2, status
+    err = capsys.readouterr().err
+    assert "max_listed_keys=2000" in err and "--max-listed-keys" in err, err
+    assert count(store, "LIST") <= 3 and os.listdir(lora_dir) == []
 
 
 def test_connection_dropped_midway_publishes_nothing(store: FaultStore, lora_dir: Path) -> None:
