@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -19,10 +18,10 @@ from lora_sampler._locks import KeyedLocks
 from lora_sampler.testing import _bodies as bodies
 from lora_sampler.testing._adapters import AdapterFiles, inspect_adapter
 from lora_sampler.testing._bodies import VllmBody
-from lora_sampler.testing._observability import EngineStats
 
 if TYPE_CHECKING:
     from lora_sampler.testing._engine import FakeEngine
+    from lora_sampler.testing._lifecycle import Lifecycle
 
 
 @dataclass
@@ -39,11 +38,13 @@ _ARCHIVE_ENDINGS = (".tar.gz", ".tgz", ".tar", ".tar.bz2", ".tar.xz")
 
 class AdapterTable:
     """The API server's name table plus the engine's LRU. ``runtime_updating`` is the
-    ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` flag; ``engine`` supplies the settings, ``_pause`` and ``_die``.
+    ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` flag; ``engine`` supplies the settings, ``lifecycle`` the pauses for
+    ``load_latency`` and ``unload_latency`` and the engine's death.
     """
 
-    def __init__(self, engine: FakeEngine, lock: threading.Lock, stats: EngineStats, *, runtime_updating: bool) -> None:
-        self._engine, self._lock, self._stats = engine, lock, stats
+    def __init__(self, engine: FakeEngine, lifecycle: Lifecycle, *, runtime_updating: bool) -> None:
+        self._engine, self._lifecycle = engine, lifecycle
+        self._lock, self._stats = lifecycle.lock, lifecycle.stats
         self.runtime_updating = runtime_updating
         self._registered: dict[str, str] = {}  # name -> path: the API server's table
         self._cache: OrderedDict[str, str] = OrderedDict()  # the engine's LRU of loaded adapters
@@ -149,7 +150,7 @@ class AdapterTable:
                 return missing  # silently ignored by the resolver
             if files.verdict != "ok":
                 return bodies.adapter_not_loadable(name, old_shape=engine.old_error_shape)
-            engine._pause("load_latency")
+            self._lifecycle.pause(lambda: engine.load_latency)
             self._register(name, path)
             with self._lock:
                 self._stats.lazy_loads += 1
@@ -168,9 +169,9 @@ class AdapterTable:
                 self._cache.move_to_end(name)
                 return None
         if self._inspect(path).verdict != "ok":
-            engine._die()
+            self._lifecycle.die()
             return bodies.engine_dead(old_shape=engine.old_error_shape)
-        engine._pause("load_latency")
+        self._lifecycle.pause(lambda: engine.load_latency)
         self._register(name, path)
         return None
 
@@ -187,7 +188,7 @@ class AdapterTable:
                 return bodies.already_loaded(name, old_shape=engine.old_error_shape)
             self._stats.load_started_locked(name)
         try:
-            engine._pause("load_latency")
+            self._lifecycle.pause(lambda: engine.load_latency)
             files = self._inspect(path)
         finally:
             with self._lock:
@@ -202,6 +203,7 @@ class AdapterTable:
         return bodies.load_success(name)
 
     def unload(self, payload: dict[str, Any]) -> VllmBody:
+        self._lifecycle.pause(lambda: self._engine.unload_latency)
         name = payload.get("lora_name")
         if not isinstance(name, str):
             return bodies.validation_error("lora_name", len(payload), old_shape=self._engine.old_error_shape)

@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import secrets
-import socket
 import threading
 import time
 import uuid
@@ -36,6 +35,7 @@ from lora_sampler.testing._adapter_table import AdapterTable
 from lora_sampler.testing._bodies import VllmBody
 from lora_sampler.testing._faults import FAULT_KINDS as FAULT_KINDS  # re-exported: the public home is here
 from lora_sampler.testing._faults import FaultScript, fault_answer
+from lora_sampler.testing._lifecycle import Lifecycle
 from lora_sampler.testing._observability import EngineStats, new_record
 from lora_sampler.testing._observability import RequestRecord as RequestRecord  # re-exported, as FAULT_KINDS
 from lora_sampler.testing._sampling import (
@@ -46,12 +46,36 @@ from lora_sampler.testing._sampling import (
     encode_text,
     parse_request,
 )
-from lora_sampler.testing._server import ClientGone, Handler, Server, client_gone, hang_up, read_body, send
+from lora_sampler.testing._server import ClientGone, Handler, Server, hang_up, read_body, send
 from lora_sampler.testing._slots import AdapterSlots
 
-_POLL_INTERVAL = 0.05  # how often serve_forever checks for shutdown: bounds how long stop() takes
 #: The values of ``FakeEngine(prompt_logprobs_defect=...)``.
 PROMPT_LOGPROBS_DEFECTS = (None, "mixed-adapters", "base-weights")
+
+
+def _check_settings(
+    vocab_size: int,
+    max_model_len: int,
+    max_loras: int,
+    lora_slots: int | None,
+    prompt_logprobs_defect: str | None,
+    request_overhead: float,
+) -> None:
+    """Refuse engine settings vLLM would not start with, or that the fake cannot honour.
+
+    Raises:
+        ValueError: naming the setting and the values it takes.
+    """
+    if vocab_size < BYTE_OFFSET + 256 or max_model_len < 1 or max_loras < 1:
+        raise ValueError("need vocab_size >= 260, max_model_len >= 1 and max_loras >= 1")
+    if prompt_logprobs_defect not in PROMPT_LOGPROBS_DEFECTS:
+        raise ValueError(
+            f"prompt_logprobs_defect must be one of {PROMPT_LOGPROBS_DEFECTS}, got {prompt_logprobs_defect!r}"
+        )
+    if lora_slots is not None and lora_slots < 1:
+        raise ValueError(f"lora_slots must be None or >= 1, got {lora_slots}")
+    if not (isinstance(request_overhead, (int, float)) and request_overhead >= 0):
+        raise ValueError(f"request_overhead must be a number of seconds >= 0, got {request_overhead!r}")
 
 
 class FakeEngine:
@@ -95,6 +119,10 @@ class FakeEngine:
             at a time whatever it holds (as vLLM's single API-server process pays its per-request cost), so many
             prompts in one request pay it once; read live, like ``latency``.
 
+    Attributes:
+        unload_latency: seconds each ``/v1/unload_lora_adapter`` takes before it answers (0; read live, like
+            ``latency``): a test slows one replica's unloads with it.
+
     Error messages are sanitized as vLLM does (file paths read ``<path>``), and every completion carries a
     ``system_fingerprint`` shaped as vLLM's default, ``vllm-0.32.0-<hash8>`` (the ``system_fingerprint`` attribute).
     """
@@ -123,14 +151,7 @@ class FakeEngine:
         dies_on_batched_prompt_logprobs: bool = False,
         request_overhead: float = 0.0,
     ) -> None:
-        if vocab_size < BYTE_OFFSET + 256 or max_model_len < 1 or max_loras < 1:
-            raise ValueError("need vocab_size >= 260, max_model_len >= 1 and max_loras >= 1")
-        if prompt_logprobs_defect not in PROMPT_LOGPROBS_DEFECTS:
-            raise ValueError(
-                f"prompt_logprobs_defect must be one of {PROMPT_LOGPROBS_DEFECTS}, got {prompt_logprobs_defect!r}"
-            )
-        if lora_slots is not None and lora_slots < 1:
-            raise ValueError(f"lora_slots must be None or >= 1, got {lora_slots}")
+        _check_settings(vocab_size, max_model_len, max_loras, lora_slots, prompt_logprobs_defect, request_overhead)
         self.model, self.api_key, self.old_error_shape = model, api_key, old_error_shape
         self.chat_template = chat_template
         self.lora_dir = None if lora_dir is None else os.fspath(lora_dir)
@@ -138,32 +159,27 @@ class FakeEngine:
         self.max_model_len, self.vocab_size = max_model_len, vocab_size
         self.latency, self.load_latency, self.host = latency, load_latency, host
         self.lora_slots, self.swap_latency = lora_slots, swap_latency
-        if not (isinstance(request_overhead, (int, float)) and request_overhead >= 0):
-            raise ValueError(f"request_overhead must be a number of seconds >= 0, got {request_overhead!r}")
+        self.unload_latency = 0.0
         self.request_overhead = float(request_overhead)
-        self._overhead_lock = threading.Lock()  # one request at a time pays its overhead
         self.prompt_logprobs_defect = prompt_logprobs_defect
+        self.dies_on_batched_prompt_logprobs = dies_on_batched_prompt_logprobs
+        settings = {"model": model, "max_model_len": max_model_len, "max_loras": max_loras, "rank": max_lora_rank}
+        self.system_fingerprint = bodies.system_fingerprint(settings)  # vLLM's default is on (fingerprint-mode full)
+        self._requested_port = port
+        self._port: int | None = None
+        self._started = False
+        self._lock = threading.Lock()  # the one lock: shared by the adapter table, the fault script and the stats
+        self._overhead_lock = threading.Lock()  # one request at a time pays its overhead
+        self._stats = EngineStats(self._lock)
+        self._lifecycle = Lifecycle(self._lock, self._stats)
+        self._faults = FaultScript()
+        self._adapters = AdapterTable(self, self._lifecycle, runtime_updating=runtime_lora_updating)
+        self._slots = AdapterSlots(self, self._lifecycle)
         #: Completions in flight: each one's model, and every model in flight at some time during it.
         self._flights: dict[int, tuple[str, set[str]]] = {}
         self._mixed_prompt_logprobs = 0
         self._prefixes = PrefixCache() if prompt_tokens_details else None
-        self.dies_on_batched_prompt_logprobs = dies_on_batched_prompt_logprobs
         self._completing = [0, 0]  # completions in flight, and those asking for prompt logprobs
-        self._requested_port = port
-        self._port: int | None = None
-        settings = {"model": model, "max_model_len": max_model_len, "max_loras": max_loras, "rank": max_lora_rank}
-        self.system_fingerprint = bodies.system_fingerprint(settings)  # vLLM's default is on (fingerprint-mode full)
-        self._serving = threading.local()  # the connection each handler thread serves (to see its client hang up)
-        self._lock = threading.Lock()  # the one lock: shared by the adapter table, the fault script and the stats
-        self._wake = threading.Event()  # set on stop and on death: cuts every sleep short
-        self._server: Server | None = None
-        self._threads: list[threading.Thread] = []
-        self._started = self._dead = False
-        self._connections: set[socket.socket] = set()
-        self._stats = EngineStats(self._lock)
-        self._faults = FaultScript()
-        self._adapters = AdapterTable(self, self._lock, self._stats, runtime_updating=runtime_lora_updating)
-        self._slots = AdapterSlots(self, self._lock, self._stats)
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
 
@@ -175,29 +191,14 @@ class FakeEngine:
             self._started = True
         if self.lora_dir is not None:
             os.makedirs(self.lora_dir, exist_ok=True)
-        self._server = Server((self.host, self._requested_port), self)
-        self._port = int(self._server.server_address[1])
-        self._spawn(self._server.serve_forever, _POLL_INTERVAL)
+        server = Server((self.host, self._requested_port), self._lifecycle, self._serve)
+        self._port = int(server.server_address[1])
+        self._lifecycle.serve(server)
         return self
 
     def stop(self) -> None:
         """Close the listener and every connection, and join all threads. Idempotent."""
-        with self._lock:
-            server, self._server = self._server, None
-        if server is None:
-            return
-        self._wake.set()
-        self._close_listener(server)
-        self._close_connections()
-        server.server_close()
-        while True:
-            with self._lock:
-                threads = [t for t in self._threads if t.is_alive()]
-                self._threads = threads
-            if not threads:
-                break
-            for thread in threads:
-                thread.join()
+        self._lifecycle.stop()
 
     def __enter__(self) -> FakeEngine:
         return self.start()
@@ -216,70 +217,6 @@ class FakeEngine:
     def url(self) -> str:
         """The engine root, e.g. ``http://127.0.0.1:PORT`` (no ``/v1``)."""
         return f"http://{self.host}:{self.port}"
-
-    @staticmethod
-    def _close_listener(server: Server) -> None:
-        server.shutdown()  # returns at once when serve_forever already ended
-        server.socket.close()
-
-    def _close_connections(self) -> None:
-        with self._lock:
-            connections = list(self._connections)
-        for sock in connections:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)  # wakes a handler blocked reading the next request
-
-    def _track(self, sock: socket.socket, *, opened: bool) -> None:
-        with self._lock:
-            if opened:
-                self._stats.opened += 1
-                self._connections.add(sock)
-            else:
-                self._connections.discard(sock)
-
-    def _spawn(self, target: Any, *args: Any) -> None:
-        thread = threading.Thread(target=target, args=args, name=f"FakeEngine-{target.__name__}", daemon=True)
-        with self._lock:
-            self._threads = [t for t in self._threads if t.is_alive()]
-            self._threads.append(thread)
-        thread.start()
-
-    def _sleep(self, seconds: float) -> None:
-        if seconds > 0:
-            self._wake.wait(seconds)
-
-    def _pause(self, attribute: str) -> None:
-        """Sleep ``self.<attribute>`` seconds, re-read while sleeping so a test may cut it; stop and death end it.
-
-        Raises:
-            ClientGone: the client hung up meanwhile (vLLM aborts a generation whose client went away).
-        """
-        start = time.monotonic()
-        connection = getattr(self._serving, "connection", None)
-        while not self._wake.is_set():
-            remaining = float(getattr(self, attribute)) - (time.monotonic() - start)
-            if remaining <= 0:
-                return
-            self._wake.wait(min(remaining, 0.01))
-            if connection is not None and client_gone(connection):
-                raise ClientGone()
-
-    def _die(self) -> None:
-        """Kill the engine as vLLM does when an evicted adapter cannot be reloaded."""
-        with self._lock:
-            if self._dead:
-                return
-            self._dead = True
-        self._wake.set()
-        if self._server is not None:
-            self._spawn(self._bring_down, self._server)
-
-    def _bring_down(self, server: Server) -> None:
-        self._close_listener(server)  # from here on, connections are refused
-        deadline = time.monotonic() + 5.0
-        while self._stats.in_flight and time.monotonic() < deadline:
-            time.sleep(0.005)  # let in-flight requests send their 500s first
-        self._close_connections()
 
     # -- controls and observability ----------------------------------------------------------------------------------
 
@@ -397,7 +334,7 @@ class FakeEngine:
     @property
     def is_dead(self) -> bool:
         """True once the engine core died."""
-        return self._dead
+        return self._lifecycle.dead
 
     # -- HTTP plumbing ---------------------------------------------------------------------------------------------
 
@@ -418,13 +355,13 @@ class FakeEngine:
         with self._lock:
             self._stats.in_flight += 1
             fault = self._faults.take(path, model)
-        self._serving.connection = handler.connection
-        self._serving.prompts = 0
+        self._lifecycle.serving.connection = handler.connection
+        self._lifecycle.serving.prompts = 0
         kind = fault.kind if fault else None
         try:
             try:
                 if fault is not None:
-                    answer = fault_answer(fault, old_shape=self.old_error_shape, sleep=self._sleep)
+                    answer = fault_answer(fault, old_shape=self.old_error_shape, sleep=self._lifecycle.sleep)
                 else:
                     answer = self._route(handler, path, payload)
             except ClientGone:  # aborted, as vLLM aborts a request whose client went away: nothing is sent
@@ -442,7 +379,7 @@ class FakeEngine:
             else:
                 send(handler, answer)
         finally:
-            self._serving.connection = None
+            self._lifecycle.serving.connection = None
             with self._lock:
                 self._stats.in_flight -= 1
 
@@ -457,13 +394,15 @@ class FakeEngine:
         payload: Any = None,
     ) -> None:
         """Append the request to the log; it decides nothing and changes no adapter."""
-        record = new_record(handler, path, model, status, started, fault, payload, getattr(self._serving, "prompts", 0))
+        record = new_record(
+            handler, path, model, status, started, fault, payload, getattr(self._lifecycle.serving, "prompts", 0)
+        )
         with self._lock:  # logged before the answer leaves, so a client never sees it first
             self._stats.records.append(record)
 
     def _route(self, handler: Handler, path: str, payload: Any) -> VllmBody:
         if path in (HEALTH_PATH, PING_PATH):
-            return VllmBody(503 if self._dead else 200, b"", None)
+            return VllmBody(503 if self._lifecycle.dead else 200, b"", None)
         if self.api_key is not None and path.startswith(API_PREFIX):
             expected = f"Bearer {self.api_key}"  # vLLM guards /v1 only, /health stays open
             got = handler.headers.get("Authorization", "").encode("utf-8", "replace")
@@ -483,7 +422,7 @@ class FakeEngine:
         method, serve = routes[path]
         if handler.command != method:
             return bodies.method_not_allowed()
-        if self._dead:
+        if self._lifecycle.dead:
             return bodies.engine_dead(old_shape=self.old_error_shape)
         if method == "POST" and not isinstance(payload, dict):
             return self._bad("the request body must be a JSON object", "body")
@@ -507,7 +446,7 @@ class FakeEngine:
         requests = parse_request(payload)
         if isinstance(requests, str):
             return self._bad(requests)
-        self._serving.prompts = len(requests)
+        self._lifecycle.serving.prompts = len(requests)
         limits = []
         for request in requests:
             problem, max_tokens = self._check_lengths(request)
@@ -517,26 +456,38 @@ class FakeEngine:
         problem = self._adapters.touch(name)
         if problem is not None:
             return problem
-        first = requests[0]
+        prompt_model = self._generate(name, requests)
+        if prompt_model is None:  # in-flight requests share the death, as vLLM's do
+            return bodies.engine_dead(old_shape=self.old_error_shape)
+        return self._completion_body(name, requests, limits, prompt_model)
+
+    def _generate(self, name: str, requests: list[CompletionRequest]) -> str | None:
+        """Spend the generation's ``latency`` in flight (in a slot, beside the other completions); return the model
+        its prompt logprobs are computed under, or None when the engine died meanwhile."""
         sequences = len(requests)  # the prompts of one request share an engine step
-        scoring = int(first.prompt_logprobs is not None)
+        scoring = int(requests[0].prompt_logprobs is not None)
         with self._lock:
             self._completing[0] += sequences
             self._completing[1] += scoring
             batched = self._completing[0] >= 2 and self._completing[1] >= 1
         try:
             if batched and self.dies_on_batched_prompt_logprobs:
-                self._die()
+                self._lifecycle.die()
             with self._flying(name) as overlapping:
                 with self._slots.holding(name):
-                    self._pause("latency")
-                if self._dead:  # in-flight requests share the death, as vLLM's do
-                    return bodies.engine_dead(old_shape=self.old_error_shape)
-                prompt_model = self._prompt_model(name, first, overlapping)
+                    self._lifecycle.pause(lambda: self.latency)
+                if self._lifecycle.dead:
+                    return None
+                return self._prompt_model(name, requests[0], overlapping)
         finally:
             with self._lock:
                 self._completing[0] -= sequences
                 self._completing[1] -= scoring
+
+    def _completion_body(
+        self, name: str, requests: list[CompletionRequest], limits: list[int], prompt_model: str
+    ) -> VllmBody:
+        """The answer to a completion: each prompt's ``n`` choices, numbered over the prompts, and the usage."""
         choices: list[dict[str, Any]] = []
         prompt_tokens = generated = 0
         cached: int | None = None
@@ -550,10 +501,9 @@ class FakeEngine:
             prompt_tokens += len(request.prompt)
             if self._prefixes is not None:
                 cached = (cached or 0) + self._prefixes.served(name, request.prompt)
-        created = int(time.time())
         return bodies.completion_response(
             f"cmpl-{uuid.uuid4().hex}",
-            created,
+            int(time.time()),
             name,
             choices,
             prompt_tokens,
@@ -566,7 +516,7 @@ class FakeEngine:
         """Spend ``request_overhead`` seconds on this request, one request at a time (vLLM's one API-server process)."""
         if self.request_overhead > 0:
             with self._overhead_lock:
-                self._pause("request_overhead")
+                self._lifecycle.pause(lambda: self.request_overhead)
 
     @contextlib.contextmanager
     def _flying(self, model: str) -> Iterator[set[str]]:

@@ -15,7 +15,8 @@ command lines on its standard input and answers each with one JSON line (``{"ok"
 - ``{"op": "loaded"}``: the registered adapter names;
 - ``{"op": "reset"}``: ``FakeEngine.reset_log``;
 - ``{"op": "runtime", "on": bool}``: ``FakeEngine.set_runtime_lora_updating``;
-- ``{"op": "slow_unload", "seconds": S}``: every later ``/v1/unload_lora_adapter`` answers after S seconds.
+- ``{"op": "slow_unload", "seconds": S}``: every later ``/v1/unload_lora_adapter`` answers after S seconds
+  (``FakeEngine.unload_latency``).
 
 It serves until SIGTERM/SIGINT or until its standard input closes, so it never outlives the test that started it.
 The API key, when any, is read from the environment variable named by ``--api-key-env`` (never from argv).
@@ -37,7 +38,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from typing import IO, Any, Callable, Dict, List, Optional
 
 from lora_sampler.testing._engine import FakeEngine
@@ -202,14 +202,7 @@ def _commands(engine: FakeEngine) -> Dict[str, Callable[[Dict[str, Any]], Any]]:
         return True
 
     def slow_unload(cmd: Dict[str, Any]) -> Any:
-        table = engine._adapters  # test plumbing: the unload route answers after a pause
-        unload, seconds = table.unload, float(cmd["seconds"])
-
-        def slowly(payload: Dict[str, Any]) -> Any:
-            time.sleep(seconds)
-            return unload(payload)
-
-        table.unload = slowly  # type: ignore[method-assign]
+        engine.unload_latency = float(cmd["seconds"])
         return True
 
     return {

@@ -10,12 +10,12 @@ import select
 import socket
 import struct
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from lora_sampler.testing._bodies import VllmBody
 
 if TYPE_CHECKING:
-    from lora_sampler.testing._engine import FakeEngine
+    from lora_sampler.testing._lifecycle import Lifecycle
 
 
 class Server(ThreadingHTTPServer):
@@ -23,18 +23,20 @@ class Server(ThreadingHTTPServer):
     # The stdlib backlog of 5 drops bursts of new connections (64 racing clients wait ~1 s for a SYN retry).
     request_queue_size = 128
 
-    def __init__(self, address: tuple[str, int], engine: FakeEngine) -> None:
-        self.engine = engine
+    def __init__(self, address: tuple[str, int], lifecycle: Lifecycle, serve: Callable[[Handler], None]) -> None:
+        self.lifecycle = lifecycle
+        #: Answers one request (the engine's routing).
+        self.serve = serve
         super().__init__(address, Handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         # One daemon thread per connection, tracked by the engine so stop() joins them all (the stdlib's
         # ThreadingMixIn does not track daemon threads).
-        self.engine._track(request, opened=True)
-        self.engine._spawn(self.process_request_thread, request, client_address)
+        self.lifecycle.track(request, opened=True)
+        self.lifecycle.spawn(self.process_request_thread, request, client_address)
 
     def shutdown_request(self, request: Any) -> None:
-        self.engine._track(request, opened=False)
+        self.lifecycle.track(request, opened=False)
         super().shutdown_request(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -52,7 +54,7 @@ class Handler(BaseHTTPRequestHandler):
         """Stay quiet: no stderr line per request."""
 
     def do_GET(self) -> None:
-        self.server.engine._serve(self)
+        self.server.serve(self)
 
     do_POST = do_GET
 

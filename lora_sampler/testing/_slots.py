@@ -12,10 +12,9 @@ import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Iterator
 
-from lora_sampler.testing._observability import EngineStats
-
 if TYPE_CHECKING:
     from lora_sampler.testing._engine import FakeEngine
+    from lora_sampler.testing._lifecycle import Lifecycle
 
 _WAIT_STEP = 0.05  # how often a waiting request looks at the engine's stop and death
 
@@ -28,9 +27,9 @@ class AdapterSlots:
     which other requests for it wait too. Every swap is counted (``EngineStats.swaps``, ``swap_log``).
     """
 
-    def __init__(self, engine: FakeEngine, lock: threading.Lock, stats: EngineStats) -> None:
-        self._engine, self._stats = engine, stats
-        self._changed = threading.Condition(lock)
+    def __init__(self, engine: FakeEngine, lifecycle: Lifecycle) -> None:
+        self._engine, self._lifecycle, self._stats = engine, lifecycle, lifecycle.stats
+        self._changed = threading.Condition(lifecycle.lock)
         self._users: OrderedDict[str, int] = OrderedDict()  # adapter -> requests using it, least recent first
         self._swapping: set[str] = set()
 
@@ -54,13 +53,13 @@ class AdapterSlots:
         """Take a slot for ``name`` (swapping it in when it holds none); False once the engine stopped first."""
         with self._changed:
             while not self._take_locked(name):
-                if self._engine._wake.is_set():
+                if self._lifecycle.wake.is_set():
                     return False
                 self._changed.wait(_WAIT_STEP)
             if name not in self._swapping:
                 return True
         try:
-            self._engine._pause("swap_latency")
+            self._lifecycle.pause(lambda: self._engine.swap_latency)
         finally:
             with self._changed:
                 self._swapping.discard(name)
