@@ -63,7 +63,7 @@ class Lease:
         if fd >= 0:
             _LIVE.add(self)
 
-    def _drop_in_child(self) -> None:
+    def drop_in_child(self) -> None:
         """In a forked child: close the inherited descriptor without touching the parent's lock."""
         fd, self._fd = self._fd, -1
         if fd >= 0:
@@ -100,7 +100,7 @@ def _drop_leases_in_child() -> None:
     """A forked child shares its parent's lock (one open file): it closes its copies, so the parent's release and
     its clean-up on release act on the parent's lease alone, and a long-lived child never pins a folder."""
     for lease in list(_LIVE):
-        lease._drop_in_child()
+        lease.drop_in_child()
 
 
 if hasattr(os, "register_at_fork"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import importlib.metadata
 import inspect
 import math
 import numbers
@@ -57,13 +58,11 @@ def load_factory(spec: str) -> Evaluator:
     module_name, colon, attribute = spec.partition(":")
     if not colon or not module_name or not attribute:
         raise ValueError(f"--evaluator takes module:factory (e.g. my_evals:make_evaluator), got {spec!r}")
-    module = importlib.import_module(module_name)
-    factory: Any = module
-    for part in attribute.split("."):
-        try:
-            factory = getattr(factory, part)
-        except AttributeError:
-            raise AttributeError(f"module {module_name!r} has no {attribute!r} (from --evaluator {spec})") from None
+    importlib.import_module(module_name)  # its own ImportError names the module
+    try:  # the object reference of an entry point (``module:attr.path``), resolved as importlib.metadata does
+        factory: Any = importlib.metadata.EntryPoint(spec, spec, "lora_sampler.evaluator").load()
+    except AttributeError:
+        raise AttributeError(f"module {module_name!r} has no {attribute!r} (from --evaluator {spec})") from None
     if not callable(factory):
         raise EvaluatorError(f"{spec} is a {type(factory).__name__}, not a factory to call")
     return checked_evaluator(factory())

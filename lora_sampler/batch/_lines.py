@@ -6,6 +6,7 @@ rewrite of the output, and result records. No HTTP, no threads, no argparse, tqd
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import logging
@@ -173,7 +174,7 @@ def _extra_body(defaults: Optional[Mapping[str, Any]], own: object) -> Optional[
 
 
 def _fields(params: SamplingParams) -> Dict[str, Any]:
-    return {name: getattr(params, name) for name in SAMPLING_KEYS}
+    return dataclasses.asdict(params)  # its fields are SAMPLING_KEYS
 
 
 #: Parses one raw input line (``parse_line``'s signature): the plain format, or ``openai_batch.parse_batch_line``.

@@ -20,6 +20,7 @@ Parsing and records only: no HTTP and no threads.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import Any, Collection, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
@@ -210,7 +211,7 @@ def _num_samples(value: Any, default: int) -> int:
 
 def _sampling_params(rest: Dict[str, Any], defaults: SamplingParams, chat: bool) -> SamplingParams:
     """Pop the sampling fields off ``rest`` into ``SamplingParams`` (a null field keeps the default)."""
-    values: Dict[str, Any] = {name: getattr(defaults, name) for name in (*SAMPLING_FIELDS, "stop")}
+    values: Dict[str, Any] = dataclasses.asdict(defaults)
     limit = rest.pop("max_completion_tokens", None)
     if limit is not None and not chat:
         raise _Refused("body.max_completion_tokens belongs to chat lines; use body.max_tokens in a completions line")

@@ -1,7 +1,8 @@
 """``lora-sampler doctor``: checks that an engine can serve LoRA adapters the way lora_sampler needs.
 
 Each check returns ``Finding`` values (ok, or the problem and its fix); ``cli`` prints them. The checks talk to
-the engine through ``SamplerClient`` only, and write nothing but a probe folder that they remove again.
+the engine through ``SamplerClient`` (a replica's folder probe through one transport to that replica), and write
+nothing but a probe folder that they remove again.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from lora_sampler._adapters.storage import probe
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._client.selfcheck import DEFECT_ENGINE_FAILED, DEFECT_LM_HEAD, DEFECT_MIXED_ADAPTERS
 from lora_sampler._testmode import is_testing
+from lora_sampler._transport.http import EngineTransport
+from lora_sampler._wire.messages import load_adapter_body, unload_adapter_body
+from lora_sampler._wire.routes import LOAD_ADAPTER_PATH, UNLOAD_ADAPTER_PATH
 from lora_sampler.errors import (
     AdapterConfigError,
     AdapterNotReadyError,
@@ -123,26 +127,29 @@ def check_replicas(
             if served is not None:
                 own.append(check_runtime_updating(replica))
                 if lora_base_dir is not None:
-                    own.append(check_replica_folder(client, url, lora_base_dir, model))
+                    own.append(check_replica_folder(url, lora_base_dir, model, api_key=api_key))
         findings += [dataclasses.replace(f, check=f"{url} {f.check}") for f in own]
     return findings
 
 
-def check_replica_folder(client: SamplerClient, url: str, lora_base_dir: str, model: str) -> Finding:
-    """Load a weightless probe adapter on replica ``url`` of ``client``'s fleet: any answer but 404 "No adapter found"
-    proves it reads the folder.
+def check_replica_folder(url: str, lora_base_dir: str, model: str, *, api_key: Optional[str] = None) -> Finding:
+    """Load a weightless probe adapter on the replica at root ``url``: any answer but 404 "No adapter found" proves
+    it reads the folder.
 
     Works without the resolver plugin. The probe has no weights, so no replica can ever load it.
     """
     check = "adapter folder"
-    with _probe_folder(lora_base_dir, model) as (name, problem):
+    replica = EngineTransport(url, api_key=api_key, timeout=_TIMEOUT, max_workers=1)
+    with contextlib.closing(replica), _probe_folder(lora_base_dir, model) as (name, problem):
         if problem is not None:
             return problem
-        fleet = client._fleet  # the doctor's client was built with replicas=
-        assert fleet is not None
         try:
-            fleet.send_load(url, name, os.path.join(lora_base_dir, name))
-            fleet.unload_from(url, name)  # never expected of a weightless probe: unload it before its folder goes
+            replica.post_adapter_command(
+                LOAD_ADAPTER_PATH, name, load_adapter_body(name, os.path.join(lora_base_dir, name)), None, _TIMEOUT
+            )
+            # never expected of a weightless probe: unload it before its folder goes
+            with contextlib.suppress(EngineError):
+                replica.post_adapter_command(UNLOAD_ADAPTER_PATH, name, unload_adapter_body(name), None, _TIMEOUT)
         except EngineStatusError as exc:
             status, message = exc.status, exc.engine_message
         except EngineError as exc:
