@@ -374,6 +374,7 @@ _INT_TYPE = {int}
 
 
 def _validated_prompt(prompt: object, what: str = "prompt") -> Prompt:
+    """Return ``prompt`` as text or a tuple of token ids, or raise naming what is wrong with it and the fix."""
     if isinstance(prompt, str):
         if not prompt:
             raise ValueError(f"{what} must not be empty")
@@ -382,6 +383,11 @@ def _validated_prompt(prompt: object, what: str = "prompt") -> Prompt:
         raise TypeError(f"{what} must be a list of token ids or a str, got {type(prompt).__name__}")
     if not prompt:
         raise ValueError(f"{what} must not be empty")
+    return _validated_token_ids(prompt, what)
+
+
+def _validated_token_ids(prompt: Union[List[Any], Tuple[Any, ...]], what: str) -> Tuple[int, ...]:
+    """Return a non-empty list of token ids as a tuple, or raise naming the first id that is not one."""
     if not set(map(type, prompt)) <= _INT_TYPE:  # one C loop for the usual case; the slow one names the culprit
         if all(isinstance(item, Mapping) and "role" in item for item in prompt):
             raise TypeError(

@@ -128,34 +128,41 @@ def _glob(pattern: str) -> List[str]:
 
 
 def _match(folder: str, parts: List[str], at: int, found: List[str], walked: Set[Tuple[Tuple[int, int], int]]) -> None:
+    """Add to ``found`` every path under ``folder`` that ``parts[at:]`` matches (hidden names only when asked)."""
     if at == len(parts):
         found.append(folder)
         return
     part = parts[at]
     if part == "**":
-        try:
-            info = os.stat(folder)
-        except OSError:
-            return
-        key = ((info.st_dev, info.st_ino), at)
-        if key in walked:
-            return  # this real folder was walked for this part already: a symlink loop, or two links to it
-        walked.add(key)
-        _match(folder, parts, at + 1, found, walked)  # ** matching no folder
-        for name in _names(folder):
-            full = os.path.join(folder, name)
-            if not name.startswith(".") and os.path.isdir(full):
-                _match(full, parts, at, found, walked)
-        return
-    if not _GLOB_CHARS.search(part):
+        _match_any_depth(folder, parts, at, found, walked)
+    elif not _GLOB_CHARS.search(part):
         full = os.path.join(folder, part)
         if os.path.lexists(full):
             _match(full, parts, at + 1, found, walked)
+    else:
+        for name in _names(folder):
+            if (name.startswith(".") and not part.startswith(".")) or not fnmatch.fnmatchcase(name, part):
+                continue
+            _match(os.path.join(folder, name), parts, at + 1, found, walked)
+
+
+def _match_any_depth(
+    folder: str, parts: List[str], at: int, found: List[str], walked: Set[Tuple[Tuple[int, int], int]]
+) -> None:
+    """``parts[at]`` is ``**``: match the rest in ``folder`` and in each visible folder below it, each real one once."""
+    try:
+        info = os.stat(folder)
+    except OSError:
         return
+    key = ((info.st_dev, info.st_ino), at)
+    if key in walked:
+        return  # this real folder was walked for this part already: a symlink loop, or two links to it
+    walked.add(key)
+    _match(folder, parts, at + 1, found, walked)  # ** matching no folder
     for name in _names(folder):
-        if (name.startswith(".") and not part.startswith(".")) or not fnmatch.fnmatchcase(name, part):
-            continue
-        _match(os.path.join(folder, name), parts, at + 1, found, walked)
+        full = os.path.join(folder, name)
+        if not name.startswith(".") and os.path.isdir(full):
+            _match(full, parts, at, found, walked)
 
 
 def _names(folder: str) -> List[str]:
@@ -492,37 +499,42 @@ def listing(
     Patterns' matches are merged in natural order, each real path once; a manifest keeps its file order.
     """
     if isinstance(checkpoints, Manifest):
-        manifest = checkpoints
-
-        def reread() -> List[Union[Checkpoint, NotAnAdapter]]:
-            try:
-                found = read_manifest(manifest.path, storage_options, allow_outside_paths=manifest.allow_outside_paths)
-            except FileNotFoundError:  # not written yet: a watch waits for it
-                return []
-            return [_resolved(checkpoint) for checkpoint in found]
-
-        return reread
+        return _manifest_listing(checkpoints, storage_options)
     patterns = [checkpoints] if isinstance(checkpoints, str) else list(checkpoints)
     if not patterns or not all(isinstance(p, str) and p for p in patterns):
         raise ValueError("checkpoints takes a path or glob, a list of them, or a Manifest")
+    return lambda: _expand(patterns, storage_options)
 
-    def expand() -> List[Union[Checkpoint, NotAnAdapter]]:
-        found: Dict[str, Union[Checkpoint, NotAnAdapter]] = {}
-        for pattern in patterns:
-            if is_storage_url(pattern):
-                for url in storage.expand(pattern, storage_options):
-                    found.setdefault(url, Checkpoint(url, step=step_of(url)))
-                continue
-            named = not _GLOB_CHARS.search(pattern)  # a plain path names its checkpoint, whatever it holds
-            for listed in scan_pattern(pattern):
-                if listed.adapter or named:
-                    real = listed.real if listed.real != listed.path else None
-                    found.setdefault(listed.real, Checkpoint(listed.path, step=step_of(listed.path), real=real))
-                else:
-                    found.setdefault(listed.real, NotAnAdapter(listed.path, listed.real))
-        return sorted(found.values(), key=lambda item: natural_key(item.path))
 
-    return expand
+def _manifest_listing(manifest: Manifest, storage_options: Optional[Mapping[str, Any]]) -> Listing:
+    """The listing of a manifest: its checkpoints in file order, none while it is not written yet."""
+
+    def reread() -> List[Union[Checkpoint, NotAnAdapter]]:
+        try:
+            found = read_manifest(manifest.path, storage_options, allow_outside_paths=manifest.allow_outside_paths)
+        except FileNotFoundError:  # not written yet: a watch waits for it
+            return []
+        return [_resolved(checkpoint) for checkpoint in found]
+
+    return reread
+
+
+def _expand(patterns: List[str], storage_options: Optional[Mapping[str, Any]]) -> List[Union[Checkpoint, NotAnAdapter]]:
+    """Every pattern's matches now, each real path once, in natural order."""
+    found: Dict[str, Union[Checkpoint, NotAnAdapter]] = {}
+    for pattern in patterns:
+        if is_storage_url(pattern):
+            for url in storage.expand(pattern, storage_options):
+                found.setdefault(url, Checkpoint(url, step=step_of(url)))
+            continue
+        named = not _GLOB_CHARS.search(pattern)  # a plain path names its checkpoint, whatever it holds
+        for listed in scan_pattern(pattern):
+            if listed.adapter or named:
+                real = listed.real if listed.real != listed.path else None
+                found.setdefault(listed.real, Checkpoint(listed.path, step=step_of(listed.path), real=real))
+            else:
+                found.setdefault(listed.real, NotAnAdapter(listed.path, listed.real))
+    return sorted(found.values(), key=lambda item: natural_key(item.path))
 
 
 def _resolved(checkpoint: Checkpoint) -> Checkpoint:
