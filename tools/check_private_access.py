@@ -37,6 +37,13 @@ ALLOWED: Dict[str, str] = {
     "_field_defaults": "namedtuple._field_defaults, documented in collections",
     # https://docs.python.org/3/library/sys.html#sys._getframe: documented (CPython-specific).
     "_getframe": "sys._getframe, documented in the sys module",
+    # https://filesystem-spec.readthedocs.io/en/latest/async.html: an AsyncFileSystem's coroutines are its methods
+    # with a leading underscore (listed in fsspec.asyn), run on its loop with fsspec.asyn.sync(loop, ..., timeout=).
+    "_info": "AsyncFileSystem._info, fsspec's async guide",
+    "_find": "AsyncFileSystem._find, fsspec's async guide",
+    "_glob": "AsyncFileSystem._glob, fsspec's async guide",
+    "_exists": "AsyncFileSystem._exists, fsspec's async guide",
+    "_cat_file": "AsyncFileSystem._cat_file, fsspec's async guide",
 }
 #: The package whose own names are allowed.
 OWN_PACKAGE = "lora_sampler"

@@ -3,9 +3,11 @@
 Every request to a store has a deadline that a slow, silent or dripping store cannot extend (``Deadlines``): a
 metadata request (HEAD, one listing page) ends within the connect plus read timeout, an object's download within
 that plus its size over ``DEFAULT_STORAGE_MIN_RATE``. On S3 the requests are made here, through the aiobotocore
-client that s3fs hands out (``S3FileSystem.set_session``, s3fs's documented async entry point) and run on s3fs's
-event loop with fsspec's ``sync`` (fsspec's async guide), so a deadline cancels the request itself. Other stores go
-through fsspec's blocking methods, which the caller stops waiting for at the same deadline.
+client that s3fs hands out (``S3FileSystem.set_session``, s3fs's documented async entry point); other stores go
+through fsspec's documented async methods (``_info``, ``_find``, ``_glob``, ``_exists``, ``_cat_file``). Either runs
+on the filesystem's event loop with fsspec's ``sync`` (fsspec's async guide), so a deadline cancels the request
+itself. An object is read as the extraction asks for it, one chunk at a time, each read within what is left of its
+deadline: no thread of ours waits on a store.
 
 One translation point turns whatever the storage library raises into a ``PublishError`` naming the URL and the cause,
 secrets blanked. Nothing here writes to disk: ``extract`` and ``publish`` write from the streams handed out here.
@@ -19,9 +21,7 @@ import importlib
 import io
 import logging
 import os
-import queue
 import re
-import threading
 import time
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -68,8 +68,6 @@ logger = logging.getLogger(__name__)
 
 #: Bytes per read from the store: 1 MiB reads of one streamed GET ran at 0.8-1.2 GB/s on a loopback S3 server.
 DOWNLOAD_CHUNK_SIZE = 1 << 20
-#: Chunks downloaded ahead of the extraction, at most (bounds the read-ahead to 32 MiB).
-READ_AHEAD_CHUNKS = 32
 #: Block size of the ranged reads on stores without a streamed GET (gcsfs): few requests, bounded memory.
 RANGED_BLOCK_SIZE = 16 << 20
 #: The most bytes one S3 listing page can hold: 1,000 keys of up to 1,024 bytes, each with its XML around it. A page
@@ -83,8 +81,6 @@ KEYS_PER_PAGE = 1000
 DEFAULT_MAX_LISTED_KEYS = 1_000_000
 #: The storage option naming the listing bound: lora_sampler's own, taken out before fsspec sees the options.
 MAX_LISTED_KEYS_OPTION = "max_listed_keys"
-#: Seconds a closing reader waits for its download thread at most (a thread stuck in a library's read is left).
-CLOSE_WAIT = 5.0
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 # scheme -> (the fsspec implementation's package, the lora_sampler extra that installs it)
@@ -251,8 +247,7 @@ def probe(url: str, options: Optional[Mapping[str, Any]] = None, *, timeout: Opt
     with translated(url, options, "look up"):
         if _is_s3(fs):
             return _S3(fs, limits, options).probe(url, path)
-        fs.invalidate_cache(path)  # a cached listing would hide a rewritten object
-        info = _bounded(partial(fs.info, path), limits.request, "the look-up")
+        info = _bounded(fs, fs._info(path), limits.request, "the look-up")
     if info.get("type") == "directory":
         return StoredObject(url, 0, None, None, True)
     etag = info.get("ETag") or info.get("etag")
@@ -273,8 +268,7 @@ def list_folder(
         if _is_s3(fs):
             return _S3(fs, limits, options).list_folder(url, path)
         root = path.rstrip("/")
-        fs.invalidate_cache(root)
-        found = _bounded(partial(fs.find, root, detail=True), limits.listing, "the listing")
+        found = _bounded(fs, fs._find(root, detail=True), limits.listing, "the listing")
         if len(found) > limits.max_listed_keys:
             raise ListingTooLongError(root, limits)
     files = []
@@ -300,10 +294,9 @@ def expand(
     with translated(pattern, options, "list"):
         if _is_s3(fs):
             return _S3(fs, limits, options).expand(pattern, path)
-        fs.invalidate_cache()
         if not _GLOB_CHARS.search(path):
-            return [pattern] if _bounded(partial(fs.exists, path), limits.request, "the look-up") else []
-        matches = _bounded(partial(fs.glob, path, detail=True), limits.listing, "the listing")
+            return [pattern] if _bounded(fs, fs._exists(path), limits.request, "the look-up") else []
+        matches = _bounded(fs, fs._glob(path, detail=True), limits.listing, "the listing")
         if len(matches) > limits.max_listed_keys:
             raise ListingTooLongError(path, limits)
     return [
@@ -348,9 +341,8 @@ def read_bytes(url: str, options: Optional[Mapping[str, Any]] = None, *, timeout
     with _absent_as_not_found(url), translated(url, options, "read"):
         if _is_s3(fs):
             return _S3(fs, limits, options).read_bytes(path)
-        fs.invalidate_cache(path)
-        size = int(_bounded(partial(fs.info, path), limits.request, "the look-up").get("size") or 0)
-        return bytes(_bounded(partial(fs.cat_file, path), limits.transfer(size), "the download"))
+        size = int(_bounded(fs, fs._info(path), limits.request, "the look-up").get("size") or 0)
+        return bytes(_bounded(fs, fs._cat_file(path), limits.transfer(size), "the download"))
 
 
 @contextmanager
@@ -379,12 +371,12 @@ def open_object(
     expected_size: Optional[int] = None,
     timeout: Optional[Timeout] = None,
 ) -> Iterator[io.RawIOBase]:
-    """Open one object as a raw stream, downloaded ahead of the reader by a thread of its own.
+    """Open one object as a raw stream, read as the caller asks for it (one chunk in memory at a time).
 
     On S3 the object is one GET (``If-Match`` its probed ETag, so a rewrite mid-way fails instead of mixing two
-    versions) read in ``DOWNLOAD_CHUNK_SIZE`` steps; elsewhere it is fsspec's ranged file. While the caller
-    decompresses and writes one chunk, the next ones arrive: the download overlaps the extraction. The store's time
-    (not the time the extraction takes) is held to ``Deadlines.transfer`` of the object's size.
+    versions) read in ``DOWNLOAD_CHUNK_SIZE`` steps; elsewhere ``RANGED_BLOCK_SIZE`` ranges (fsspec's ``_cat_file``).
+    The store's time (not the time the extraction takes) is held to ``Deadlines.transfer`` of the object's size:
+    each read gets what is left of it, and is cancelled when that passes.
 
     Raises:
         PublishError: (on a read) the connection dropped, the object changed, it ended short of its size, or the
@@ -395,8 +387,8 @@ def open_object(
     budget = limits.transfer(size)
     with translated(stored.url, options, "download"):
         s3 = _S3(fs, limits, options) if _is_s3(fs) else None
-        chunks = s3.chunks(path, stored, budget) if s3 is not None else _ranged_chunks(fs, path)
-        reader = _ReadAhead(chunks, stored.url, size, options, budget)
+        chunks = s3.chunks(path, stored, budget) if s3 is not None else _ranged_chunks(fs, path, size, budget)
+        reader = _Stream(chunks, stored.url, size, options)
     try:
         yield reader
     finally:
@@ -655,142 +647,89 @@ def _glob_regex(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(out), re.DOTALL)
 
 
-def _ranged_chunks(fs: Any, path: str) -> Iterator[bytes]:
-    with fs.open(path, "rb", block_size=RANGED_BLOCK_SIZE, cache_type="readahead") as file:
-        while True:
-            chunk = file.read(DOWNLOAD_CHUNK_SIZE)
-            if not chunk:
-                return
-            yield chunk
-
-
-def _bounded(call: Callable[[], T], seconds: float, what: str) -> T:
-    """Run a blocking storage call in a thread and wait for it ``seconds`` at most (stores other than S3).
-
-    When the deadline passes the caller goes on with ``StoreTimeoutError``; the library's request is left to end
-    by its own timeouts in a daemon thread (its library offers no public way to cancel it).
-    """
-    result: List[Any] = []
-
-    def target() -> None:
+def _ranged_chunks(fs: Any, path: str, size: int, budget: float) -> Iterator[bytes]:
+    """Yield an object's bytes in ``RANGED_BLOCK_SIZE`` ranges; the store's time in all stays within ``budget``."""
+    spent = 0.0
+    for start in range(0, size, RANGED_BLOCK_SIZE):
+        began = time.monotonic()
+        end = min(start + RANGED_BLOCK_SIZE, size)
         try:
-            result.append((True, call()))
-        except BaseException as error:  # handed to the caller
-            result.append((False, error))
-
-    thread = threading.Thread(target=target, name="lora_sampler-storage", daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if not result:
-        raise StoreTimeoutError(what, seconds)
-    ok, value = result[0]
-    if not ok:
-        raise value
-    return value  # type: ignore[no-any-return]
+            block = _bounded(fs, fs._cat_file(path, start=start, end=end), budget - spent, "download")
+        except StoreTimeoutError:
+            raise StoreTimeoutError(f"the download of {size} bytes", budget) from None
+        spent += time.monotonic() - began  # the time the reader held us up is not the store's
+        yield bytes(block)
 
 
-class _ReadAhead(io.RawIOBase):
-    """A raw reader over chunks that a thread downloads up to ``READ_AHEAD_CHUNKS`` ahead of the caller.
+def _bounded(fs: Any, coroutine: Awaitable[T], seconds: float, what: str) -> T:
+    """Run one of fsspec's documented async methods on the filesystem's loop; cancel it after ``seconds``.
 
-    A download error is raised to the reader as a ``PublishError``; so is an object that ends before its size, and
-    a download that has not delivered within ``budget`` seconds of waiting (whatever the thread is stuck on; by
-    default the transfer deadline of ``size`` bytes under the storage options).
-    ``close`` stops the thread and releases the connection, also when the reader stops early, waiting for it
-    ``CLOSE_WAIT`` seconds at most.
+    fsspec's ``sync(loop, ..., timeout=)`` wraps the coroutine in ``asyncio.wait_for``: when the deadline passes,
+    the request itself is cancelled and ``StoreTimeoutError`` raised.
+    """
+    from fsspec.asyn import sync
+    from fsspec.exceptions import FSTimeoutError
+
+    async def bounded() -> T:
+        return await coroutine
+
+    try:
+        return sync(fs.loop, bounded, timeout=max(seconds, 0.001))  # type: ignore[no-any-return]
+    except FSTimeoutError:
+        raise StoreTimeoutError(what, seconds) from None
+
+
+class _Stream(io.RawIOBase):
+    """A raw reader over an object's chunks, each fetched when the reader needs it (bounded memory, no thread).
+
+    Each chunk's read is bounded where it is made (what is left of the transfer's deadline). A download error is
+    raised to the reader as a ``PublishError``; so is an object that ends before its size. ``close`` releases the
+    connection, also when the reader stops early.
     """
 
-    def __init__(
-        self,
-        chunks: Iterator[bytes],
-        url: str,
-        size: int,
-        options: Optional[Mapping[str, Any]],
-        budget: Optional[float] = None,
-    ) -> None:
+    def __init__(self, chunks: Iterator[bytes], url: str, size: int, options: Optional[Mapping[str, Any]]) -> None:
         super().__init__()
         self._chunks = chunks
         self._url = url
         self._size = size
         self._options = options
-        self._budget = deadlines(options).transfer(size) if budget is None else budget
-        self._waited = 0.0
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=READ_AHEAD_CHUNKS)
-        self._stop = threading.Event()
         self._pending = memoryview(b"")
         self._received = 0
         self._done = False
-        self._thread = threading.Thread(target=self._download, name="lora_sampler-download", daemon=True)
-        self._thread.start()
 
     def readable(self) -> bool:
         return True
 
-    def _download(self) -> None:
+    def _next(self) -> None:
         try:
-            for chunk in self._chunks:
-                if not self._put(chunk):
-                    return
-            self._put(None)
-        except BaseException as error:  # handed to the reader, which raises it as a PublishError
-            self._put(error)
-        finally:
-            close = getattr(self._chunks, "close", None)
-            if close is not None:
-                with suppress(Exception):
-                    close()
-
-    def _put(self, item: Any) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _next(self) -> Any:
-        """The next item from the download thread, waiting at most what is left of the download's budget."""
-        remaining = self._budget + 1.0 - self._waited  # a second of grace over the thread's own deadline
-        began = time.monotonic()
-        try:
-            return self._queue.get(timeout=max(remaining, 0.001))
-        except queue.Empty:
+            chunk = next(self._chunks)
+        except StopIteration:
             self._done = True
-            raise PublishError(
-                f"cannot download {self._url}: the store sent {self._received} of its {self._size} bytes and then "
-                f"nothing within the download's deadline ({self._budget:.0f} s: the read timeout plus its size at "
-                "the minimum rate); nothing was published. Check the store, then publish it again"
-            ) from None
-        finally:
-            self._waited += time.monotonic() - began
+            if self._received != self._size:
+                raise PublishError(
+                    f"cannot download {self._url}: the object ended after {self._received} of its {self._size} "
+                    "bytes (it changed, or the connection dropped); nothing was published. Publish it again"
+                ) from None
+            return
+        except Exception as error:
+            self._done = True
+            raise _translate(error, self._url, self._options, "download") from error
+        self._pending = memoryview(chunk)
+        self._received += len(chunk)
 
     def readinto(self, buffer: Any) -> int:
         while not self._pending and not self._done:
-            item = self._next()
-            if item is None:
-                self._done = True
-                if self._received != self._size:
-                    raise PublishError(
-                        f"cannot download {self._url}: the object ended after {self._received} of its {self._size} "
-                        "bytes (it changed, or the connection dropped); nothing was published. Publish it again"
-                    )
-            elif isinstance(item, BaseException):
-                self._done = True
-                raise _translate(item, self._url, self._options, "download") from item
-            else:
-                self._pending = memoryview(item)
-                self._received += len(item)
+            self._next()
         count = min(len(buffer), len(self._pending))
         buffer[:count] = self._pending[:count]
         self._pending = self._pending[count:]
         return count
 
     def close(self) -> None:
-        self._stop.set()
-        give_up = time.monotonic() + CLOSE_WAIT
-        while self._thread.is_alive() and time.monotonic() < give_up:
-            with suppress(queue.Empty):
-                self._queue.get(timeout=0.05)  # unblock a put
+        close = getattr(self._chunks, "close", None)
+        if close is not None:
+            with suppress(Exception):
+                close()
         super().close()
 
 
@@ -922,6 +861,8 @@ def _filesystem(
         ) from None
     limits = deadlines(options, timeout)
     settings = {key: value for key, value in (options or {}).items() if key != MAX_LISTED_KEYS_OPTION}
+    # fsspec's documented DirCache option: every listing and look-up asks the store (a watch must see new keys).
+    settings.setdefault("use_listings_cache", False)
     if scheme == "s3":
         config = dict(settings.get("config_kwargs") or {})
         config.setdefault("connect_timeout", limits.connect)

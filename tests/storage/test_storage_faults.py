@@ -199,6 +199,31 @@ def test_cli_max_listed_keys_bounds_a_folder_publish(
     assert count(store, "LIST") <= 3 and os.listdir(lora_dir) == []
 
 
+@pytest.mark.parametrize("fault", ["HEAD silent", "GET drip-body", "LIST endless"])
+def test_the_generic_fsspec_path_keeps_the_same_bounds(
+    store: FaultStore, lora_dir: Path, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    """Stores other than S3 (gcsfs) go through fsspec's documented async methods (``_info``, ``_find``, ``_glob``,
+    ``_cat_file``) under ``sync(..., timeout=)``: driven through that path here (s3fs's own methods against the
+    stand-in), a silent look-up, a dripping download and an endless listing each end at their deadline. The
+    timeout is (5, 5) here: on this path the first request's deadline also covers making s3fs's client."""
+    monkeypatch.setattr(storage, "_is_s3", lambda fs: False)
+    operation, mode = fault.split()
+    store.faults[operation] = mode
+    options = storage.StorageOptions(store.options(max_listed_keys=2000), timeout=(5.0, 5.0))
+    url = f"s3://{BUCKET}/run/" if operation == "LIST" else URL
+    error = within_bound(lambda: publish_checkpoint(url, lora_dir, storage_options=options))
+    assert isinstance(error, PublishError) and "too slow" in str(error), error
+    expected = {
+        "HEAD": "the look-up did not end within 10.0 s",
+        "GET": f"the download of {len(store.objects[KEY])} bytes did not end within 10.0 s",
+        "LIST": "the listing did not end within 23.2 s",
+    }
+    assert expected[operation] in str(error), error
+    assert count(store, operation) >= 1
+    assert os.listdir(lora_dir) == [] and temporaries(lora_dir) == []
+
+
 def test_connection_dropped_midway_publishes_nothing(store: FaultStore, lora_dir: Path) -> None:
     """Half the body, then the connection closes: a PublishError naming the URL; nothing left behind."""
     store.faults["GET"] = "drop"

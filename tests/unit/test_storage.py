@@ -6,7 +6,6 @@ import pathlib
 import sys
 import tarfile
 import threading
-import time
 from typing import Iterator, List
 
 import pytest
@@ -69,7 +68,7 @@ def test_extract_archive_reads_a_stream_like_the_file(tmp_path: pathlib.Path) ->
     """An archive streamed in odd-sized chunks extracts the same files and gives the file's digest."""
     archive = make_archive(tmp_path)
     data = archive.read_bytes()
-    stream = storage._ReadAhead(chunks_of(data, 777), "s3://b/step-9.tar.gz", len(data), None)
+    stream = storage._Stream(chunks_of(data, 777), "s3://b/step-9.tar.gz", len(data), None)
     dest = tmp_path / "dest"
     dest.mkdir()
     try:
@@ -82,7 +81,7 @@ def test_extract_archive_reads_a_stream_like_the_file(tmp_path: pathlib.Path) ->
 
 def test_storage_short_object_is_a_publish_error(tmp_path: pathlib.Path) -> None:
     """A stream that ends before the object's size is a PublishError naming the URL and both sizes."""
-    stream = storage._ReadAhead(iter([b"abc"]), "s3://b/k", 10, None)
+    stream = storage._Stream(iter([b"abc"]), "s3://b/k", 10, None)
     try:
         assert stream.read(100) == b"abc"
         with pytest.raises(PublishError, match=r"s3://b/k: the object ended after 3 of its 10 bytes"):
@@ -100,7 +99,7 @@ def test_storage_download_error_blanks_the_secrets(monkeypatch: pytest.MonkeyPat
         raise ConnectionError("reset by peer; key=hunter2secret token-from-env-123")
 
     options = {"key": "AKIDEXAMPLE", "secret": "hunter2secret", "client_kwargs": {"region_name": "us-east-1"}}
-    stream = storage._ReadAhead(failing(), "s3://b/k", 10, options)
+    stream = storage._Stream(failing(), "s3://b/k", 10, options)
     try:
         with pytest.raises(PublishError) as caught:
             while stream.read(100):
@@ -112,41 +111,25 @@ def test_storage_download_error_blanks_the_secrets(monkeypatch: pytest.MonkeyPat
     assert "hunter2secret" not in message and "token-from-env-123" not in message
 
 
-def test_storage_reader_closed_early_stops_its_thread() -> None:
-    """Closing the reader before the end stops the download thread (an endless source is not drained)."""
-    endless: List[int] = []
+def test_storage_reader_reads_only_what_is_asked_and_closing_ends_the_download() -> None:
+    """The reader fetches a chunk only when the extraction needs one (bounded memory, no thread reading ahead), and
+    closing it before the end closes the download (an endless source is not drained)."""
+    fetched: List[int] = []
+    closed = threading.Event()
 
     def forever() -> Iterator[bytes]:
-        while True:
-            endless.append(1)
-            yield b"x" * 1024
+        try:
+            while True:
+                fetched.append(1)
+                yield b"x" * 1024
+        finally:
+            closed.set()
 
-    stream = storage._ReadAhead(forever(), "s3://b/k", 1 << 40, None)
+    stream = storage._Stream(forever(), "s3://b/k", 1 << 40, None)
     assert stream.read(10) == b"x" * 10
+    assert stream.read(2000) == b"x" * 1014 and len(fetched) == 1
     stream.close()
-    assert not stream._thread.is_alive()
-
-
-def test_storage_reader_waits_for_a_stalled_download_only_its_budget() -> None:
-    """A download thread stuck in the store's read (no chunk, no error) fails the reader at its budget, and close()
-    does not wait for the stuck thread for ever (the reader of a1a82fa waited on its queue without a bound)."""
-    stuck = threading.Event()
-
-    def stalls() -> Iterator[bytes]:
-        yield b"abc"
-        stuck.wait(60)  # a store that sent three bytes and then nothing
-        yield b"never"
-
-    stream = storage._ReadAhead(stalls(), "s3://b/k", 10, None, budget=0.5)
-    started = time.monotonic()
-    try:
-        assert stream.read(100) == b"abc"
-        with pytest.raises(PublishError, match=r"s3://b/k: the store sent 3 of its 10 bytes and then nothing"):
-            stream.read(100)
-        assert time.monotonic() - started < 30  # bounded by the budget (+1 s grace), far below the stall's 60 s
-    finally:
-        stream.close()
-        stuck.set()
+    assert closed.is_set() and len(fetched) == 1
 
 
 def test_storage_deadlines_come_from_the_options_else_the_timeout() -> None:
