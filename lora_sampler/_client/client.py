@@ -44,6 +44,7 @@ from lora_sampler._client.outage import OutageGate, OutageHook, checked_seconds,
 from lora_sampler._client.progress import ProgressBar
 from lora_sampler._client.scoring import Scorer
 from lora_sampler._client.selfcheck import DEFAULT_SCORING_TOLERANCE, ScoringCheck, ScoringSelfCheck
+from lora_sampler._client.tokens import EngineTokenizer
 from lora_sampler._defaults import (
     API_KEY_ENV,
     DEFAULT_CHECKPOINT_TIMEOUT,
@@ -55,6 +56,7 @@ from lora_sampler._defaults import (
     VLLM_API_KEY_ENV,
 )
 from lora_sampler._transport.http import DEFAULT_MAX_RESPONSE_BYTES, EngineTransport, Timeout, without_userinfo
+from lora_sampler._wire.messages import validated_messages
 from lora_sampler.errors import EngineConnectionError, SamplingInterruptedError
 from lora_sampler.retry import DEFAULT_RETRY_POLICY, RetryPolicy
 from lora_sampler.types import (
@@ -181,8 +183,13 @@ class SamplerClient:
         #: Keeps scoring requests apart from other models' requests (``mix_adapters`` turns it off).
         self.isolation = ModelIsolation(mix_adapters=mix_adapters)
         self._calls = SampleCalls(self._transport, self._registry, self._fleet, retry, self.isolation)
+        self._tokenizer = EngineTokenizer(self._transport, retry)
         self._scorer = Scorer(
-            self._transport, retry, self._calls.run, self._registry.served_base_models, self._calls.run_many
+            self._transport.base_url,
+            self._tokenizer,
+            self._calls.run,
+            self._registry.served_base_models,
+            self._calls.run_many,
         )
         self._fanout = FanOut(max_workers)
         #: The ``SamplingInterruptedError`` of the last ``sample_many`` stopped by Ctrl-C (its ``.results``), or None.
@@ -864,6 +871,79 @@ class SamplerClient:
         They differ from ``engine_model()`` when the engine runs with ``--served-model-name``.
         """
         return self._registry.served_base_models()
+
+    # -- the engine's tokenizer -----------------------------------------------------------------------------
+
+    def max_model_len(self) -> Optional[int]:
+        """Return the engine's context length: the most tokens a prompt and its generation may hold together.
+
+        vLLM's ``max_model_len`` from its base card in ``GET /v1/models`` (cached); None when the card does not say
+        (a server that is not vLLM).
+        """
+        return self._registry.max_model_len()
+
+    def tokenize(
+        self, text: str, *, add_special_tokens: bool = True, base_model: Optional[str] = None
+    ) -> Tuple[int, ...]:
+        """Return the token ids of ``text`` by the engine's own tokenizer (``POST /tokenize``, under the retry policy).
+
+        The tokenizer is the base model's: an adapter does not change it, so one answer holds for every checkpoint.
+
+        Args:
+            text: The text.
+            add_special_tokens: Add what the tokenizer adds to a whole prompt (a BOS for most models), as the engine
+                does for a text prompt; False for a piece of text that goes inside a prompt.
+            base_model: The served name to ask (default: the first of ``served_base_models()``).
+
+        Raises:
+            TypeError: ``text`` is not a str.
+            EngineError: the engine's answer after the retry table ran its course.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        return self._tokenizer.tokenize(text, base_model or self._base_name(), add_special_tokens=add_special_tokens)
+
+    def render_chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        base_model: Optional[str] = None,
+    ) -> str:
+        """Return ``messages`` rendered by the engine's own chat template, as the text prompt ``chat`` would send.
+
+        Two requests: vLLM's chat ``POST /tokenize`` renders and tokenizes, ``POST /detokenize`` gives the text back
+        (special tokens such as a BOS stay in it as text, as a Hugging Face tokenizer's ``apply_chat_template``
+        with ``tokenize=False`` writes them). Tokenize the result with ``add_special_tokens=False``.
+
+        Args:
+            messages: ``[{"role", "content"}, ...]`` as for ``chat``.
+            add_generation_prompt: End with the header of the assistant's reply (what ``chat`` sends).
+            continue_final_message: End inside the final message instead (to prefill the start of a reply);
+                exclusive with ``add_generation_prompt``.
+            base_model: The served name to ask (default: the first of ``served_base_models()``).
+
+        Raises:
+            ValueError, TypeError: bad messages, or both flags set.
+            EngineError: the engine's answer after the retry table ran its course (a model without a chat template
+                answers 400).
+        """
+        if add_generation_prompt and continue_final_message:
+            raise ValueError(
+                "add_generation_prompt and continue_final_message are exclusive: a prompt ends either with the "
+                "reply's header or inside the final message; pass add_generation_prompt=False to continue it"
+            )
+        checked = validated_messages(messages)
+        model = base_model or self._base_name()
+        tokens = self._tokenizer.tokenize_chat(
+            checked, model, add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message
+        )
+        return self._tokenizer.detokenize(tokens, model)
+
+    def _base_name(self) -> str:
+        """The name the engine serves its base model under (the first base card's id)."""
+        return self.served_base_models()[0]
 
 
 def _run_held(gate: OutageGate, run: Runner, request: Any) -> Any:

@@ -8,15 +8,13 @@ tokens' own logprobs (vLLM's ``prompt_logprobs=0``) and a single generated token
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union, cast
 
 from lora_sampler._client.outage import is_outage
-from lora_sampler._transport.http import EngineTransport, new_id
-from lora_sampler._wire.routes import TOKENIZE_PATH
+from lora_sampler._client.tokens import EngineTokenizer
+from lora_sampler._transport.http import new_id
 from lora_sampler.errors import EngineError, EngineProtocolError
-from lora_sampler.retry import RetryPolicy, make_retrying
 from lora_sampler.types import Prompt, SampleOutput, SampleRequest, SamplingParams, ScoreOutput, ScoreRequest
 
 #: vLLM computes prompt logprobs only alongside generation: one token is the least it generates. The logprobs are
@@ -33,18 +31,6 @@ class _Prepared:
     start: int
 
 
-@dataclass
-class _TokenizeCall:
-    """One ``POST /tokenize`` as the retry glue sees it."""
-
-    model: str
-    text: str
-    special_tokens: bool
-    session_id: str
-    is_adapter: bool = False
-    started: float = field(default_factory=time.monotonic)
-
-
 class Scorer:
     """Runs ``ScoreRequest`` values for one client.
 
@@ -52,8 +38,8 @@ class Scorer:
     by reference counting.
 
     Args:
-        transport: The client's transport (for ``/tokenize``).
-        policy: The client's retry policy (a tokenize request is a base-model request in the retry table).
+        base_url: The engine root (for messages).
+        tokenizer: The engine's tokenizer (``/tokenize`` under the retry policy).
         run: Sends one ``SampleRequest`` through the retry contract (the client's sampling path).
         run_many: Sends ``SampleRequest`` values differing only in their prompt as one request (``SampleCalls``).
         base_models: Returns the names the engine serves its base model under (the tokenizer's model).
@@ -61,15 +47,15 @@ class Scorer:
 
     def __init__(
         self,
-        transport: EngineTransport,
-        policy: RetryPolicy,
+        base_url: str,
+        tokenizer: EngineTokenizer,
         run: Callable[[SampleRequest], SampleOutput],
         base_models: Callable[[], Tuple[str, ...]],
         run_many: Callable[[Sequence[SampleRequest]], Sequence[Any]],
     ):
-        self._base_url, self._run, self._base_models = transport.base_url, run, base_models
+        self._base_url, self._run, self._base_models = base_url, run, base_models
         self._run_many = run_many
-        self._tokenize = make_retrying(policy, _Tokenizer(transport).attempt, _nothing_to_prepare)
+        self._tokenizer = tokenizer
 
     def run_any(self, request: Union[SampleRequest, ScoreRequest]) -> Any:
         """Run one request of a fan-out: score a ``ScoreRequest``, sample anything else."""
@@ -177,33 +163,7 @@ class Scorer:
     def _tokens(self, part: Prompt, model: str, special_tokens: bool, session: str) -> Tuple[int, ...]:
         if not isinstance(part, str):
             return tuple(part)
-        return self._tokenize(_TokenizeCall(model, part, special_tokens, session))
-
-
-class _Tokenizer:
-    """The one attempt of a tokenize call (kept apart from ``Scorer``, so its retry wrapper makes no cycle)."""
-
-    def __init__(self, transport: EngineTransport):
-        self._transport = transport
-
-    def attempt(self, call: _TokenizeCall) -> Tuple[int, ...]:
-        """Send exactly one ``POST /tokenize``."""
-        payload = {"model": call.model, "prompt": call.text, "add_special_tokens": call.special_tokens}
-        return self._transport.post_json(
-            TOKENIZE_PATH, payload, model=call.model, session_id=call.session_id, parse=_tokens_of
-        )
-
-
-def _nothing_to_prepare(call: _TokenizeCall, error: EngineError, attempt: int) -> None:
-    """A tokenize request names the base model: no adapter to load before its retry."""
-
-
-def _tokens_of(body: Any) -> Tuple[int, ...]:
-    """Read vLLM's ``/tokenize`` answer ``{"count", "max_model_len", "tokens", "token_strs"}``."""
-    tokens = body.get("tokens") if isinstance(body, dict) else None
-    if not isinstance(tokens, list) or not set(map(type, tokens)) <= {int}:
-        raise ValueError("it has no 'tokens' list of ints; is base_url a vLLM server?")
-    return tuple(tokens)
+        return self._tokenizer.tokenize(part, model, add_special_tokens=special_tokens, session_id=session)
 
 
 def _prompt_tokens(output: SampleOutput, sent: Prompt) -> Optional[Tuple[int, ...]]:

@@ -17,6 +17,8 @@ UNLOAD_ADAPTER_PATH = "/v1/unload_lora_adapter"
 MODELS_PATH = "/v1/models"
 #: vLLM's tokenizer route: ``{"model", "prompt"}`` gives ``{"tokens": [...]}``.
 TOKENIZE_PATH = "/tokenize"
+#: vLLM's detokenizer route: ``{"model", "tokens"}`` gives ``{"prompt": text}``.
+DETOKENIZE_PATH = "/detokenize"
 #: vLLM's liveness route: 200 with an empty body while the engine serves.
 HEALTH_PATH = "/health"
 #: vLLM's second liveness route (SageMaker's name for it); answers as ``/health`` does.
@@ -35,4 +37,4 @@ COMPLETION_PATHS = (COMPLETIONS_PATH, CHAT_COMPLETIONS_PATH)
 #: The runtime adapter routes, registered only with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``.
 ADAPTER_COMMAND_PATHS = (LOAD_ADAPTER_PATH, UNLOAD_ADAPTER_PATH)
 #: Every endpoint the client calls: a base URL must not end in one (the client appends them to the engine root).
-ENDPOINT_PATHS = (*COMPLETION_PATHS, MODELS_PATH, *ADAPTER_COMMAND_PATHS, TOKENIZE_PATH, HEALTH_PATH)
+ENDPOINT_PATHS = (*COMPLETION_PATHS, MODELS_PATH, *ADAPTER_COMMAND_PATHS, TOKENIZE_PATH, DETOKENIZE_PATH, HEALTH_PATH)

@@ -30,6 +30,8 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
+#: What the template appends for the reply (the generation prompt).
+GENERATION_PROMPT = "<|assistant|>\n"
 #: Completion fields a chat request carries over unchanged (``max_tokens`` is set from either limit below).
 _SHARED_FIELDS = ("model", "n", *SAMPLING_FIELDS, "stop", "stop_token_ids", "return_token_ids")
 
@@ -51,9 +53,8 @@ def render_chat(messages: list[dict[str, Any]]) -> str:
     return "".join(rendered) + "<|assistant|>\n"
 
 
-def completion_payload(payload: dict[str, Any]) -> dict[str, Any] | str:
-    """Translate a chat request into the ``/v1/completions`` request of its rendered prompt, or a 400 message."""
-    messages = payload.get("messages")
+def _messages_problem(messages: Any) -> str | None:
+    """The 400 message for chat messages that are not a non-empty list of ``{role, content}``, or None."""
     if not isinstance(messages, list) or not messages:
         return "messages must be a non-empty list of {role, content} objects"
     for position, message in enumerate(messages):
@@ -61,6 +62,34 @@ def completion_payload(payload: dict[str, Any]) -> dict[str, Any] | str:
             return f"messages[{position}] needs a role, one of {', '.join(CHAT_ROLES)}"
         if _content_text(message.get("content")) is None:
             return f"messages[{position}].content must be a string or a list of text parts"
+    return None
+
+
+def rendered_prompt(payload: dict[str, Any]) -> str | tuple[str]:
+    """The text vLLM's chat ``/tokenize`` tokenizes for ``payload``, or ``(message,)`` for its 400.
+
+    ``add_generation_prompt`` (default true) ends it with the reply's header; ``continue_final_message`` ends it
+    inside the final message (without the newline that closes it); vLLM refuses both at once.
+    """
+    messages = payload.get("messages")
+    problem = _messages_problem(messages)
+    if problem is not None or not isinstance(messages, list):
+        return (problem or "messages must be a list",)
+    generation, continuation = payload.get("add_generation_prompt", True), payload.get("continue_final_message", False)
+    if generation and continuation:
+        return ("Cannot set both `continue_final_message` and `add_generation_prompt` to True.",)
+    text = render_chat(messages)
+    if not generation:
+        text = text[: -len(GENERATION_PROMPT)]
+    return text[:-1] if continuation else text
+
+
+def completion_payload(payload: dict[str, Any]) -> dict[str, Any] | str:
+    """Translate a chat request into the ``/v1/completions`` request of its rendered prompt, or a 400 message."""
+    messages = payload.get("messages")
+    problem = _messages_problem(messages)
+    if problem is not None or not isinstance(messages, list):
+        return problem or "messages must be a list"
     logprobs, top = payload.get("logprobs"), payload.get("top_logprobs")
     if top is not None and not (isinstance(top, int) and not isinstance(top, bool) and top >= 0):
         return "top_logprobs must be a non-negative integer"

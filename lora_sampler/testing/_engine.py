@@ -22,6 +22,7 @@ from lora_sampler._wire.routes import (
     CHAT_COMPLETIONS_PATH,
     COMPLETION_PATHS,
     COMPLETIONS_PATH,
+    DETOKENIZE_PATH,
     HEALTH_PATH,
     LOAD_ADAPTER_PATH,
     MODELS_PATH,
@@ -48,6 +49,7 @@ from lora_sampler.testing._sampling import (
 )
 from lora_sampler.testing._server import ClientGone, Handler, Server, hang_up, read_body, send
 from lora_sampler.testing._slots import AdapterSlots
+from lora_sampler.testing._tokenizer import ByteTokenizer
 
 #: The values of ``FakeEngine(prompt_logprobs_defect=...)``.
 PROMPT_LOGPROBS_DEFECTS = (None, "mixed-adapters", "base-weights")
@@ -413,6 +415,7 @@ class FakeEngine:
             COMPLETIONS_PATH: ("POST", self._complete),
             CHAT_COMPLETIONS_PATH: ("POST", self._chat),
             TOKENIZE_PATH: ("POST", self._tokenize),
+            DETOKENIZE_PATH: ("POST", self._detokenize),
             LOAD_ADAPTER_PATH: ("POST", self._adapters.load),
             UNLOAD_ADAPTER_PATH: ("POST", self._adapters.unload),
         }
@@ -561,11 +564,34 @@ class FakeEngine:
         if problem is not None:
             return problem
         prompt = payload.get("prompt")
+        if "messages" in payload:  # vLLM's chat form: the messages rendered by the chat template
+            if not self.chat_template:
+                return bodies.no_chat_template(old_shape=self.old_error_shape)
+            rendered = chat.rendered_prompt(payload)
+            if isinstance(rendered, tuple):
+                return self._bad(rendered[0], "messages")
+            prompt = rendered
         if not isinstance(prompt, str):
-            return self._bad("prompt must be a string (the fake engine tokenizes completion prompts only)", "prompt")
+            return self._bad("prompt must be a string, or messages a list of chat messages", "prompt")
         tokens = encode_text(prompt)
         answer = {"count": len(tokens), "max_model_len": self.max_model_len, "tokens": tokens, "token_strs": None}
         return bodies.json_body(200, answer)
+
+    def _detokenize(self, payload: dict[str, Any]) -> VllmBody:
+        """``/detokenize``: the text of token ids by the byte tokenizer (specials by name), as ``{"prompt": text}``."""
+        self._pay_request_overhead()
+        name = payload.get("model") or self.model
+        problem = self._adapters.check_model(name) if isinstance(name, str) else self._bad("model must be a string")
+        if problem is not None:
+            return problem
+        tokens = payload.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            return self._bad("tokens must be a list of token ids", "tokens")
+        try:
+            text = ByteTokenizer(self.vocab_size).decode(tokens)
+        except ValueError as exc:
+            return self._bad(str(exc), "tokens")
+        return bodies.json_body(200, {"prompt": text})
 
     def _check_lengths(self, request: CompletionRequest) -> tuple[VllmBody | None, int]:
         """vLLM's checks of a parsed completion request, in its order; the refusal, or None and the clamped limit."""

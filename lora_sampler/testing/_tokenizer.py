@@ -10,11 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
 
-from lora_sampler.testing._chat import render_chat
+from lora_sampler.testing._chat import GENERATION_PROMPT, render_chat
 from lora_sampler.testing._sampling import BYTE_OFFSET, SPECIAL_TOKENS, encode_text
 
-#: What FakeEngine's chat template appends for the reply (``render_chat`` always does).
-GENERATION_PROMPT = "<|assistant|>\n"
 #: FakeEngine's default ``vocab_size``.
 DEFAULT_VOCAB_SIZE = 1024
 
