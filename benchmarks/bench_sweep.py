@@ -316,7 +316,7 @@ def make_scale_run(root: str, count: int) -> str:
 
 def run_scale(count: int, measure: int) -> Dict[str, Any]:
     """Sweep a folder of ``count`` checkpoints; time the first ``measure`` after the first one."""
-    from lora_sampler import SamplerClient
+    from lora_sampler import SamplerClient, sweep
 
     with tempfile.TemporaryDirectory(prefix="bench_sweep_scale_") as work:
         started = time.monotonic()
@@ -326,7 +326,7 @@ def run_scale(count: int, measure: int) -> Dict[str, Any]:
         os.makedirs(lora_dir)
         args = argparse.Namespace(latency=0.0, load_latency=0.0, slots=0, swap_latency=0.0)
         with engine(args, lora_dir).start() as server, SamplerClient(server.url, lora_base_dir=lora_dir) as client:
-            reports = client.sweep(pattern, [{"prompt": [5, 6]}], output_dir=os.path.join(work, "out"), window=2)
+            reports = sweep(client, pattern, [{"prompt": [5, 6]}], output_dir=os.path.join(work, "out"), window=2)
             times = []
             for report in reports:
                 if report.error is not None:

@@ -17,6 +17,8 @@ if TYPE_CHECKING:  # the names as mypy and IDEs see them; at run time ``__getatt
     from lora_sampler._client.client import SamplerClient
     from lora_sampler._client.outage import OutageEvent, OutageHook
     from lora_sampler._client.selfcheck import ScoringCheck, ScoringFinding
+    from lora_sampler.batch._settings import SweepSettings
+    from lora_sampler.batch._sweep import CheckpointReport, sweep
     from lora_sampler.errors import (
         AdapterConfigError,
         AdapterNotFoundError,
@@ -70,6 +72,7 @@ __all__ = [
     "AuthenticationError",
     "BadRequestError",
     "BatchInputError",
+    "CheckpointReport",
     "EngineConnectTimeoutError",
     "EngineConnectionError",
     "EngineError",
@@ -106,10 +109,12 @@ __all__ = [
     "ScoreRequest",
     "ScoringCheck",
     "ScoringFinding",
+    "SweepSettings",
     "UnprocessableEntityError",
     "UnsafeArchiveError",
     "Usage",
     "__version__",
+    "sweep",
 ]
 
 #: The public names each module defines: ``__getattr__`` imports a name from its module on first use.
@@ -118,6 +123,8 @@ _NAMES_BY_MODULE = {
     "lora_sampler._client.client": ("SamplerClient",),
     "lora_sampler._client.outage": ("OutageEvent", "OutageHook"),
     "lora_sampler._client.selfcheck": ("ScoringCheck", "ScoringFinding"),
+    "lora_sampler.batch._settings": ("SweepSettings",),
+    "lora_sampler.batch._sweep": ("CheckpointReport", "sweep"),
     "lora_sampler.errors": tuple(name for name in __all__ if name.endswith("Error")),
     "lora_sampler.retry": ("RetryEvent", "RetryHook", "RetryPolicy"),
     "lora_sampler.types": (

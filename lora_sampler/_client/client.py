@@ -14,7 +14,6 @@ import os
 import time
 import warnings
 from typing import (
-    TYPE_CHECKING,
     Any,
     Callable,
     Dict,
@@ -47,12 +46,8 @@ from lora_sampler._client.selfcheck import DEFAULT_SCORING_TOLERANCE, ScoringChe
 from lora_sampler._client.tokens import EngineTokenizer
 from lora_sampler._defaults import (
     API_KEY_ENV,
-    DEFAULT_CHECKPOINT_TIMEOUT,
-    DEFAULT_IDLE_TIMEOUT,
     DEFAULT_MAX_WORKERS,
-    DEFAULT_SETTLE,
     DEFAULT_TIMEOUT,
-    DEFAULT_WINDOW,
     VLLM_API_KEY_ENV,
 )
 from lora_sampler._transport.http import DEFAULT_MAX_RESPONSE_BYTES, EngineTransport, Timeout, without_userinfo
@@ -71,11 +66,7 @@ from lora_sampler.types import (
     StopSpec,
     build_request,
     habit_error,
-    sampling_params_from,
 )
-
-if TYPE_CHECKING:  # the annotations of ``sweep`` only: the sweep itself is imported when it is called
-    from lora_sampler.batch._sweep import CheckpointReport, Checkpoints, SweepInput
 
 __all__ = ["IN_FLIGHT_PER_WORKER", "RequestLike", "Runner", "SamplerClient"]
 
@@ -205,6 +196,18 @@ class SamplerClient:
     def has_api_key(self) -> bool:
         """Whether an API key is sent (``api_key``, ``$LORA_SAMPLER_API_KEY`` or ``$VLLM_API_KEY``); never exposed."""
         return self._transport.has_api_key
+
+    @property
+    def retries(self) -> int:
+        """How many times this client's requests were retried so far (what a progress bar shows)."""
+        return self._calls.retries.value
+
+    def storage_options_for(self, options: Optional[Mapping[str, Any]] = None) -> Mapping[str, Any]:
+        """The options a store request is made with: ``options`` (None: the client's ``storage_options``), held to
+        the client's ``timeout`` (a sweep's listings use them, as publishing does)."""
+        if options is None:
+            return self._registry.storage_options
+        return StorageOptions(options, timeout=self._transport.timeout)
 
     def __repr__(self) -> str:
         return f"SamplerClient({self.base_url!r}, max_workers={self.max_workers})"
@@ -653,137 +656,6 @@ class SamplerClient:
                 bar.close()
 
     @_habit_hints
-    def sweep(
-        self,
-        checkpoints: Checkpoints,
-        requests: Optional[SweepInput] = None,
-        *,
-        output_dir: Union[str, os.PathLike[str]],
-        score: bool = False,
-        num_samples: int = 1,
-        max_tokens: Optional[int] = None,
-        temperature: Optional[float] = None,
-        top_p: Optional[float] = None,
-        top_k: Optional[int] = None,
-        seed: Optional[int] = None,
-        stop: StopSpec = None,
-        extra_body: Optional[Mapping[str, Any]] = None,
-        prompt_logprobs: bool = False,
-        sampling_params: Optional[SamplingParams] = None,
-        window: int = DEFAULT_WINDOW,
-        watch: bool = False,
-        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-        settle: float = DEFAULT_SETTLE,
-        keep_loaded: bool = False,
-        delete_retired: bool = False,
-        max_outage: float = 0.0,
-        on_outage: Optional[OutageHook] = None,
-        storage_options: Optional[Mapping[str, Any]] = None,
-        mix_adapters: bool = False,
-        prompts_per_request: Optional[int] = None,
-        progress: bool = False,
-        evaluator: Optional[Callable[[Any], Any]] = None,
-        checkpoint_timeout: float = DEFAULT_CHECKPOINT_TIMEOUT,
-        allow_outside_paths: bool = False,
-    ) -> Iterator[CheckpointReport]:
-        """Sample the same requests from every checkpoint of a training run, each once; yield a report per checkpoint.
-
-        ``lora-sampler sweep`` as a generator: each ``CheckpointReport`` comes once its checkpoint is done and its
-        ``sweep.jsonl`` line is written. Running it again resumes, and first yields again the reports of the
-        checkpoints an earlier run finished (read from ``sweep.jsonl``, with ``resumed=True``), so a notebook cell
-        run twice draws the same curve.
-
-        Args:
-            checkpoints: A path or glob of archives or adapter folders (natural order), a list of them, or a
-                ``lora_sampler.batch.Manifest`` (a training run's ``checkpoints.jsonl``).
-            requests: A JSONL file of prompt or messages lines, or a sequence of such mappings or ``SampleRequest``
-                values (``ScoreRequest`` values or ``{"id", "prompt", "completion"?}`` lines with ``score=True``).
-            output_dir: Where ``<adapter>.jsonl`` per checkpoint and ``sweep.jsonl`` go.
-            score: Score each line instead of sampling it; reports then carry ``mean_logprob`` per scored token and
-                ``mean_sum`` per line (the held-out log-likelihood).
-            num_samples: As for ``sample``, for every line that does not set its own (sampling only).
-            max_tokens: As for ``sample``, for every line that does not set its own (sampling only).
-            temperature: As for ``sample``, for every line that does not set its own (sampling only).
-            top_p: As for ``sample``, for every line that does not set its own (sampling only).
-            top_k: As for ``sample``, for every line that does not set its own (sampling only).
-            seed: As for ``sample``, for every line that does not set its own (sampling only).
-            stop: As for ``sample``, for every line that does not set its own (sampling only).
-            extra_body: As for ``sample``, for every line that does not set its own (sampling only).
-            prompt_logprobs: As for ``sample``, for every line that does not set its own (sampling only).
-            sampling_params: As for ``sample``, for every line that does not set its own (sampling only).
-            window: Checkpoints with requests in flight at once: the next one is published and loaded while the
-                last rows of the one before run, so the engine does not idle between checkpoints.
-            watch: Follow a run still training: look again for new checkpoints until ``idle_timeout`` seconds pass
-                with nothing new, or until the manifest's ``"final": true`` checkpoint is done.
-            idle_timeout: Seconds a watch goes on with nothing new.
-            settle: Seconds a checkpoint must stay unchanged (size and mtime) before it is taken.
-            keep_loaded: Leave finished adapters loaded on the engine (by default each is unloaded once done).
-            delete_retired: Also delete a finished adapter's folder once the engine confirmed its unload.
-            max_outage: Seconds to wait out an engine outage, as in ``imap`` (0: fail at once).
-            on_outage: Called with an ``OutageEvent`` while the engine is away.
-            storage_options: Options of the storage library for checkpoint URLs; default: the client's.
-            mix_adapters: Let this client's requests mix models while the sweep runs, scoring ones included (by
-                default a scoring request is never in flight with the next checkpoint's warm-up or rows).
-            prompts_per_request: Lines sent together in one completion request, as in ``imap`` (None: the measured
-                defaults; 1: one line per request).
-            progress: Show a progress bar over the rows of every checkpoint (as ``sample_many``'s).
-            evaluator: Instead of ``requests``: called on each checkpoint with a Tinker-compatible sampling client
-                (``lora_sampler.tinker.SamplingClient``, the ``[tinker]`` extra), it returns the checkpoint's metrics,
-                ``dict[str, float]`` (``CheckpointReport.metrics``); an async one (tinker-cookbook's evaluators) runs
-                in its own event loop. The window, warm-up, unload, resume and outage hold apply as for lines.
-            checkpoint_timeout: Seconds one checkpoint (absent, or still being written) is waited for from when it
-                was first seen; then it is recorded as ``CheckpointMissingError`` or ``CheckpointIncompleteError``
-                and the sweep goes on. Without a watch an absent checkpoint is recorded at once.
-            allow_outside_paths: Take a manifest's sampler paths outside the manifest's folder (or store prefix).
-
-        Raises:
-            TypeError, ValueError: bad arguments, before any request.
-            LoraSamplerError: another sweep holds ``output_dir``, or the engine or the input is unusable.
-        """
-        from lora_sampler.batch._sweep import sweep  # batch is the layer above this one
-
-        params = sampling_params_from(
-            sampling_params,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            seed=seed,
-            stop=stop,
-        )
-        bar = self._progress_bar((), progress, None)
-        reports = sweep(
-            self,
-            checkpoints,
-            requests,
-            output_dir=output_dir,
-            score=score,
-            num_samples=num_samples,
-            extra_body=extra_body,
-            prompt_logprobs=prompt_logprobs,
-            sampling_params=params,
-            window=window,
-            watch=watch,
-            idle_timeout=idle_timeout,
-            settle=settle,
-            keep_loaded=keep_loaded,
-            delete_retired=delete_retired,
-            max_outage=max_outage,
-            on_outage=on_outage,
-            storage_options=(
-                self._registry.storage_options
-                if storage_options is None
-                else StorageOptions(storage_options, timeout=self._transport.timeout)
-            ),
-            checkpoint_timeout=checkpoint_timeout,
-            allow_outside_paths=allow_outside_paths,
-            prompts_per_request=prompts_per_request,
-            on_row=None if bar is None else lambda checkpoint, kind, line, record: bar.count_row(kind),
-            mix_adapters=mix_adapters,
-            evaluator=evaluator,
-        )
-        return reports if bar is None else _closing(reports, bar)
-
     # -- adapters -------------------------------------------------------------------------------------------
 
     def publish(
@@ -952,14 +824,6 @@ def _run_held(gate: OutageGate, run: Runner, request: Any) -> Any:
         return gate.run(lambda: run(request))
     finally:
         gate.close()
-
-
-def _closing(reports: Iterator[CheckpointReport], bar: ProgressBar) -> Iterator[CheckpointReport]:
-    """Yield the sweep's reports; close its progress bar when the sweep ends (or is dropped)."""
-    try:
-        yield from reports
-    finally:
-        bar.close()
 
 
 #: Constructor arguments a pickled client leaves out: secrets, and what cannot cross processes.

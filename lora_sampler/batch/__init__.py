@@ -28,9 +28,10 @@ from lora_sampler.batch._lines import (
     write_record,
 )
 from lora_sampler.batch._score import SCORE_FORMAT, SCORE_RECORDS, ScoreStep, parse_score_line, score_record
+from lora_sampler.batch._settings import SweepSettings
 from lora_sampler.batch._sources import Checkpoint, Manifest, checkpoint_fingerprint, expand_pattern
 from lora_sampler.batch._steps import EvaluationStep, SampleStep
-from lora_sampler.batch._sweep import CheckpointReport, Sweep, SweepSettings, sweep
+from lora_sampler.batch._sweep import CheckpointReport, Sweep, sweep
 
 __all__ = [
     "Checkpoint",

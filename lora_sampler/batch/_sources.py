@@ -358,7 +358,7 @@ class Checkpoint:
 
 @dataclass(frozen=True)
 class Manifest:
-    """A training run's ``checkpoints.jsonl``, as ``SamplerClient.sweep``'s ``checkpoints`` (re-read on a watch).
+    """A training run's ``checkpoints.jsonl``, as ``lora_sampler.sweep``'s ``checkpoints`` (re-read on a watch).
 
     Attributes:
         path: The manifest (a local path or a storage URL).

@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import inspect
 import logging
 import os
 import queue
@@ -21,15 +22,15 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 from lora_sampler._adapters.lease import remove_if_unleased
 from lora_sampler._client.client import SamplerClient
-from lora_sampler._client.fanout import checked_prompts_per_request
-from lora_sampler._client.outage import OutageHook, checked_seconds
-from lora_sampler._defaults import DEFAULT_CHECKPOINT_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_SETTLE, DEFAULT_WINDOW
+from lora_sampler._client.outage import OutageHook
+from lora_sampler._client.progress import ProgressBar
 from lora_sampler._views import printable
 from lora_sampler.batch._evaluator import Evaluator, EvaluatorError, EvaluatorRun, Metrics, checked_evaluator
-from lora_sampler.batch._job import DEFAULT_DRAIN_SECONDS, DEFAULT_FAIL_FAST, BatchJob
+from lora_sampler.batch._job import DEFAULT_DRAIN_SECONDS, BatchJob
 from lora_sampler.batch._ledger import Ledger
-from lora_sampler.batch._lines import InputLine, LineDefaults, open_output
+from lora_sampler.batch._lines import InputLine, open_output
 from lora_sampler.batch._score import ScoreStep, scoring_notes
+from lora_sampler.batch._settings import SweepSettings
 from lora_sampler.batch._sources import (
     Checkpoint,
     CheckpointSource,
@@ -37,10 +38,9 @@ from lora_sampler.batch._sources import (
     Unusable,
     listing,
 )
-from lora_sampler.batch._steps import EvaluationStep, SampleStep
-from lora_sampler.batch._steps import SweepInput as SweepInput  # for SamplerClient.sweep's annotations
+from lora_sampler.batch._steps import EvaluationStep, SweepInput
 from lora_sampler.errors import BatchInputError, CheckpointMissingError, LoraSamplerError, OutputWriteError
-from lora_sampler.types import Adapter, SampleRequest, SamplingParams, ScoreRequest, StopSpec, sampling_params_from
+from lora_sampler.types import Adapter, SampleRequest, SamplingParams, ScoreRequest
 
 logger = logging.getLogger(__name__)
 
@@ -50,35 +50,6 @@ POLL_SECONDS = 0.25
 Checkpoints = Union[str, Sequence[str], Manifest]
 #: Called in a checkpoint's thread with ``(checkpoint, "done"|"failed"|"skipped", line, record)``.
 RowHook = Callable[[Checkpoint, str, InputLine, Optional[Dict[str, Any]]], None]
-
-
-@dataclass(frozen=True)
-class SweepSettings:
-    """How a sweep runs (the flags of ``lora-sampler sweep``; see docs/guides/sweeps.md)."""
-
-    output_dir: str
-    window: int = DEFAULT_WINDOW
-    watch: bool = False
-    idle_timeout: float = DEFAULT_IDLE_TIMEOUT
-    settle: float = DEFAULT_SETTLE
-    keep_loaded: bool = False
-    delete_retired: bool = False
-    max_outage: float = 0.0
-    fail_fast: int = DEFAULT_FAIL_FAST
-    storage_options: Optional[Mapping[str, Any]] = None
-    mix_adapters: bool = False
-    checkpoint_timeout: float = DEFAULT_CHECKPOINT_TIMEOUT
-    allow_outside_paths: bool = False
-    prompts_per_request: Optional[int] = None
-
-    def __post_init__(self) -> None:
-        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
-            raise ValueError(f"window must be an int >= 1, got {self.window!r}")
-        for name in ("idle_timeout", "settle", "max_outage", "checkpoint_timeout"):
-            checked_seconds(getattr(self, name), name)
-        checked_prompts_per_request(self.prompts_per_request)
-        if self.keep_loaded and self.delete_retired:
-            raise ValueError("delete_retired deletes the folders of unloaded adapters; it cannot go with keep_loaded")
 
 
 @dataclass
@@ -184,38 +155,48 @@ class Sweep:
     """One sweep: ``run()`` yields a ``CheckpointReport`` per checkpoint as it finishes; ``stop()`` ends it early.
 
     Args:
-        client: The client every checkpoint goes through (its ``max_workers`` is the concurrency).
+        client: The client every checkpoint goes through (its ``max_workers`` is the concurrency, its ``timeout``
+            bounds every engine and store request).
         checkpoints: A path or glob, a list of them, or a ``Manifest``.
-        step: The evaluation of one checkpoint (``SampleStep``).
+        requests: The lines run on each checkpoint (``SweepInput``); None with ``evaluator``.
         settings: ``SweepSettings``.
+        evaluator: Run on each checkpoint instead of lines (see ``lora_sampler.sweep``).
         on_row: Called for every row, from the checkpoint's thread (progress bars).
         on_outage: Called with each ``OutageEvent``, from worker threads.
         on_state: Called (in the sweep's thread) with what the sweep waits for whenever that changes, and with why
             it ended: ``"waiting for a new checkpoint; the watch ends after 3600 s ..."``, ``"done: ..."``.
+
+    Raises:
+        TypeError: both ``requests`` and ``evaluator``, or neither; ``score`` with an evaluator.
     """
 
     def __init__(
         self,
         client: SamplerClient,
         checkpoints: Checkpoints,
-        step: EvaluationStep,
+        requests: Optional[SweepInput],
         settings: SweepSettings,
         *,
+        evaluator: Optional[Evaluator] = None,
         on_row: Optional[RowHook] = None,
         on_outage: Optional[OutageHook] = None,
-        evaluator: Optional[Evaluator] = None,
         on_state: Optional[Callable[[str], None]] = None,
     ):
-        self.client, self.step, self.settings = client, step, settings
+        _check_work(requests, evaluator, settings)
+        self.client, self.step, self.settings = client, settings.step(requests), settings
         self.on_state = on_state
         self._told = ""
         #: Run on each checkpoint instead of the step's lines (``lora_sampler.tinker``'s sampling client).
         self.evaluator = None if evaluator is None else checked_evaluator(evaluator)
+        if evaluator is not None:
+            import lora_sampler.tinker  # noqa: F401  (fails here, before any checkpoint, without the [tinker] extra)
         self.on_row, self.on_outage = on_row, on_outage
         if isinstance(checkpoints, Manifest) and settings.allow_outside_paths:
             checkpoints = dataclasses.replace(checkpoints, allow_outside_paths=True)
         self._checkpoints = checkpoints
-        self._listing = listing(checkpoints, settings.storage_options)
+        #: The store's options, held to the client's timeout (the sweep's listings and change checks use them).
+        self.storage_options = client.storage_options_for(settings.storage_options)
+        self._listing = listing(checkpoints, self.storage_options)
         self._stopping = threading.Event()
         self._finished: queue.Queue[_CheckpointRun] = queue.Queue()
         self._active: List[_CheckpointRun] = []
@@ -297,7 +278,7 @@ class Sweep:
                 settle=settings.settle,
                 idle_timeout=settings.idle_timeout,
                 checkpoint_timeout=settings.checkpoint_timeout,
-                storage_options=settings.storage_options,
+                storage_options=self.storage_options,
             )
             if not settings.watch and not ledger.finished and not source.listed():
                 raise ValueError(f"{_describe(self._checkpoints)} names no checkpoint archive or adapter folder")
@@ -724,92 +705,82 @@ def _describe(checkpoints: Checkpoints) -> str:
     return "the pattern " + " ".join(patterns)
 
 
+def _check_work(requests: Optional[SweepInput], evaluator: Optional[Evaluator], settings: SweepSettings) -> None:
+    """Refuse a sweep with both lines and an evaluator, or neither, before any request."""
+    if evaluator is None and requests is None:
+        raise TypeError(
+            "sweep() needs requests (a JSONL path or a sequence of lines, or SampleRequest values) or evaluator= "
+            "(a callable taking a Tinker-compatible sampling client, returning metrics)"
+        )
+    if evaluator is not None and (requests is not None or settings.score):
+        raise TypeError(
+            "pass requests= (to sample, or with score=True to score) or evaluator= (metrics per checkpoint), not both"
+        )
+
+
 def sweep(
     client: SamplerClient,
     checkpoints: Checkpoints,
     requests: Optional[SweepInput] = None,
+    settings: Optional[SweepSettings] = None,
     *,
-    output_dir: Union[str, os.PathLike[str]],
-    score: bool = False,
-    num_samples: int = 1,
-    max_tokens: Optional[int] = None,
-    temperature: Optional[float] = None,
-    top_p: Optional[float] = None,
-    top_k: Optional[int] = None,
-    seed: Optional[int] = None,
-    stop: StopSpec = None,
-    extra_body: Optional[Mapping[str, Any]] = None,
-    prompt_logprobs: bool = False,
-    sampling_params: Optional[SamplingParams] = None,
-    window: int = DEFAULT_WINDOW,
-    watch: bool = False,
-    idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-    settle: float = DEFAULT_SETTLE,
-    keep_loaded: bool = False,
-    delete_retired: bool = False,
-    max_outage: float = 0.0,
-    on_outage: Optional[OutageHook] = None,
-    storage_options: Optional[Mapping[str, Any]] = None,
-    checkpoint_timeout: float = DEFAULT_CHECKPOINT_TIMEOUT,
-    allow_outside_paths: bool = False,
-    prompts_per_request: Optional[int] = None,
-    step: Optional[EvaluationStep] = None,
-    on_row: Optional[RowHook] = None,
-    mix_adapters: bool = False,
     evaluator: Optional[Evaluator] = None,
+    on_outage: Optional[OutageHook] = None,
+    progress: bool = False,
+    **overrides: Any,
 ) -> Iterator[CheckpointReport]:
-    """Sample the same requests from every checkpoint of a training run; yield one report per checkpoint.
+    """Run the same requests (or an evaluator) on every checkpoint of a training run, each once; yield a report per
+    checkpoint.
 
-    See ``SamplerClient.sweep`` for the arguments. Internal: ``step`` replaces the evaluation of each checkpoint;
-    ``on_row`` is called for every row (the progress bar).
+    ``lora-sampler sweep`` as a generator: each ``CheckpointReport`` comes once its checkpoint is done and its
+    ``sweep.jsonl`` line is written. Running it again resumes, and first yields again the reports of the
+    checkpoints an earlier run finished (read from ``sweep.jsonl``, with ``resumed=True``), so a notebook cell
+    run twice draws the same curve. The sweep's engine and store requests are held to the client's ``timeout``.
+
+    Args:
+        client: The client every checkpoint goes through (``lora_base_dir`` is where checkpoints are published).
+        checkpoints: A path or glob of archives or adapter folders (natural order), a list of them, a storage URL
+            pattern, or a ``lora_sampler.batch.Manifest`` (a training run's ``checkpoints.jsonl``).
+        requests: A JSONL file of prompt or messages lines, or a sequence of such mappings or ``SampleRequest``
+            values (``ScoreRequest`` values or ``{"id", "prompt", "completion"?}`` lines with ``score=True``).
+        settings: A ``SweepSettings``; None: its defaults.
+        evaluator: Instead of ``requests``: called on each checkpoint with a Tinker-compatible sampling client
+            (``lora_sampler.tinker.SamplingClient``, the ``[tinker]`` extra), it returns the checkpoint's metrics,
+            ``dict[str, float]`` (``CheckpointReport.metrics``); an async one (tinker-cookbook's evaluators) runs
+            in its own event loop. The window, warm-up, unload, resume and outage hold apply as for lines.
+        on_outage: Called with an ``OutageEvent`` while the engine is away.
+        progress: Show a progress bar over the rows of every checkpoint (as ``sample_many``'s).
+        **overrides: Settings by name, over ``settings`` (``output_dir="evals", window=2, max_tokens=8``): every
+            field of ``SweepSettings``.
+
+    Raises:
+        TypeError, ValueError: bad arguments or settings, before any request.
+        LoraSamplerError: another sweep holds ``output_dir``, or the engine or the input is unusable.
     """
-    if evaluator is not None:
-        if requests is not None or step is not None or score:
-            raise TypeError(
-                "pass requests= (to sample, or with score=True to score) or evaluator= (metrics per checkpoint), "
-                "not both"
-            )
-        checked_evaluator(evaluator)
-        import lora_sampler.tinker  # noqa: F401  (fails here, before any checkpoint, without the [tinker] extra)
+    chosen = SweepSettings.of(settings, **overrides)
+    bar = ProgressBar((), lambda: client.retries) if progress else None
+    on_row: Optional[RowHook] = None if bar is None else lambda checkpoint, kind, line, record: bar.count_row(kind)
+    run = Sweep(client, checkpoints, requests, chosen, evaluator=evaluator, on_row=on_row, on_outage=on_outage)
+    return run.run() if bar is None else _closing(run.run(), bar)
 
-        step = SampleStep([])  # drives no line: the evaluator does the work
-    params = sampling_params_from(
-        sampling_params, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop
-    )
-    settings = SweepSettings(
-        os.fspath(output_dir),
-        window=window,
-        watch=watch,
-        idle_timeout=idle_timeout,
-        settle=settle,
-        keep_loaded=keep_loaded,
-        delete_retired=delete_retired,
-        max_outage=max_outage,
-        storage_options=storage_options,
-        mix_adapters=mix_adapters,
-        checkpoint_timeout=checkpoint_timeout,
-        allow_outside_paths=allow_outside_paths,
-        prompts_per_request=prompts_per_request,
-    )
-    if step is None:
-        if requests is None:
-            raise TypeError(
-                "sweep() needs requests (a JSONL path or a sequence of lines, or SampleRequest values) or evaluator= "
-                "(a callable taking a Tinker-compatible sampling client, returning metrics)"
-            )
-        if score:
-            sampled = {"num_samples": num_samples != 1, "sampling_params": params is not None}
-            sampled.update(extra_body=extra_body is not None, prompt_logprobs=prompt_logprobs)
-            given = [name for name, is_set in sampled.items() if is_set]
-            if given:
-                raise TypeError(f"score=True scores each line; {', '.join(given)} apply to sampling only")
-            step = ScoreStep(requests)
-        else:
-            defaults = LineDefaults(
-                num_samples=num_samples,
-                sampling_params=params or SamplingParams(),
-                prompt_logprobs=prompt_logprobs,
-                extra_body=extra_body,
-            )
-            step = SampleStep(requests, defaults)
-    return Sweep(client, checkpoints, step, settings, on_row=on_row, on_outage=on_outage, evaluator=evaluator).run()
+
+def _closing(reports: Iterator[CheckpointReport], bar: ProgressBar) -> Iterator[CheckpointReport]:
+    """Yield the sweep's reports; close its progress bar when the sweep ends (or is dropped)."""
+    try:
+        yield from reports
+    finally:
+        bar.close()
+
+
+def _named_settings(function: Callable[..., Any]) -> inspect.Signature:
+    """``function``'s signature with its ``**overrides`` spelled out: one keyword per ``SweepSettings`` field, so
+    ``help()`` and completion show every setting (the fields are the one spelling of them)."""
+    signature = inspect.signature(function)
+    kept = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    for item in dataclasses.fields(SweepSettings):
+        default = inspect.Parameter.empty if item.default is dataclasses.MISSING else item.default
+        kept.append(inspect.Parameter(item.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=item.type))
+    return signature.replace(parameters=kept)
+
+
+sweep.__signature__ = _named_settings(sweep)  # type: ignore[attr-defined]

@@ -11,32 +11,32 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import logging
 import os
+import signal
 import sys
+from types import FrameType
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from lora_sampler._adapters.extract import DEFAULT_LIMITS, PublishLimits
 from lora_sampler._adapters.publish import default_adapter_name, remove_adapter_dir
 from lora_sampler._adapters.storage import DEFAULT_MAX_LISTED_KEYS, MAX_LISTED_KEYS_OPTION
 from lora_sampler._client.client import SamplerClient
-from lora_sampler._defaults import (
-    API_KEY_ENV,
-    DEFAULT_CHECKPOINT_TIMEOUT,
-    DEFAULT_IDLE_TIMEOUT,
-    DEFAULT_SCORING_PROMPTS_PER_REQUEST,
-    DEFAULT_SETTLE,
-    DEFAULT_WINDOW,
-    MAX_PROMPTS_PER_REQUEST,
-    VLLM_API_KEY_ENV,
-)
+from lora_sampler._defaults import API_KEY_ENV, MAX_PROMPTS_PER_REQUEST, VLLM_API_KEY_ENV
 from lora_sampler._testmode import set_testing
 from lora_sampler._version import __version__
-from lora_sampler._wire.messages import validated_extra_body
 from lora_sampler.batch._lines import LineDefaults
 from lora_sampler.batch._openai import OPENAI_BATCH_FORMAT, PROMPT_FORMAT, file_format, first_line
+from lora_sampler.batch._settings import CLI_MAX_OUTAGE
 from lora_sampler.cli._runner import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, BatchAbandoned, run_batch
+from lora_sampler.cli._settings_flags import (
+    PACE_FIELDS,
+    SAMPLING_FIELDS,
+    add_flags,
+    flag_fields,
+    flags_named,
+    settings_from,
+)
 from lora_sampler.cli._sweep_runner import check_plot_dependency, run_sweep
 from lora_sampler.cli._terminal import LOG_FORMAT, RetryCounter
 from lora_sampler.errors import AdapterConfigError, LoraSamplerError, OutputClosedError
@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 #: For tests that run the CLI in a subprocess: ``LORA_SAMPLER_TESTING=1`` makes every retry wait 0 s.
 TESTING_ENV = "LORA_SAMPLER_TESTING"
 #: ``--max-outage`` default, in seconds: an unattended job waits out a restart or redeploy of the engine.
-DEFAULT_MAX_OUTAGE = 600.0
+DEFAULT_MAX_OUTAGE = CLI_MAX_OUTAGE
 #: ``--timeout`` default: ``CONNECT,READ`` seconds per request (the client's default).
 DEFAULT_TIMEOUT = "10,300"
 #: Bytes in a GiB (``--max-adapter-gib``).
@@ -234,32 +234,10 @@ def add_timeout_flag(parser: argparse.ArgumentParser) -> None:
 def _pace_flags() -> argparse.ArgumentParser:
     """Return the flags of every command that runs many requests (``sample``, ``score``, ``sweep``)."""
     pace = argparse.ArgumentParser(add_help=False)
-    pace.add_argument(
-        "--max-outage",
-        type=float,
-        default=DEFAULT_MAX_OUTAGE,
-        metavar="SECONDS",
-        help="wait this long for an engine that went away (crash, restart, no router worker) before stopping; "
-        f"0 stops at once (default: {DEFAULT_MAX_OUTAGE:g})",
-    )
     add_timeout_flag(pace)
     pace.add_argument("--concurrency", type=int, default=16, help="requests in flight (default: 16)")
-    pace.add_argument(
-        "--prompts-per-request",
-        type=int,
-        default=None,
-        metavar="N",
-        help="lines of one model and settings sent together in one completion request (chat lines always alone); "
-        f"1 sends each alone, at most {MAX_PROMPTS_PER_REQUEST} (default: measured, "
-        f"{DEFAULT_SCORING_PROMPTS_PER_REQUEST} for scoring and for short generations, fewer for long ones)",
-    )
     pace.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
-    pace.add_argument(
-        "--mix-adapters",
-        action="store_true",
-        help="let scoring requests (prompt logprobs) share the engine with other models' requests; by default they "
-        "are kept apart, as some engines score with the wrong adapter in mixed batches (doctor --scoring tells)",
-    )
+    add_flags(pace, PACE_FIELDS)
     return pace
 
 
@@ -289,29 +267,7 @@ def _job_flags(pace: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def _sampling_flags() -> argparse.ArgumentParser:
     """Return the sampling defaults of every line (``sample``, ``sweep``)."""
     sampling = argparse.ArgumentParser(add_help=False)
-    for flag, kind, default, text in [
-        ("--num-samples", int, 1, "completions per prompt"),
-        ("--max-tokens", int, 16, "tokens per completion"),
-        ("--temperature", float, 1.0, "sampling temperature"),
-        ("--top-p", float, 1.0, "nucleus mass in (0, 1]"),
-        ("--top-k", int, -1, "top-k cut-off; -1 disables it"),
-        ("--seed", int, None, "sampling seed"),
-    ]:
-        sampling.add_argument(flag, type=kind, default=default, help=f"{text} (default: {default})")
-    sampling.add_argument(
-        "--stop",
-        action="append",
-        metavar="TEXT",
-        help="a stop string (repeat the flag for several; a line's own stop may also hold token ids)",
-    )
-    sampling.add_argument("--prompt-logprobs", action="store_true", help="also return the prompt's logprobs")
-    sampling.add_argument(
-        "--extra-body",
-        type=_json_object,
-        metavar="JSON",
-        help='further fields of every request body, as vLLM takes them, e.g. \'{"repetition_penalty": 1.1, '
-        '"min_tokens": 4}\'; a line\'s own "extra_body" object overrides its keys',
-    )
+    add_flags(sampling, SAMPLING_FIELDS)
     return sampling
 
 
@@ -343,54 +299,9 @@ def _add_sweep_flags(sweep: argparse.ArgumentParser) -> None:
         "client and returning dict[str, float], e.g. a tinker-cookbook SamplingClientEvaluator) run on each "
         "checkpoint; its metrics go to sweep.jsonl, the table and --plot (needs lora_sampler[tinker])",
     )
-    sweep.add_argument("--output-dir", required=True, metavar="DIR", help="where outputs and sweep.jsonl go")
-    sweep.add_argument(
-        "--window",
-        type=int,
-        default=DEFAULT_WINDOW,
-        help="checkpoints with requests in flight at once: the next checkpoint is published and loaded while the "
-        f"last rows of the one before run, so the engine does not idle between them (default: {DEFAULT_WINDOW}; "
-        "1 runs them strictly one after the other)",
-    )
-    sweep.add_argument("--watch", action="store_true", help="follow a run that is still training")
-    sweep.add_argument(
-        "--idle-timeout",
-        type=float,
-        default=DEFAULT_IDLE_TIMEOUT,
-        metavar="SECONDS",
-        help=f"--watch ends after this long with nothing new (default: {DEFAULT_IDLE_TIMEOUT:g})",
-    )
-    sweep.add_argument(
-        "--checkpoint-timeout",
-        type=float,
-        default=DEFAULT_CHECKPOINT_TIMEOUT,
-        metavar="SECONDS",
-        help="wait at most this long for one checkpoint (absent, or still being written) from when it was first "
-        f"seen, then record it as missing or incomplete and go on (default: {DEFAULT_CHECKPOINT_TIMEOUT:g})",
-    )
-    sweep.add_argument(
-        "--allow-outside-paths",
-        action="store_true",
-        help="take manifest sampler paths outside the manifest's folder (absolute paths elsewhere, ..)",
-    )
-    sweep.add_argument(
-        "--settle",
-        type=float,
-        default=DEFAULT_SETTLE,
-        metavar="SECONDS",
-        help=f"a checkpoint is taken once unchanged this long and complete (default: {DEFAULT_SETTLE:g})",
-    )
-    sweep.add_argument("--keep-loaded", action="store_true", help="leave finished adapters loaded on the engine")
-    sweep.add_argument(
-        "--delete-retired", action="store_true", help="delete a finished adapter's folder once its unload is confirmed"
-    )
     sweep.add_argument("--plot", metavar="FILE.png", help="draw the per-checkpoint means against the step (matplotlib)")
-    sweep.add_argument(
-        "--score",
-        action="store_true",
-        help='score every line under each checkpoint instead of sampling it (lines {"id", "prompt", "completion"?}, '
-        "as lora-sampler score); sweep.jsonl then gives mean_logprob per token and mean_sum per line",
-    )
+    shared = set(SAMPLING_FIELDS + PACE_FIELDS)
+    add_flags(sweep, [name for name in flag_fields() if name not in shared])
 
 
 def _positive_gib(value: str) -> float:
@@ -413,18 +324,6 @@ def _positive_int(value: str) -> int:
     if number < 1:
         raise argparse.ArgumentTypeError(f"takes a whole number >= 1, got {value!r}")
     return number
-
-
-def _json_object(value: str) -> Dict[str, Any]:
-    """Parse ``--extra-body``: a JSON object of body fields, none of those the request sets itself."""
-    try:
-        body = json.loads(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"takes a JSON object such as '{{\"min_tokens\": 4}}' ({exc})") from None
-    try:
-        return validated_extra_body(body)
-    except (TypeError, ValueError) as exc:
-        raise argparse.ArgumentTypeError(str(exc).replace("extra_body", "a JSON object", 1)) from None
 
 
 def _replicas(value: str) -> Union[str, List[str]]:
@@ -615,17 +514,11 @@ def _has_lines(path: str) -> bool:
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
     """Return the flags' sampling defaults for every line; a bad value is a usage error naming the flag."""
+    fields = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
     try:
-        return SamplingParams(
-            max_tokens=args.max_tokens,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            seed=args.seed,
-            stop=args.stop,
-        )
+        return SamplingParams(**{name: getattr(args, name) for name in fields if getattr(args, name) is not None})
     except (TypeError, ValueError) as exc:
-        raise UsageError(f"--{str(exc).split(' ', 1)[0].replace('_', '-')} {str(exc).split(' ', 1)[1]}") from None
+        raise UsageError(flags_named(str(exc))) from None
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
@@ -672,15 +565,9 @@ def cmd_sample(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Check the flags and the engine, then sweep every checkpoint through one client."""
     _check_pace_flags(args)
+    settings = settings_from(args)  # every sweep setting, checked once (the messages name the flags)
     _check_sweep_args(args)
-    params = sampling_params(args)
-    defaults = LineDefaults(
-        num_samples=args.num_samples,
-        sampling_params=params,
-        prompt_logprobs=args.prompt_logprobs,
-        extra_body=args.extra_body,
-    )
-    return run_job(args, lambda client, _, retries: run_sweep(client, args, defaults, retries), _engine_preflight)
+    return run_job(args, lambda client, _, retries: run_sweep(client, args, settings, retries), _engine_preflight)
 
 
 def _engine_preflight(client: SamplerClient, args: argparse.Namespace) -> None:
@@ -701,14 +588,6 @@ def _check_sweep_args(args: argparse.Namespace) -> None:
         args.evaluator_object = _load_evaluator(args.evaluator)
     else:
         _check_sweep_input(args.input)
-    if args.window < 1:
-        raise UsageError(f"--window must be >= 1, got {args.window}")
-    timeouts = (("--idle-timeout", args.idle_timeout), ("--settle", args.settle))
-    for flag, value in (*timeouts, ("--checkpoint-timeout", args.checkpoint_timeout)):
-        if not 0 <= value < float("inf"):
-            raise UsageError(f"{flag} takes seconds >= 0, got {value:g}")
-    if args.keep_loaded and args.delete_retired:
-        raise UsageError("--delete-retired deletes unloaded adapters' folders; it cannot go with --keep-loaded")
     if args.manifest and not args.watch and not is_storage_url(args.manifest) and not os.path.isfile(args.manifest):
         raise UsageError(f"--manifest {args.manifest} is not a file (pass --watch to wait for it)")
     if args.plot:
@@ -821,7 +700,28 @@ COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run the command line; return the exit status (the one place that maps errors to statuses)."""
+    """Run the command line; return the exit status (the one place that maps errors to statuses).
+
+    ``argv`` None: the process's own command line. A Ctrl-C after the command ended (its table printed, its status
+    known) then exits 130 at once, never a traceback from the interpreter's shutdown.
+    """
+    try:
+        return _run_command(argv)
+    finally:
+        if argv is None:
+            signal.signal(signal.SIGINT, _exit_interrupted)
+
+
+def _exit_interrupted(signum: int, frame: Optional[FrameType]) -> None:
+    """End the process with the interrupted status, what was printed flushed (the command has ended)."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(EXIT_INTERRUPTED)
+
+
+def _run_command(argv: Optional[Sequence[str]]) -> int:
+    """Parse ``argv``, run its command, and map its failures to exit statuses (``main``)."""
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # argparse: --help and --version are 0, a usage error 2

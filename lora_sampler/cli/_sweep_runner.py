@@ -12,13 +12,20 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._views import printable
 from lora_sampler.batch._ledger import read_ledger
-from lora_sampler.batch._lines import PROMPT_RECORDS, InputLine, LineDefaults
-from lora_sampler.batch._score import ScoreStep
+from lora_sampler.batch._lines import PROMPT_RECORDS, InputLine
+from lora_sampler.batch._settings import SweepSettings
 from lora_sampler.batch._sources import Checkpoint, Manifest
-from lora_sampler.batch._steps import SampleStep
-from lora_sampler.batch._sweep import CheckpointReport, Sweep, SweepSettings
+from lora_sampler.batch._sweep import CheckpointReport, Sweep
 from lora_sampler.cli._runner import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, BatchAbandoned
-from lora_sampler.cli._terminal import JobBar, RetryCounter, interrupts_stop, logs_above, progress_bar, say
+from lora_sampler.cli._terminal import (
+    Interrupts,
+    JobBar,
+    RetryCounter,
+    interrupts_stop,
+    logs_above,
+    progress_bar,
+    say,
+)
 
 #: The summary table's columns, and the ledger field each shows.
 COLUMNS = (
@@ -29,19 +36,6 @@ COLUMNS = (
     ("mean sum", "mean_sum"),
     ("mean length", "mean_length"),
     ("rows/s", "rows_per_second"),
-)
-#: The ``SweepSettings`` fields that come straight from flags of the same name.
-SETTINGS_FLAGS = (
-    "window",
-    "watch",
-    "idle_timeout",
-    "settle",
-    "keep_loaded",
-    "delete_retired",
-    "max_outage",
-    "checkpoint_timeout",
-    "allow_outside_paths",
-    "prompts_per_request",
 )
 _PLOT_EXTRA = "--plot needs matplotlib: pip install 'lora_sampler[plot]'"
 
@@ -58,9 +52,8 @@ def check_plot_dependency() -> None:
         raise ImportError(_PLOT_EXTRA) from None
 
 
-def run_sweep(client: SamplerClient, args: argparse.Namespace, defaults: LineDefaults, retries: RetryCounter) -> int:
+def run_sweep(client: SamplerClient, args: argparse.Namespace, settings: SweepSettings, retries: RetryCounter) -> int:
     """Sweep the checkpoints the flags name; print each as it finishes and the table at the end; return the status."""
-    settings = SweepSettings(args.output_dir, **{name: getattr(args, name) for name in SETTINGS_FLAGS})
     bar = progress_bar(None, args.quiet)
     shown = JobBar(bar, retries, PROMPT_RECORDS.message_of)
     lock = threading.Lock()  # several checkpoints' threads report rows
@@ -71,10 +64,6 @@ def run_sweep(client: SamplerClient, args: argparse.Namespace, defaults: LineDef
 
     checkpoints = Manifest(args.manifest) if args.manifest else list(args.checkpoints)
     evaluator = getattr(args, "evaluator_object", None)
-    if evaluator is not None:
-        step = SampleStep([])  # no lines: the evaluator sends its own requests
-    else:
-        step = ScoreStep(args.input) if args.score else SampleStep(args.input, defaults)
 
     def on_state(state: str) -> None:
         if not args.quiet:
@@ -83,25 +72,27 @@ def run_sweep(client: SamplerClient, args: argparse.Namespace, defaults: LineDef
     sweep = Sweep(
         client,
         checkpoints,
-        step,
+        None if evaluator is not None else args.input,
         settings,
         on_row=on_row,
         on_outage=shown.on_outage,
         evaluator=evaluator,
         on_state=on_state,
     )
-    try:
-        with interrupts_stop(sweep) as interrupts, logs_above(bar):
-            for report in sweep.run():
-                if not args.quiet:
-                    say(bar, report_line(report, evaluator is not None))
-                for note in report.notes if not report.resumed else ():
-                    say(bar, printable(f"lora-sampler: {report.checkpoint}: note: {note}"))
-    finally:
-        shown.close()
-    if sweep.abandoned:
-        raise BatchAbandoned
-    return _finish(read_ledger(sweep.ledger_path) if sweep.ledger_path else [], args, interrupted=interrupts.count > 0)
+    with interrupts_stop(sweep) as interrupts:  # to the table's end: a Ctrl-C as the sweep ends still gets it
+        try:
+            with logs_above(bar):
+                for report in sweep.run():
+                    if not args.quiet:
+                        say(bar, report_line(report, evaluator is not None))
+                    for note in report.notes if not report.resumed else ():
+                        say(bar, printable(f"lora-sampler: {report.checkpoint}: note: {note}"))
+        finally:
+            shown.close()
+        if sweep.abandoned:
+            raise BatchAbandoned
+        entries = read_ledger(sweep.ledger_path) if sweep.ledger_path else []
+        return _finish(entries, args, interrupts)
 
 
 def report_line(report: CheckpointReport, metrics: bool = False) -> str:
@@ -116,8 +107,9 @@ def report_line(report: CheckpointReport, metrics: bool = False) -> str:
     return printable(f"lora-sampler: {name}: {detail} ({report.seconds:.1f} s)")
 
 
-def _finish(entries: List[Dict[str, Any]], args: argparse.Namespace, *, interrupted: bool) -> int:
-    """Print the table, draw the plot, and return the exit status from the whole ledger."""
+def _finish(entries: List[Dict[str, Any]], args: argparse.Namespace, interrupts: Interrupts) -> int:
+    """Print the table, draw the plot, and return the exit status from the whole ledger (130 once interrupted, a
+    Ctrl-C while the table is printed included)."""
     if not args.quiet:
         print(summary_table(entries))
         for entry in entries:
@@ -127,7 +119,7 @@ def _finish(entries: List[Dict[str, Any]], args: argparse.Namespace, *, interrup
         draw_plot(entries, args.plot)
         if not args.quiet:
             print(f"lora-sampler: plotted {len(entries)} checkpoints into {args.plot}", file=sys.stderr)
-    if interrupted:
+    if interrupts.count:
         print(f"lora-sampler: interrupted; run again with --output-dir {args.output_dir} to resume", file=sys.stderr)
         return EXIT_INTERRUPTED
     failed = any("error" in entry or entry.get("failed") for entry in entries)

@@ -20,7 +20,7 @@ import pytest
 import requests
 from _services import require
 
-from lora_sampler import SamplerClient
+from lora_sampler import SamplerClient, sweep
 
 if TYPE_CHECKING:
     from conftest import RealEngine
@@ -119,7 +119,7 @@ def test_real_sweep_with_a_cookbook_evaluator(tinker: Any, vllm_engine: RealEngi
     with SamplerClient(
         vllm_engine.url, api_key=vllm_engine.api_key, lora_base_dir=vllm_engine.lora_dir, max_workers=1
     ) as client:
-        reports = list(client.sweep(str(run / "step-*"), evaluator=evaluator, output_dir=tmp_path / "out"))
+        reports = list(sweep(client, str(run / "step-*"), evaluator=evaluator, output_dir=tmp_path / "out"))
     assert [r.step for r in reports] == [10, 20] and all(r.ok for r in reports)
     nll = [r.metrics["heldout/nll"] for r in reports]
     assert all(0 < value < 20 for value in nll) and nll[0] != nll[1]

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Tuple
 import pytest
 from _services import require
 
-from lora_sampler import SamplerClient
+from lora_sampler import SamplerClient, sweep
 from lora_sampler.batch._sources import Manifest
 from lora_sampler.cli import main
 from lora_sampler.testing import FakeEngine, write_adapter_archive
@@ -241,7 +241,8 @@ def test_client_sweep_yields_a_report_per_checkpoint(
     requests: List[Any] = [{"id": "a", "prompt": [5, 6]}, own]  # a SampleRequest keeps its own parameters
     with SamplerClient(engine.url, lora_base_dir=lora_dir, max_workers=4) as client:
         reports = list(
-            client.sweep(
+            sweep(
+                client,
                 str(tmp_path / "run" / "*.tar.gz"),
                 requests,
                 output_dir=tmp_path / "out",
@@ -254,7 +255,7 @@ def test_client_sweep_yields_a_report_per_checkpoint(
     output = (tmp_path / "out" / str(reports[0].output)).read_text().splitlines()
     assert sorted(json.dumps(json.loads(line)["id"]) for line in output) == ['"a"', "2"]
     with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
-        again = list(client.sweep(Manifest(str(tmp_path / "none.jsonl")), requests, output_dir=tmp_path / "out"))
+        again = list(sweep(client, Manifest(str(tmp_path / "none.jsonl")), requests, output_dir=tmp_path / "out"))
     # The ledger covers them (re-yielded from it, marked resumed) and a missing manifest names nothing new.
     assert sorted((r.step, r.rows, r.resumed) for r in again) == [(10, 2, True), (20, 2, True)]
     assert [r.ledger_line() for r in sorted(again, key=lambda r: r.step or 0)] == [r.ledger_line() for r in reports]

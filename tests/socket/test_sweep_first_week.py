@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterator, List
 
 import pytest
 
-from lora_sampler import SamplerClient
+from lora_sampler import SamplerClient, sweep
 from lora_sampler._adapters.lease import hold
 from lora_sampler._adapters.publish import default_adapter_name
 from lora_sampler.batch import Manifest, _job
@@ -90,14 +90,14 @@ def test_manifest_line_ahead_of_its_checkpoint_is_recorded_and_the_rest_runs(
 def test_manifest_line_ahead_of_its_checkpoint_from_python(
     engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
 ) -> None:
-    """The same through ``client.sweep(Manifest(...))``: a failed report with the error type, no exception."""
+    """The same through ``sweep(client, Manifest(...))``: a failed report with the error type, no exception."""
     run = tmp_path / "run"
     run.mkdir()
     aged(write_adapter_archive(str(run / "step-100.tar.gz"), engine.model))
     manifest = run / "checkpoints.jsonl"
     manifest.write_text(manifest_line("step-200.tar.gz", 200) + manifest_line("step-100.tar.gz", 100))
     with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
-        reports = list(client.sweep(Manifest(str(manifest)), [{"prompt": [5, 6]}], output_dir=tmp_path / "out"))
+        reports = list(sweep(client, Manifest(str(manifest)), [{"prompt": [5, 6]}], output_dir=tmp_path / "out"))
     assert [(r.error or {}).get("type") for r in reports] == ["CheckpointMissingError", None]
     assert reports[1].rows == 1
 
@@ -157,7 +157,7 @@ def test_a_checkpoint_deleted_mid_sweep_is_recorded_not_skipped(
     inp, out = write_prompts(tmp_path / "prompts.jsonl", 5), tmp_path / "out"
     with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
         reports = []
-        for report in client.sweep(str(run / "*.tar.gz"), str(inp), output_dir=out, window=1):
+        for report in sweep(client, str(run / "*.tar.gz"), str(inp), output_dir=out, window=1):
             reports.append(report)
             if len(reports) == 1:
                 os.remove(run / "step-3.tar.gz")

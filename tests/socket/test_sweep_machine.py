@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from lora_sampler import SamplerClient
+from lora_sampler import SamplerClient, sweep
 from lora_sampler._adapters.publish import default_adapter_name
 from lora_sampler.testing import FakeEngine, write_adapter_archive
 
@@ -135,7 +135,8 @@ class SweepMachine(RuleBasedStateMachine):
         def run() -> None:
             try:
                 with SamplerClient(self.engine.url, lora_base_dir=self.loras, max_workers=4) as client:
-                    reports = client.sweep(
+                    reports = sweep(
+                        client,
                         str(self.run / "*.tar.gz"),
                         PROMPTS,
                         output_dir=self.out,

@@ -12,7 +12,7 @@ from typing import Any, Dict, List
 
 from test_sweep import ledger, make_run, sweep_args
 
-from lora_sampler import SamplerClient, ScoreRequest
+from lora_sampler import SamplerClient, ScoreRequest, sweep
 from lora_sampler.cli import main
 from lora_sampler.testing import FakeEngine
 
@@ -69,7 +69,7 @@ def test_client_sweep_score_takes_score_requests(
     ]
     with SamplerClient(engine.url, lora_base_dir=lora_dir, max_workers=4) as client:
         reports = list(
-            client.sweep(str(tmp_path / "run" / "*.tar.gz"), requests, output_dir=tmp_path / "o", score=True)
+            sweep(client, str(tmp_path / "run" / "*.tar.gz"), requests, output_dir=tmp_path / "o", score=True)
         )
     assert sorted(r.step or 0 for r in reports) == [10, 20] and all(r.ok and r.rows == 2 for r in reports)
     for report in reports:

@@ -1,4 +1,4 @@
-"""``SamplerClient.sweep`` from a notebook: explicit keywords (``sample``'s sampling ones too), typed report fields,
+"""``lora_sampler.sweep`` from a notebook: explicit keywords (``sample``'s sampling ones too), typed report fields,
 and a re-run that yields the finished checkpoints again from ``sweep.jsonl``, marked as resumed.
 """
 
@@ -12,19 +12,17 @@ from typing import Any, Dict, List
 import pytest
 from test_sweep import make_run
 
-from lora_sampler import SamplerClient
+from lora_sampler import SamplerClient, sweep
 from lora_sampler.batch import CheckpointReport, LineDefaults, SampleStep
-from lora_sampler.batch import sweep as batch_sweep
 from lora_sampler.testing import FakeEngine
 from lora_sampler.types import Adapter, SampleRequest, SamplingParams
 
 SAMPLING_KEYWORDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "extra_body", "prompt_logprobs")
 
 
-@pytest.mark.parametrize("function", [SamplerClient.sweep, batch_sweep])
-def test_sweep_signature_names_every_option(function: Any) -> None:
+def test_sweep_signature_names_every_option() -> None:
     """No **options: every keyword is named (help and completion show them), sample's sampling keywords included."""
-    parameters = inspect.signature(function).parameters
+    parameters = inspect.signature(sweep).parameters
     assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     for name in (*SAMPLING_KEYWORDS, "num_samples", "sampling_params", "window", "watch", "idle_timeout", "score"):
         assert parameters[name].kind is inspect.Parameter.KEYWORD_ONLY, name
@@ -32,11 +30,12 @@ def test_sweep_signature_names_every_option(function: Any) -> None:
 
 
 def test_client_sweep_takes_sampling_keywords(engine: FakeEngine, lora_dir: Path, tmp_path: Path) -> None:
-    """client.sweep(max_tokens=3, stop=..., seed=...) as sample takes them: each line is sampled with them."""
+    """sweep(client, max_tokens=3, stop=..., seed=...) as sample takes them: each line is sampled with them."""
     make_run(tmp_path / "run", engine.model, (10,))
     with SamplerClient(engine.url, lora_base_dir=lora_dir, max_workers=2) as client:
         reports = list(
-            client.sweep(
+            sweep(
+                client,
                 str(tmp_path / "run" / "*.tar.gz"),
                 [{"id": "a", "prompt": [5, 6]}, {"id": "b", "prompt": [7], "max_tokens": 5}],
                 output_dir=tmp_path / "out",
@@ -54,11 +53,11 @@ def test_client_sweep_refuses_sampling_keywords_with_params_or_scoring(
     """Both sampling_params= and max_tokens=, or sampling keywords with score=True: a TypeError before any request."""
     with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
         with pytest.raises(TypeError, match="not both"):
-            client.sweep("x/*", [], output_dir=tmp_path, sampling_params=SamplingParams(), max_tokens=3)
+            sweep(client, "x/*", [], output_dir=tmp_path, sampling_params=SamplingParams(), max_tokens=3)
         with pytest.raises(TypeError, match="sampling only"):
-            list(client.sweep("x/*", [], output_dir=tmp_path, score=True, max_tokens=3))
+            list(sweep(client, "x/*", [], output_dir=tmp_path, score=True, max_tokens=3))
         with pytest.raises(TypeError, match="needs requests"):
-            list(client.sweep("x/*", output_dir=tmp_path))
+            list(sweep(client, "x/*", output_dir=tmp_path))
     assert engine.requests == []
 
 
@@ -98,9 +97,9 @@ def test_rerun_of_a_finished_sweep_yields_its_reports_again(engine: FakeEngine, 
     requests: List[Any] = [{"id": "a", "prompt": [5, 6]}]
     pattern = str(tmp_path / "run" / "*.tar.gz")
     with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
-        first = list(client.sweep(pattern, requests, output_dir=tmp_path / "out", max_tokens=2))
+        first = list(sweep(client, pattern, requests, output_dir=tmp_path / "out", max_tokens=2))
         engine.reset_log()
-        again = list(client.sweep(pattern, requests, output_dir=tmp_path / "out", max_tokens=2))
+        again = list(sweep(client, pattern, requests, output_dir=tmp_path / "out", max_tokens=2))
     assert engine.calls("/v1/completions") == 0
     assert [r.resumed for r in again] == [True, True] and not any(r.resumed for r in first)
     assert sorted(r.ledger_line()["checkpoint"] for r in again) == sorted(r.checkpoint for r in first)

@@ -19,7 +19,7 @@ import pytest
 from _faultstore import BUCKET, FaultStore, count
 from _s3server import temporaries
 
-from lora_sampler import SamplerClient
+from lora_sampler import SamplerClient, sweep
 from lora_sampler._adapters import storage
 from lora_sampler.cli import main
 from lora_sampler.errors import PublishError
@@ -320,11 +320,11 @@ def test_sweep_over_a_dripping_store_records_each_checkpoint_and_ends(
     store.faults["GET"] = "drip-body"
     requests = [{"id": "a", "prompt": [5, 6]}]
     with client_of(store, engine, lora_dir) as client:
-        sweep = lambda: list(  # noqa: E731
-            client.sweep(f"s3://{BUCKET}/run/*.tar.gz", requests, output_dir=tmp_path / "out", settle=0, window=1)
+        run_sweep = lambda: list(  # noqa: E731
+            sweep(client, f"s3://{BUCKET}/run/*.tar.gz", requests, output_dir=tmp_path / "out", settle=0, window=1)
         )
         outcome: List[Any] = []
-        thread = threading.Thread(target=lambda: outcome.append(sweep()), daemon=True)
+        thread = threading.Thread(target=lambda: outcome.append(run_sweep()), daemon=True)
         thread.start()
         thread.join(BOUND)
         assert not thread.is_alive(), "the sweep was still waiting on the store: it has no bound"
@@ -332,7 +332,7 @@ def test_sweep_over_a_dripping_store_records_each_checkpoint_and_ends(
         assert [report.checkpoint for report in reports] == [URL, f"s3://{BUCKET}/run/step-2.tar.gz"]
         assert all(report.error and "did not end within 3.0 s" in report.error["message"] for report in reports)
         store.faults["LIST"] = "drip-body"
-        error = within_bound(sweep)
+        error = within_bound(run_sweep)
     assert isinstance(error, PublishError) and "a listing page did not end within 4.6 s" in str(error), error
 
 
@@ -345,18 +345,48 @@ def test_rerun_over_a_silent_store_waits_for_one_change_check_only(
         store.objects[f"run/step-{step}.tar.gz"] = store.objects[KEY]
     requests = [{"id": 0, "prompt": [5, 6]}]
     with client_of(store, engine, lora_dir) as client:
-        sweep = lambda: list(  # noqa: E731
-            client.sweep(f"s3://{BUCKET}/run/*.tar.gz", requests, output_dir=tmp_path / "out", settle=0, window=1)
+        run_sweep = lambda: list(  # noqa: E731
+            sweep(client, f"s3://{BUCKET}/run/*.tar.gz", requests, output_dir=tmp_path / "out", settle=0, window=1)
         )
-        first = sweep()
+        first = run_sweep()
         assert [report.error for report in first] == [None] * 4
         store.faults["HEAD"] = "silent"
         before = len(store.requests)
         outcome: List[Any] = []
-        thread = threading.Thread(target=lambda: outcome.append(sweep()), daemon=True)
+        thread = threading.Thread(target=lambda: outcome.append(run_sweep()), daemon=True)
         thread.start()
         thread.join(BOUND)
         assert not thread.is_alive(), "the rerun was still waiting on the store: it has no bound"
     assert [report.checkpoint for report in outcome[0]] == [report.checkpoint for report in first]
     looked_at = {key for operation, key in store.requests[before:] if operation == "HEAD"}
     assert len(looked_at) == 1, looked_at
+
+
+def test_cli_sweep_timeout_reaches_a_silent_store(
+    store: FaultStore, engine: FakeEngine, lora_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``lora-sampler sweep --timeout 1,2`` over a store whose listings never answer ends at that timeout's bound
+    with the store named, as the Python sweep and ``sample`` do. On 00c7ac5 the CLI's listing waited the default
+    10,300 instead (313.5 s measured): its sweep settings never carried the client's timeout to the store."""
+    from lora_sampler.cli import main
+
+    store.faults["LIST"] = "silent"
+    for name, value in (("AWS_ENDPOINT_URL", store.endpoint), ("AWS_DEFAULT_REGION", "us-east-1")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"id": 0, "prompt": [5, 6]}\n')
+    argv = ["sweep", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--input", str(prompts), "--quiet"]
+    argv += ["--output-dir", str(tmp_path / "out"), "--checkpoints", f"s3://{BUCKET}/run/*.tar.gz", "--settle", "0"]
+    codes: List[int] = []
+    thread = threading.Thread(target=lambda: codes.append(main([*argv, "--timeout", "1,2"])), daemon=True)
+    thread.start()
+    thread.join(BOUND)
+    assert not thread.is_alive(), f"the CLI sweep was still waiting on a silent store after {BOUND:.0f} s"
+    assert codes == [2] and count(store, "LIST") >= 1
+    with client_of(store, engine, lora_dir) as client:  # the Python sweep, the same client timeout: the same bound
+        error = within_bound(
+            lambda: list(sweep(client, f"s3://{BUCKET}/run/*.tar.gz", [{"prompt": [5]}], output_dir=tmp_path / "py"))
+        )
+    assert isinstance(error, PublishError) and "did not end within" in str(error), error

@@ -8,7 +8,7 @@ from typing import Any, List
 
 from _s3server import BUCKET
 
-from lora_sampler import SamplerClient
+from lora_sampler import SamplerClient, sweep
 from lora_sampler.batch import Manifest
 from lora_sampler.cli import main
 from lora_sampler.testing import FakeEngine, write_adapter_archive
@@ -64,7 +64,7 @@ def test_storage_sweep_reads_a_manifest_in_the_store(
     requests = [{"id": "a", "prompt": [5, 6]}]
     with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
         manifest = Manifest(f"s3://{BUCKET}/run1/checkpoints.jsonl")
-        reports = list(client.sweep(manifest, requests, output_dir=tmp_path / "out", window=1, settle=0))
+        reports = list(sweep(client, manifest, requests, output_dir=tmp_path / "out", window=1, settle=0))
     assert [(r.checkpoint, r.step) for r in reports] == [(urls[2], 100), (urls[0], 3)]
     assert all(r.ok and r.rows == 1 for r in reports)
     inp, out = tmp_path / "prompts.jsonl", tmp_path / "cli-out"

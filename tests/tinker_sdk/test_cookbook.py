@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Sequence
 
 import pytest
 
-from lora_sampler import SamplerClient
+from lora_sampler import SamplerClient, sweep
 from lora_sampler.testing import ByteTokenizer, FakeEngine
 
 PROMPT = [10, 11, 12, 13]
@@ -179,7 +179,7 @@ def test_benchmark_evaluator_in_a_sweep(
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     evaluator = BenchmarkEvaluator("gsm8k", renderer, max_examples=2, max_tokens=8)
     with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
-        reports = list(client.sweep([str(p) for p in checkpoints[:2]], evaluator=evaluator, output_dir=tmp_path / "o"))
+        reports = list(sweep(client, [str(p) for p in checkpoints[:2]], evaluator=evaluator, output_dir=tmp_path / "o"))
     assert [r.step for r in reports] == [100, 200]
     for report in reports:
         assert report.ok and report.metrics["eval/gsm8k/num_examples"] == 2.0

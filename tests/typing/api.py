@@ -20,6 +20,7 @@ from lora_sampler import (
     SamplingParams,
     ScoreOutput,
     ScoreRequest,
+    sweep,
 )
 
 
@@ -72,15 +73,15 @@ def sweep_a_run(client: SamplerClient) -> float:
     from lora_sampler.batch import CheckpointReport, Manifest
 
     best = float("-inf")
-    for report in client.sweep(Manifest("run/checkpoints.jsonl"), "prompts.jsonl", output_dir="evals", window=2):
+    for report in sweep(client, Manifest("run/checkpoints.jsonl"), "prompts.jsonl", output_dir="evals", window=2):
         checked: CheckpointReport = report
         if checked.ok and checked.mean_logprob is not None:
             best = max(best, checked.mean_logprob)
         print(checked.step, checked.rows, checked.ledger_line()["checkpoint"])
-    for report in client.sweep(["run/step-*.tar.gz"], [{"prompt": [1, 2]}], output_dir="evals2", watch=True):
+    for report in sweep(client, ["run/step-*.tar.gz"], [{"prompt": [1, 2]}], output_dir="evals2", watch=True):
         print(report.error)
-    scored = client.sweep("run/*.tar.gz", "heldout.jsonl", output_dir="evals3", score=True, progress=True)
+    scored = sweep(client, "run/*.tar.gz", "heldout.jsonl", output_dir="evals3", score=True, progress=True)
     sums = [(r.step, r.mean_sum) for r in scored if r.mean_sum is not None and not r.resumed]
-    sampled = client.sweep("run/*.tar.gz", "p.jsonl", output_dir="e4", max_tokens=8, temperature=0.0, stop=["\n"])
+    sampled = sweep(client, "run/*.tar.gz", "p.jsonl", output_dir="e4", max_tokens=8, temperature=0.0, stop=["\n"])
     print(sums, [r.tokens for r in sampled])
     return best

@@ -1,0 +1,319 @@
+"""How a checkpoint sweep runs, in one value: ``SweepSettings``.
+
+Each field is one setting, with its help text and its ``lora-sampler sweep`` flag in the field's metadata
+(``Setting``): the command line's flags are generated from the fields, ``lora_sampler.sweep(**overrides)`` takes
+their names, and the guide's table lists them (a test checks it does). A setting therefore reaches the command line,
+the Python call and the docs together, and it is checked once, here, whichever way it came.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, Mapping, Optional
+
+from lora_sampler._client.fanout import checked_prompts_per_request
+from lora_sampler._client.outage import checked_seconds
+from lora_sampler._defaults import (
+    DEFAULT_CHECKPOINT_TIMEOUT,
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_SCORING_PROMPTS_PER_REQUEST,
+    DEFAULT_SETTLE,
+    DEFAULT_WINDOW,
+    MAX_PROMPTS_PER_REQUEST,
+)
+from lora_sampler._wire.messages import validated_extra_body
+from lora_sampler.batch._job import DEFAULT_FAIL_FAST
+from lora_sampler.batch._lines import LineDefaults
+from lora_sampler.batch._score import ScoreStep
+from lora_sampler.batch._steps import EvaluationStep, SampleStep, SweepInput
+from lora_sampler.types import SamplingParams, StopSpec, sampling_params_from
+
+#: The metadata key of a field's ``Setting``.
+SETTING_KEY = "lora_sampler.setting"
+#: ``--max-outage`` on the command line: an unattended job waits out a restart or redeploy of the engine.
+CLI_MAX_OUTAGE = 600.0
+_SAMPLING = SamplingParams()
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What a ``SweepSettings`` field says about itself: its help text and its flag.
+
+    Attributes:
+        help: One sentence for ``--help``, the docstring and the guide's table.
+        flag: The ``lora-sampler`` flag; ``""`` derives it from the field's name (``idle_timeout`` ->
+            ``--idle-timeout``); None: a Python-only setting (a value no flag can spell).
+        metavar: The flag's placeholder.
+        value: How the flag's text becomes a value: ``int``, ``float``, ``dict`` (a JSON object) or ``list`` (the
+            flag repeats); None: a switch (a bool field) or text.
+        cli_default: The command line's default where it differs from the field's (None: the field's).
+    """
+
+    help: str
+    flag: Optional[str] = ""
+    metavar: Optional[str] = None
+    value: Optional[type] = None
+    cli_default: Any = None
+
+    def flag_of(self, name: str) -> Optional[str]:
+        """The flag of the field ``name`` (None: Python only)."""
+        return None if self.flag is None else self.flag or "--" + name.replace("_", "-")
+
+
+def _about(**about: Any) -> Dict[str, Setting]:
+    """A ``SweepSettings`` field's metadata: its ``Setting``."""
+    return {SETTING_KEY: Setting(**about)}
+
+
+def setting_of(item: dataclasses.Field[Any]) -> Setting:
+    """The ``Setting`` of a ``SweepSettings`` field."""
+    about = item.metadata[SETTING_KEY]
+    assert isinstance(about, Setting)
+    return about
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    """Every setting of a checkpoint sweep (the flags of ``lora-sampler sweep``; see docs/guides/sweeps.md).
+
+    Only ``output_dir`` has no default. Each field's help is in ``settings_help()`` and the guide's table; a bad
+    value raises ``ValueError`` or ``TypeError`` naming the field, before any request.
+    """
+
+    output_dir: str = field(
+        metadata=_about(metavar="DIR", help="where DIR/<adapter>.jsonl per checkpoint and DIR/sweep.jsonl go")
+    )
+    # -- what runs on each checkpoint
+    score: bool = field(
+        default=False,
+        metadata=_about(
+            help="score every line under each checkpoint instead of sampling it (lines {id, prompt, completion?}, as "
+            "score takes them); the reports then give mean_logprob per scored token and mean_sum per line"
+        ),
+    )
+    num_samples: int = field(
+        default=1, metadata=_about(value=int, metavar="N", help="completions per prompt (default: 1)")
+    )
+    max_tokens: Optional[int] = field(
+        default=None,
+        metadata=_about(value=int, metavar="N", help=f"tokens per completion (default: {_SAMPLING.max_tokens})"),
+    )
+    temperature: Optional[float] = field(
+        default=None,
+        metadata=_about(value=float, metavar="T", help=f"sampling temperature (default: {_SAMPLING.temperature:g})"),
+    )
+    top_p: Optional[float] = field(
+        default=None,
+        metadata=_about(value=float, metavar="P", help=f"nucleus mass in (0, 1] (default: {_SAMPLING.top_p:g})"),
+    )
+    top_k: Optional[int] = field(
+        default=None,
+        metadata=_about(value=int, metavar="K", help=f"top-k cut-off; -1 disables it (default: {_SAMPLING.top_k})"),
+    )
+    seed: Optional[int] = field(
+        default=None, metadata=_about(value=int, metavar="N", help="sampling seed (default: none)")
+    )
+    stop: StopSpec = field(
+        default=None,
+        metadata=_about(
+            value=list,
+            metavar="TEXT",
+            help="a stop string (repeat the flag for several; a line's own stop may also hold token ids)",
+        ),
+    )
+    prompt_logprobs: bool = field(default=False, metadata=_about(help="also return the prompt's logprobs"))
+    extra_body: Optional[Mapping[str, Any]] = field(
+        default=None,
+        metadata=_about(
+            value=dict,
+            metavar="JSON",
+            help='further fields of every request body, as vLLM takes them, e.g. {"repetition_penalty": 1.1, '
+            '"min_tokens": 4}; a line\'s own "extra_body" object overrides its keys',
+        ),
+    )
+    sampling_params: Optional[SamplingParams] = field(
+        default=None,
+        metadata=_about(
+            flag=None, help="the sampling fields as one SamplingParams, instead of max_tokens, temperature, ..."
+        ),
+    )
+    # -- which checkpoints, when
+    window: int = field(
+        default=DEFAULT_WINDOW,
+        metadata=_about(
+            value=int,
+            metavar="N",
+            help="checkpoints with requests in flight at once: the next checkpoint is published and loaded while the "
+            f"last rows of the one before run, so the engine does not idle between them (default: {DEFAULT_WINDOW}; "
+            "1 runs them strictly one after the other)",
+        ),
+    )
+    watch: bool = field(
+        default=False,
+        metadata=_about(
+            help="follow a run that is still training: look again for new checkpoints until idle_timeout passes with "
+            'nothing new, or the manifest\'s "final": true checkpoint is done'
+        ),
+    )
+    idle_timeout: float = field(
+        default=DEFAULT_IDLE_TIMEOUT,
+        metadata=_about(
+            value=float,
+            metavar="SECONDS",
+            help=f"a watch ends after this long with nothing new (default: {DEFAULT_IDLE_TIMEOUT:g})",
+        ),
+    )
+    settle: float = field(
+        default=DEFAULT_SETTLE,
+        metadata=_about(
+            value=float,
+            metavar="SECONDS",
+            help=f"a checkpoint is taken once unchanged this long and complete (default: {DEFAULT_SETTLE:g})",
+        ),
+    )
+    checkpoint_timeout: float = field(
+        default=DEFAULT_CHECKPOINT_TIMEOUT,
+        metadata=_about(
+            value=float,
+            metavar="SECONDS",
+            help="wait at most this long for one checkpoint (absent, or still being written) from when it was first "
+            f"seen, then record it as missing or incomplete and go on (default: {DEFAULT_CHECKPOINT_TIMEOUT:g})",
+        ),
+    )
+    allow_outside_paths: bool = field(
+        default=False,
+        metadata=_about(
+            help="take manifest sampler paths outside the manifest's folder (absolute paths elsewhere, ..)"
+        ),
+    )
+    keep_loaded: bool = field(default=False, metadata=_about(help="leave finished adapters loaded on the engine"))
+    delete_retired: bool = field(
+        default=False,
+        metadata=_about(
+            help="delete a finished adapter's folder once its unload is confirmed (unless another run holds a lease on "
+            "it); cannot go with keep_loaded"
+        ),
+    )
+    # -- how the client and the store are used
+    max_outage: float = field(
+        default=0.0,
+        metadata=_about(
+            value=float,
+            metavar="SECONDS",
+            cli_default=CLI_MAX_OUTAGE,
+            help="wait this long for an engine that went away (crash, restart, no router worker) before stopping; "
+            f"0 stops at once (default: 0 in Python, {CLI_MAX_OUTAGE:g} on the command line)",
+        ),
+    )
+    fail_fast: int = field(
+        default=DEFAULT_FAIL_FAST,
+        metadata=_about(
+            value=int,
+            metavar="N",
+            help="stop a checkpoint's job after this many failures in a row that are not a line's own "
+            f"(default: {DEFAULT_FAIL_FAST})",
+        ),
+    )
+    prompts_per_request: Optional[int] = field(
+        default=None,
+        metadata=_about(
+            value=int,
+            metavar="N",
+            help="lines of one model and settings sent together in one completion request (chat lines always alone); "
+            f"1 sends each alone, at most {MAX_PROMPTS_PER_REQUEST} (default: measured, "
+            f"{DEFAULT_SCORING_PROMPTS_PER_REQUEST} for scoring and for short generations, fewer for long ones)",
+        ),
+    )
+    mix_adapters: bool = field(
+        default=False,
+        metadata=_about(
+            help="let scoring requests (prompt logprobs) share the engine with other models' requests; by default they "
+            "are kept apart, as some engines score with the wrong adapter in mixed batches (doctor --scoring tells)"
+        ),
+    )
+    storage_options: Optional[Mapping[str, Any]] = field(
+        default=None,
+        metadata=_about(
+            flag=None,
+            help="options of the storage library (fsspec) for checkpoint URLs, held to the client's timeout "
+            "(default: the client's storage_options)",
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.output_dir, (str, os.PathLike)):
+            raise TypeError(f"output_dir must be a folder path, got {type(self.output_dir).__name__}")
+        object.__setattr__(self, "output_dir", os.fspath(self.output_dir))
+        for name in ("window", "num_samples", "fail_fast"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        for name in ("idle_timeout", "settle", "max_outage", "checkpoint_timeout"):
+            checked_seconds(getattr(self, name), name)
+        checked_prompts_per_request(self.prompts_per_request)
+        if self.keep_loaded and self.delete_retired:
+            raise ValueError("delete_retired deletes the folders of unloaded adapters; it cannot go with keep_loaded")
+        if self.extra_body is not None:
+            validated_extra_body(self.extra_body)
+        params = self.sampling()  # checks the sampling fields
+        if self.score:
+            sampled = {"num_samples": self.num_samples != 1, "sampling settings": params != _SAMPLING}
+            sampled.update(extra_body=self.extra_body is not None, prompt_logprobs=self.prompt_logprobs)
+            given = [name for name, is_set in sampled.items() if is_set]
+            if given:
+                raise TypeError(f"score scores each line; {', '.join(given)} apply to sampling only")
+
+    @classmethod
+    def of(cls, settings: Optional[SweepSettings] = None, **overrides: Any) -> SweepSettings:
+        """Return ``settings`` (or the defaults) with ``overrides`` (field names) applied and checked.
+
+        Raises:
+            TypeError: an override that is not a setting (the message suggests the closest), or no ``output_dir``.
+            ValueError: a bad value, naming the setting.
+        """
+        names = [item.name for item in dataclasses.fields(cls)]
+        for name in overrides:
+            if name not in names:
+                close = difflib.get_close_matches(name, names, n=1)
+                hint = f"; did you mean {close[0]}?" if close else f"; the settings are {', '.join(names)}"
+                raise TypeError(f"sweep() got an unknown setting {name!r}{hint}")
+        if settings is not None:
+            return dataclasses.replace(settings, **overrides)
+        if "output_dir" not in overrides:
+            raise TypeError("sweep() needs output_dir= (where the outputs and sweep.jsonl go), or settings=")
+        return cls(**overrides)
+
+    def sampling(self) -> SamplingParams:
+        """The sampling parameters every line gets unless it sets its own."""
+        params = sampling_params_from(
+            self.sampling_params,
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=self.seed,
+            stop=self.stop,
+        )
+        return params or _SAMPLING
+
+    def step(self, requests: Optional[SweepInput]) -> EvaluationStep:
+        """The evaluation of each checkpoint: score or sample ``requests`` (None: an evaluator sends its own)."""
+        if requests is None:
+            return SampleStep([])
+        if self.score:
+            return ScoreStep(requests)
+        defaults = LineDefaults(
+            num_samples=self.num_samples,
+            sampling_params=self.sampling(),
+            prompt_logprobs=self.prompt_logprobs,
+            extra_body=self.extra_body,
+        )
+        return SampleStep(requests, defaults)
+
+
+def settings_help() -> Dict[str, str]:
+    """Each setting's name and help text, in field order (the guide's table and the docstrings use it)."""
+    return {item.name: setting_of(item).help for item in dataclasses.fields(SweepSettings)}

@@ -1,0 +1,111 @@
+"""The command line's flags for ``SweepSettings`` fields, generated from the fields, and the settings read back.
+
+A field's ``Setting`` (its metadata) names its flag, help, placeholder and how its text is read; ``add_flags`` adds
+the flags of the fields it is given (``sweep`` takes every field that has a flag; ``sample`` and ``score`` share the
+sampling and pacing ones), and ``settings_from`` builds the one ``SweepSettings`` from the parsed flags, so its checks
+are the command line's and their messages name the flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+from typing import Any, Callable, Dict, Iterable, List
+
+from lora_sampler._wire.messages import validated_extra_body
+from lora_sampler.batch._settings import SweepSettings, setting_of
+
+#: The fields of ``SweepSettings`` every command that samples takes as flags.
+SAMPLING_FIELDS = (
+    "num_samples",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "prompt_logprobs",
+    "extra_body",
+)
+#: The fields every command that runs many requests takes as flags.
+PACE_FIELDS = ("max_outage", "prompts_per_request", "mix_adapters")
+
+
+def json_object(value: str) -> Dict[str, Any]:
+    """Parse ``--extra-body``: a JSON object of body fields, none of those the request sets itself."""
+    try:
+        body = json.loads(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"takes a JSON object such as '{{\"min_tokens\": 4}}' ({exc})") from None
+    try:
+        return validated_extra_body(body)
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("extra_body", "a JSON object", 1)) from None
+
+
+#: How a flag's text becomes a value, by the ``Setting.value`` of its field.
+_READERS: Dict[Any, Callable[[str], Any]] = {int: int, float: float, dict: json_object}
+
+
+def _fields() -> Dict[str, dataclasses.Field[Any]]:
+    return {item.name: item for item in dataclasses.fields(SweepSettings)}
+
+
+def flag_fields() -> List[str]:
+    """The names of the fields that have a flag, in field order."""
+    return [name for name, item in _fields().items() if setting_of(item).flag_of(name) is not None]
+
+
+def add_flags(parser: argparse.ArgumentParser, names: Iterable[str]) -> None:
+    """Add the flag of each named field to ``parser``: its help, placeholder, reader and default from the field."""
+    fields = _fields()
+    for name in names:
+        item, about = fields[name], setting_of(fields[name])
+        flag = about.flag_of(name)
+        assert flag is not None, f"{name} has no flag"
+        default = item.default if about.cli_default is None else about.cli_default
+        options: Dict[str, Any] = {"dest": name, "help": _snake_to_flags(about.help).replace("%", "%%")}
+        if about.value is None and isinstance(default, bool):
+            options["action"] = "store_true"
+        elif about.value is list:
+            options.update(action="append", metavar=about.metavar)
+        elif default is dataclasses.MISSING:
+            options.update(required=True, metavar=about.metavar)
+        else:
+            options.update(type=_READERS.get(about.value, str), default=default, metavar=about.metavar)
+        parser.add_argument(flag, **options)
+
+
+def settings_from(args: argparse.Namespace) -> SweepSettings:
+    """Return the ``SweepSettings`` of the parsed flags (a field without a flag keeps its default).
+
+    Raises:
+        ValueError: a bad value or combination; the message names the flags.
+    """
+    values = {name: getattr(args, name) for name in flag_fields()}
+    try:
+        return SweepSettings(**values)
+    except (TypeError, ValueError) as error:
+        raise ValueError(flags_named(str(error))) from None
+
+
+def flags_named(message: str) -> str:
+    """``message`` with the settings it names spelled as their flags (``keep_loaded`` -> ``--keep-loaded``)."""
+    fields = _fields()
+    first, _, rest = message.partition(" ")
+    if first in fields:
+        message = f"{setting_of(fields[first]).flag_of(first) or first} {rest}"
+    return _snake_to_flags(message)
+
+
+def _snake_to_flags(text: str) -> str:
+    """``text`` with every setting named in snake case (``idle_timeout``) spelled as its flag."""
+    fields = _fields()
+
+    def flag(match: re.Match[str]) -> str:
+        name = match[1]
+        return (setting_of(fields[name]).flag_of(name) or name) if name in fields else name
+
+    return re.sub(r"(?<![-\w])([a-z]+(?:_[a-z]+)+)\b", flag, text)
