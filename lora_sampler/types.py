@@ -20,7 +20,7 @@ from lora_sampler._wire.answers import MAX_LOGPROB as MAX_LOGPROB  # re-exported
 from lora_sampler._wire.answers import model_cards as model_cards  # re-exported: a public name here
 from lora_sampler._wire.archives import ARCHIVE_SUFFIXES as ARCHIVE_SUFFIXES  # re-exported: a public name here
 from lora_sampler._wire.archives import has_archive_suffix
-from lora_sampler._wire.messages import SAMPLING_FIELDS, validated_extra_body, validated_messages
+from lora_sampler._wire.messages import SAMPLING_FIELDS, text_problem, validated_extra_body, validated_messages
 
 #: URL schemes of object stores whose objects and prefixes are checkpoint paths (see docs/guides/object-storage.md).
 STORAGE_SCHEMES = ("s3", "gs", "gcs")
@@ -378,6 +378,8 @@ def _validated_prompt(prompt: object, what: str = "prompt") -> Prompt:
     if isinstance(prompt, str):
         if not prompt:
             raise ValueError(f"{what} must not be empty")
+        if text_problem(prompt):
+            raise ValueError(f"{what} {text_problem(prompt)}; decode its source with errors='replace', or fix it")
         return prompt
     if not isinstance(prompt, (list, tuple)):
         raise TypeError(f"{what} must be a list of token ids or a str, got {type(prompt).__name__}")
@@ -643,8 +645,8 @@ def outputs_from_batch(
 
     Raises:
         ValueError: the answer as a whole does not fit: another model, not ``n`` choices per prompt, choice indices
-            that are not each number once, or a token-id prompt's choices that echo another prompt's token ids (the
-            engine's answers could not be told apart, so none is used).
+            that are not each number once, or choices lacking the prompt token ids asked for or echoing other ones
+            than their token-id prompt was sent (the engine's answers could not be told apart, so none is used).
     """
     prompts = [cast(Prompt, request.prompt) for request in requests]
     parts = answers.prompt_parts(body, prompts, requests[0].num_samples, model)

@@ -8,6 +8,7 @@ wrapper, so a client dropped without ``close()`` is freed by reference counting,
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from lora_sampler._adapters.fleet import Fleet
 from lora_sampler._adapters.loads import AdapterLoadCoordinator
 from lora_sampler._adapters.registry import AdapterRegistry
 from lora_sampler._client.isolation import ModelIsolation
-from lora_sampler._client.outage import PromptLogprobFailures
+from lora_sampler._client.outage import PromptLogprobFailures, is_outage
 from lora_sampler._client.progress import RetryCounter
 from lora_sampler._transport.cancel import is_cancelled
 from lora_sampler._transport.http import EngineTransport, Timeout, new_id
@@ -34,6 +35,9 @@ from lora_sampler.retry import RetryHook, RetryPolicy, is_adapter_race, make_ret
 from lora_sampler.types import Adapter, SampleOutput, SampleRequest, outputs_from_batch, prompt_list
 
 logger = logging.getLogger(__name__)
+
+#: What one prompt of a batch gets: its output, or the error for it alone.
+Outcome = Union[SampleOutput, EngineError]
 
 
 @dataclass
@@ -162,6 +166,8 @@ class SampleCalls:
         self.retries = RetryCounter()
         #: The last 500 answered to a prompt-logprobs request (an outage right after names it as the likely cause).
         self.prompt_logprob_failures = PromptLogprobFailures()
+        #: Settings (``_settings_of``) found refused request-wide, with the words of that refusal (``_confined``).
+        self.request_wide: Dict[str, Tuple[str, Optional[int], str]] = {}
         counting = dataclasses.replace(
             retry, on_retry=(*cast(Tuple[RetryHook, ...], retry.on_retry), self.retries.hook)
         )
@@ -184,27 +190,39 @@ class SampleCalls:
         output: SampleOutput = self._counted(call, request)
         return output
 
-    def run_many(self, requests: Sequence[SampleRequest]) -> List[Union[SampleOutput, EngineError]]:
+    def run_many(self, requests: Sequence[SampleRequest]) -> List[Outcome]:
         """Run requests that differ only in their prompt as one ``/v1/completions`` with a prompt list.
 
-        The request goes through the retry table as a whole (the adapter race, transport failures). A 400 for the
-        whole request (one prompt too long, a token out of vocabulary) is split in halves, again and again, so that
-        only the prompts it is about get it; the others are answered.
+        The request goes through the retry table as a whole (the adapter race, transport failures). A failure that
+        may belong to some of its prompts only (``_is_confinable``: a 400, 413, 422 or 500, or an answer that does not
+        fit as a whole) is confined to them (``_confined``): the others are answered.
 
         Returns:
-            Per request, in order: its output, or the error for its prompt alone (that 400, or its part of the
+            Per request, in order: its output, or the error for its prompt alone (a refusal, or its part of the
             answer not fitting, as ``EngineProtocolError``).
 
         Raises:
-            EngineError: what failed the request as a whole once the retry table ran its course (every prompt's).
+            EngineError: what failed the request as a whole once the retry table ran its course (every prompt's):
+                an outage, the adapter race given up, a 429/503, any other status.
         """
-        if len(requests) == 1:
-            try:
-                return [self.run(requests[0])]
-            except EngineStatusError as error:
-                if not _is_about_prompts(error):
-                    raise
-                return [error]
+        answer = self._attempt(requests)
+        return self._confined(requests, answer) if isinstance(answer, EngineError) else answer
+
+    def _attempt(self, requests: Sequence[SampleRequest]) -> Union[List[Outcome], EngineError]:
+        """Send ``requests`` as one request: per prompt its outcome, or the failure of the whole if confinable.
+
+        Raises:
+            EngineError: a failure that is not confinable (it is every prompt's).
+        """
+        try:
+            return [self.run(requests[0])] if len(requests) == 1 else self._together(requests)
+        except EngineError as error:
+            if not _is_confinable(error):
+                raise
+            return error
+
+    def _together(self, requests: Sequence[SampleRequest]) -> List[Outcome]:
+        """Send several prompts as one request through the retry table; per prompt, its output or its part's error."""
         first = requests[0]
         model, load_path = self._model_of(first)
         payload = self._payload(first, model)
@@ -220,14 +238,56 @@ class SampleCalls:
             timeout=first.timeout,
             prompts=len(requests),
         )
-        try:
-            parts: List[Union[SampleOutput, ValueError]] = self._counted(call, first)
-        except EngineStatusError as error:
-            if not _is_about_prompts(error):
-                raise
-            half = len(requests) // 2  # a refusal about some prompt: find which, in halves
-            return self.run_many(requests[:half]) + self.run_many(requests[half:])
+        parts: List[Union[SampleOutput, ValueError]] = self._counted(call, first)
         return [self._part_error(part, call) if isinstance(part, ValueError) else part for part in parts]
+
+    def _confined(self, requests: Sequence[SampleRequest], error: EngineError) -> List[Outcome]:
+        """Give a batched request's failure to the prompts it belongs to; answer the others.
+
+        The first prompt is sent alone. If it fails with the same words (status and message), the rest is sent as one
+        request: failing with them too, the refusal is request-wide (a bad parameter): every prompt's, in three
+        requests, and remembered for these settings, so a later batch failing so is not split again. Otherwise the
+        rest is split in halves until each failure has its own prompt (``_halves``).
+        """
+        if len(requests) == 1:
+            return [error]
+        settings = self._settings_of(requests[0])
+        if self.request_wide.get(settings) == _words(error):
+            return [error] * len(requests)
+        first = self._attempt(requests[:1])
+        if not (isinstance(first, EngineError) and _words(first) == _words(error)):
+            return (first if isinstance(first, list) else [first]) + self._halves(requests[1:])
+        rest = self._attempt(requests[1:])
+        if not isinstance(rest, EngineError):
+            return [first, *rest]
+        if _words(rest) != _words(error):
+            return [first, *(self._halves(requests[1:]) if len(requests) > 2 else [rest])]
+        if len(self.request_wide) >= _REMEMBERED_SETTINGS:
+            self.request_wide.clear()  # a bound, not a cache policy: few settings refuse request-wide
+        self.request_wide[settings] = _words(error)
+        return [first, *[rest] * (len(requests) - 1)]
+
+    def _halves(self, requests: Sequence[SampleRequest]) -> List[Outcome]:
+        """Send each half of ``requests`` as one request and split a half that fails again, until each failure has
+        its own prompt. Every part is sent: a failure need not come again, nor show in a smaller request."""
+        outcomes: List[Outcome] = []
+        middle = len(requests) // 2
+        for part in (requests[:middle], requests[middle:]):
+            answer = self._attempt(part) if part else []
+            if not isinstance(answer, EngineError):
+                outcomes += answer
+            elif len(part) == 1:
+                outcomes.append(answer)
+            else:
+                outcomes += self._halves(part)
+        return outcomes
+
+    def _settings_of(self, request: SampleRequest) -> str:
+        """What a batch sends besides its prompts (the model and every body field), as a key for ``request_wide``."""
+        model, _ = self._model_of(request)
+        payload = self._payload(request, model)
+        payload["prompt"] = isinstance(request.prompt, str)  # texts and token ids are checked apart by vLLM
+        return json.dumps(payload, sort_keys=True, default=str)
 
     def _model_of(self, request: SampleRequest) -> Tuple[str, Optional[str]]:
         """Return the model name a request is sent to, and the engine's path to load it from (adapters only)."""
@@ -298,10 +358,30 @@ class SampleCalls:
         self._transport.get_json(MODELS_PATH, timeout=timeout)
 
 
-#: Statuses of a refusal that may concern some prompts of a request only (413: a proxy's body size limit).
-_PROMPT_REFUSALS = (400, 413)
+#: Statuses of a failure that may belong to some prompts of a request only, once the retry table gave up: a prompt
+#: refused (400, 422), a body over a proxy's size limit (413), an engine failing on one prompt (500).
+_CONFINABLE_STATUSES = (400, 413, 422, 500)
+#: At most this many settings are remembered as refused request-wide (``SampleCalls.request_wide``).
+_REMEMBERED_SETTINGS = 64
 
 
-def _is_about_prompts(error: EngineStatusError) -> bool:
-    """Tell whether a refusal of a batched request may concern only some of its prompts (so splitting it helps)."""
-    return error.status in _PROMPT_REFUSALS and not is_adapter_race(error)
+def _is_confinable(error: EngineError) -> bool:
+    """Tell whether a batched request's failure may belong to some of its prompts only (so splitting it helps).
+
+    A confinable status (not the adapter race, which the retry table owns, nor the router's outage 500, which the
+    outage hold owns), or an answer that does not fit as a whole (a NaN, another prompt's echo, too few choices).
+    429/503 and transport failures are the whole request's.
+    """
+    if isinstance(error, EngineProtocolError):
+        return True
+    if not isinstance(error, EngineStatusError) or error.status not in _CONFINABLE_STATUSES:
+        return False
+    return not is_adapter_race(error) and not is_outage(error)
+
+
+def _words(error: EngineError) -> Tuple[str, Optional[int], str]:
+    """What a failure says, without what differs between requests (an answer's excerpt): its kind, status, words."""
+    if isinstance(error, EngineStatusError):
+        return type(error).__name__, error.status, error.engine_message
+    protocol = cast(EngineProtocolError, error)  # the only other confinable kind
+    return type(error).__name__, protocol.status, protocol.message.replace(f"body starts {protocol.body_excerpt!r}", "")

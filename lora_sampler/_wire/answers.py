@@ -50,7 +50,7 @@ def prompt_parts(
 
     Raises:
         ValueError: the answer as a whole does not fit: another model, not ``n`` choices per prompt, choice indices
-            that are not each number once, or a token-id prompt's choices that echo another prompt's token ids.
+            that are not each number once, or choices whose echo does not fit their prompt (``_check_echo``).
     """
     choices = model_choices(body, model)
     n = num_samples
@@ -76,17 +76,27 @@ def prompt_parts(
 
 
 def _check_echo(choices: List[Dict[str, Any]], prompt: SentPrompt, number: int) -> None:
-    """Refuse a token-id prompt's choices that carry another prompt's ``prompt_token_ids`` (answers mixed up)."""
+    """Refuse the choices in place of prompt ``number`` of a prompt list that cannot be told to answer it.
+
+    The index alone cannot tell mixed-up answers apart, so every choice must carry the echo asked for
+    (``return_token_ids``); a token-id prompt's choices must echo the ids it was sent, and a text prompt's choices
+    one token list (its text is not tokenized here, so that is all a text prompt is checked for beyond its index).
+    """
+    echoes = [choice.get("prompt_token_ids") for choice in choices]
+    if any(echo is None for echo in echoes):
+        raise ValueError(
+            f"the choices in place of prompt {number} do not echo their prompt token ids (asked for with "
+            "return_token_ids), so the answers cannot be matched to their prompts; none is used"
+        )
     if isinstance(prompt, str):
+        if any(echo != echoes[0] for echo in echoes):
+            raise ValueError(f"the choices in place of text prompt {number} echo different token ids; none is used")
         return
-    sent = list(prompt)
-    for choice in choices:
-        echoed = choice.get("prompt_token_ids")
-        if echoed is not None and echoed != sent:
-            raise ValueError(
-                f"the choices in place of prompt {number} echo other prompt token ids than it was sent; the answers "
-                "cannot be matched to their prompts, so none is used"
-            )
+    if any(echo != list(prompt) for echo in echoes):
+        raise ValueError(
+            f"the choices in place of prompt {number} echo other prompt token ids than it was sent; the answers "
+            "cannot be matched to their prompts, so none is used"
+        )
 
 
 def _own_usage(choices: List[Dict[str, Any]], prompt: SentPrompt) -> Optional[Dict[str, int]]:

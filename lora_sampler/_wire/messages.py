@@ -1,4 +1,4 @@
-"""The body fields of a completion request: the sampling field names, and the checks of chat messages and extras.
+"""The body fields of a completion request: the sampling field names, and the checks of texts, chat messages and extras.
 
 The checks run before any request is sent. No I/O here.
 """
@@ -34,6 +34,15 @@ OWN_FIELDS = {
 }
 
 
+def text_problem(value: str) -> str:
+    """Return what makes ``value`` no text to send or write as UTF-8 (a lone surrogate such as ``\\ud800``), or ""."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"holds a lone surrogate (\\u{ord(value[exc.start]):04x}) at character {exc.start}, which is not text"
+    return ""
+
+
 def validated_messages(messages: object) -> Tuple[Dict[str, Any], ...]:
     """Check chat messages before any request: a non-empty list of ``{"role", "content"}`` with known roles.
 
@@ -66,6 +75,10 @@ def validated_messages(messages: object) -> Tuple[Dict[str, Any], ...]:
             raise TypeError(
                 f"{where} content must be a string or a list of {{'type': 'text', 'text': str}} parts, got {content!r}"
             )
+        texts = [content] if isinstance(content, str) else [part["text"] for part in content]
+        problem = next((text_problem(text) for text in texts if text_problem(text)), "")
+        if problem:
+            raise ValueError(f"{where} content {problem}; decode its source with errors='replace', or fix it")
         checked.append(dict(message))
     return tuple(checked)
 

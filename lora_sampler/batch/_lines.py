@@ -24,6 +24,7 @@ except ImportError:  # pragma: no cover - Windows: no locks, so stale temporarie
 
 from lora_sampler._files import TEMP_SUFFIX, replacing, temp_prefix
 from lora_sampler._wire.messages import SAMPLING_FIELDS
+from lora_sampler._wire.messages import text_problem as text_problem  # re-exported for the batch readers
 from lora_sampler.errors import (
     BatchInputError,
     EngineStatusError,
@@ -64,15 +65,6 @@ def loads_line(raw: bytes) -> Any:
         return json.loads(raw.decode("utf-8"))
     except RecursionError:
         raise ValueError("it is nested too deep to decode") from None
-
-
-def text_problem(value: str) -> str:
-    """Return what makes ``value`` unwritable as UTF-8 (a lone surrogate such as ``\\ud800``), or ""."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        return f"holds a lone surrogate (\\u{ord(value[exc.start]):04x}), which is not text"
-    return ""
 
 
 def id_key(line_id: LineId) -> str:

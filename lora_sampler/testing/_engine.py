@@ -35,7 +35,7 @@ from lora_sampler.testing import _chat as chat
 from lora_sampler.testing._adapter_table import AdapterTable
 from lora_sampler.testing._bodies import VllmBody
 from lora_sampler.testing._faults import FAULT_KINDS as FAULT_KINDS  # re-exported: the public home is here
-from lora_sampler.testing._faults import FaultScript, fault_answer
+from lora_sampler.testing._faults import PROMPT_FAULT_KINDS, FaultScript, PromptFault, PromptSpoiler, fault_answer
 from lora_sampler.testing._lifecycle import Lifecycle
 from lora_sampler.testing._observability import EngineStats, new_record
 from lora_sampler.testing._observability import RequestRecord as RequestRecord  # re-exported, as FAULT_KINDS
@@ -253,6 +253,25 @@ class FakeEngine:
         with self._lock:
             self._faults.add(fault)
 
+    def inject_prompt_fault(self, kind: str, *, marker: int | str) -> None:
+        """Make every completion request holding a prompt with ``marker`` go wrong for that prompt, until
+        ``clear_faults``: a token id marks token-id prompts holding it, a string the text prompts containing it.
+
+        Kinds: ``"500"`` (the whole request fails with a 500, as an engine failing on one prompt), ``"nan"`` (that
+        prompt's first sampled logprob is NaN: the body is no strict JSON), ``"echo"`` (its choices echo other prompt
+        token ids), ``"swap"`` (its choices and the next prompt's trade places and no choice echoes its prompt; a
+        request of one prompt is answered right).
+
+        Raises:
+            ValueError: an unknown kind, or a marker that is neither an int nor a non-empty str.
+        """
+        if kind not in PROMPT_FAULT_KINDS:
+            raise ValueError(f"kind must be one of {sorted(PROMPT_FAULT_KINDS)}, not {kind!r}")
+        if isinstance(marker, bool) or not isinstance(marker, (int, str)) or marker == "":
+            raise ValueError(f"marker must be a token id (int) or a non-empty str, not {marker!r}")
+        with self._lock:
+            self._faults.prompt_faults.append(PromptFault(kind, marker))
+
     def clear_faults(self) -> None:
         """Drop every scripted fault."""
         with self._lock:
@@ -457,12 +476,15 @@ class FakeEngine:
                 return problem
             limits.append(max_tokens)
         problem = self._adapters.touch(name)
+        with self._lock:
+            spoiler = PromptSpoiler(self._faults.prompt_faults, payload.get("prompt"))
+        problem = problem or spoiler.refusal(self.old_error_shape)
         if problem is not None:
             return problem
         prompt_model = self._generate(name, requests)
         if prompt_model is None:  # in-flight requests share the death, as vLLM's do
             return bodies.engine_dead(old_shape=self.old_error_shape)
-        return self._completion_body(name, requests, limits, prompt_model)
+        return self._completion_body(name, requests, limits, prompt_model, spoiler)
 
     def _generate(self, name: str, requests: list[CompletionRequest]) -> str | None:
         """Spend the generation's ``latency`` in flight (in a slot, beside the other completions); return the model
@@ -488,9 +510,15 @@ class FakeEngine:
                 self._completing[1] -= scoring
 
     def _completion_body(
-        self, name: str, requests: list[CompletionRequest], limits: list[int], prompt_model: str
+        self,
+        name: str,
+        requests: list[CompletionRequest],
+        limits: list[int],
+        prompt_model: str,
+        spoiler: PromptSpoiler,
     ) -> VllmBody:
-        """The answer to a completion: each prompt's ``n`` choices, numbered over the prompts, and the usage."""
+        """The answer to a completion: each prompt's ``n`` choices, numbered over the prompts (spoiled as the prompt
+        faults say), and the usage."""
         choices: list[dict[str, Any]] = []
         prompt_tokens = generated = 0
         cached: int | None = None
@@ -504,6 +532,7 @@ class FakeEngine:
             prompt_tokens += len(request.prompt)
             if self._prefixes is not None:
                 cached = (cached or 0) + self._prefixes.served(name, request.prompt)
+        spoiler.spoil(choices, requests[0].n)
         return bodies.completion_response(
             f"cmpl-{uuid.uuid4().hex}",
             int(time.time()),

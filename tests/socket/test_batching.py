@@ -20,7 +20,6 @@ from test_cli import WAIT_SECONDS, ids, main, records, running_cli, sample_args,
 from test_interrupts import STOP_SECONDS, sigint_after, wait_until
 
 from lora_sampler import (
-    EngineProtocolError,
     SampleOutput,
     SamplerClient,
     SampleRequest,
@@ -126,7 +125,7 @@ def test_a_400_for_the_whole_request_errs_only_the_bad_prompt(make_engine: Calla
     assert [r.body["choices"][0]["prompt_token_ids"] for i, r in enumerate(results) if i != 19] == [
         p for i, p in enumerate(prompts) if i != 19
     ]
-    assert len(completions(engine)) <= 2 + 2 * 5  # a first batch, then two requests per halving (32 -> 1)
+    assert len(completions(engine)) <= 3 + 2 * 5  # a first batch, the first prompt alone, two requests per halving
 
 
 def test_a_bad_parameter_for_every_prompt_errs_each_prompt(make_engine: Callable[..., FakeEngine]) -> None:
@@ -141,7 +140,8 @@ def test_a_bad_parameter_for_every_prompt_errs_each_prompt(make_engine: Callable
 
 
 def test_a_500_fails_each_prompt_of_its_request_and_the_others_go_on(engine: FakeEngine) -> None:
-    """A request refused as a whole (500) gives each of its prompts the error; other requests are answered."""
+    """A request refused as a whole (500) gives its prompt the error once it holds one prompt (a batch's 500 is
+    split: tests/socket/test_confined_failures.py); other requests are answered."""
     engine.inject_fault("status", status=500, count=1, message="scripted engine failure")
     with SamplerClient(engine.url, max_workers=1) as client:
         results = client.sample_many(
@@ -307,16 +307,15 @@ def test_choices_listed_out_of_order_are_matched_by_index(mixed_up: Callable[[st
 
 @pytest.mark.parametrize("mode", ["too-few", "swapped", "doubled-index"])
 def test_an_answer_that_cannot_be_matched_to_its_prompts_is_refused(mode: str, mixed_up: Callable[[str], str]) -> None:
-    """Too few choices, choices under another prompt's index, an index twice: every prompt errs, none is misplaced."""
+    """Too few choices, choices under another prompt's index, an index twice: the answer is refused and its prompts
+    are sent again in smaller requests, down to one prompt a request: each gets its own answer, none is misplaced."""
     with SamplerClient(mixed_up(mode), max_workers=1) as client:
         results = client.sample_many(
             [SampleRequest([100 + i, 1], base_model="m") for i in range(6)],
             prompts_per_request=6,
             return_exceptions=True,
         )
-    assert all(isinstance(r, EngineProtocolError) for r in results if not isinstance(r, SampleOutput))
-    assert all(r.sequences[0].tokens == (100 + i,) for i, r in enumerate(results) if isinstance(r, SampleOutput))
-    assert sum(isinstance(r, EngineProtocolError) for r in results) >= 2  # the batch (after the ramp-up) refused
+    assert [r.sequences[0].tokens for r in results] == [(100 + i,) for i in range(6)]
 
 
 # -- the race, Ctrl-C, read-ahead -------------------------------------------------------------------------------------
