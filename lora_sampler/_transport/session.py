@@ -18,6 +18,8 @@ from typing import Any, Dict, Optional, Tuple, Union
 from urllib.parse import urlsplit
 
 import requests
+import urllib3
+from requests.adapters import HTTPAdapter
 from requests.structures import CaseInsensitiveDict
 
 from lora_sampler._transport.adapter import EngineAdapter
@@ -63,6 +65,7 @@ class EngineSession:
         if session is None:
             self.session = self._own_session(api_key, basic, max_workers, verify)
         else:
+            refuse_answer_retries(session, base_url)
             self.session = session
             if api_key:  # a session's auth handler (if it has one) runs after this, as requests always does
                 self._request_headers["Authorization"] = f"Bearer {api_key}"
@@ -149,6 +152,60 @@ class EngineSession:
         """Close the client's own session and every pooled connection now; a user's session is left to its owner."""
         if self.owned:
             self.session.close()
+
+
+#: The methods the client sends: completions, loads and unloads are POSTs; listings, health and probes are GETs.
+CLIENT_METHODS = ("POST", "GET")
+#: A safe adapter to name in the refusal: it retries connections (nothing was sent yet), never reads or answers.
+CONNECT_ONLY = "HTTPAdapter(max_retries=Retry(connect=3, read=False, respect_retry_after_header=False))"
+
+
+def refuse_answer_retries(session: requests.Session, url: str) -> None:
+    """Refuse a user's session whose adapter for ``url`` retries a request after it was sent (urllib3's ``Retry``).
+
+    The client retries by its own table; retries under it multiply every time bound and, when urllib3 gives up on a
+    status, leave a ``RetryError`` without the engine's status or words (it drops the body). Connection retries
+    (nothing was sent) are kept. What an adapter does in its own ``send`` cannot be seen, and is the user's.
+
+    Raises:
+        ValueError: naming what the adapter retries and the adapter to mount instead.
+    """
+    try:
+        adapter = session.get_adapter(url)
+    except requests.exceptions.InvalidSchema:  # no adapter for the URL: the first request says so
+        return
+    retry = adapter.max_retries if isinstance(adapter, HTTPAdapter) else None
+    if not isinstance(retry, urllib3.Retry):
+        return
+    retried = _retried_statuses(retry)
+    what = [f"the statuses {retried}"] if retried else []
+    if _retries_reads(retry):
+        what.append("read errors (a read timeout, a dropped answer)")
+    if what:
+        raise ValueError(
+            f"session=: the adapter mounted for {url} retries {' and '.join(what)} itself ({retry!r}); the client "
+            "retries by its own table (retry=RetryPolicy(...)), and retries under it hide the engine's status and "
+            "words and multiply every time bound. Mount requests' plain HTTPAdapter() there, or one that retries "
+            f"connections only: {CONNECT_ONLY}"
+        )
+
+
+def _retried_statuses(retry: urllib3.Retry) -> str:
+    """The statuses ``retry`` retries for a method the client sends (a Retry-After header counted as present)."""
+    statuses = [
+        status
+        for status in range(400, 600)
+        if any(retry.is_retry(method, status, has_retry_after=True) for method in CLIENT_METHODS)
+    ]
+    shown = ", ".join(map(str, statuses[:12]))
+    return shown + (f" and {len(statuses) - 12} more" if len(statuses) > 12 else "")
+
+
+def _retries_reads(retry: urllib3.Retry) -> bool:
+    """Whether ``retry`` sends a request again after a read error (its ``read`` and ``total`` counts and methods)."""
+    counts_allow = all(count is None or count > 0 for count in (retry.read, retry.total))
+    methods = retry.allowed_methods
+    return counts_allow and (not methods or any(method in methods for method in CLIENT_METHODS))
 
 
 def netrc_auth(url: str) -> Optional[Tuple[str, str]]:

@@ -135,3 +135,43 @@ def test_session_dripping_body_is_still_bounded_with_a_users_adapter() -> None:
             finally:
                 stop.set()
             assert time.monotonic() - started < 10  # the body alone takes len(body) * 0.1 s (~20 s)
+
+
+BOOM = b'{"object": "error", "message": "boom", "type": "InternalServerError", "code": 500}'
+BOOM_500 = answering(BOOM, status="500 Internal Server Error")
+
+
+@pytest.mark.parametrize(
+    ("retry", "named"),
+    [
+        # The transport guide's "retrying adapter" as users write it: a 500 "boom" became EngineTimeoutError after
+        # 92.6 s and 49 requests, the engine's words lost (urllib3 drops the body when it gives up).
+        (urllib3.Retry(total=5, backoff_factor=0.1, status_forcelist=[500, 502], allowed_methods=None), "500, 502"),
+        # Read retries of the client's POSTs: a hanging engine took 164.9 s where the read timeout says 15.3 s.
+        (urllib3.Retry(total=3, read=3, allowed_methods=None), "read errors"),
+        # HTTPAdapter(max_retries=3): GETs (/v1/models, /health) re-read, and a 503 with Retry-After retried.
+        (urllib3.Retry(3), "503"),
+    ],
+)
+def test_session_whose_adapter_retries_answers_is_refused_naming_why(retry: urllib3.Retry, named: str) -> None:
+    """A session whose adapter retries answers or reads under the retry table is refused before any request."""
+    with RawServer(BOOM_500) as server, requests.Session() as session:
+        session.mount("http://", requests.adapters.HTTPAdapter(max_retries=retry))
+        with pytest.raises(ValueError, match="retries") as refused:
+            SamplerClient(server.url, session=session)
+    message = str(refused.value)
+    assert named in message and "RetryPolicy" in message and "Retry(connect=" in message
+    assert server.requests == []
+
+
+@pytest.mark.parametrize("max_retries", [0, urllib3.Retry(connect=3, read=False, respect_retry_after_header=False)])
+def test_session_without_answer_retries_reports_the_engines_status_and_words(max_retries: Any) -> None:
+    """requests' plain adapter, or one retrying connections only (nothing was sent): the 500 "boom" is raised as the
+    engine said it, after one request (the retry table raises a 500 at once)."""
+    with RawServer(BOOM_500) as server, requests.Session() as session:
+        session.mount("http://", requests.adapters.HTTPAdapter(max_retries=max_retries))
+        with SamplerClient(server.url, session=session) as client:
+            with pytest.raises(lora_sampler.InternalServerError, match="boom") as raised:
+                client.sample([1], base_model="m")
+    assert raised.value.status == 500
+    assert len(server.requests) == 1
