@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import contextvars
 import functools
 import json
 import os
@@ -406,7 +407,8 @@ class FanOut:
                 # In a forked child the parent's executor has no threads left: it would queue work forever.
                 self._executor = concurrent.futures.ThreadPoolExecutor(self.max_workers, "lora_sampler")
                 self._pid = os.getpid()
-            return self._executor.submit(function, *arguments)
+            # The worker runs in a copy of the submitting context: a mixing() block's requests stay its own.
+            return self._executor.submit(contextvars.copy_context().run, function, *arguments)
 
     def _sender(
         self, work: _Work, run: Runner, gate: Optional[OutageGate], batching: Optional[Batching]

@@ -6,17 +6,24 @@ so. ``ModelIsolation.admit`` wraps every completion or chat POST of a client (ea
 between them): a request that would break the rule waits, and the waiting ones are served grouped by model in
 order of arrival (a queue of model groups), so neither side starves. Sampling without prompt logprobs keeps its
 overlap. Loads, unloads, ``/tokenize`` and probes never come here. It keeps only this client's requests apart.
+
+A call that asks to mix (``mixing()``: a sweep with ``mix_adapters``, the self-check's concurrent part) exempts
+only its own requests from the rule among themselves: they are still counted, wait their turn beside everyone
+else's, and never share the engine with another caller's request that the rule keeps apart. Its requests are
+those started in the context (``contextvars``) of the block: the thread that opened it, and the client's fan-out
+workers and threads it starts, which run in a copy of the context that handed them the work.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
 import logging
 import os
 import threading
 from dataclasses import dataclass
-from typing import Deque, Dict, Iterator, List
+from typing import Deque, Dict, Iterator, List, Tuple
 
 from lora_sampler._transport.cancel import is_cancelled
 from lora_sampler.errors import RequestCancelledError
@@ -25,14 +32,18 @@ logger = logging.getLogger(__name__)
 
 #: Seconds between looks at a cancellation while a request waits its turn (Ctrl-C also wakes the main thread).
 WAIT_POLL_SECONDS = 0.1
+#: The isolations whose ``mixing()`` block the current context runs in.
+_MIXING: contextvars.ContextVar[Tuple[ModelIsolation, ...]] = contextvars.ContextVar("lora_sampler_mixing", default=())
 
 
 @dataclass(eq=False)
 class Ticket:
-    """One request of ``model`` (``scoring``: it asks for prompt logprobs), waiting or in flight."""
+    """One request of ``model`` (``scoring``: it asks for prompt logprobs; ``mixing``: its call asked to mix),
+    waiting or in flight."""
 
     model: str
     scoring: bool
+    mixing: bool = False
     admitted: bool = False
 
 
@@ -41,25 +52,31 @@ class Admissions:
 
     ``arrive`` admits a request at once when nobody waits and it fits, else queues it in its model's group (a new
     group at the end when its model has none waiting). ``finish`` and ``withdraw`` admit what fits from the head
-    group; the next group becomes the head once every ticket of the head group is in flight. A request fits when it
-    scores and every request in flight is for its model, or when it does not score and no request of another model
-    in flight scores.
+    group; the next group becomes the head once every ticket of the head group is in flight. Two requests of
+    different models are kept apart when either scores, unless both are mixing: a request fits when no request in
+    flight is kept apart from it.
     """
 
     def __init__(self) -> None:
         self.in_flight: Dict[str, int] = {}
         self.scoring: Dict[str, int] = {}
+        #: The same counts of the requests that are not mixing (the rule holds for them against everyone).
+        self.isolated: Dict[str, int] = {}
+        self.isolated_scoring: Dict[str, int] = {}
         #: Waiting tickets by model, the models in order of their group's first arrival.
         self.groups: Dict[str, Deque[Ticket]] = collections.OrderedDict()
 
-    def fits(self, model: str, scoring: bool) -> bool:
+    def fits(self, ticket: Ticket) -> bool:
         """Tell whether a request may be in flight together with those in flight now."""
-        busy = self.in_flight if scoring else self.scoring
-        return not busy or (len(busy) == 1 and model in busy)
+        if ticket.mixing:
+            busy = self.isolated if ticket.scoring else self.isolated_scoring
+        else:
+            busy = self.in_flight if ticket.scoring else self.scoring
+        return not busy or (len(busy) == 1 and ticket.model in busy)
 
     def arrive(self, ticket: Ticket) -> bool:
         """Admit ``ticket`` now, or queue it; return whether it was admitted."""
-        if not self.groups and self.fits(ticket.model, ticket.scoring):
+        if not self.groups and self.fits(ticket):
             self._start(ticket)
             return True
         self.groups.setdefault(ticket.model, collections.deque()).append(ticket)
@@ -68,7 +85,7 @@ class Admissions:
 
     def finish(self, ticket: Ticket) -> List[Ticket]:
         """Take an admitted ticket out of flight; return the tickets this admitted."""
-        for counts in (self.in_flight, self.scoring) if ticket.scoring else (self.in_flight,):
+        for counts in self._counts_of(ticket):
             counts[ticket.model] -= 1
             if not counts[ticket.model]:
                 del counts[ticket.model]
@@ -89,7 +106,7 @@ class Admissions:
         while self.groups:
             model, group = next(iter(self.groups.items()))
             for ticket in list(group):
-                if self.fits(ticket.model, ticket.scoring):
+                if self.fits(ticket):
                     group.remove(ticket)
                     self._start(ticket)
                     admitted.append(ticket)
@@ -100,9 +117,15 @@ class Admissions:
 
     def _start(self, ticket: Ticket) -> None:
         ticket.admitted = True
-        self.in_flight[ticket.model] = self.in_flight.get(ticket.model, 0) + 1
-        if ticket.scoring:
-            self.scoring[ticket.model] = self.scoring.get(ticket.model, 0) + 1
+        for counts in self._counts_of(ticket):
+            counts[ticket.model] = counts.get(ticket.model, 0) + 1
+
+    def _counts_of(self, ticket: Ticket) -> List[Dict[str, int]]:
+        """The counts a ticket in flight is in."""
+        counts = [self.in_flight, self.scoring] if ticket.scoring else [self.in_flight]
+        if not ticket.mixing:
+            counts += [self.isolated, self.isolated_scoring] if ticket.scoring else [self.isolated]
+        return counts
 
 
 class ModelIsolation:
@@ -120,26 +143,24 @@ class ModelIsolation:
         self._pid = os.getpid()
         self._admissions = Admissions()
         self._changed = threading.Condition(threading.Lock())
-        self._mixing = 0
         #: Requests that had to wait their turn (for tests and benchmarks).
         self.waits = 0
 
     @property
     def active(self) -> bool:
-        """Whether requests are kept apart now (not ``mix_adapters``, and no ``mixing()`` block open)."""
-        return not self.mix_adapters and not self._mixing
+        """Whether the calling context's requests are kept apart (not ``mix_adapters``, not in a ``mixing()`` block)."""
+        return not self.mix_adapters and self not in _MIXING.get()
 
     @contextlib.contextmanager
     def mixing(self) -> Iterator[None]:
-        """Let requests that start inside this block mix (a sweep with ``mix_adapters``, the self-check's
-        concurrent part); they are not counted, so the others do not wait for them either."""
-        with self._changed:
-            self._mixing += 1
+        """Let the requests of this block's context mix models among themselves (a sweep with ``mix_adapters``, the
+        self-check's concurrent part); every other request of the client stays kept apart from them."""
+        token = _MIXING.set((*_MIXING.get(), self))
         try:
             yield
         finally:
-            with self._changed:
-                self._mixing -= 1
+            with contextlib.suppress(ValueError):  # closed from another context (a generator finalised elsewhere)
+                _MIXING.reset(token)
 
     @contextlib.contextmanager
     def admit(self, model: str, scoring: bool) -> Iterator[None]:
@@ -152,12 +173,12 @@ class ModelIsolation:
         Raises:
             RequestCancelledError: its fan-out was cancelled while it waited (nothing was sent).
         """
-        if not self.active:
+        if self.mix_adapters:
             yield
             return
         if os.getpid() != self._pid:
             self._forget_parent()
-        ticket = Ticket(model, scoring)
+        ticket = Ticket(model, scoring, mixing=not self.active)
         self._enter(ticket)
         try:
             yield

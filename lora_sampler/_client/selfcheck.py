@@ -9,6 +9,7 @@ known engine defect a difference matches. It only sends requests; it changes not
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import math
 import threading
@@ -260,14 +261,17 @@ class _OtherTraffic:
         self.name = other if isinstance(other, str) and other == base else client.resolve_adapter(other).name
         which: Dict[str, Any] = {"base_model": base} if self.name == base else {"adapter": other}
         self.requests = [ScoreRequest(p.prompt, p.tokens, **which) for p in probes if p.tokens]
-        self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(CONCURRENT_OTHERS)]
+        self.threads: List[threading.Thread] = []
         #: Set once every thread had one answer: from then on, each keeps a request in flight.
         self.looping = threading.Event()
         self._answered = 0
         self._lock = threading.Lock()
 
     def start(self) -> None:
-        for thread in self.threads:
+        """Start the threads, each in a copy of the caller's context (inside ``mixing()``: its requests mix)."""
+        for _ in range(CONCURRENT_OTHERS):
+            thread = threading.Thread(target=contextvars.copy_context().run, args=(self._loop,), daemon=True)
+            self.threads.append(thread)
             thread.start()
 
     def join(self) -> None:
@@ -290,5 +294,5 @@ class _OtherTraffic:
     def _count(self) -> None:
         with self._lock:
             self._answered += 1
-            if self._answered >= len(self.threads):
+            if self._answered >= CONCURRENT_OTHERS:
                 self.looping.set()
