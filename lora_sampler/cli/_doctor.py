@@ -325,8 +325,9 @@ _SCORING_FIXES = {
         "#51597); its generation logprobs are right"
     ),
     DEFECT_ENGINE_FAILED: (
-        "restart the engine; score on it with scoring isolation on (the default) and --concurrency 1, and let no "
-        "other client score on it at the same time"
+        "restart the engine; score on it one prompt per engine step: --concurrency 1 --prompts-per-request 1 (in "
+        "Python max_workers=1, prompts_per_request=1; the prompts of one request share a step), scoring isolation on "
+        "(the default), and no other client scoring on it at the same time"
     ),
     "": "do not trust this engine's scores for this adapter; report the figures above to the engine's maintainers",
 }

