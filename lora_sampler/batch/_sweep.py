@@ -201,9 +201,7 @@ class Sweep:
         self._finished: queue.Queue[_CheckpointRun] = queue.Queue()
         self._active: List[_CheckpointRun] = []
         self._lock = threading.Lock()
-        self._adapters_changed = threading.Condition(self._lock)
-        self._adapters_in_use: Set[str] = set()
-        self._by_content: Dict[str, str] = {}  # the digest part of an adapter name -> the first adapter of it
+        self._adapters = _SharedAdapters(client)
         #: Set once a second stop left requests in flight (the outputs stay resumable).
         self.abandoned = False
         #: The ledger's path, once ``run`` opened it.
@@ -221,43 +219,6 @@ class Sweep:
             runs = list(self._active)
         for run in runs:
             run.stop(grace)
-
-    def _same_content(self, adapter: Adapter, checkpoint: Checkpoint) -> Adapter:
-        """Two checkpoints with the same bytes share one adapter (and output file), whatever their names: a later one
-        is published under the name the first got, so it finds its rows done. The extra folder goes again."""
-        suffix = adapter.name.rsplit("-", 1)[-1]
-        if adapter.digest is None or not adapter.digest.startswith(suffix):
-            return adapter  # an explicit or foreign name: nothing to share
-        with self._lock:
-            first = self._by_content.setdefault(suffix, adapter.name)
-        if first == adapter.name:
-            return adapter
-        shared = self.client.publish(checkpoint.path, name=first)
-        try:
-            self.client.unload(adapter, delete_files=True)  # never requested: the unload is a formality
-        except (LoraSamplerError, OSError) as error:
-            logger.debug("Could not remove the extra folder %r: %s", adapter.name, error)
-        return shared
-
-    @contextlib.contextmanager
-    def _using(self, adapter: str, claimed: threading.Event) -> Iterator[None]:
-        """Hold ``adapter`` for one checkpoint: two checkpoints with the same content (the same adapter and output
-        file) run one after the other, so the second finds the rows the first wrote and sends nothing again.
-
-        Checkpoints claim in their order (each after the one before it set ``claimed``), so a later one never holds
-        an adapter an earlier one waits for while it waits for the earlier one's rows.
-        """
-        with self._adapters_changed:
-            while adapter in self._adapters_in_use:
-                self._adapters_changed.wait(POLL_SECONDS)
-            self._adapters_in_use.add(adapter)
-        claimed.set()
-        try:
-            yield
-        finally:
-            with self._adapters_changed:
-                self._adapters_in_use.discard(adapter)
-                self._adapters_changed.notify_all()
 
     def run(self) -> Iterator[CheckpointReport]:
         """Evaluate every checkpoint not yet in the ledger; yield each report once its ledger line is written.
@@ -284,7 +245,7 @@ class Sweep:
                 raise ValueError(f"{_describe(self._checkpoints)} names no checkpoint archive or adapter folder")
             for line in ledger.finished.values():
                 if isinstance(line.get("adapter"), str):
-                    self._by_content.setdefault(line["adapter"].rsplit("-", 1)[-1], line["adapter"])
+                    self._adapters.remember(line["adapter"])
             for line in list(ledger.finished.values()):  # an earlier run's: a re-run cell draws the same curve
                 yield CheckpointReport.from_ledger(line, resumed=True)
             mixing = self.client.isolation.mixing() if settings.mix_adapters else contextlib.nullcontext()
@@ -308,7 +269,7 @@ class Sweep:
                 if isinstance(item, Unusable):
                     yield self._record(CheckpointReport.failure(item.checkpoint, item.error), source, ledger)
                     continue
-                run = _CheckpointRun(self, item, after, claimed)
+                run = _CheckpointRun(self, item, after, claimed, self._adapters, self._finished)
                 after, claimed = run.inputs_done, run.claimed
                 with self._lock:
                     self._active.append(run)
@@ -357,17 +318,78 @@ class Sweep:
         return report
 
 
+class _SharedAdapters:
+    """The adapters of a sweep's checkpoints: one adapter per content, held by one checkpoint at a time."""
+
+    def __init__(self, client: SamplerClient) -> None:
+        self._client = client
+        self._changed = threading.Condition()
+        self._in_use: Set[str] = set()
+        self._by_content: Dict[str, str] = {}  # the digest part of an adapter name -> the first adapter of it
+
+    def remember(self, name: str) -> None:
+        """An adapter an earlier run published: later checkpoints with its content share it."""
+        with self._changed:
+            self._by_content.setdefault(name.rsplit("-", 1)[-1], name)
+
+    def same_content(self, adapter: Adapter, checkpoint: Checkpoint) -> Adapter:
+        """Two checkpoints with the same bytes share one adapter (and output file), whatever their names: a later one
+        is published under the name the first got, so it finds its rows done. The extra folder goes again."""
+        suffix = adapter.name.rsplit("-", 1)[-1]
+        if adapter.digest is None or not adapter.digest.startswith(suffix):
+            return adapter  # an explicit or foreign name: nothing to share
+        with self._changed:
+            first = self._by_content.setdefault(suffix, adapter.name)
+        if first == adapter.name:
+            return adapter
+        shared = self._client.publish(checkpoint.path, name=first)
+        try:
+            self._client.unload(adapter, delete_files=True)  # never requested: the unload is a formality
+        except (LoraSamplerError, OSError) as error:
+            logger.debug("Could not remove the extra folder %r: %s", adapter.name, error)
+        return shared
+
+    @contextlib.contextmanager
+    def using(self, adapter: str, claimed: threading.Event) -> Iterator[None]:
+        """Hold ``adapter`` for one checkpoint: two checkpoints with the same content (the same adapter and output
+        file) run one after the other, so the second finds the rows the first wrote and sends nothing again.
+
+        Checkpoints claim in their order (each after the one before it set ``claimed``), so a later one never holds
+        an adapter an earlier one waits for while it waits for the earlier one's rows.
+        """
+        with self._changed:
+            while adapter in self._in_use:
+                self._changed.wait(POLL_SECONDS)
+            self._in_use.add(adapter)
+        claimed.set()
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._in_use.discard(adapter)
+                self._changed.notify_all()
+
+
 class _CheckpointRun(threading.Thread):
     """One checkpoint in its own thread: publish, warm, wait for the previous one's input to end, run, retire.
 
     ``inputs_done`` is set once every one of its requests was handed to the client (or it ended early): the next
     checkpoint's requests then queue right behind its last ones, so the client's workers never run dry. ``claimed``
-    orders the checkpoints' hold on their adapters (``Sweep._using``).
+    orders the checkpoints' hold on their adapters (``_SharedAdapters.using``).
     """
 
-    def __init__(self, sweep: Sweep, checkpoint: Checkpoint, after: threading.Event, claimed_before: threading.Event):
+    def __init__(
+        self,
+        sweep: Sweep,
+        checkpoint: Checkpoint,
+        after: threading.Event,
+        claimed_before: threading.Event,
+        adapters: _SharedAdapters,
+        finished: queue.Queue[_CheckpointRun],
+    ):
         super().__init__(name=f"lora_sampler-sweep-{os.path.basename(checkpoint.path)}", daemon=True)
         self.sweep, self.checkpoint, self.after, self.claimed_before = sweep, checkpoint, after, claimed_before
+        self.adapters, self.finished = adapters, finished
         self.inputs_done = threading.Event()
         #: Set once this checkpoint holds its adapter (or ended): the next one may claim its own.
         self.claimed = threading.Event()
@@ -410,15 +432,15 @@ class _CheckpointRun(threading.Thread):
         finally:
             self.claimed.set()
             self.inputs_done.set()
-            self.sweep._finished.put(self)
+            self.finished.put(self)
 
     def _evaluate(self, started: float) -> Optional[CheckpointReport]:
         sweep = self.sweep
-        adapter = sweep._same_content(sweep.client.publish(self.checkpoint.path), self.checkpoint)
+        adapter = self.adapters.same_content(sweep.client.publish(self.checkpoint.path), self.checkpoint)
         while not self.claimed_before.wait(0.05):
             if sweep.stopped:
                 return None
-        with sweep._using(adapter.name, self.claimed):
+        with self.adapters.using(adapter.name, self.claimed):
             if sweep.evaluator is not None:
                 return self._run_evaluator(sweep.evaluator, adapter, started)
             return self._sample(adapter, started)

@@ -101,7 +101,42 @@ def build_parser() -> argparse.ArgumentParser:
         add("score", "score the tokens of every line of a JSONL file (resumable)", engine, publishing, job)
     )
 
-    doctor = add("doctor", "check that the engine can serve adapters, and say what to fix", engine)
+    _add_doctor_arguments(add("doctor", "check that the engine can serve adapters, and say what to fix", engine))
+    add("demo", "run a small batch through the built-in test engine, load race included")
+    _add_serve_test_engine(sub.add_parser, common)
+    _add_publish_arguments(
+        add("publish", "publish a checkpoint into --lora-base-dir; print the adapter name", engine, publishing)
+    )
+    from lora_sampler.cli._adapters import add_adapters_arguments
+
+    add_adapters_arguments(
+        add(
+            "adapters",
+            "list the adapters published in --lora-base-dir (source, size, age); --older-than removes old ones",
+            engine,
+        )
+    )
+    _add_unload_arguments(add("unload", "unload an adapter from the engine; print its name", engine))
+    return parser
+
+
+def _add_serve_test_engine(add_parser: Callable[..., argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
+    """``serve-test-engine``: the test engine's own flags, from its module (stdlib only: it needs no client)."""
+    from lora_sampler.testing._serve import add_arguments as add_engine_arguments
+
+    add_engine_arguments(
+        add_parser(
+            "serve-test-engine",
+            parents=[common],
+            help="serve the built-in test engine (a vLLM stand-in) on a port until Ctrl-C, to try the commands",
+            description="Serve the built-in test engine (a vLLM stand-in, no GPU needed) on a port until Ctrl-C. "
+            "It prints its URL on stdout, and on stderr the resolver folder to pass as --lora-base-dir.",
+        )
+    )
+
+
+def _add_doctor_arguments(doctor: argparse.ArgumentParser) -> None:
+    """``doctor``'s own flags: what else to check beyond the engine."""
     doctor.add_argument("--adapter", help="also check this checkpoint's (or adapter's) adapter_config.json")
     doctor.add_argument(
         "--scoring",
@@ -120,35 +155,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="CKPT",
         help="with --concurrent, the adapter whose requests run meanwhile (default: the base model)",
     )
-    add("demo", "run a small batch through the built-in test engine, load race included")
-    from lora_sampler.testing._serve import add_arguments as add_engine_arguments  # stdlib only, no client
 
-    add_engine_arguments(
-        sub.add_parser(
-            "serve-test-engine",
-            parents=[common],
-            help="serve the built-in test engine (a vLLM stand-in) on a port until Ctrl-C, to try the commands",
-            description="Serve the built-in test engine (a vLLM stand-in, no GPU needed) on a port until Ctrl-C. "
-            "It prints its URL on stdout, and on stderr the resolver folder to pass as --lora-base-dir.",
-        )
-    )
-    publish = add("publish", "publish a checkpoint into --lora-base-dir; print the adapter name", engine, publishing)
+
+def _add_publish_arguments(publish: argparse.ArgumentParser) -> None:
+    """``publish``'s own arguments: the checkpoint, its name and the bound on the whole publish."""
     publish.add_argument("checkpoint", help="adapter archive (.tar.gz/.tgz/.tar, or bzip2/xz) or folder")
     publish.add_argument("--name", help="adapter name (default: derived from the checkpoint's content)")
     add_timeout_flag(publish)
-    from lora_sampler.cli._adapters import add_adapters_arguments
 
-    add_adapters_arguments(
-        add(
-            "adapters",
-            "list the adapters published in --lora-base-dir (source, size, age); --older-than removes old ones",
-            engine,
-        )
-    )
-    unload = add("unload", "unload an adapter from the engine; print its name", engine)
+
+def _add_unload_arguments(unload: argparse.ArgumentParser) -> None:
+    """``unload``'s own arguments: the adapter, and whether its folder goes too."""
     unload.add_argument("name", help="adapter name")
     unload.add_argument("--delete-files", action="store_true", help="then delete its folder (needs --lora-base-dir)")
-    return parser
 
 
 def _engine_flags() -> argparse.ArgumentParser:
@@ -516,7 +535,8 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
     """Return the flags' sampling defaults for every line; a bad value is a usage error naming the flag."""
     fields = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
     try:
-        return SamplingParams(**{name: getattr(args, name) for name in fields if getattr(args, name) is not None})
+        flags = vars(args)  # argparse's documented dict view of its Namespace
+        return SamplingParams(**{name: flags[name] for name in fields if flags[name] is not None})
     except (TypeError, ValueError) as exc:
         raise UsageError(flags_named(str(exc))) from None
 

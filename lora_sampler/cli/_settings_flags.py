@@ -84,7 +84,8 @@ def settings_from(args: argparse.Namespace) -> SweepSettings:
     Raises:
         ValueError: a bad value or combination; the message names the flags.
     """
-    values = {name: getattr(args, name) for name in flag_fields()}
+    flags = vars(args)  # argparse's documented dict view of its Namespace
+    values = {name: flags[name] for name in flag_fields()}
     try:
         return SweepSettings(**values)
     except (TypeError, ValueError) as error:
