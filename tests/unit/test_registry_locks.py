@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any, Dict, Iterator, List
+from typing import Any, Callable, Dict, Iterator, List
 
 import pytest
 
@@ -38,6 +38,29 @@ def fast_switching() -> Iterator[None]:
         sys.setswitchinterval(previous)
 
 
+def recording(errors: List[BaseException], work: Callable[..., None]) -> Callable[..., None]:
+    """``work`` as a thread target that keeps what it raised in ``errors`` (a thread's exception is lost otherwise)."""
+
+    def run(*args: Any) -> None:
+        try:
+            work(*args)
+        except BaseException as exc:  # pragma: no cover - reported by the test
+            errors.append(exc)
+
+    return run
+
+
+def run_until_done(workers: List[threading.Thread], background: List[threading.Thread], stop: threading.Event) -> None:
+    """Start all threads; once ``workers`` are done, stop and join ``background``."""
+    for thread in background + workers:
+        thread.start()
+    for thread in workers:
+        thread.join()
+    stop.set()
+    for thread in background:
+        thread.join()
+
+
 @pytest.mark.usefixtures("fast_switching")
 def test_registry_publish_once_survives_concurrent_unloads(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     """Checkpoints resolved by many threads while others unload another adapter: each publishes once, unloads work."""
@@ -61,29 +84,17 @@ def test_registry_publish_once_survives_concurrent_unloads(monkeypatch: pytest.M
     errors: List[BaseException] = []
 
     def resolver(offset: int) -> None:
-        try:
-            for _ in range(3):
-                for checkpoint in checkpoints[offset:] + checkpoints[:offset]:
-                    registry.resolve(checkpoint)
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
+        for _ in range(3):
+            for checkpoint in checkpoints[offset:] + checkpoints[:offset]:
+                registry.resolve(checkpoint)
 
     def unloader() -> None:
-        try:
-            while not stop.is_set():
-                registry.unload("unrelated")
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
+        while not stop.is_set():
+            registry.unload("unrelated")
 
-    resolvers = [threading.Thread(target=resolver, args=(i * 50,)) for i in range(8)]
-    unloaders = [threading.Thread(target=unloader) for _ in range(4)]
-    for thread in unloaders + resolvers:
-        thread.start()
-    for thread in resolvers:
-        thread.join()
-    stop.set()
-    for thread in unloaders:
-        thread.join()
+    resolvers = [threading.Thread(target=recording(errors, resolver), args=(i * 50,)) for i in range(8)]
+    unloaders = [threading.Thread(target=recording(errors, unloader)) for _ in range(4)]
+    run_until_done(resolvers, unloaders, stop)
     assert not errors
     republished = {key: n for key, n in published.items() if n != 1}
     assert len(published) == len(checkpoints) and not republished
