@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Any, Dict, List
 
 from test_sweep import ledger, make_run, sweep_args
 
-from lora_sampler import SamplerClient, ScoreRequest
+from lora_sampler import SamplerClient, ScoreRequest, sweep
 from lora_sampler.cli import main
 from lora_sampler.testing import FakeEngine, write_adapter
 
@@ -185,4 +186,54 @@ def test_isolated_scoring_beside_another_calls_mixing_gets_its_own_scores(make_e
         assert not caller.is_alive()
         assert client.isolation.waits > 0  # requests met: the overlap was there to be had, and was refused
     assert beta_during > 0  # the mixing call ran on while the scoring ran
+    assert scores == expected
+
+
+def test_isolated_scoring_beside_a_mixing_sweep_gets_its_own_scores(
+    make_engine: Any, lora_dir: Path, tmp_path: Path
+) -> None:
+    """A sweep(..., mix_adapters=True, score=True) mid-run on the same client: another thread's default scoring still
+    gets each prompt's score alone on an engine that mixes adapters (19 of 800 were wrong), and the sweep finishes."""
+    engine = make_engine(latency=0.02, prompt_logprobs_defect="mixed-adapters")
+    write_adapter(lora_dir / "alpha", engine.model)
+    make_run(tmp_path / "run", engine.model, (100, 200, 300))
+    lines = [{"id": f"q{i}", "prompt": [5 + i % 30, 6, 7, 8]} for i in range(60)]
+    with SamplerClient(engine.url, lora_base_dir=lora_dir, max_workers=1) as alone:
+        expected = [out.logprobs for out in alone.sample_many([ScoreRequest(p, adapter="alpha") for p in PROMPTS])]
+    outcome: List[Any] = []
+    with SamplerClient(engine.url, lora_base_dir=lora_dir, max_workers=8) as client:
+
+        def run_sweep() -> None:
+            try:
+                reports = sweep(
+                    client,
+                    str(tmp_path / "run" / "*.tar.gz"),
+                    lines,
+                    output_dir=str(tmp_path / "out"),
+                    score=True,
+                    mix_adapters=True,
+                    prompts_per_request=1,
+                )
+                outcome.extend(reports)
+            except BaseException as error:  # the assertion below names it
+                outcome.append(error)
+
+        sweeper = threading.Thread(target=run_sweep)
+        sweeper.start()
+        try:
+            started = time.monotonic()
+            while sum(r.path == "/v1/completions" and r.model != "alpha" for r in engine.requests) < 5:
+                assert sweeper.is_alive() and time.monotonic() - started < 60  # the sweep is mid-run first
+                threading.Event().wait(0.01)
+            scores = [
+                out.logprobs
+                for out in client.sample_many(
+                    [ScoreRequest(p, adapter="alpha") for p in PROMPTS], prompts_per_request=1
+                )
+            ]
+            sweep_requests_during = sweeper.is_alive()
+        finally:
+            sweeper.join(120)
+    assert not sweeper.is_alive() and len(outcome) == 3 and all(not r.error for r in outcome), outcome
+    assert sweep_requests_during  # the overlap was there to be had
     assert scores == expected
