@@ -373,6 +373,24 @@ class OutputWriteError(LoraSamplerError):
         self.reason = reason
 
 
+class OutputSettingsError(LoraSamplerError, ValueError):
+    """A run would add answers made with other settings to an output than those it holds; nothing was sent.
+
+    The output remembers, beside it, the settings that change answers (the model or adapter, sampling, scoring and
+    chat settings, each answered line's prompt). Write to a new output, or start over (``--restart``,
+    ``restart=True``).
+
+    Attributes:
+        path: The output file.
+        setting: The setting that changed (``temperature``), or ``line N`` for one line's prompt or own settings.
+    """
+
+    def __init__(self, message: str = "", *, path: Optional[str] = None, setting: str = "", **kwargs: Any):
+        super().__init__(message, **kwargs)
+        self.path = path
+        self.setting = setting
+
+
 class BatchInputError(LoraSamplerError, ValueError):
     """A line of a batch input file is unusable.
 

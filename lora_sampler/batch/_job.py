@@ -17,6 +17,7 @@ from typing import IO, Any, Callable, Deque, Dict, Iterable, Iterator, List, Opt
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._client.outage import OutageEvent, OutageHook, is_outage
 from lora_sampler.batch._lines import PROMPT_RECORDS, InputLine, RecordFormat, write_record
+from lora_sampler.batch._memory import OutputMemory
 from lora_sampler.errors import (
     AdapterNotReadyError,
     AuthenticationError,
@@ -83,6 +84,8 @@ class BatchJob:
         unusable_errors: The failures that count towards ``fail_fast``.
         prompts_per_request: Lines sent together in one completion request (``SamplerClient.imap``); None: the
             measured defaults, 1: one line per request.
+        memory: What the output remembers of its settings (``ResumeState.memory``): each record's request is
+            remembered, and an answered line that now asks something else stops the job (``fatal``).
     """
 
     def __init__(
@@ -101,13 +104,14 @@ class BatchJob:
         records: RecordFormat = PROMPT_RECORDS,
         unusable_errors: Tuple[Type[BaseException], ...] = UNUSABLE_ERRORS,
         prompts_per_request: Optional[int] = None,
+        memory: Optional[OutputMemory] = None,
     ):
         self._client, self._lines, self._output, self._done = client, iter(lines), output, done
         self._ordered, self._model, self._on_event, self._fail_fast = ordered, model, on_event, fail_fast
         self._max_outage, self._on_outage = max_outage, on_outage
         self._gave_up: Optional[OutageEvent] = None  # set (from a worker thread) once the outage outlasted the limit
         self._records, self._unusable_errors = records, unusable_errors
-        self._prompts_per_request = prompts_per_request
+        self._prompts_per_request, self._memory = prompts_per_request, memory
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=64)
         self._stopping = threading.Event()
         self._deadline: Optional[float] = None
@@ -163,6 +167,8 @@ class BatchJob:
             kind = "failed"
             self._note_failure(outcome)
         if record is not None:
+            if self._memory is not None:
+                self._memory.remember(line.key, line.request)  # first: a kill between leaves a digest, not a record
             try:
                 write_record(self._output, record)
             except RecursionError:  # an answer nested too deep to write back: its line gets an error record
@@ -266,6 +272,11 @@ class BatchJob:
             if line is None:
                 return
             if line.key in self._done:
+                refusal = None if self._memory is None else self._memory.refusal(line)
+                if refusal is not None:
+                    self._put(("fatal", None, refusal))
+                    self._stopping.set()  # what is in flight finishes and is written
+                    return
                 self._put(("skipped", line, None))
             elif line.request is None:
                 if stop_at_bad and held is not None:

@@ -25,6 +25,7 @@ except ImportError:  # pragma: no cover - Windows: no locks, so stale temporarie
 from lora_sampler._files import TEMP_SUFFIX, replacing, temp_prefix
 from lora_sampler._wire.messages import SAMPLING_FIELDS
 from lora_sampler._wire.messages import text_problem as text_problem  # re-exported for the batch readers
+from lora_sampler.batch._memory import OutputMemory, job_settings, remembering
 from lora_sampler.errors import (
     BatchInputError,
     EngineStatusError,
@@ -256,6 +257,7 @@ class ResumeState:
         dropped_torn: Torn or unreadable lines dropped (a kill mid-write leaves at most one).
         rewritten: Whether the file was rewritten (atomically).
         removed_temporaries: Leftover temporary files of earlier killed rewrites that were removed.
+        memory: What the output remembers of its settings (``open_output`` with settings), else None.
     """
 
     done: Set[str] = field(default_factory=set)
@@ -264,6 +266,7 @@ class ResumeState:
     dropped_torn: int = 0
     rewritten: bool = False
     removed_temporaries: List[str] = field(default_factory=list)
+    memory: Optional[OutputMemory] = None
 
 
 #: Reads an output record's resume key and whether it failed; None for a record that is not one of ours.
@@ -393,7 +396,12 @@ def _lock_now(fd: int, path: str, lock_path: str) -> None:
 
 @contextmanager
 def open_output(
-    path: str, *, retry_failed: bool = True, key_of: RecordKey = record_key
+    path: str,
+    *,
+    retry_failed: bool = True,
+    key_of: RecordKey = record_key,
+    settings: Optional[Mapping[str, Any]] = None,
+    restart: bool = False,
 ) -> Iterator[Tuple[ResumeState, IO[str]]]:
     """Take the output's one-writer lock, prepare it for resume and open it for appending, for the whole block.
 
@@ -401,26 +409,34 @@ def open_output(
         path: The output file (created when missing).
         retry_failed: Drop error lines, so their ids run again (``prepare_output``).
         key_of: The output format's resume key.
+        settings: The job's settings that change answers (``job_settings``): remembered beside the output, and
+            compared with what it remembers (``ResumeState.memory``); None remembers nothing.
+        restart: Empty the output (and forget its settings) first: every line runs again.
 
     Yields:
         ``(the resume state, the text stream to write records to)``.
 
     Raises:
+        OutputSettingsError: the output holds answers made with other settings (nothing was changed).
         LoraSamplerError: another run writes this output, or it cannot be written (its message names the path).
     """
     with one_writer(path):
+        if restart and os.path.exists(path):
+            with replacing(path):
+                pass  # an empty file, whole or not at all
         state = prepare_output(path, retry_failed=retry_failed, key_of=key_of)
-        try:
-            stream = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed below, its error translated
-        except OSError as exc:
-            raise output_error(path, exc) from None
-        try:
-            yield state, stream
-        finally:
+        with remembering(path, settings, state.done, restart=restart) as state.memory:
             try:
-                stream.close()
-            except OSError as exc:  # the last flush failed (a full disk): say it once, with the path
+                stream = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed below, its error translated
+            except OSError as exc:
                 raise output_error(path, exc) from None
+            try:
+                yield state, stream
+            finally:
+                try:
+                    stream.close()
+                except OSError as exc:  # the last flush failed (a full disk): say it once, with the path
+                    raise output_error(path, exc) from None
 
 
 # tempfile.mkstemp's random part: 8 characters of this alphabet (stable since Python 3.0).
@@ -527,12 +543,25 @@ class RecordFormat:
         error: Builds the record of a failed line (the error, or a bad line's reason; the model name when known).
         key_of: Reads a record's resume key (see ``prepare_output``).
         message_of: Reads a failed record's message, for the terminal.
+        kind: What the records hold (``sample``, ``score``, ``openai-batch``): an output remembers it.
     """
 
     result: Callable[[InputLine, Any], Dict[str, Any]]
     error: Callable[[InputLine, Union[BaseException, str], Optional[str]], Dict[str, Any]]
     key_of: RecordKey
     message_of: Callable[[Dict[str, Any]], str]
+    kind: str = ""
+
+    def settings(self, defaults: LineDefaults, model: Union[AdapterSpec, None]) -> Dict[str, Any]:
+        """Return the settings of a job of these records that change its answers (remembered beside its output)."""
+        return job_settings(
+            self.kind,
+            model,
+            num_samples=defaults.num_samples,
+            sampling_params=defaults.sampling_params,
+            prompt_logprobs=defaults.prompt_logprobs,
+            extra_body=defaults.extra_body,
+        )
 
 
 def _error_message(record: Dict[str, Any]) -> str:
@@ -545,7 +574,7 @@ def _error_message(record: Dict[str, Any]) -> str:
 
 
 #: The plain output format: ``{"id", "model", "sequences"}`` or ``{"id", "error"}``.
-PROMPT_RECORDS = RecordFormat(result_record, error_record, record_key, _error_message)
+PROMPT_RECORDS = RecordFormat(result_record, error_record, record_key, _error_message, kind="sample")
 
 
 @dataclass(frozen=True)

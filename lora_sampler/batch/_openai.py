@@ -341,4 +341,6 @@ def _batch_error_message(record: Dict[str, Any]) -> str:
 
 
 #: The batch output format, resumed by custom_id.
-OPENAI_BATCH_RECORDS = RecordFormat(batch_result_record, batch_error_record, batch_record_key, _batch_error_message)
+OPENAI_BATCH_RECORDS = RecordFormat(
+    batch_result_record, batch_error_record, batch_record_key, _batch_error_message, kind="openai-batch"
+)

@@ -60,7 +60,9 @@ def score_record(line: InputLine, output: ScoreOutput) -> Dict[str, Any]:
 
 
 #: Scoring records; errors, resume keys and messages as the sampling records'.
-SCORE_RECORDS = RecordFormat(score_record, PROMPT_RECORDS.error, PROMPT_RECORDS.key_of, PROMPT_RECORDS.message_of)
+SCORE_RECORDS = RecordFormat(
+    score_record, PROMPT_RECORDS.error, PROMPT_RECORDS.key_of, PROMPT_RECORDS.message_of, kind="score"
+)
 #: ``lora-sampler score``'s lines and records.
 SCORE_FORMAT = LineFormat(parse_score_line, SCORE_RECORDS)
 

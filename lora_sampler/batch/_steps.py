@@ -43,6 +43,10 @@ class EvaluationStep(Protocol):
         """Read a finished output file into the checkpoint's ledger fields (``rows`` and ``failed`` at least)."""
         ...
 
+    def settings(self, adapter: Union[Adapter, str]) -> Dict[str, Any]:
+        """Return the settings that change ``adapter``'s answers (remembered beside its output)."""
+        ...
+
 
 class SampleStep:
     """Sample every input line from the checkpoint's adapter, in ``sample``'s record format.
@@ -89,6 +93,10 @@ class SampleStep:
                     "unique id (or none: its position is used)"
                 )
             yield line
+
+    def settings(self, adapter: Union[Adapter, str]) -> Dict[str, Any]:
+        """Return the settings that change ``adapter``'s answers: the records' kind and the lines' defaults."""
+        return self.records.settings(self._defaults, adapter)
 
     def summary(self, output_path: str) -> Dict[str, Any]:
         """``rows``, ``failed``, ``tokens`` (generated), ``mean_logprob`` (per generated token) and ``mean_length``

@@ -29,6 +29,7 @@ from lora_sampler.batch._evaluator import Evaluator, EvaluatorError, EvaluatorRu
 from lora_sampler.batch._job import DEFAULT_DRAIN_SECONDS, BatchJob
 from lora_sampler.batch._ledger import Ledger
 from lora_sampler.batch._lines import InputLine, open_output
+from lora_sampler.batch._memory import check_remembered
 from lora_sampler.batch._score import ScoreStep, scoring_notes
 from lora_sampler.batch._settings import SweepSettings
 from lora_sampler.batch._sources import (
@@ -246,6 +247,7 @@ class Sweep:
             for line in ledger.finished.values():
                 if isinstance(line.get("adapter"), str):
                     self._adapters.remember(line["adapter"])
+            self._check_finished(ledger)
             for line in list(ledger.finished.values()):  # an earlier run's: a re-run cell draws the same curve
                 yield CheckpointReport.from_ledger(line, resumed=True)
             mixing = self.client.isolation.mixing() if settings.mix_adapters else contextlib.nullcontext()
@@ -256,6 +258,15 @@ class Sweep:
                 self.stop(0.0 if self._active else DEFAULT_DRAIN_SECONDS)
                 for run in self._active:
                     run.join()
+
+    def _check_finished(self, ledger: Ledger) -> None:
+        """Refuse to take an earlier run's finished checkpoint as done when its output remembers other settings."""
+        if self.evaluator is not None:
+            return
+        for line in ledger.finished.values():
+            if isinstance(line.get("output"), str) and isinstance(line.get("adapter"), str):
+                output = os.path.join(self.settings.output_dir, line["output"])
+                check_remembered(output, self.step.settings(line["adapter"]))
 
     def _schedule(self, source: CheckpointSource, ledger: Ledger) -> Iterator[CheckpointReport]:
         after, claimed = threading.Event(), threading.Event()
@@ -505,7 +516,8 @@ class _CheckpointRun(threading.Thread):
         sweep = self.sweep
         client, step, settings = sweep.client, sweep.step, sweep.settings
         output = os.path.join(settings.output_dir, f"{adapter.name}.jsonl")
-        with open_output(output, key_of=step.records.key_of) as (state, out):  # the output's one writer
+        opened = open_output(output, key_of=step.records.key_of, settings=step.settings(adapter))
+        with opened as (state, out):  # the output's one writer
             warm = _warm_up(client, step, adapter, state.done)
             try:
                 job = BatchJob(
@@ -513,6 +525,7 @@ class _CheckpointRun(threading.Thread):
                     self._gated(step.lines(adapter)),
                     out,
                     done=state.done,
+                    memory=state.memory,
                     model=adapter.name,
                     on_event=self._on_event,
                     fail_fast=settings.fail_fast,

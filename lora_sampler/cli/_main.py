@@ -56,6 +56,13 @@ DEFAULT_TIMEOUT = "10,300"
 GIB = 1 << 30
 
 
+#: ``--restart``'s help (``sample``, ``score``, ``sweep``).
+RESTART_HELP = (
+    "drop what --output holds and answer every line again; needed to run into an output with other settings "
+    "(model, sampling or scoring settings, prompts) than those it remembers"
+)
+
+
 class UsageError(LoraSamplerError):
     """A flag combination or a path that cannot work; exit status 2."""
 
@@ -278,6 +285,7 @@ def _job_flags(pace: argparse.ArgumentParser) -> argparse.ArgumentParser:
     for flag, text in [
         ("--ordered", "write results in input order (default: as they finish)"),
         ("--no-retry-failed", "on resume, keep failed ids as they are instead of running them again"),
+        ("--restart", RESTART_HELP),
     ]:
         job.add_argument(flag, action="store_true", help=text)
     return job
@@ -577,6 +585,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
             retries=retries,
             limit=args.limit,
             prompts_per_request=args.prompts_per_request,
+            restart=args.restart,
         )
 
     return run_job(args, job)

@@ -12,7 +12,7 @@ import itertools
 import logging
 import sys
 import time
-from typing import IO, Iterable, Iterator, Optional, Set, Tuple
+from typing import IO, Any, Dict, Iterable, Iterator, Optional, Tuple
 
 from lora_sampler._client.client import SamplerClient
 from lora_sampler.batch._job import ENGINE_WIDE_ERRORS, UNUSABLE_ERRORS, BatchJob, BatchStats
@@ -66,6 +66,7 @@ def run_batch(
     line_format: Optional[LineFormat] = None,
     limit: Optional[int] = None,
     prompts_per_request: Optional[int] = None,
+    restart: bool = False,
 ) -> int:
     """Stream ``input_path`` to ``output_path`` through ``client``; return the exit status.
 
@@ -87,8 +88,10 @@ def run_batch(
         limit: Run only the first ``limit`` lines of the input (blank lines not counted); a resume with the same
             limit covers the same lines.
         prompts_per_request: Lines sent together in one completion request (None: the measured defaults).
+        restart: Empty the output first (every line runs again) instead of resuming it.
 
     Raises:
+        OutputSettingsError: the output holds answers made with other settings (or an answered line changed).
         LoraSamplerError: the job stopped on its own (a duplicate id, an unusable engine, an outage too long), or
             prompt lines came without a model to sample.
         BatchAbandoned: the second Ctrl-C left requests in flight.
@@ -100,18 +103,21 @@ def run_batch(
         lines, records = _read_input(client, source, input_path, defaults, model, input_format, line_format)
         if limit is not None:
             lines = itertools.islice(lines, limit)
-        state, output = _resume(stack, output_path, records, retry_failed) if to_file else (None, sys.stdout)
+        state, output = (ResumeState(), sys.stdout)
+        if to_file:
+            state, output = _resume(
+                stack, output_path, records, retry_failed, records.settings(defaults, model), restart
+            )
         total = None if input_path == "-" else count_lines(input_path)  # cheap for a file; stdin cannot be counted
-        if limit is not None and total is not None:
-            total = min(total, limit)
-        view = JobBar(progress_bar(total, quiet), retries, records.message_of)
+        view = JobBar(
+            progress_bar(total if limit is None else min(total or limit, limit), quiet), retries, records.message_of
+        )
         stack.callback(view.close)
-        done = state.done if state else set()
         job = _new_job(
             client,
             lines,
             output,
-            done,
+            state,
             records,
             view,
             ordered=ordered,
@@ -123,7 +129,7 @@ def run_batch(
             stats = job.run()
     if not quiet:
         _print_summary(stats, retries)
-    return _exit_status(job, interrupts.count, bool(stats.failed or (state and state.kept_errors)), output_path)
+    return _exit_status(job, interrupts.count, bool(stats.failed or state.kept_errors), output_path)
 
 
 def _read_input(
@@ -148,7 +154,7 @@ def _new_job(
     client: SamplerClient,
     lines: Iterator[InputLine],
     output: IO[str],
-    done: Set[str],
+    state: ResumeState,
     records: RecordFormat,
     view: JobBar,
     *,
@@ -162,7 +168,8 @@ def _new_job(
         client,
         lines,
         output,
-        done=done,
+        done=state.done,
+        memory=state.memory,
         ordered=ordered,
         model=model,
         on_event=view.on_event,
@@ -192,14 +199,22 @@ def _exit_status(job: BatchJob, interrupts: int, failures: bool, output_path: st
 
 
 def _resume(
-    stack: contextlib.ExitStack, output_path: str, records: RecordFormat, retry_failed: bool
+    stack: contextlib.ExitStack,
+    output_path: str,
+    records: RecordFormat,
+    retry_failed: bool,
+    settings: Dict[str, Any],
+    restart: bool,
 ) -> Tuple[ResumeState, IO[str]]:
     """Open the output for the rest of the run (its one-writer lock held), say what resuming repaired.
 
     Returns:
         What it already holds (the resume set), and the stream to append records to.
     """
-    state, output = stack.enter_context(open_output(output_path, retry_failed=retry_failed, key_of=records.key_of))
+    opened = open_output(
+        output_path, retry_failed=retry_failed, key_of=records.key_of, settings=settings, restart=restart
+    )
+    state, output = stack.enter_context(opened)
     if state.dropped_errors or state.dropped_torn:
         logger.warning(
             "Resuming %s: %d ids answered, %d failed ids run again, %d torn lines repaired",

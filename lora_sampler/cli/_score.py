@@ -59,6 +59,7 @@ def score_lines(
         prompts_per_request=args.prompts_per_request,
         line_format=SCORE_FORMAT,
         limit=args.limit,
+        restart=args.restart,
     )
     for note in notes:
         print(f"lora-sampler: note: {name}: {note}", file=sys.stderr)

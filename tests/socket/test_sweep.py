@@ -255,7 +255,15 @@ def test_client_sweep_yields_a_report_per_checkpoint(
     output = (tmp_path / "out" / str(reports[0].output)).read_text().splitlines()
     assert sorted(json.dumps(json.loads(line)["id"]) for line in output) == ['"a"', "2"]
     with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
-        again = list(sweep(client, Manifest(str(tmp_path / "none.jsonl")), requests, output_dir=tmp_path / "out"))
+        again = list(
+            sweep(
+                client,
+                Manifest(str(tmp_path / "none.jsonl")),
+                requests,
+                output_dir=tmp_path / "out",
+                sampling_params=SamplingParams(max_tokens=3),  # the same settings: other ones are refused
+            )
+        )
     # The ledger covers them (re-yielded from it, marked resumed) and a missing manifest names nothing new.
     assert sorted((r.step, r.rows, r.resumed) for r in again) == [(10, 2, True), (20, 2, True)]
     assert [r.ledger_line() for r in sorted(again, key=lambda r: r.step or 0)] == [r.ledger_line() for r in reports]

@@ -1,0 +1,264 @@
+"""What an output remembers of how its answers were made, in a file beside it (``<output>.settings``).
+
+The job's settings that change answers (the records' kind, the model or adapter, sampling and scoring settings, the
+extra body fields that carry chat and template settings) and one digest per answered id of its line's request
+(prompt, messages, completion and the line's own settings). A re-run that changes one is refused, naming it and the
+way out (a new output, or starting over); what does not change answers (concurrency, prompts per request,
+timeouts, retry-failed, the session id) is not remembered, so it changes freely. No HTTP, no threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+from typing import IO, TYPE_CHECKING, Any, Dict, Iterator, Mapping, Optional, Set, Tuple, Union
+
+from lora_sampler._files import replacing
+from lora_sampler.errors import OutputSettingsError, OutputWriteError
+from lora_sampler.types import Adapter, AdapterSpec, SampleRequest, SamplingParams, ScoreRequest
+
+if TYPE_CHECKING:  # pragma: no cover - the lines module imports this one
+    from lora_sampler.batch._lines import InputLine
+
+logger = logging.getLogger(__name__)
+
+#: The remembered settings' file: the output's path with this suffix (a name no ``*.jsonl`` glob matches).
+SETTINGS_SUFFIX = ".settings"
+#: The way out, in every refusal: Python spells the start-over flag ``restart=True``, the command line
+#: ``--restart``.
+WAY_OUT = "write to a new output, or pass --restart (Python: restart=True) to drop its answers and start over"
+
+#: The request fields that change answers (``session_id`` and ``timeout`` do not).
+_REQUEST_FIELDS = (
+    "prompt",
+    "messages",
+    "completion",
+    "num_samples",
+    "prompt_logprobs",
+    "topk_prompt_logprobs",
+    "topk_sample_logprobs",
+    "extra_body",
+)
+
+
+def settings_path(output: str) -> str:
+    """Return the path of the file that remembers ``output``'s settings."""
+    return output + SETTINGS_SUFFIX
+
+
+def model_name(model: Union[AdapterSpec, None]) -> Optional[str]:
+    """The name a model goes by in the settings: a published adapter's (content-derived) name, else as given."""
+    if model is None:
+        return None
+    return model.name if isinstance(model, Adapter) else os.fspath(model)
+
+
+def job_settings(
+    kind: str,
+    model: Union[AdapterSpec, None],
+    *,
+    num_samples: int = 1,
+    sampling_params: Optional[SamplingParams] = None,
+    prompt_logprobs: bool = False,
+    extra_body: Optional[Mapping[str, Any]] = None,
+) -> Dict[str, Any]:
+    """Return the named settings of a job that change its answers (what every line gets unless it says otherwise).
+
+    Args:
+        kind: The records' kind (``sample``, ``score``, ``openai-batch``).
+        model: The adapter or base model every line asks (None: each line names its own).
+        num_samples: Completions per line.
+        sampling_params: The sampling defaults.
+        prompt_logprobs: Whether prompt lines also return the prompt's logprobs.
+        extra_body: Further body fields of every request (chat and template settings among them).
+    """
+    params = sampling_params or SamplingParams()
+    return {
+        "kind": kind,
+        "model": model_name(model),
+        "num_samples": num_samples,
+        **{field.name: _plain(getattr(params, field.name)) for field in dataclasses.fields(params)},
+        "prompt_logprobs": prompt_logprobs,
+        "extra_body": _plain(extra_body),
+    }
+
+
+def request_digest(request: Union[SampleRequest, ScoreRequest]) -> str:
+    """Return a short digest of what in ``request`` changes its answer (its prompt, model and own settings)."""
+    fields: Dict[str, Any] = {name: getattr(request, name, None) for name in _REQUEST_FIELDS}
+    fields["model"] = model_name(request.adapter) or request.base_model
+    params = getattr(request, "sampling_params", None)
+    if params is not None:
+        fields.update({field.name: getattr(params, field.name) for field in dataclasses.fields(params)})
+    fields = {name: value for name, value in fields.items() if value not in (None, False)}  # unset: as if absent
+    text = json.dumps(_plain(fields), sort_keys=True, ensure_ascii=True, separators=(",", ":"))
+    return hashlib.blake2b(text.encode("ascii", "backslashreplace"), digest_size=8).hexdigest()
+
+
+def _plain(value: Any) -> Any:
+    """Return ``value`` as plain JSON values (tuples as lists, mappings as dicts), for comparing and writing."""
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
+
+
+def settings_changes(before: Mapping[str, Any], now: Mapping[str, Any]) -> str:
+    """Say which remembered settings ``now`` changes (``temperature 0.7 -> 1.0``); "" when none.
+
+    A setting remembered by an older version but not named now (or the other way round) is not compared.
+    """
+    changed = [
+        f"{name} {before[name]!r} -> {now[name]!r}" for name in now if name in before and before[name] != now[name]
+    ]
+    return ", ".join(changed)
+
+
+def check_remembered(output: str, settings: Mapping[str, Any]) -> None:
+    """Refuse to take ``output`` as finished when it remembers other settings than ``settings`` (a sweep's finished
+    checkpoint is not opened again, so its settings are checked here).
+
+    Raises:
+        OutputSettingsError: it does (the message names the settings and the way out).
+    """
+    remembered = _read_file(settings_path(output))[0]
+    changes = "" if remembered is None else settings_changes(remembered, settings)
+    if changes:
+        raise OutputSettingsError(
+            f"{output} holds answers made with other settings ({changes}); {WAY_OUT}",
+            path=output,
+            setting=changes.split(" ", 1)[0],
+        )
+
+
+class OutputMemory:
+    """The remembered settings of one output, open for the run that writes it (the output's one-writer lock held).
+
+    Args:
+        output: The output file.
+        settings: The job's settings that change answers (``job_settings``).
+        done: The resume set (the ids the output already holds); the others' digests are dropped.
+        restart: Forget what the output remembers (the caller empties the output too).
+
+    Raises:
+        OutputSettingsError: the output was written with other settings (the message names them and the way out).
+    """
+
+    def __init__(self, output: str, settings: Mapping[str, Any], done: Set[str], *, restart: bool = False):
+        self.output, self.path = output, settings_path(output)
+        remembered, self._digests = (None, {}) if restart else _read_file(self.path)
+        if remembered is not None and done:
+            check_remembered(output, settings)
+        elif done and not restart:
+            logger.warning("%s remembers no settings (written by an older version); taking them as today's", output)
+        self._digests = {key: digest for key, digest in self._digests.items() if key in done}
+        self._stream = self._rewrite(settings)
+
+    def _rewrite(self, settings: Mapping[str, Any]) -> IO[str]:
+        """Write the file afresh (the settings, then the digests of the ids still answered); open it to append."""
+        try:
+            with replacing(self.path) as out:
+                out.write(_line({"settings": dict(settings)}).encode("ascii"))
+                for key, digest in self._digests.items():
+                    out.write(_line({"id": key, "line": digest}).encode("ascii"))
+            return open(self.path, "a", encoding="utf-8")
+        except OSError as error:
+            raise _write_error(self.path, error) from None
+
+    def refusal(self, line: InputLine) -> Optional[OutputSettingsError]:
+        """Return the refusal of an answered line that now asks something else (its prompt or own settings changed);
+        None when it asks the same, or when nothing is remembered of it."""
+        remembered = self._digests.get(line.key)
+        if remembered is None or line.request is None or remembered == request_digest(line.request):
+            return None
+        return OutputSettingsError(
+            f"line {line.line_number} (id {line.id!r}) asks something else than the answer {self.output} holds for "
+            f"it (its prompt, messages or own settings changed); {WAY_OUT}, or give the changed line a new id",
+            path=self.output,
+            setting=f"line {line.line_number}",
+        )
+
+    def remember(self, key: str, request: Union[SampleRequest, ScoreRequest, None]) -> None:
+        """Remember the request of an id whose record is about to be written (a line without a request: nothing).
+
+        Raises:
+            OutputWriteError: the file cannot be written (a full disk).
+        """
+        if request is None:
+            return
+        digest = request_digest(request)
+        self._digests[key] = digest
+        try:
+            self._stream.write(_line({"id": key, "line": digest}))
+            self._stream.flush()
+        except OSError as error:
+            raise _write_error(self.path, error) from None
+
+    def close(self) -> None:
+        """Close the file. Idempotent."""
+        with contextlib.suppress(OSError):
+            self._stream.close()
+
+
+@contextlib.contextmanager
+def remembering(
+    output: str, settings: Optional[Mapping[str, Any]], done: Set[str], *, restart: bool = False
+) -> Iterator[Optional[OutputMemory]]:
+    """Hold an output's ``OutputMemory`` for the block (None without settings: nothing is remembered)."""
+    if settings is None:
+        yield None
+        return
+    memory = OutputMemory(output, settings, done, restart=restart)
+    try:
+        yield memory
+    finally:
+        memory.close()
+
+
+def _read_file(path: str) -> Tuple[Optional[Dict[str, Any]], Dict[str, str]]:
+    """Read remembered settings and digests (a torn last line from a kill is skipped); ``(None, {})``: no file."""
+    settings: Optional[Dict[str, Any]] = None
+    digests: Dict[str, str] = {}
+    try:
+        handle = open(path, "rb")  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        return settings, digests
+    with handle:
+        for raw in handle:
+            entry = _entry(raw)
+            if entry is None:
+                continue
+            if isinstance(entry.get("settings"), dict):
+                settings = entry["settings"]
+            elif isinstance(entry.get("id"), str) and isinstance(entry.get("line"), str):
+                digests[entry["id"]] = entry["line"]
+    return settings, digests
+
+
+def _line(entry: Dict[str, Any]) -> str:
+    return json.dumps(entry, ensure_ascii=True, sort_keys=True, separators=(",", ":")) + "\n"
+
+
+def _entry(raw: bytes) -> Optional[Dict[str, Any]]:
+    if not raw.endswith(b"\n"):
+        return None  # torn by a kill mid-write
+    try:
+        entry = json.loads(raw.decode("utf-8"))
+    except ValueError:
+        return None
+    return entry if isinstance(entry, dict) else None
+
+
+def _write_error(path: str, error: OSError) -> OutputWriteError:
+    reason = error.strerror or str(error)
+    return OutputWriteError(
+        f"cannot write {path} (what the output beside it remembers of its settings): {reason}. Fix the cause and run "
+        "again with the same output to resume",
+        path=path,
+        reason=reason,
+    )
