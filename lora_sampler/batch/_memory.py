@@ -32,18 +32,6 @@ SETTINGS_SUFFIX = ".settings"
 #: ``--restart``.
 WAY_OUT = "write to a new output, or pass --restart (Python: restart=True) to drop its answers and start over"
 
-#: The request fields that change answers (``session_id`` and ``timeout`` do not).
-_REQUEST_FIELDS = (
-    "prompt",
-    "messages",
-    "completion",
-    "num_samples",
-    "prompt_logprobs",
-    "topk_prompt_logprobs",
-    "topk_sample_logprobs",
-    "extra_body",
-)
-
 
 def settings_path(output: str) -> str:
     """Return the path of the file that remembers ``output``'s settings."""
@@ -81,7 +69,7 @@ def job_settings(
         "kind": kind,
         "model": model_name(model),
         "num_samples": num_samples,
-        **{field.name: _plain(getattr(params, field.name)) for field in dataclasses.fields(params)},
+        **_plain(dataclasses.asdict(params)),
         "prompt_logprobs": prompt_logprobs,
         "extra_body": _plain(extra_body),
     }
@@ -89,11 +77,19 @@ def job_settings(
 
 def request_digest(request: Union[SampleRequest, ScoreRequest]) -> str:
     """Return a short digest of what in ``request`` changes its answer (its prompt, model and own settings)."""
-    fields: Dict[str, Any] = {name: getattr(request, name, None) for name in _REQUEST_FIELDS}
-    fields["model"] = model_name(request.adapter) or request.base_model
-    params = getattr(request, "sampling_params", None)
-    if params is not None:
-        fields.update({field.name: getattr(params, field.name) for field in dataclasses.fields(params)})
+    fields: Dict[str, Any] = {"prompt": request.prompt, "model": model_name(request.adapter) or request.base_model}
+    if isinstance(request, ScoreRequest):
+        fields["completion"] = request.completion
+    else:
+        fields.update(
+            messages=request.messages,
+            num_samples=request.num_samples,
+            prompt_logprobs=request.prompt_logprobs,
+            topk_prompt_logprobs=request.topk_prompt_logprobs,
+            topk_sample_logprobs=request.topk_sample_logprobs,
+            extra_body=request.extra_body,
+            **dataclasses.asdict(request.sampling_params or SamplingParams()),
+        )
     fields = {name: value for name, value in fields.items() if value not in (None, False)}  # unset: as if absent
     text = json.dumps(_plain(fields), sort_keys=True, ensure_ascii=True, separators=(",", ":"))
     return hashlib.blake2b(text.encode("ascii", "backslashreplace"), digest_size=8).hexdigest()
