@@ -38,12 +38,13 @@ class Ledger:
 
     Args:
         output_dir: The sweep's output folder (created when missing).
+        restart: Forget every checkpoint the ledger holds (emptied under the folder's lock): each runs again.
 
     Raises:
         LoraSamplerError: another sweep holds the folder.
     """
 
-    def __init__(self, output_dir: str):
+    def __init__(self, output_dir: str, *, restart: bool = False):
         os.makedirs(output_dir, exist_ok=True)
         self.path = os.path.join(output_dir, LEDGER_NAME)
         self._lock_fd = _lock_folder(output_dir)
@@ -53,6 +54,8 @@ class Ledger:
             #: Checkpoints recorded as failed by earlier runs (they run again).
             self.retried: List[str] = []
             self._lines_of: Dict[Tuple[str, Any], int] = {}  # (checkpoint, adapter) -> 1 once it has a line
+            if restart and os.path.exists(self.path):
+                _replace(self.path, [])
             self._repair()
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         except BaseException:

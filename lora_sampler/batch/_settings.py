@@ -189,6 +189,13 @@ class SweepSettings:
             help="take manifest sampler paths outside the manifest's folder (absolute paths elsewhere, ..)"
         ),
     )
+    restart: bool = field(
+        default=False,
+        metadata=_about(
+            help="drop what output_dir holds (the ledger and every checkpoint's answers) and evaluate every checkpoint "
+            "again; needed to sweep into a folder with other settings (sampling, scoring, prompts) than it remembers"
+        ),
+    )
     keep_loaded: bool = field(default=False, metadata=_about(help="leave finished adapters loaded on the engine"))
     delete_retired: bool = field(
         default=False,

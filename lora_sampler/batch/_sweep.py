@@ -230,7 +230,7 @@ class Sweep:
             ValueError: without a watch, the patterns or the manifest name no checkpoint.
             LoraSamplerError: another sweep holds the output folder, or the engine or the input is unusable.
         """
-        with Ledger(self.settings.output_dir) as ledger:
+        with Ledger(self.settings.output_dir, restart=self.settings.restart) as ledger:
             self.ledger_path = ledger.path
             settings = self.settings
             source = CheckpointSource(
@@ -516,7 +516,9 @@ class _CheckpointRun(threading.Thread):
         sweep = self.sweep
         client, step, settings = sweep.client, sweep.step, sweep.settings
         output = os.path.join(settings.output_dir, f"{adapter.name}.jsonl")
-        opened = open_output(output, key_of=step.records.key_of, settings=step.settings(adapter))
+        opened = open_output(
+            output, key_of=step.records.key_of, settings=step.settings(adapter), restart=settings.restart
+        )
         with opened as (state, out):  # the output's one writer
             warm = _warm_up(client, step, adapter, state.done)
             try:

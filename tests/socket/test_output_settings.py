@@ -120,10 +120,11 @@ def test_score_rerun_into_a_sample_output_is_refused(
     assert "kind 'sample' -> 'score'" in capsys.readouterr().err
 
 
-def test_python_sweep_rerun_with_another_max_tokens_is_refused(
+def test_python_sweep_rerun_with_another_max_tokens_is_refused_and_restart_starts_over(
     engine: FakeEngine, lora_dir: Path, tmp_path: Path
 ) -> None:
-    """The Python sweep's finished checkpoints' outputs remember their settings: another max_tokens is refused."""
+    """The Python sweep's finished checkpoints remember their settings: another max_tokens is refused; restart=True
+    evaluates them again, and the new settings are remembered."""
     archive = write_adapter_archive(tmp_path / "step-1.tar.gz", engine.model)
     prompts = [{"id": n, "prompt": [1, n]} for n in range(4)]
     with SamplerClient(engine.url, lora_base_dir=str(lora_dir)) as client:
@@ -131,6 +132,26 @@ def test_python_sweep_rerun_with_another_max_tokens_is_refused(
         assert first[0].rows == 4
         with pytest.raises(lora_sampler.OutputSettingsError, match=r"max_tokens 4 -> 2.*restart=True"):
             list(sweep(client, [archive], prompts, output_dir=str(tmp_path / "run"), max_tokens=2))
+        again = list(sweep(client, [archive], prompts, output_dir=str(tmp_path / "run"), max_tokens=2, restart=True))
+        sent = engine.requests.copy()
+        resumed = list(sweep(client, [archive], prompts, output_dir=str(tmp_path / "run"), max_tokens=2))
+    assert again[0].rows == 4 and not again[0].resumed
+    assert resumed[0].resumed and engine.requests == sent  # the new settings are the remembered ones now
+
+
+def test_cli_sweep_restart_flag_starts_the_folder_over(
+    engine: FakeEngine, lora_dir: Path, tmp_path: Path, capsys: Any
+) -> None:
+    """`sweep --restart` is built from the same setting: another --max-tokens is refused, then answered again."""
+    archive = write_adapter_archive(tmp_path / "step-1.tar.gz", engine.model)
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"id": 1, "prompt": [1, 2]}\n')
+    base = ["sweep", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--checkpoints", archive]
+    argv = [*base, "--input", str(inp), "--output-dir", str(tmp_path / "run"), "--quiet"]
+    assert main([*argv, "--max-tokens", "4"]) == 0
+    assert main([*argv, "--max-tokens", "2"]) == 2
+    assert "max_tokens 4 -> 2" in capsys.readouterr().err
+    assert main([*argv, "--max-tokens", "2", "--restart"]) == 0
 
 
 def test_output_settings_error_pickles_with_its_fields() -> None:
