@@ -7,6 +7,7 @@ rewrite of the output, and result records. No HTTP, no threads, no argparse, tqd
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import errno
 import json
 import logging
@@ -15,7 +16,7 @@ import os
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Set, Tuple, Union
+from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 try:
     import fcntl
@@ -39,6 +40,29 @@ logger = logging.getLogger(__name__)
 
 #: Per-line keys that override the sampling defaults.
 SAMPLING_KEYS = (*SAMPLING_FIELDS, "stop")
+#: The key of a line holding the user's own data (any JSON value): not sent, copied to the line's output row.
+METADATA_KEY = "metadata"
+#: Every key a prompt line may hold.
+LINE_KEYS = (
+    "id",
+    "prompt",
+    "messages",
+    "num_samples",
+    *SAMPLING_KEYS,
+    "session_id",
+    "prompt_logprobs",
+    "extra_body",
+    METADATA_KEY,
+)
+#: Keys other tools spell another way in a line, and what a line holds instead.
+LINE_HABITS = {
+    "n": "num_samples (the OpenAI API's n)",
+    "max_new_tokens": "max_tokens",
+    "max_completion_tokens": "max_tokens",
+    "stop_token_ids": "stop (token ids and strings alike)",
+    "model": "--adapter or --base-model (a prompt line samples the run's model; OpenAI batch lines name theirs in "
+    "body.model)",
+}
 
 LineId = Union[str, int]
 #: The UTF-8 byte order mark some editors (and PowerShell's ``Out-File``) write at the start of a file.
@@ -96,6 +120,8 @@ class InputLine:
     id: Optional[LineId]
     request: Union[SampleRequest, ScoreRequest, None] = None
     error: str = ""
+    #: The line's own ``metadata`` (any JSON value), copied to its output row; None without.
+    metadata: Any = None
 
     @property
     def key(self) -> str:
@@ -122,12 +148,49 @@ def read_line_object(raw: bytes, line_number: int) -> Union[InputLine, Tuple[Dic
     return obj, line_id
 
 
+def unknown_key(obj: Mapping[str, Any], known: Sequence[str], habits: Mapping[str, str], own: str = "") -> str:
+    """Return the refusal of the first key of ``obj`` not in ``known``, saying what to write instead; "" when none.
+
+    Args:
+        obj: The line (or a part of it).
+        known: The keys it may hold.
+        habits: Keys other tools use, and this format's spelling of each.
+        own: Where the user's own fields go, when the format has such a place (``metadata``).
+    """
+    unknown = sorted(set(obj) - set(known))
+    if not unknown:
+        return ""
+    name = unknown[0]
+    close = difflib.get_close_matches(name, known, n=1)
+    if name in habits:
+        fix = f"use {habits[name]}"
+    elif close:
+        fix = f"did you mean {close[0]!r}?"
+    else:
+        fix = f"a line holds {', '.join(known)}"
+    where = f"; put your own fields in {own!r}" if own else ""
+    return f"unknown key {name!r} ({fix}){where}"
+
+
+def with_metadata(line: InputLine, obj: Mapping[str, Any]) -> InputLine:
+    """Return ``line`` carrying the object's ``metadata`` (copied to its output row), when it has one."""
+    return line if obj.get(METADATA_KEY) is None else dataclasses.replace(line, metadata=obj[METADATA_KEY])
+
+
 def parse_line(raw: bytes, line_number: int, defaults: LineDefaults) -> Optional[InputLine]:
     """Parse one JSONL input line; None for a blank line. Never raises for bad content: see ``InputLine.error``."""
     read = read_line_object(raw, line_number)
     if read is None or isinstance(read, InputLine):
         return read
     obj, line_id = read
+    return with_metadata(_line_request(obj, line_id, line_number, defaults), obj)
+
+
+def _line_request(obj: Dict[str, Any], line_id: LineId, line_number: int, defaults: LineDefaults) -> InputLine:
+    """The line of a prompt-line object: its request, or why it cannot be sent."""
+    unknown = unknown_key(obj, LINE_KEYS, LINE_HABITS, own=METADATA_KEY)
+    if unknown:
+        return InputLine(line_number, line_id, error=unknown)
     prompt_logprobs = obj.get("prompt_logprobs", defaults.prompt_logprobs and "messages" not in obj)
     if not isinstance(prompt_logprobs, bool):
         return InputLine(line_number, line_id, error=f"prompt_logprobs must be true or false, got {prompt_logprobs!r}")
@@ -516,6 +579,13 @@ def result_record(line: InputLine, output: SampleOutput) -> Dict[str, Any]:
     }
     if output.prompt_logprobs is not None:
         record["prompt_logprobs"] = [number_or_none(lp) for lp in output.prompt_logprobs]
+    return add_metadata(record, line)
+
+
+def add_metadata(record: Dict[str, Any], line: InputLine) -> Dict[str, Any]:
+    """Return ``record`` with the line's ``metadata``, when it has some."""
+    if line.metadata is not None:
+        record[METADATA_KEY] = line.metadata
     return record
 
 
@@ -531,7 +601,7 @@ def error_record(line: InputLine, error: Union[BaseException, str], model: Optio
     if model:
         record["model"] = model
     record["error"] = body
-    return record
+    return add_metadata(record, line)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from lora_sampler.batch._lines import (
     is_blank,
     loads_line,
     text_problem,
+    unknown_key,
 )
 from lora_sampler.errors import EngineStatusError, status_class
 from lora_sampler.types import AdapterSpec, SampleOutput, SampleRequest, SamplingParams, is_checkpoint_path
@@ -166,9 +167,9 @@ def _request(obj: Dict[str, Any], defaults: LineDefaults, base_models: Collectio
 
 def _envelope(obj: Dict[str, Any]) -> Tuple[str, Dict[str, Any]]:
     """Check a line's keys, method and url; return the url and a copy of its body."""
-    unknown = sorted(set(obj) - set(LINE_KEYS))
+    unknown = unknown_key(obj, LINE_KEYS, {})
     if unknown:
-        raise _Refused(f"unknown key {unknown[0]!r}; a batch line holds only {', '.join(LINE_KEYS)}")
+        raise _Refused(unknown)
     if obj.get("method") != "POST":
         raise _Refused(f"method must be \"POST\", got {obj.get('method')!r}")
     url = obj.get("url")

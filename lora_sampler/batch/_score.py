@@ -11,19 +11,24 @@ from typing import Any, Dict, List, Optional
 
 from lora_sampler._adapters.publish import LM_HEAD_NOTE, adapter_targets_lm_head
 from lora_sampler.batch._lines import (
+    METADATA_KEY,
     PROMPT_RECORDS,
     InputLine,
     LineDefaults,
     LineFormat,
+    LineId,
     RecordFormat,
+    add_metadata,
     number_or_none,
     read_line_object,
+    unknown_key,
+    with_metadata,
 )
 from lora_sampler.batch._steps import SampleStep, answered_records
 from lora_sampler.types import Adapter, ScoreOutput, ScoreRequest
 
-#: Keys a scoring line may hold besides its id.
-SCORE_KEYS = ("prompt", "completion", "session_id")
+#: Keys a scoring line may hold.
+SCORE_KEYS = ("id", "prompt", "completion", "session_id", METADATA_KEY)
 
 
 def parse_score_line(raw: bytes, line_number: int, defaults: LineDefaults) -> Optional[InputLine]:
@@ -32,6 +37,14 @@ def parse_score_line(raw: bytes, line_number: int, defaults: LineDefaults) -> Op
     if read is None or isinstance(read, InputLine):
         return read
     obj, line_id = read
+    return with_metadata(_score_request(obj, line_id, line_number, defaults), obj)
+
+
+def _score_request(obj: Dict[str, Any], line_id: LineId, line_number: int, defaults: LineDefaults) -> InputLine:
+    """The line of a scoring-line object: its request, or why it cannot be sent."""
+    unknown = unknown_key(obj, SCORE_KEYS, {"continuation": "completion"}, own=METADATA_KEY)
+    if unknown:
+        return InputLine(line_number, line_id, error=unknown)
     if "prompt" not in obj:
         hint = " (scoring takes prompt lines; chat messages are not scored)" if "messages" in obj else ""
         return InputLine(line_number, line_id, error=f"the line has no 'prompt' (token ids or text) to score{hint}")
@@ -50,13 +63,14 @@ def parse_score_line(raw: bytes, line_number: int, defaults: LineDefaults) -> Op
 
 def score_record(line: InputLine, output: ScoreOutput) -> Dict[str, Any]:
     """Return the record of a scored line: the scored tokens, their logprobs and their sum."""
-    return {
+    record = {
         "id": line.id,
         "model": output.model,
         "tokens": list(output.scored_tokens),
         "logprobs": [number_or_none(lp) for lp in output.scored_logprobs],
         "sum": number_or_none(output.total),
     }
+    return add_metadata(record, line)
 
 
 #: Scoring records; errors, resume keys and messages as the sampling records'.
