@@ -42,12 +42,12 @@ def parse_score_line(raw: bytes, line_number: int, defaults: LineDefaults) -> Op
 
 def _score_request(obj: Dict[str, Any], line_id: LineId, line_number: int, defaults: LineDefaults) -> InputLine:
     """The line of a scoring-line object: its request, or why it cannot be sent."""
-    unknown = unknown_key(obj, SCORE_KEYS, {"continuation": "completion"}, own=METADATA_KEY)
-    if unknown:
-        return InputLine(line_number, line_id, error=unknown)
     if "prompt" not in obj:
         hint = " (scoring takes prompt lines; chat messages are not scored)" if "messages" in obj else ""
         return InputLine(line_number, line_id, error=f"the line has no 'prompt' (token ids or text) to score{hint}")
+    unknown = unknown_key(obj, SCORE_KEYS, {"messages": "prompt (chat messages are not scored)"}, own=METADATA_KEY)
+    if unknown:
+        return InputLine(line_number, line_id, error=unknown)
     try:
         request = ScoreRequest(
             obj["prompt"],
