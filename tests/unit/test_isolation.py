@@ -4,11 +4,12 @@ blocking wrapper (cancellation and Ctrl-C give the turn back)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
-from typing import Dict, List
+from typing import Dict, Iterator, List, Tuple
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -226,67 +227,52 @@ def test_model_isolation_forked_child_does_not_wait_for_the_parents_requests() -
     assert os.waitstatus_to_exitcode(status) == 0
 
 
-def test_model_isolation_mixing_lets_only_its_own_calls_requests_mix() -> None:
-    """One call's mixing() exempts only its own requests: another thread's isolated scoring waits while the mixing
-    call's request of another model is in flight (it went straight in while any mixing() block was open: 169 of 800
-    wrong scores beside check_scoring(concurrent=True)), and the mixing call's requests mix among themselves."""
-    isolation = ModelIsolation()
-    holding, release, scored = threading.Event(), threading.Event(), threading.Event()
+@contextlib.contextmanager
+def request(isolation: ModelIsolation, model: str, scoring: bool, mixing: bool) -> Iterator[None]:
+    """One request's turn, of a call that mixes (inside ``mixing()``) or not."""
+    with isolation.mixing() if mixing else contextlib.nullcontext(), isolation.admit(model, scoring):
+        yield
 
-    def mixing_call() -> None:
-        with isolation.mixing(), isolation.admit("b", True), isolation.admit("c", False):  # its own: they mix
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        # Another caller's scoring waits for the mixing call's request of another model: it went straight in while
+        # any mixing() block was open (169 of 800 wrong scores beside check_scoring(concurrent=True)).
+        (("b", True, True), ("a", True, False)),
+        # The mixing call waits its turn: its request is not sent beside another caller's scoring.
+        (("a", True, False), ("b", False, True)),
+    ],
+)
+def test_model_isolation_mixing_exempts_only_its_own_calls_requests(
+    first: Tuple[str, bool, bool], second: Tuple[str, bool, bool]
+) -> None:
+    """One call's mixing() lets only its own requests mix: the rule holds between it and every other caller."""
+    isolation = ModelIsolation()
+    holding, release, entered = threading.Event(), threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with request(isolation, *first):
             holding.set()
             release.wait(10)
 
-    def isolated_scoring() -> None:
-        with isolation.admit("a", True):
-            scored.set()
+    def then() -> None:
+        with request(isolation, *second):
+            entered.set()
 
-    caller = threading.Thread(target=mixing_call)
-    caller.start()
-    assert holding.wait(5)  # the mixing call's requests are in flight: the overlap is forced from here
-    assert isolation.waits == 0
-    scorer = threading.Thread(target=isolated_scoring)
-    scorer.start()
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert holding.wait(5)  # the first request is in flight: the overlap is forced from here
+    waiter = threading.Thread(target=then)
+    waiter.start()
     deadline = time.monotonic() + 10
     while not isolation.waits and time.monotonic() < deadline:
         time.sleep(0.01)
     try:
-        assert isolation.waits == 1 and not scored.is_set()  # it waits for the mixing call's requests
+        assert isolation.waits == 1 and not entered.is_set()
     finally:
         release.set()
-        caller.join(5)
-    assert scored.wait(5)
-    scorer.join(5)
+        holder.join(5)
+    assert entered.wait(5)
+    waiter.join(5)
     assert isolation.active  # the block is closed, and it was never open in this thread
-
-
-def test_model_isolation_mixing_calls_requests_wait_for_other_callers_scoring() -> None:
-    """The mixing call waits its turn: its request of another model is not sent beside isolated scoring."""
-    isolation = ModelIsolation()
-    holding, release, sent = threading.Event(), threading.Event(), threading.Event()
-
-    def isolated_scoring() -> None:
-        with isolation.admit("a", True):
-            holding.set()
-            release.wait(10)
-
-    def mixing_call() -> None:
-        with isolation.mixing(), isolation.admit("b", False):
-            sent.set()
-
-    scorer = threading.Thread(target=isolated_scoring)
-    scorer.start()
-    assert holding.wait(5)
-    caller = threading.Thread(target=mixing_call)
-    caller.start()
-    deadline = time.monotonic() + 10
-    while not isolation.waits and time.monotonic() < deadline:
-        time.sleep(0.01)
-    try:
-        assert isolation.waits == 1 and not sent.is_set()
-    finally:
-        release.set()
-        scorer.join(5)
-    assert sent.wait(5)
-    caller.join(5)
