@@ -110,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_doctor_arguments(add("doctor", "check that the engine can serve adapters, and say what to fix", engine))
     add("demo", "run a small batch through the built-in test engine, load race included")
+    _add_lm_eval_command(sub.add_parser)
     _add_serve_test_engine(sub.add_parser, common)
     _add_publish_arguments(
         add("publish", "publish a checkpoint into --lora-base-dir; print the adapter name", engine, publishing)
@@ -715,6 +716,35 @@ def _silence_stdout() -> None:
         os.close(devnull)
 
 
+#: The subcommand that hands its arguments to lm-eval's command line.
+LM_EVAL_COMMAND = "lm-eval"
+
+
+def _add_lm_eval_command(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
+    """``lora-sampler lm-eval``, listed in the help; ``main`` hands its arguments to lm-eval unparsed."""
+    add_parser(
+        LM_EVAL_COMMAND,
+        help="lm-eval's own command line with --model lora-sampler (needs lora_sampler[lm-eval], Python >= 3.10)",
+        description="lm-eval's own command line, its arguments unchanged, with --model lora-sampler registered: "
+        "lora-sampler lm-eval run --model lora-sampler --model_args base_url=URL,adapter=CKPT --tasks T",
+        add_help=False,
+    ).add_argument("arguments", nargs=argparse.REMAINDER, help="lm-eval's arguments")
+
+
+def run_lm_eval(arguments: Sequence[str]) -> int:
+    """``lora-sampler lm-eval ARGS...``: lm-eval's command line (lm-eval is imported here, and only here)."""
+    try:
+        from lora_sampler.lm_eval import main as lm_eval_main
+    except ImportError as exc:
+        print(f"lora-sampler: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        return lm_eval_main(arguments)
+    except LoraSamplerError as exc:  # the engine's refusal or an outage: said in one line, as every command says it
+        print(f"lora-sampler: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
 COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
     "sample": cmd_sample,
     "score": cmd_score,
@@ -751,8 +781,11 @@ def _exit_interrupted(signum: int, frame: Optional[FrameType]) -> None:
 
 def _run_command(argv: Optional[Sequence[str]]) -> int:
     """Parse ``argv``, run its command, and map its failures to exit statuses (``main``)."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == [LM_EVAL_COMMAND]:  # lm-eval's own command line: its arguments are not ours to parse
+        return run_lm_eval(arguments[1:])
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(arguments)
     except SystemExit as exc:  # argparse: --help and --version are 0, a usage error 2
         return exc.code if isinstance(exc.code, int) else EXIT_ERROR
     if os.environ.get(TESTING_ENV) == "1":

@@ -1,0 +1,104 @@
+"""The engine's token ids of the texts an evaluation asks about: each distinct text tokenized once, memory bounded.
+
+lm-eval splits a context from its continuation by tokenizing both (and their join), and the same contexts come back
+for every answer choice, every checkpoint of a sweep and every window of a long text. The tokenizer is the base
+model's, so one answer holds for every adapter: the cache is shared by every checkpoint of a sweep. It holds at most
+``max_tokens`` token ids plus text characters (least recently used out); a text pushed out is asked again.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import threading
+from typing import Iterable, List, Optional, OrderedDict, Tuple
+
+from lora_sampler._client.client import SamplerClient
+
+#: The default bound: token ids plus text characters held (about 300 MB in the worst case, far less for most texts).
+DEFAULT_MAX_SIZE = 8_000_000
+
+_Key = Tuple[str, bool]
+
+
+class TokenCache:
+    """Token ids of texts by the engine's tokenizer (``SamplerClient.tokenize``), each distinct text asked once.
+
+    Thread-safe. ``warm`` asks for many texts at once on ``workers`` threads (each request rides the client's retry
+    table); ``encode`` answers from the cache, asking the engine for a text it does not hold.
+
+    Args:
+        client: The client whose engine tokenizes.
+        workers: Tokenize requests in flight at once while warming.
+        max_size: Most token ids plus text characters held.
+    """
+
+    def __init__(self, client: SamplerClient, *, workers: int = 8, max_size: int = DEFAULT_MAX_SIZE):
+        if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1:
+            raise ValueError(f"max_size must be an int >= 1, got {max_size!r}")
+        self._client, self._workers, self._max_size = client, max(1, workers), max_size
+        self._entries: OrderedDict[_Key, Tuple[int, ...]] = collections.OrderedDict()
+        self._size = 0
+        self._lock = threading.Lock()
+        #: ``/tokenize`` requests answered so far (each distinct text once while it stays cached).
+        self.requests = 0
+
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> Tuple[int, ...]:
+        """Return the token ids of ``text`` (from the cache, or asked now)."""
+        key = (text, add_special_tokens)
+        with self._lock:
+            found = self._entries.get(key)
+            if found is not None:
+                self._entries.move_to_end(key)
+                return found
+        return self._ask(key)
+
+    def warm(self, texts: Iterable[str], *, add_special_tokens: bool = False) -> None:
+        """Tokenize every text not cached yet, ``workers`` requests at a time (each distinct text once).
+
+        Raises:
+            EngineError: a tokenize request failed once the retry table ran its course (the others are kept).
+        """
+        with self._lock:
+            missing: List[_Key] = list(
+                dict.fromkeys(key for key in ((text, add_special_tokens) for text in texts) if key not in self._entries)
+            )
+        if len(missing) <= 1:
+            for key in missing:
+                self._ask(key)
+            return
+        with concurrent.futures.ThreadPoolExecutor(min(self._workers, len(missing)), "lora_sampler-tokenize") as pool:
+            for _ in pool.map(self._ask, missing):
+                pass
+
+    def _ask(self, key: _Key) -> Tuple[int, ...]:
+        text, special = key
+        tokens = self._client.tokenize(text, add_special_tokens=special)
+        self._keep(key, tokens)
+        return tokens
+
+    def _keep(self, key: _Key, tokens: Tuple[int, ...]) -> None:
+        cost = len(key[0]) + len(tokens)
+        with self._lock:
+            self.requests += 1
+            if key in self._entries or cost > self._max_size:
+                return
+            self._entries[key] = tokens
+            self._size += cost
+            while self._size > self._max_size:
+                (text, _), dropped = self._entries.popitem(last=False)
+                self._size -= len(text) + len(dropped)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def size(self) -> int:
+        """Token ids plus text characters held now."""
+        with self._lock:
+            return self._size
+
+
+def optional_cache(cache: Optional[TokenCache], client: SamplerClient, workers: int) -> TokenCache:
+    """``cache`` if given (a sweep shares one over its checkpoints), else a new one over ``client``."""
+    return cache if cache is not None else TokenCache(client, workers=workers)
