@@ -24,7 +24,9 @@ try:
     import lm_eval.models  # noqa: F401  (lm-eval's own models first, so that they stay resolvable)
     from lm_eval.api.registry import model_registry, register_model
 except ImportError as exc:  # pragma: no cover - exercised by the test that runs without lm-eval
-    raise ImportError("lora_sampler.lm_eval needs lm-eval: pip install 'lora_sampler[lm-eval]' (lm-eval>=0.4.13)") from exc
+    raise ImportError(
+        "lora_sampler.lm_eval needs lm-eval: pip install 'lora_sampler[lm-eval]' (lm-eval>=0.4.13)"
+    ) from exc
 
 from lora_sampler.lm_eval._command import main
 from lora_sampler.lm_eval._model import LoraSamplerLM

@@ -21,9 +21,9 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._client.scoring import SCORING_PARAMS
 from lora_sampler._defaults import API_KEY_ENV, DEFAULT_MAX_WORKERS, VLLM_API_KEY_ENV
+from lora_sampler.errors import EngineProtocolError
 from lora_sampler.lm_eval._generation import generation_of
 from lora_sampler.lm_eval._tokens import TokenCache, optional_cache
-from lora_sampler.errors import EngineProtocolError
 from lora_sampler.types import Adapter, AdapterSpec, SampleOutput, SampleRequest, build_request
 
 logger = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ class LoraSamplerLM(TemplateLM):  # type: ignore[misc]  # lm-eval is untyped
         elif base_url is not None or lora_base_dir is not None or timeout is not None:
             raise ValueError("pass base_url, lora_base_dir and timeout to the client, not beside client=")
         self._adapter, self._base_model = (adapter or None), base_model
-        self._batching = {"prompts_per_request": prompts_per_request, "max_outage": max_outage}
+        self._prompts_per_request, self._max_outage = prompts_per_request, max_outage
         self._max_length, self._prefix = _optional_int(max_length, "max_length", 2), prefix_token_id
         self._max_gen_toks = max_gen_toks
         self.tokens = optional_cache(token_cache, self._client, num_concurrent)
@@ -250,7 +250,11 @@ class LoraSamplerLM(TemplateLM):  # type: ignore[misc]  # lm-eval is untyped
     def _run(self, samples: Iterator[SampleRequest], total: int, disable_tqdm: bool) -> Iterator[SampleOutput]:
         """The outputs in input order, through the client's fan-out (the first failure raises)."""
         outputs: Iterator[SampleOutput] = self._client.imap(
-            samples, progress=not disable_tqdm and total > 0, total=total, **self._batching
+            samples,
+            progress=not disable_tqdm and total > 0,
+            total=total,
+            prompts_per_request=self._prompts_per_request,
+            max_outage=self._max_outage,
         )
         return outputs
 

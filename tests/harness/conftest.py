@@ -22,7 +22,10 @@ MULTIPLE_CHOICE = [
     {"question": "The sky is", "choices": [" grey", " blue"], "answer": 1},
 ]
 GENERATION = [{"question": "Say hi", "answer": "hi"}, {"question": "Count", "answer": "1 2 3"}]
-TEXTS = [{"text": "A long text scored in rolling windows, longer than the engine's small context. " * 2}, {"text": "Hi."}]
+TEXTS = [
+    {"text": "A long text scored in rolling windows, longer than the engine's small context. " * 2},
+    {"text": "Hi."},
+]
 
 
 def write_task(folder: Path, name: str, rows: List[Dict[str, Any]], body: str) -> None:

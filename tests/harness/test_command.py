@@ -29,11 +29,8 @@ def results_of(output: Path) -> Dict[str, Any]:
 
 def harness_args(engine: FakeEngine, tasks: Path, output: Path, model_args: str, *more: str) -> List[str]:
     model = f"base_url={engine.url},prefix_token_id=1" + (f",{model_args}" if model_args else "")
-    return ["run", "--model", "lora-sampler", "--model_args", model, "--include_path", str(tasks)] + [
-        "--output_path",
-        str(output),
-        *more,
-    ]
+    where = ["--include_path", str(tasks), "--output_path", str(output)]
+    return ["run", "--model", "lora-sampler", "--model_args", model, *where, *more]
 
 
 def test_lora_sampler_lm_eval_runs_all_three_output_types(
@@ -60,7 +57,9 @@ def test_python_m_and_chat_template(engine: FakeEngine, tasks: Path, tmp_path: P
     output = tmp_path / "out"
     args = harness_args(engine, tasks, output, "", "--tasks", "tiny_gen", "--apply_chat_template", "--log_samples")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    done = subprocess.run([sys.executable, "-m", "lora_sampler.lm_eval", *args], env=env, capture_output=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "lora_sampler.lm_eval", *args], env=env, capture_output=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     [samples] = list(output.rglob("samples_tiny_gen_*.jsonl"))
     first = json.loads(samples.read_text(encoding="utf-8").splitlines()[0])

@@ -32,7 +32,9 @@ def expected_score(client: SamplerClient, tokens: List[int], start: int, **model
     return sum(output.prompt_logprobs[start:])  # type: ignore[arg-type]
 
 
-def test_loglikelihood_is_lm_evals_split_scored_by_the_adapter(engine: FakeEngine, checkpoint: str, lora_dir: Path) -> None:
+def test_loglikelihood_is_lm_evals_split_scored_by_the_adapter(
+    engine: FakeEngine, checkpoint: str, lora_dir: Path
+) -> None:
     """The context's trailing space moves to the continuation; the adapter's logprobs of the continuation tokens."""
     lm = LoraSamplerLM(base_url=engine.url, adapter=checkpoint, lora_base_dir=str(lora_dir), prompts_per_request=1)
     answers = lm.loglikelihood(instances("loglikelihood", [("Two plus two is ", "four"), ("The sky", " is blue")]))
@@ -54,7 +56,7 @@ def test_is_greedy_is_true_for_the_engines_own_greedy_continuation(engine: FakeE
     tokens = list(generated.sequences[0].tokens)
     lm = LoraSamplerLM(base_url=engine.url, prefix_token_id=1)
     context = lm.tok_encode("Once upon")
-    other = tokens[:-1] + [tokens[-1] + 1 if tokens[-1] + 1 < 1024 else tokens[-1] - 1]
+    other = [*tokens[:-1], tokens[-1] + 1 if tokens[-1] + 1 < 1024 else tokens[-1] - 1]
     answers = lm._loglikelihood_tokens([(None, context, tokens), (None, context, other)])
     assert answers[0][1] is True and answers[1][1] is False
     assert answers[0][0] == pytest.approx(sum(generated.sequences[0].logprobs), abs=1e-6)
