@@ -6,7 +6,6 @@ from lora_sampler._adapters.archive import (
     MARKER_FILE,
     checkpoint_digest,
     clean_stale_temporaries,
-    clear_digest_cache,
 )
 from lora_sampler._adapters.extract import (
     PublishLimits,
@@ -36,7 +35,6 @@ __all__ = [
     "check_adapter_config",
     "checkpoint_digest",
     "clean_stale_temporaries",
-    "clear_digest_cache",
     "default_adapter_name",
     "publish_checkpoint",
     "read_published_digest",

@@ -1,4 +1,4 @@
-"""Filesystem mechanics of publishing: content digests (cached), archive member rules, temporary folders.
+"""Filesystem mechanics of publishing: content digests and signatures, archive member rules, temporary folders.
 
 Never extracts, renames into place or publishes. Archive members are checked by our own rules on every Python
 version (``check_member``, ``check_layout``); tarfile's ``data`` filter runs as a second line where it exists.
@@ -15,12 +15,9 @@ import shutil
 import socket
 import stat
 import tarfile
-import threading
 import time
-from contextlib import contextmanager
-from typing import Callable, Dict, Hashable, Iterable, Iterator, List, Optional, Tuple, Union
+from typing import Callable, Dict, Iterable, List, Optional, Tuple, Union
 
-from lora_sampler._locks import KeyedLocks
 from lora_sampler.errors import PublishError, UnsafeArchiveError
 
 logger = logging.getLogger(__name__)
@@ -31,8 +28,6 @@ CHUNK_SIZE = 1 << 20
 CONFIG_FILE = "adapter_config.json"
 #: Name of the record lora_sampler leaves in each published folder (vLLM ignores extra files).
 MARKER_FILE = ".lora_sampler.json"
-#: Most digests remembered by the process-wide cache.
-DIGEST_CACHE_SIZE = 4096
 #: Age after which a temporary folder is treated as a crashed publisher's leftover, whoever made it.
 DEFAULT_STALE_AFTER = 3600.0
 
@@ -45,30 +40,14 @@ ARCHIVE_FIX = "re-create it from the adapter folder with plain files only, e.g. 
 _TEMP_NAME = re.compile(r"^\.(?:tmp|del)-.*-(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]+)-[0-9a-f]{8}$")
 
 
-_cache_guard = threading.Lock()
-_digest_cache: Dict[Hashable, str] = {}
-_digest_locks = KeyedLocks()
-
-
 def checkpoint_digest(path: StrPath) -> str:
     """Return the sha256 (hex) of an archive's bytes, or of a folder's sorted relative paths and contents.
 
-    Cached per process, keyed by the real path and its stat signature (size, mtime_ns, ctime_ns, inode; for a folder,
-    those of every file), so repeated publishes of an unchanged checkpoint do not re-hash it. Threads asking for the
-    same path wait for one computation.
+    Reads the whole checkpoint (nothing is cached: publishing finds an unchanged checkpoint by the signature its
+    published folder records, without reading it).
     """
     real = os.path.realpath(os.fspath(path))
-    key = _cache_key(real)
-    cached = _cached(key)
-    if cached is not None:
-        return cached
-    with _digest_locks.hold(real):
-        cached = _cached(key)
-        if cached is not None:
-            return cached
-        digest = _sha256_folder(list_folder_files(real)) if os.path.isdir(real) else _sha256_file(real)
-        _remember(key, digest)
-    return digest
+    return _sha256_folder(list_folder_files(real)) if os.path.isdir(real) else _sha256_file(real)
 
 
 def folder_digest(root: str) -> str:
@@ -76,69 +55,11 @@ def folder_digest(root: str) -> str:
     return _sha256_folder(list_folder_files(root))
 
 
-def lookup_digest(key: Hashable) -> Optional[str]:
-    """Return the digest remembered under ``key`` (e.g. a storage object's URL, ETag and size), or None."""
-    return _cached(key)
+def file_signature(path: str) -> Signature:
+    """Return what tells a file's content changed without reading it: size, mtime_ns, ctime_ns and inode.
 
-
-def remember_digest(key: Hashable, digest: str) -> None:
-    """Remember ``digest`` under ``key`` in the process-wide cache (forgotten by ``clear_digest_cache``)."""
-    _remember(key, digest)
-
-
-def cached_digest(path: StrPath) -> Optional[str]:
-    """Return the cached ``checkpoint_digest`` of an unchanged checkpoint, or None (nothing is hashed)."""
-    return _cached(_cache_key(os.path.realpath(os.fspath(path))))
-
-
-@contextmanager
-def hashing_in_one_pass(archive: StrPath) -> Iterator[Callable[[str], None]]:
-    """Hold the digest lock of ``archive`` while a caller reads it once; yield ``remember(digest)`` for the result.
-
-    Threads asking ``checkpoint_digest`` of the same archive meanwhile wait, then find the digest cached. The digest
-    is remembered only if the file's signature did not change during the read.
-
-    Raises:
-        PublishError: (from ``remember``) the archive changed while it was read.
+    ctime and inode too: a same-size rewrite within a coarse mtime tick still changes one of them.
     """
-    real = os.path.realpath(os.fspath(archive))
-    with _digest_locks.hold(real):
-        key = _cache_key(real)
-
-        def remember(digest: str) -> None:
-            if _cache_key(real) != key:
-                raise PublishError(f"checkpoint {real} changed while it was being published; publish it again")
-            _remember(key, digest)
-
-        yield remember
-
-
-def _cache_key(real: str) -> Hashable:
-    if os.path.isdir(real):
-        return ("dir", real, tuple((rel, _signature(full)) for rel, full in list_folder_files(real)))
-    return ("file", real, _signature(real))
-
-
-def _cached(key: Hashable) -> Optional[str]:
-    with _cache_guard:
-        return _digest_cache.get(key)
-
-
-def _remember(key: Hashable, digest: str) -> None:
-    with _cache_guard:
-        if len(_digest_cache) >= DIGEST_CACHE_SIZE:
-            _digest_cache.pop(next(iter(_digest_cache)))
-        _digest_cache[key] = digest
-
-
-def clear_digest_cache() -> None:
-    """Forget every cached digest (the next publish of each checkpoint hashes it again)."""
-    with _cache_guard:
-        _digest_cache.clear()
-
-
-def _signature(path: str) -> Signature:
-    # ctime and inode too: a same-size rewrite within a coarse mtime tick still changes one of them.
     st = os.stat(path)
     return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 

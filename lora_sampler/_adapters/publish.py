@@ -1,8 +1,15 @@
-"""Checkpoint to published adapter folder: content-derived names, safe extraction, one ``os.rename``, preflight.
+"""Checkpoint to published adapter folder, one straight pipeline: read, check each member, extract, rename.
 
-The engine's filesystem resolver loads ``<lora_base_dir>/<name>`` lazily, so a folder must appear there complete
-or not at all (half-written folders give 400s). No HTTP and no threads here; the
-client reads the engine's model and calls ``check_adapter_config`` itself.
+``publish_checkpoint`` first reads the checkpoint's signature, never its content (a local file's size, times and
+inode; a stored object's ETag, version and size, one metadata request), and returns at once the folder an earlier
+publish of that very signature left (its ``.lora_sampler.json`` records it, so a new process finds it too). Else it
+fills a hidden temporary folder inside ``lora_base_dir`` (an archive extracted member by member, each checked,
+hashed in the same pass; a folder's adapter files copied), checks its ``adapter_config.json`` and renames it into
+place. The published folders are the only record: nothing is cached in the process. Threads of one process
+publishing one checkpoint take turns (the first reads it, the others find its folder); between processes a lost
+rename (``EEXIST``/``ENOTEMPTY``) just means another publisher won. The engine's filesystem resolver loads
+``<lora_base_dir>/<name>`` lazily, so a folder must appear there complete or not at all. No HTTP and no threads
+here; the client reads the engine's model and calls ``check_adapter_config`` itself.
 """
 
 from __future__ import annotations
@@ -12,24 +19,24 @@ import json
 import logging
 import os
 import re
+import secrets
 import shutil
+from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from lora_sampler._adapters import storage
 from lora_sampler._adapters.archive import (
     CONFIG_FILE,
     MARKER_FILE,
     StrPath,
-    cached_digest,
     checkpoint_digest,
     clean_stale_temporaries,
+    file_signature,
     folder_digest,
     fsync_folders,
-    hashing_in_one_pass,
-    lookup_digest,
+    list_folder_files,
     make_temp_folder,
-    remember_digest,
 )
 from lora_sampler._adapters.extract import (
     DEFAULT_LIMITS,
@@ -70,7 +77,9 @@ DEFAULT_DIGEST_CHARS = 12
 DEFAULT_DURABLE = True
 
 _UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
-_publish_locks = KeyedLocks()
+#: One publish of a checkpoint into a folder at a time per process: a download or extraction is never done twice
+#: at once (between processes the rename decides, and the loser's work is thrown away).
+_publishing = KeyedLocks()
 
 
 def default_adapter_name(checkpoint: StrPath, digest: Optional[str] = None) -> str:
@@ -82,19 +91,40 @@ def default_adapter_name(checkpoint: StrPath, digest: Optional[str] = None) -> s
 
     Args:
         checkpoint: An archive or adapter folder.
-        digest: Its ``checkpoint_digest``, if already known.
+        digest: Its ``checkpoint_digest``, if already known (else the checkpoint is read and hashed).
     """
     path = os.path.abspath(os.fspath(checkpoint))
-    return validate_adapter_name(f"{_name_stem(path)}-{(digest or checkpoint_digest(path))[:DEFAULT_DIGEST_CHARS]}")
+    return _named(_name_stem(path, os.path.isdir(path)), digest or checkpoint_digest(path))
 
 
-def _name_stem(path: str, is_folder: Optional[bool] = None) -> str:
+def _name_stem(path: str, is_folder: bool) -> str:
     """The readable part of a default name: the file name without its archive suffix, in the rule's characters."""
-    stem = path.rstrip("/").rsplit("/", 1)[-1] if is_storage_url(path) else os.path.basename(path)
-    if not (os.path.isdir(path) if is_folder is None else is_folder):
+    stem = os.path.basename(path.rstrip("/"))  # a path's or a URL's last segment
+    if not is_folder:
         stem = strip_archive_suffix(stem)
     stem = re.sub(r"\.{2,}", ".", _UNSAFE_NAME_CHARS.sub("-", stem))
     return stem.lstrip(".-")[:DEFAULT_STEM_LENGTH].rstrip(".-") or "adapter"
+
+
+def _named(stem: str, digest: str) -> str:
+    return validate_adapter_name(f"{stem}-{digest[:DEFAULT_DIGEST_CHARS]}")
+
+
+@dataclass(frozen=True)
+class _Checkpoint:
+    """What is known of a checkpoint before its content is read.
+
+    Attributes:
+        where: Its absolute path or URL (what the published folder records as its source).
+        stem: The readable part of its default name.
+        signature: What changes when its content may have (JSON: recorded in the published folder's marker).
+        fill: ``fill(temp)`` writes its adapter files into ``temp`` and returns its ``checkpoint_digest``.
+    """
+
+    where: str
+    stem: str
+    signature: List[Any]
+    fill: Callable[[str], str]
 
 
 def publish_checkpoint(
@@ -111,9 +141,10 @@ def publish_checkpoint(
     filesystem; the resolver never takes a dotted name for an adapter), checked, fsynced, and moved into place with
     one ``os.rename``. Any number of threads and processes publishing the same checkpoint all succeed and leave one
     folder: a rename failing with ``EEXIST``/``ENOTEMPTY`` means another publisher won, and its digest is verified.
-    A folder already holding the same digest is returned at once, without extracting. An archive nothing can have
-    published yet is read once: hashed while it is extracted, its compressed stream verified to the end. A storage
-    URL's object is streamed through the same pass (no local copy); publishing it again costs one metadata request.
+    A checkpoint whose signature (a file's size, times and inode; a stored object's ETag or version and size) a
+    published folder records is returned at once, without reading it: in a new process too. Otherwise an archive is
+    read once, hashed while it is extracted, its compressed stream verified to the end; a storage URL's object is
+    streamed through the same pass (no local copy).
 
     Args:
         checkpoint: A ``.tar.gz``/``.tgz``/``.tar`` (or bzip2/xz) archive of an adapter folder (files at its root
@@ -138,9 +169,11 @@ def publish_checkpoint(
         ValueError: ``name`` is not a valid adapter name.
     """
     base = _checked_arguments(lora_base_dir, name, limits)
-    if is_storage_url(checkpoint):
-        return _publish_stored(str(checkpoint), base, name, limits, storage_options)
-    return _publish_local(os.path.abspath(os.fspath(checkpoint)), base, name, limits)
+    stored = is_storage_url(checkpoint)
+    where = str(checkpoint) if stored else os.path.abspath(os.fspath(checkpoint))
+    with _publishing.hold((base, where)):  # threads of this process: the first reads it, the others find its folder
+        read = _stored_checkpoint(where, limits, storage_options) if stored else _local_checkpoint(where, limits)
+        return _published_before(base, name, read) or _publish_new(base, name, read)
 
 
 def _checked_arguments(lora_base_dir: StrPath, name: Optional[str], limits: PublishLimits) -> str:
@@ -158,76 +191,55 @@ def _checked_arguments(lora_base_dir: StrPath, name: Optional[str], limits: Publ
     return base
 
 
-def _publish_local(source: str, base: str, name: Optional[str], limits: PublishLimits) -> Adapter:
-    """Publish a local archive or folder: read once when new, else verified against what is published."""
+# -- read: a checkpoint's signature, and how to fill a folder with it -------------------------------------------
+
+
+def _local_checkpoint(source: str, limits: PublishLimits) -> _Checkpoint:
+    """A local archive (signed by its stat) or folder (by its adapter files' stats)."""
     if not os.path.exists(source):
         raise PublishError(f"checkpoint {source} does not exist; pass an adapter archive or folder")
-    if not os.path.isdir(source) and cached_digest(source) is None and not _may_be_published(source, base, name):
-        with hashing_in_one_pass(source) as remember:
-            if cached_digest(source) is None:  # another thread of this process may have published it meanwhile
-                return _publish_cold(source, base, name, partial(_extract_file, source, limits, None, remember))
-    digest = checkpoint_digest(source)
-    name = name or default_adapter_name(source, digest)
-    with _publish_locks.hold((os.path.realpath(base), name)):  # threads of this process extract once
-        existing = _published_adapter(os.path.join(base, name), name, digest, source)
-        if existing is not None:
-            return existing
-        if os.path.isdir(source):
-            return _publish_cold(source, base, name, partial(_copy_local_folder, source, limits, digest))
-        return _publish_cold(source, base, name, partial(_extract_file, source, limits, digest, None))
+    if os.path.isdir(source):
+        signature = _folder_signature(source)
+        fill = partial(_copy_local_folder, source, limits, signature)
+        return _Checkpoint(source, _name_stem(source, True), signature, fill)
+    signature = list(file_signature(source))
+    return _Checkpoint(source, _name_stem(source, False), signature, partial(_extract_file, source, limits, signature))
 
 
-def _extract_file(
-    source: str, limits: PublishLimits, digest: Optional[str], remember: Optional[Callable[[str], None]], temp: str
-) -> str:
-    """Extract a local archive into ``temp``; return its digest (checked against ``digest``, or remembered)."""
-    read = extract_archive(source, temp, limits=limits, durable=DEFAULT_DURABLE)
-    if digest is not None and read != digest:
+def _folder_signature(folder: str) -> List[Any]:
+    return [[rel, *file_signature(full)] for rel, full in list_folder_files(folder)]
+
+
+def _extract_file(source: str, limits: PublishLimits, signature: List[Any], temp: str) -> str:
+    """Extract a local archive into ``temp`` in one pass; return its digest (refused if the file changed meanwhile)."""
+    digest = extract_archive(source, temp, limits=limits, durable=DEFAULT_DURABLE)
+    if list(file_signature(source)) != signature:
         raise PublishError(f"checkpoint {source} changed while it was being published; publish it again")
-    if remember is not None:
-        remember(read)
-    return read
-
-
-def _copy_local_folder(source: str, limits: PublishLimits, digest: str, temp: str) -> str:
-    copy_folder(source, temp, limits=limits, durable=DEFAULT_DURABLE)
     return digest
 
 
-def _publish_stored(
-    url: str, base: str, name: Optional[str], limits: PublishLimits, options: Optional[Mapping[str, Any]]
-) -> Adapter:
-    """Publish a storage URL: one metadata request when this object (URL, ETag or version, size) is published.
+def _copy_local_folder(source: str, limits: PublishLimits, signature: List[Any], temp: str) -> str:
+    """Copy a folder's adapter files into ``temp``; return the copy's digest (refused if they changed meanwhile)."""
+    copy_folder(source, temp, limits=limits, durable=DEFAULT_DURABLE)
+    if _folder_signature(source) != signature:
+        raise PublishError(f"checkpoint {source} changed while it was being published; publish it again")
+    return folder_digest(temp)
 
-    The digest of a fingerprint is remembered per process and recorded in the published folder's marker, so a new
-    process finds it there too; otherwise the object is streamed once through the extraction (or the folder's files
-    copied) into the temporary folder, as for a local checkpoint.
-    """
+
+def _stored_checkpoint(url: str, limits: PublishLimits, options: Optional[Mapping[str, Any]]) -> _Checkpoint:
+    """A storage URL: an object (signed by its ETag, version and size: one HEAD) or a prefix (by its listing)."""
     # A trailing slash names a prefix: its listing is the one request (a probe would add a HEAD and a listing).
     stored = storage.StoredObject(url, 0, None, None, True) if url.endswith("/") else storage.probe(url, options)
-    source = url.rstrip("/") if stored.is_folder else url  # prefix and prefix/ are one checkpoint
-    files = [f for f in storage.list_folder(url, options) if f.rel != MARKER_FILE] if stored.is_folder else []
-    if stored.is_folder and not files:
+    if not stored.is_folder:
+        signature = [stored.etag, stored.version, stored.size]
+        return _Checkpoint(url, _name_stem(url, False), signature, partial(_extract_stored, stored, limits, options))
+    files = [f for f in storage.list_folder(url, options) if f.rel != MARKER_FILE]
+    if not files:
         raise PublishError(f"cannot publish {url}: the prefix holds no files; pass an adapter folder or archive URL")
-    record: List[Any] = [[f.rel, f.etag, f.size] for f in files] or [stored.etag, stored.version, stored.size]
-    key: Hashable = ("stored", source, json.dumps(record))
-    stem = _name_stem(url, stored.is_folder)
-    with _publish_locks.hold((os.path.realpath(base), key)):  # threads of this process download once
-        digest = lookup_digest(key) or _digest_in_markers(base, name, stem, source, record)
-        if digest is not None:
-            known = name or _named(stem, digest)
-            existing = _published_adapter(os.path.join(base, known), known, digest, source)
-            if existing is not None:
-                remember_digest(key, digest)
-                return existing
-        if stored.is_folder:
-            opened = [(f.rel, f.size, storage.opener(f, options)) for f in files]
-            fill = partial(_copy_stored_folder, source, opened, limits)
-        else:
-            fill = partial(_extract_stored, stored, limits, options)
-        adapter = _publish_cold(source, base, name, fill, stem=stem, stored=record)
-        remember_digest(key, str(adapter.digest))
-        return adapter
+    source = url.rstrip("/")  # prefix and prefix/ are one checkpoint
+    opened = [(f.rel, f.size, storage.opener(f, options)) for f in files]
+    fill = partial(_copy_stored_folder, source, opened, limits)
+    return _Checkpoint(source, _name_stem(url, True), [[f.rel, f.etag, f.size] for f in files], fill)
 
 
 def _extract_stored(
@@ -246,65 +258,50 @@ def _copy_stored_folder(
     return folder_digest(temp)
 
 
-def _may_be_published(source: str, base: str, name: Optional[str]) -> bool:
-    """Whether ``base`` may already hold this checkpoint (then hashing first can spare an extraction)."""
-    if name is not None:
-        return os.path.lexists(os.path.join(base, name))
-    default = re.compile(re.escape(_name_stem(source)) + f"-[0-9a-f]{{{DEFAULT_DIGEST_CHARS}}}")
-    return any(default.fullmatch(entry) for entry in os.listdir(base))
+# -- published before? else extract and rename ------------------------------------------------------------------
 
 
-def _digest_in_markers(base: str, name: Optional[str], stem: str, url: str, record: List[Any]) -> Optional[str]:
-    """Return the digest a published folder recorded for exactly this stored object (URL and fingerprint), if any."""
-    default = re.compile(re.escape(stem) + f"-[0-9a-f]{{{DEFAULT_DIGEST_CHARS}}}")
+def _published_before(base: str, name: Optional[str], checkpoint: _Checkpoint) -> Optional[Adapter]:
+    """Return the folder whose marker records this very checkpoint (source and signature), if there is one."""
+    default = re.compile(re.escape(checkpoint.stem) + f"-[0-9a-f]{{{DEFAULT_DIGEST_CHARS}}}")
     entries = [name] if name is not None else [entry for entry in os.listdir(base) if default.fullmatch(entry)]
     for entry in entries:
         marker = read_marker(os.path.join(base, entry))
-        if marker.get("source") == url and marker.get("stored") == record and isinstance(marker.get("digest"), str):
-            return str(marker["digest"])
+        digest = marker.get("digest")
+        same = marker.get("source") == checkpoint.where and marker.get("stored") == checkpoint.signature
+        if same and isinstance(digest, str):
+            return Adapter(name=entry, path=os.path.join(base, entry), digest=digest, source=checkpoint.where)
     return None
 
 
-def _named(stem: str, digest: str) -> str:
-    return validate_adapter_name(f"{stem}-{digest[:DEFAULT_DIGEST_CHARS]}")
-
-
-def _publish_cold(
-    source: str,
-    base: str,
-    name: Optional[str],
-    fill: Callable[[str], str],
-    *,
-    stem: Optional[str] = None,
-    stored: Optional[List[Any]] = None,
-) -> Adapter:
-    """Fill a temporary folder (``fill(temp)`` returns the digest), check it, and rename it into place.
+def _publish_new(base: str, name: Optional[str], checkpoint: _Checkpoint) -> Adapter:
+    """Fill a temporary folder (``checkpoint.fill`` returns the digest), check it, and rename it into place.
 
     The temporary folder never outlives the call, whatever ``fill`` raises.
     """
     clean_stale_temporaries(base)
-    stem = stem or _name_stem(source)
-    temp = make_temp_folder(base, "tmp", name or stem)
+    temp = make_temp_folder(base, "tmp", name or checkpoint.stem)
     try:
-        digest = fill(temp)
-        name = name or _named(stem, digest)
+        digest = checkpoint.fill(temp)
+        name = name or _named(checkpoint.stem, digest)
         target = os.path.join(base, name)
-        with _publish_locks.hold((os.path.realpath(base), name)):
-            existing = _published_adapter(target, name, digest, source)
-            if existing is not None:  # published by another process before this one looked
-                return existing
-            return _rename_into_place(temp, source, base, target, name, digest, stored)
+        existing = _published_adapter(target, name, digest, checkpoint.where)
+        if existing is None:
+            return _rename_into_place(temp, checkpoint, base, target, name, digest)
+        recorded = read_marker(target)
+        if recorded.get("source") == checkpoint.where and recorded.get("stored") != checkpoint.signature:
+            _write_marker(target, digest, checkpoint.where, checkpoint.signature)  # touched, or re-saved the same
+        return existing
     finally:
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def _rename_into_place(
-    temp: str, source: str, base: str, target: str, name: str, digest: str, stored: Optional[List[Any]]
-) -> Adapter:
+def _rename_into_place(temp: str, checkpoint: _Checkpoint, base: str, target: str, name: str, digest: str) -> Adapter:
+    source = checkpoint.where
     root = _adapter_root(temp, source)
     if targets_lm_head(check_adapter_config(root, None)):
         logger.warning("%s: %s", source, LM_HEAD_NOTE)
-    _write_marker(root, digest, source, stored)
+    _write_marker(root, digest, source, checkpoint.signature)
     try:
         os.rename(root, target)
     except OSError as error:
@@ -326,7 +323,7 @@ def _published_adapter(target: str, name: str, digest: str, source: str) -> Opti
     if not os.path.lexists(target):
         return None
     adapter = Adapter(name=name, path=target, digest=digest, source=source)
-    if not is_storage_url(source) and os.path.realpath(source) == os.path.realpath(target):
+    if os.path.isabs(source) and os.path.realpath(source) == os.path.realpath(target):
         return adapter  # the checkpoint folder is already in place under this name
     published = read_published_digest(target)
     if published == digest:
@@ -355,15 +352,17 @@ def read_marker(adapter_dir: StrPath) -> Dict[str, Any]:
     return record if isinstance(record, dict) else {}
 
 
-def _write_marker(root: str, digest: str, source: str, stored: Optional[List[Any]] = None) -> None:
-    record: Dict[str, Any] = {"digest": digest, "algorithm": "sha256", "source": source, "published_by": "lora_sampler"}
-    if stored is not None:  # the storage object's fingerprint, so a later process republishes with one request
-        record["stored"] = stored
-    with open(os.path.join(root, MARKER_FILE), "w", encoding="utf-8") as f:
-        json.dump(record, f)
+def _write_marker(root: str, digest: str, source: str, stored: List[Any]) -> None:
+    """Record the digest, the source and its signature (``stored``) in ``root``, replacing any record whole."""
+    record = {"digest": digest, "algorithm": "sha256", "source": source, "published_by": "lora_sampler"}
+    path = os.path.join(root, MARKER_FILE)
+    partial_path = f"{path}.{secrets.token_hex(8)}.tmp"  # one per writer, threads of one process too
+    with open(partial_path, "w", encoding="utf-8") as f:
+        json.dump({**record, "stored": stored}, f)
         if DEFAULT_DURABLE:
             f.flush()
             os.fsync(f.fileno())
+    os.replace(partial_path, path)  # a reader sees the old record or the new one, never half of one
     if DEFAULT_DURABLE:
         fsync_folders([root])
 

@@ -431,29 +431,39 @@ def test_publish_explicit_bad_name_raises_before_io(tmp_path: pathlib.Path) -> N
         publish_checkpoint(tmp_path / "missing.tgz", tmp_path / "missing", name="../evil")
 
 
-def test_publish_digest_is_cached(tmp_path: pathlib.Path, base: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An archive is hashed once, while it is extracted; repeats are cached; touching the file hashes it again."""
+def test_publish_republish_reads_nothing(
+    tmp_path: pathlib.Path, base: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An archive is hashed once, while it is extracted; a republish reads nothing (the published folder records the
+    file's signature); a touched file is read once more, into the same folder, and then not again."""
     calls: List[str] = []
-    real_hash = _archive._sha256_file
+    extracted: List[str] = []
+    real_hash, real_extract = _archive._sha256_file, publish.extract_archive
 
     def counting_hash(path: str) -> str:
         calls.append(path)
         return real_hash(path)
 
+    def counting_extract(archive: str, *args: object, **kwargs: object) -> str:
+        extracted.append(archive)
+        return real_extract(archive, *args, **kwargs)  # type: ignore[arg-type]
+
     monkeypatch.setattr(_archive, "_sha256_file", counting_hash)
+    monkeypatch.setattr(publish, "extract_archive", counting_extract)
     archive = write_archive(tmp_path / "step.tgz", adapter_members())
     first = publish_checkpoint(archive, base)
+    assert publish_checkpoint(archive, base) == first
+    assert (len(extracted), calls) == (1, [])  # the cold publish hashed the bytes it extracted
     other_base = tmp_path / "other"
     other_base.mkdir()
-    assert publish_checkpoint(archive, base) == first
     assert publish_checkpoint(archive, other_base).name == first.name
-    assert default_adapter_name(archive) == first.name
     assert first.digest == real_hash(str(archive))
-    assert len(calls) == 0  # the cold publish hashed the bytes it extracted
     stat = os.stat(archive)
     os.utime(archive, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
-    assert publish.checkpoint_digest(archive) == first.digest
-    assert len(calls) == 1
+    assert publish_checkpoint(archive, base) == first  # touched: read once more, same content, same folder
+    assert publish_checkpoint(archive, base) == first  # and its record now has the new signature
+    assert (len(extracted), calls) == (3, [])
+    assert default_adapter_name(archive) == first.name and calls == [str(archive)]  # the name alone reads it
 
 
 def test_publish_fast_path_does_not_extract(

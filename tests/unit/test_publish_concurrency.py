@@ -55,7 +55,6 @@ def wait_for(paths: List[pathlib.Path], timeout: float = 60.0) -> None:
 
 def test_publish_concurrent_threads_and_processes(tmp_path: pathlib.Path) -> None:
     """8 threads and 4 processes publishing one 5 MB archive all succeed with one name, one folder, no temporaries."""
-    publish.clear_digest_cache()
     weights = os.urandom(5 << 20)
     archive = build_archive(tmp_path / "step-400.tar.gz", weights)
     base = tmp_path / "loras"
