@@ -262,7 +262,12 @@ def _copy_stored_folder(
 
 
 def _published_before(base: str, name: Optional[str], checkpoint: _Checkpoint) -> Optional[Adapter]:
-    """Return the folder whose marker records this very checkpoint (source and signature), if there is one."""
+    """Return the folder whose marker records this very checkpoint (source and signature), if there is one; or the
+    checkpoint folder itself when it already is ``<base>/<name>`` (hashed, not copied)."""
+    local = os.path.isabs(checkpoint.where)
+    if name is not None and local and os.path.realpath(os.path.join(base, name)) == os.path.realpath(checkpoint.where):
+        folder = os.path.join(base, name)
+        return Adapter(name=name, path=folder, digest=checkpoint_digest(folder), source=checkpoint.where)
     default = re.compile(re.escape(checkpoint.stem) + f"-[0-9a-f]{{{DEFAULT_DIGEST_CHARS}}}")
     entries = [name] if name is not None else [entry for entry in os.listdir(base) if default.fullmatch(entry)]
     for entry in entries:

@@ -466,6 +466,33 @@ def test_publish_republish_reads_nothing(
     assert default_adapter_name(archive) == first.name and calls == [str(archive)]  # the name alone reads it
 
 
+def test_publish_updates_a_record_without_the_signature_after_one_read(
+    tmp_path: pathlib.Path, base: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder whose record lacks the checkpoint's signature (published by an older lora_sampler) is found by its
+    content after one read into a temporary folder; its record then holds the signature and the next publish reads
+    nothing. A record is replaced whole, never left half-written."""
+    archive = write_archive(tmp_path / "step.tgz", adapter_members())
+    first = publish_checkpoint(archive, base)
+    marker = pathlib.Path(str(first.path), MARKER_FILE)
+    record = json.loads(marker.read_text())
+    signature = record.pop("stored")
+    marker.write_text(json.dumps(record))
+    extracted: List[str] = []
+    real_extract = publish.extract_archive
+
+    def counting_extract(archive: str, *args: object, **kwargs: object) -> str:
+        extracted.append(archive)
+        return real_extract(archive, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(publish, "extract_archive", counting_extract)
+    assert publish_checkpoint(archive, base) == first
+    assert publish_checkpoint(archive, base) == first
+    assert len(extracted) == 1 and sorted(os.listdir(base)) == [first.name]
+    assert json.loads(marker.read_text()) == {**record, "stored": signature}
+    assert sorted(os.listdir(str(first.path))) == [MARKER_FILE, "adapter_config.json", "adapter_model.safetensors"]
+
+
 def test_publish_fast_path_does_not_extract(
     tmp_path: pathlib.Path, base: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -510,6 +537,7 @@ def test_publish_folder_already_in_place(base: pathlib.Path) -> None:
     adapter = publish_checkpoint(source, base, name="in-place")
     assert adapter.path == str(source)
     assert os.listdir(base) == ["in-place"]
+    assert adapter.digest == publish.checkpoint_digest(source)
 
 
 def test_publish_marker_records_digest_and_source(tmp_path: pathlib.Path, base: pathlib.Path) -> None:
