@@ -224,6 +224,30 @@ def test_the_generic_fsspec_path_keeps_the_same_bounds(
     assert os.listdir(lora_dir) == [] and temporaries(lora_dir) == []
 
 
+def test_cli_sweep_over_an_endless_listing_ends_at_the_listing_bound(
+    store: FaultStore,
+    engine: FakeEngine,
+    lora_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``lora-sampler sweep`` over a glob whose listing never ends (00c7ac5 with ``--timeout 2,5``: still listing at
+    45 s after 8,444 requests, printing nothing) ends with an error naming the bound after its pages."""
+    point_the_environment_at(store, monkeypatch)
+    store.faults["LIST"] = "endless"
+    inp = tmp_path / "prompts.jsonl"
+    inp.write_text('{"id": "a", "prompt": [5, 6]}\n')
+    argv = ["sweep", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--input", str(inp), "--quiet"]
+    argv += ["--output-dir", str(tmp_path / "out"), "--checkpoints", f"s3://{BUCKET}/run/*.tar.gz", "--settle", "0"]
+    argv += ["--timeout", "2,5", "--max-listed-keys", "3000"]
+    status = within_bound(lambda: SystemExit(main(argv)))
+    assert isinstance(status, SystemExit) and status.code != 0, status
+    err = capsys.readouterr().err
+    assert "max_listed_keys=3000" in err and "--max-listed-keys" in err, err
+    assert count(store, "LIST") <= 4 and os.listdir(lora_dir) == []
+
+
 def test_connection_dropped_midway_publishes_nothing(store: FaultStore, lora_dir: Path) -> None:
     """Half the body, then the connection closes: a PublishError naming the URL; nothing left behind."""
     store.faults["GET"] = "drop"
