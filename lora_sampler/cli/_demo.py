@@ -16,7 +16,7 @@ from lora_sampler._adapters.publish import default_adapter_name
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._wire.routes import COMPLETIONS_PATH, LOAD_ADAPTER_PATH
 from lora_sampler.batch._lines import LineDefaults
-from lora_sampler.cli._runner import run_batch
+from lora_sampler.cli._runner import BatchRun, run_batch
 from lora_sampler.cli._terminal import RetryCounter
 from lora_sampler.retry import DEFAULT_RETRY_POLICY
 from lora_sampler.testing import FakeEngine, write_adapter_archive
@@ -57,9 +57,8 @@ def run_demo() -> int:
             with SamplerClient(engine.url, lora_base_dir=lora_dir, max_workers=4, retry=policy) as client:
                 adapter = client.publish(archive)
                 defaults = LineDefaults(adapter=adapter, sampling_params=SamplingParams(max_tokens=8, seed=0))
-                status = run_batch(
-                    client, prompts, results, defaults, model=adapter.name, ordered=True, retries=retries
-                )
+                run = BatchRun(prompts, results, adapter.name, ordered=True)
+                status = run_batch(client, run, defaults, retries)
             failed_attempts = sum(
                 1 for r in engine.requests if r.path == COMPLETIONS_PATH and r.model == name and r.status != 200
             )

@@ -28,7 +28,15 @@ from lora_sampler._version import __version__
 from lora_sampler.batch._lines import LineDefaults
 from lora_sampler.batch._openai import OPENAI_BATCH_FORMAT, PROMPT_FORMAT, file_format, first_line
 from lora_sampler.batch._settings import CLI_MAX_OUTAGE
-from lora_sampler.cli._runner import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, BatchAbandoned, run_batch
+from lora_sampler.cli._runner import (
+    EXIT_ERROR,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    BatchAbandoned,
+    BatchRun,
+    run_batch,
+)
 from lora_sampler.cli._settings_flags import (
     PACE_FIELDS,
     SAMPLING_FIELDS,
@@ -572,22 +580,20 @@ def cmd_sample(args: argparse.Namespace) -> int:
             allow_model_paths=args.allow_model_paths,
             extra_body=args.extra_body,
         )
-        return run_batch(
-            client,
+        run = BatchRun(
             args.input,
             args.output,
-            defaults,
-            model=model.name if isinstance(model, Adapter) else model,
+            model.name if isinstance(model, Adapter) else model,
             input_format=args.format,
             ordered=args.ordered,
             retry_failed=not args.no_retry_failed,
             quiet=args.quiet,
             max_outage=args.max_outage,
-            retries=retries,
             limit=args.limit,
             prompts_per_request=args.prompts_per_request,
             restart=args.restart,
         )
+        return run_batch(client, run, defaults, retries)
 
     return run_job(args, job)
 

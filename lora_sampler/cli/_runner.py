@@ -12,6 +12,7 @@ import itertools
 import logging
 import sys
 import time
+from dataclasses import dataclass
 from typing import IO, Any, Dict, Iterable, Iterator, Optional, Tuple
 
 from lora_sampler._client.client import SamplerClient
@@ -50,31 +51,13 @@ class BatchAbandoned(Exception):
     """Requests were still in flight when the grace period after Ctrl-C ended (the output stays resumable)."""
 
 
-def run_batch(
-    client: SamplerClient,
-    input_path: str,
-    output_path: str,
-    defaults: LineDefaults,
-    *,
-    model: Optional[str],
-    input_format: str = "auto",
-    ordered: bool = False,
-    retry_failed: bool = True,
-    quiet: bool = False,
-    max_outage: float = 0.0,
-    retries: Optional[RetryCounter] = None,
-    line_format: Optional[LineFormat] = None,
-    limit: Optional[int] = None,
-    prompts_per_request: Optional[int] = None,
-    restart: bool = False,
-) -> int:
-    """Stream ``input_path`` to ``output_path`` through ``client``; return the exit status.
+@dataclass(frozen=True)
+class BatchRun:
+    """One command-line job: where its lines come from and go, and how it runs (``sample``, ``score``, ``demo``).
 
-    Args:
-        client: A client whose engine (and adapter) passed the preflight; its ``max_workers`` is the concurrency.
+    Attributes:
         input_path: JSONL prompts; ``-`` reads stdin.
         output_path: JSONL results; ``-`` writes stdout (no resume). An existing file is resumed.
-        defaults: What every line gets unless it says otherwise.
         model: The adapter or base-model name every line samples; None when batch lines name theirs (body.model).
         input_format: ``jsonl`` (prompt or messages lines), ``openai-batch`` (OpenAI batch lines; output in the
             ``vllm run-batch`` shape, resumed by custom_id) or ``auto`` (batch when the first line has custom_id
@@ -83,12 +66,37 @@ def run_batch(
         retry_failed: On resume, run failed ids again.
         quiet: No progress bar and no summary.
         max_outage: Seconds to wait out an engine outage before stopping (0: fail fast).
-        retries: The counter fed by the client's retry hook, shown on the bar and in the summary.
         line_format: A fixed kind of line and record (e.g. ``lora-sampler score``'s) instead of ``input_format``.
         limit: Run only the first ``limit`` lines of the input (blank lines not counted); a resume with the same
             limit covers the same lines.
         prompts_per_request: Lines sent together in one completion request (None: the measured defaults).
         restart: Empty the output first (every line runs again) instead of resuming it.
+    """
+
+    input_path: str
+    output_path: str
+    model: Optional[str]
+    input_format: str = "auto"
+    ordered: bool = False
+    retry_failed: bool = True
+    quiet: bool = False
+    max_outage: float = 0.0
+    line_format: Optional[LineFormat] = None
+    limit: Optional[int] = None
+    prompts_per_request: Optional[int] = None
+    restart: bool = False
+
+
+def run_batch(
+    client: SamplerClient, run: BatchRun, defaults: LineDefaults, retries: Optional[RetryCounter] = None
+) -> int:
+    """Stream ``run.input_path`` to ``run.output_path`` through ``client``; return the exit status.
+
+    Args:
+        client: A client whose engine (and adapter) passed the preflight; its ``max_workers`` is the concurrency.
+        run: The input, the output and how the job runs.
+        defaults: What every line gets unless it says otherwise.
+        retries: The counter fed by the client's retry hook, shown on the bar and in the summary.
 
     Raises:
         OutputSettingsError: the output holds answers made with other settings (or an answered line changed).
@@ -97,71 +105,55 @@ def run_batch(
         BatchAbandoned: the second Ctrl-C left requests in flight.
     """
     retries = retries or RetryCounter()
-    to_file = output_path != "-"
     with contextlib.ExitStack() as stack:
-        source = sys.stdin.buffer if input_path == "-" else stack.enter_context(open(input_path, "rb"))
-        lines, records = _read_input(client, source, input_path, defaults, model, input_format, line_format)
-        if limit is not None:
-            lines = itertools.islice(lines, limit)
+        source = sys.stdin.buffer if run.input_path == "-" else stack.enter_context(open(run.input_path, "rb"))
+        lines, records, total = _lines_of(client, source, run, defaults)
         state, output = (ResumeState(), sys.stdout)
-        if to_file:
-            state, output = _resume(
-                stack, output_path, records, retry_failed, records.settings(defaults, model), restart
-            )
-        total = None if input_path == "-" else count_lines(input_path)  # cheap for a file; stdin cannot be counted
-        view = JobBar(
-            progress_bar(total if limit is None else min(total or limit, limit), quiet), retries, records.message_of
-        )
+        if run.output_path != "-":
+            state, output = _resume(stack, run, records, records.settings(defaults, run.model))
+        view = JobBar(progress_bar(total, run.quiet), retries, records.message_of)
         stack.callback(view.close)
-        job = _new_job(
-            client,
-            lines,
-            output,
-            state,
-            records,
-            view,
-            ordered=ordered,
-            model=model,
-            max_outage=max_outage,
-            prompts_per_request=prompts_per_request,
-        )
+        job = _new_job(client, run, lines, output, state, records, view)
         with interrupts_stop(job) as interrupts, logs_above(view.bar):
             stats = job.run()
-    if not quiet:
+    if not run.quiet:
         _print_summary(stats, retries)
-    return _exit_status(job, interrupts.count, bool(stats.failed or state.kept_errors), output_path)
+    return _exit_status(job, interrupts.count, bool(stats.failed or state.kept_errors), run.output_path)
+
+
+def _lines_of(
+    client: SamplerClient, source: Iterable[bytes], run: BatchRun, defaults: LineDefaults
+) -> Tuple[Iterator[InputLine], RecordFormat, Optional[int]]:
+    """The run's input lines (parsed lazily, up to ``limit``), the records' format, and how many lines the bar
+    counts to (None for stdin without a limit: it cannot be counted)."""
+    lines, records = _read_input(client, source, run, defaults)
+    total = None if run.input_path == "-" else count_lines(run.input_path)  # cheap for a file
+    if run.limit is not None:
+        lines = itertools.islice(lines, run.limit)
+        total = run.limit if total is None else min(total, run.limit)
+    return lines, records, total
 
 
 def _read_input(
-    client: SamplerClient,
-    source: Iterable[bytes],
-    input_path: str,
-    defaults: LineDefaults,
-    model: Optional[str],
-    input_format: str,
-    line_format: Optional[LineFormat],
+    client: SamplerClient, source: Iterable[bytes], run: BatchRun, defaults: LineDefaults
 ) -> Tuple[Iterator[InputLine], RecordFormat]:
     """Return the input's lines, parsed lazily in their format, and the format of their output records."""
-    if line_format is not None:
-        raw_lines, records, parse = source, line_format.records, line_format.parse
+    if run.line_format is not None:
+        raw_lines, records, parse = source, run.line_format.records, run.line_format.parse
     else:
-        raw_lines, records, parse = _input_format(client, source, input_format, model)
-    name = "<stdin>" if input_path == "-" else input_path
+        raw_lines, records, parse = _input_format(client, source, run.input_format, run.model)
+    name = "<stdin>" if run.input_path == "-" else run.input_path
     return read_input(raw_lines, defaults, name=name, parse=parse), records
 
 
 def _new_job(
     client: SamplerClient,
+    run: BatchRun,
     lines: Iterator[InputLine],
     output: IO[str],
     state: ResumeState,
     records: RecordFormat,
     view: JobBar,
-    *,
-    ordered: bool,
-    model: Optional[str],
-    max_outage: float,
-    prompts_per_request: Optional[int],
 ) -> BatchJob:
     """The job streaming ``lines`` to ``output``, reporting to ``view``; stopped by errors the whole job shares."""
     return BatchJob(
@@ -170,14 +162,14 @@ def _new_job(
         output,
         done=state.done,
         memory=state.memory,
-        ordered=ordered,
-        model=model,
+        ordered=run.ordered,
+        model=run.model,
         on_event=view.on_event,
-        max_outage=max_outage,
+        max_outage=run.max_outage,
         on_outage=view.on_outage,
         records=records,
-        unusable_errors=UNUSABLE_ERRORS if model is not None else ENGINE_WIDE_ERRORS,  # None: a model per line
-        prompts_per_request=prompts_per_request,
+        unusable_errors=UNUSABLE_ERRORS if run.model is not None else ENGINE_WIDE_ERRORS,  # None: a model per line
+        prompts_per_request=run.prompts_per_request,
     )
 
 
@@ -199,12 +191,7 @@ def _exit_status(job: BatchJob, interrupts: int, failures: bool, output_path: st
 
 
 def _resume(
-    stack: contextlib.ExitStack,
-    output_path: str,
-    records: RecordFormat,
-    retry_failed: bool,
-    settings: Dict[str, Any],
-    restart: bool,
+    stack: contextlib.ExitStack, run: BatchRun, records: RecordFormat, settings: Dict[str, Any]
 ) -> Tuple[ResumeState, IO[str]]:
     """Open the output for the rest of the run (its one-writer lock held), say what resuming repaired.
 
@@ -212,13 +199,13 @@ def _resume(
         What it already holds (the resume set), and the stream to append records to.
     """
     opened = open_output(
-        output_path, retry_failed=retry_failed, key_of=records.key_of, settings=settings, restart=restart
+        run.output_path, retry_failed=run.retry_failed, key_of=records.key_of, settings=settings, restart=run.restart
     )
     state, output = stack.enter_context(opened)
     if state.dropped_errors or state.dropped_torn:
         logger.warning(
             "Resuming %s: %d ids answered, %d failed ids run again, %d torn lines repaired",
-            output_path,
+            run.output_path,
             len(state.done),
             state.dropped_errors,
             state.dropped_torn,

@@ -13,7 +13,7 @@ from typing import Union
 from lora_sampler._client.client import SamplerClient
 from lora_sampler.batch._lines import LineDefaults
 from lora_sampler.batch._score import SCORE_FORMAT, scoring_notes
-from lora_sampler.cli._runner import run_batch
+from lora_sampler.cli._runner import BatchRun, run_batch
 from lora_sampler.cli._terminal import RetryCounter
 from lora_sampler.types import Adapter
 
@@ -45,22 +45,21 @@ def score_lines(
     notes, name = (scoring_notes(model), model.name) if isinstance(model, Adapter) else ([], "")
     for note in notes:
         print(f"lora-sampler: note: {note}", file=sys.stderr)
-    status = run_batch(
-        client,
+    run = BatchRun(
         args.input,
         args.output,
-        LineDefaults(adapter=model if args.adapter else None, base_model=args.base_model),
-        model=model.name if isinstance(model, Adapter) else model,
+        model.name if isinstance(model, Adapter) else model,
         ordered=args.ordered,
         retry_failed=not args.no_retry_failed,
         quiet=args.quiet,
         max_outage=args.max_outage,
-        retries=retries,
         prompts_per_request=args.prompts_per_request,
         line_format=SCORE_FORMAT,
         limit=args.limit,
         restart=args.restart,
     )
+    defaults = LineDefaults(adapter=model if args.adapter else None, base_model=args.base_model)
+    status = run_batch(client, run, defaults, retries)
     for note in notes:
         print(f"lora-sampler: note: {name}: {note}", file=sys.stderr)
     return status
