@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # the names as mypy and IDEs see them; at run time ``__getatt
     from lora_sampler._adapters.extract import PublishLimits
     from lora_sampler._client.client import SamplerClient
     from lora_sampler._client.outage import OutageEvent, OutageHook
-    from lora_sampler._client.selfcheck import ScoringCheck, ScoringFinding
+    from lora_sampler._client.selfcheck import Finding, ScoringCheck
     from lora_sampler.batch._settings import SweepSettings
     from lora_sampler.batch._sweep import CheckpointReport, sweep
     from lora_sampler.errors import (
@@ -80,6 +80,7 @@ __all__ = [
     "EngineProtocolError",
     "EngineStatusError",
     "EngineTimeoutError",
+    "Finding",
     "FleetError",
     "GeneratedSequence",
     "CheckpointIncompleteError",
@@ -110,7 +111,6 @@ __all__ = [
     "ScoreOutput",
     "ScoreRequest",
     "ScoringCheck",
-    "ScoringFinding",
     "SweepSettings",
     "UnprocessableEntityError",
     "UnsafeArchiveError",
@@ -124,7 +124,7 @@ _NAMES_BY_MODULE = {
     "lora_sampler._adapters.extract": ("PublishLimits",),
     "lora_sampler._client.client": ("SamplerClient",),
     "lora_sampler._client.outage": ("OutageEvent", "OutageHook"),
-    "lora_sampler._client.selfcheck": ("ScoringCheck", "ScoringFinding"),
+    "lora_sampler._client.selfcheck": ("Finding", "ScoringCheck"),
     "lora_sampler.batch._settings": ("SweepSettings",),
     "lora_sampler.batch._sweep": ("CheckpointReport", "sweep"),
     "lora_sampler.errors": tuple(name for name in __all__ if name.endswith("Error")),

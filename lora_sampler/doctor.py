@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from lora_sampler._client.selfcheck import Finding
 from lora_sampler.cli._doctor import (
     DEFAULT_PROBE_WAIT,
     PROBE_PREFIX,
-    Finding,
     check_adapter,
     check_engine,
     check_replica_folder,

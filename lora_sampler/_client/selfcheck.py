@@ -53,27 +53,50 @@ DEFECT_LM_HEAD = (
 )
 
 
+#: The fix a scoring finding names, by the defect it matches.
+FIXES = {
+    DEFECT_MIXED_ADAPTERS: (
+        "keep scoring isolation on (the default: do not pass --mix-adapters), and do not let other clients score on "
+        "this engine while you do; or use a vLLM with issue #53842 fixed"
+    ),
+    DEFECT_LM_HEAD: (
+        "score adapters that do not target lm_head on this engine, or use a vLLM with issue #51594 fixed (PR "
+        "#51597); its generation logprobs are right"
+    ),
+    DEFECT_ENGINE_FAILED: (
+        "restart the engine; score on it one prompt per engine step: --concurrency 1 --prompts-per-request 1 (in "
+        "Python max_workers=1, prompts_per_request=1; the prompts of one request share a step), scoring isolation on "
+        "(the default), and no other client scoring on it at the same time"
+    ),
+    "": "do not trust this engine's scores for this adapter; report the figures above to the engine's maintainers",
+}
+
+
 @dataclass(frozen=True)
-class ScoringFinding:
-    """One comparison whose logprobs differ by more than the tolerance.
+class Finding:
+    """The outcome of one check: of ``lora-sampler doctor`` (``run_checks``), or a comparison of ``check_scoring``.
 
     Attributes:
-        check: What was compared, e.g. ``"prompt vs generation logprobs (adapter)"``.
-        model: The model (adapter or base name) whose logprobs differ.
-        max_difference: The largest difference over the tokens compared, in nats.
-        mean_difference: The mean difference over those tokens.
-        tokens: How many tokens were compared.
-        defect: The known engine defect this matches, or "" when it matches none.
-        detail: A sentence saying what differs and by how much.
+        check: What was checked, e.g. ``"engine"`` or ``"prompt vs generation logprobs (adapter)"``.
+        ok: Whether it passed.
+        detail: A sentence saying what was found (for a comparison: what differs and by how much).
+        fix: What to change when it failed ("" when ok).
+        defect: The known engine defect a scoring comparison matches, or "" (it matches none, or is no comparison).
+        model: The model (adapter or base name) whose logprobs a comparison measured ("" for the doctor's checks).
+        max_difference: A comparison's largest difference over the tokens compared, in nats.
+        mean_difference: A comparison's mean difference over those tokens.
+        tokens: How many tokens a comparison compared.
     """
 
     check: str
-    model: str
-    max_difference: float
-    mean_difference: float
-    tokens: int
-    defect: str
+    ok: bool
     detail: str
+    fix: str = ""
+    defect: str = ""
+    model: str = ""
+    max_difference: float = 0.0
+    mean_difference: float = 0.0
+    tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -82,13 +105,13 @@ class ScoringCheck:
 
     Attributes:
         ok: True when no comparison differed by more than ``tolerance``.
-        findings: One ``ScoringFinding`` per comparison that did.
+        findings: One ``Finding`` (not ok, with its defect and fix) per comparison that did.
         measured: The largest difference of every comparison made, by its name (ok or not).
         tolerance: The tolerance used, in nats per token.
     """
 
     ok: bool
-    findings: Tuple[ScoringFinding, ...]
+    findings: Tuple[Finding, ...]
     measured: Dict[str, float] = field(default_factory=dict)
     tolerance: float = DEFAULT_SCORING_TOLERANCE
 
@@ -122,7 +145,7 @@ class ScoringSelfCheck:
         self.adapter = client.resolve_adapter(adapter)
         self.base = client.served_base_models()[0]
         self.other = other
-        self.findings: List[ScoringFinding] = []
+        self.findings: List[Finding] = []
         self.measured: Dict[str, float] = {}
 
     def run(self, concurrent: bool) -> ScoringCheck:
@@ -191,16 +214,15 @@ class ScoringSelfCheck:
             if as_base and max(as_base) <= self.tolerance:
                 defect = DEFECT_LM_HEAD
         what = "the adapter's" if not is_base else "the base model's"
-        detail = (
-            f"{what} prompt logprobs differ from its generation logprobs of the same tokens after the same prefix by "
-            f"up to {max(differences):.4g} (mean {sum(differences) / len(differences):.4g}) over {len(differences)} "
-            f"tokens; tolerance {self.tolerance:g}"
-        )
+        note = ""
         if defect == DEFECT_LM_HEAD:
-            detail += "; its prompt logprobs equal the base model's"
+            note = "; its prompt logprobs equal the base model's"
         elif not is_base and self.lm_head:
-            detail += "; the adapter targets lm_head"
-        self._find(check, model, differences, defect, detail)
+            note = "; the adapter targets lm_head"
+        sentence = (
+            f"{what} prompt logprobs differ from its generation logprobs of the same tokens after the same prefix"
+        )
+        self._find(check, model, differences, defect, sentence, note)
 
     def _compare_concurrent(self, probes: List[_Probe], alone: List[Tuple[float, ...]]) -> None:
         """The adapter's scores while another model's scoring requests run, against its scores alone."""
@@ -216,24 +238,16 @@ class ScoringSelfCheck:
                 together = [out.scored_logprobs for out in self.client.sample_many(requests)]
             except EngineError as error:  # the engine failed under the mix: that is the finding
                 self.measured[check] = math.inf
-                detail = (
-                    f"the engine failed while the adapter was scored beside requests of {others.name!r}: {error}; "
-                    f"this matches {DEFECT_ENGINE_FAILED}"
-                )
-                finding = ScoringFinding(check, self.adapter.name, math.inf, math.inf, 0, DEFECT_ENGINE_FAILED, detail)
-                self.findings.append(finding)
+                sentence = f"the engine failed while the adapter was scored beside requests of {others.name!r}: {error}"
+                self._find(check, self.adapter.name, [], DEFECT_ENGINE_FAILED, sentence)
                 return
             finally:
                 stop.set()
                 others.join()
         differences = [d for a, t in zip(alone, together) for d in _differences(a, t)]
         if self._measure(check, differences):
-            detail = (
-                f"the adapter's scores while requests of {others.name!r} ran differ from its scores alone by up to "
-                f"{max(differences):.4g} (mean {sum(differences) / len(differences):.4g}) over {len(differences)} "
-                f"tokens; tolerance {self.tolerance:g}"
-            )
-            self._find(check, self.adapter.name, differences, DEFECT_MIXED_ADAPTERS, detail)
+            sentence = f"the adapter's scores while requests of {others.name!r} ran differ from its scores alone"
+            self._find(check, self.adapter.name, differences, DEFECT_MIXED_ADAPTERS, sentence)
 
     def _measure(self, check: str, differences: List[float]) -> bool:
         """Record a comparison's largest difference; return whether it is above the tolerance."""
@@ -242,13 +256,19 @@ class ScoringSelfCheck:
         logger.info("Scoring self-check, %s: largest difference %.4g over %d tokens", check, largest, len(differences))
         return largest > self.tolerance
 
-    def _find(self, check: str, model: str, differences: List[float], defect: str, detail: str) -> None:
-        mean = sum(differences) / len(differences)
-        if defect:
-            detail += f"; this matches {defect}"
-        else:
-            detail += "; this matches no known engine defect"
-        self.findings.append(ScoringFinding(check, model, max(differences), mean, len(differences), defect, detail))
+    def _find(
+        self, check: str, model: str, differences: List[float], defect: str, sentence: str, note: str = ""
+    ) -> None:
+        """Record a comparison that failed: what differs and by how much, the defect it matches and that one's fix.
+
+        No differences (the engine failed before any token was compared) count as infinite.
+        """
+        largest, tokens = max(differences, default=math.inf), len(differences)
+        mean = sum(differences) / tokens if tokens else math.inf
+        if tokens:
+            sentence += f" by up to {largest:.4g} (mean {mean:.4g}) over {tokens} tokens; tolerance {self.tolerance:g}"
+        detail = f"{sentence}{note}; this matches {defect or 'no known engine defect'}"
+        self.findings.append(Finding(check, False, detail, FIXES[defect], defect, model, largest, mean, tokens))
 
 
 class _OtherTraffic:

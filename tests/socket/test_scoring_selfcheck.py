@@ -5,17 +5,19 @@ finds each simulated engine defect, naming it; adapters on ``lm_head`` are flagg
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
 import re
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Iterator
 
 import pytest
 from test_sweep import ledger, sweep_args
 
-from lora_sampler import AdapterConfigError, SamplerClient
-from lora_sampler._client.selfcheck import DEFECT_LM_HEAD, DEFECT_MIXED_ADAPTERS
+from lora_sampler import AdapterConfigError, Finding, SamplerClient
+from lora_sampler._client.selfcheck import DEFECT_ENGINE_FAILED, DEFECT_LM_HEAD, DEFECT_MIXED_ADAPTERS, FIXES
 from lora_sampler.cli import main
 from lora_sampler.testing import FakeEngine, write_adapter, write_adapter_archive
 
@@ -69,6 +71,32 @@ def test_check_scoring_concurrent_finds_mixed_adapters(make_engine: Any, lora_di
             result = client.check_scoring(str(tmp_path / "ckpt"), concurrent=True, other=other)
             assert not result.ok and [f.check for f in result.findings] == [CONCURRENT_CHECK]
             assert result.findings[0].defect == DEFECT_MIXED_ADAPTERS and "#53842" in result.findings[0].detail
+
+
+def test_check_scoring_concurrent_finds_an_engine_failing_under_the_mix(
+    make_engine: Any, lora_dir: Path, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """The adapter's scoring failing only while another model's requests run is one finding: the engine-failure
+    defect and its fix, no tokens compared (infinite figures); the doctor's and the self-check's record are one."""
+    engine = make_engine(latency=0.01)
+    write_adapter(tmp_path / "ckpt", engine.model)
+    with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
+        adapter = client.resolve_adapter(str(tmp_path / "ckpt")).name
+        mixing = client.isolation.mixing
+
+        @contextlib.contextmanager
+        def failing_while_mixed() -> Iterator[None]:
+            with mixing():
+                engine.inject_fault("status", model=adapter, count=10_000, status=400, message="einsum mismatch")
+                yield
+
+        monkeypatch.setattr(client.isolation, "mixing", failing_while_mixed)
+        result = client.check_scoring(str(tmp_path / "ckpt"), concurrent=True)
+    (finding,) = result.findings
+    assert isinstance(finding, Finding) and not finding.ok and finding.check == CONCURRENT_CHECK
+    assert finding.defect == DEFECT_ENGINE_FAILED and finding.fix == FIXES[DEFECT_ENGINE_FAILED]
+    assert "einsum mismatch" in finding.detail and finding.detail.endswith(f"this matches {DEFECT_ENGINE_FAILED}")
+    assert finding.tokens == 0 and math.isinf(finding.max_difference) and math.isinf(result.measured[CONCURRENT_CHECK])
 
 
 def doctor(engine: FakeEngine, lora_dir: Path, *more: str) -> int:
