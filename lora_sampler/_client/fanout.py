@@ -505,32 +505,9 @@ class FanOut:
         batching: Optional[Batching] = None,
     ) -> Iterator[Tuple[int, Any]]:
         """Yield ``(index, outcome)`` pairs as requests finish, with a bounded window in flight."""
-        if batching is not None and not batching.is_off:
-            return self._unordered_batched(requests, run, return_exceptions, gate, batching)
-        return self._unordered(requests, run, return_exceptions, gate)
-
-    def _unordered(
-        self, requests: Iterable[RequestLike], run: Runner, return_exceptions: bool, gate: Optional[OutageGate]
-    ) -> Generator[Tuple[int, Any], None, None]:
-        """``imap_unordered`` one request per prompt: each submitted to the pool as itself."""
-        work = self._new_work()
-        run = _through(gate, run)
-        limit = IN_FLIGHT_PER_WORKER * self.max_workers
-        submit = functools.partial(self._submit, work, run)
-        yield from _as_finished(requests, submit, limit, return_exceptions, work, gate)
-
-    def _unordered_batched(
-        self,
-        requests: Iterable[RequestLike],
-        run: Runner,
-        return_exceptions: bool,
-        gate: Optional[OutageGate],
-        batching: Batching,
-    ) -> Generator[Tuple[int, Any], None, None]:
-        """``imap_unordered`` with batches: prompts finish a batch at a time."""
         work = self._new_work()
         send, limit = self._sender(work, run, gate, batching)
-        yield from _as_finished(requests, send, limit, return_exceptions, work, gate)
+        return _as_finished(requests, send, limit, return_exceptions, work, gate)
 
 
 def _as_finished(

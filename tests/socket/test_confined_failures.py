@@ -265,3 +265,24 @@ def test_cli_a_line_whose_prompt_holds_a_lone_surrogate_is_one_error_row(engine:
     errors = [row for row in rows(out) if "error" in row]
     assert len(rows(out)) == 20 and len(errors) == 1 and "lone surrogate" in errors[0]["error"]["message"]
     assert sum(r.prompts for r in _completions(engine)) == 19
+
+
+def test_a_routers_outage_500_for_a_batch_is_held_and_sent_again_whole(engine: FakeEngine) -> None:
+    """A router's "no worker reachable" 500 is an outage, not a prompt's failure: held (max_outage) and the batch
+    sent again as one request, never split; a poisoned prompt's 500 in the same job is still its own."""
+    engine.inject_prompt_fault("500", marker=999)
+    items = _items(engine, 9)
+    items[4]["prompt"] = [5, 999]
+    outage = "Request failed: error sending request for url (http://replica-1/v1/completions)"
+    with SamplerClient(engine.url, max_workers=1) as client:
+        results = _held_run(
+            engine,
+            client,
+            items,
+            lambda: engine.inject_fault("status", status=500, count=1, message=outage),
+            prompts_per_request=8,
+            max_outage=60,
+        )
+    assert [i for i, r in enumerate(results) if not isinstance(r, SampleOutput)] == [4]
+    sent = [(r.status, r.prompts) for r in _completions(engine)]
+    assert sent[:3] == [(200, 1), (500, 0), (500, 8)], sent  # held, then the batch whole again (the poisoned 500)
