@@ -6,6 +6,8 @@ loopback.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +17,14 @@ from typing import Any, Callable, Dict, Iterator, List
 import pytest
 from test_hostile_jobs import rows, sample_argv, write_prompts
 
-from lora_sampler import LoraSamplerError, SampleOutput, SamplerClient, ScoreOutput, ScoreRequest
+from lora_sampler import (
+    LoraSamplerError,
+    SampleOutput,
+    SamplerClient,
+    SamplingInterruptedError,
+    ScoreOutput,
+    ScoreRequest,
+)
 from lora_sampler.cli import main
 from lora_sampler.errors import BadRequestError, EngineError
 from lora_sampler.testing import FakeEngine
@@ -286,3 +295,42 @@ def test_a_routers_outage_500_for_a_batch_is_held_and_sent_again_whole(engine: F
     assert [i for i, r in enumerate(results) if not isinstance(r, SampleOutput)] == [4]
     sent = [(r.status, r.prompts) for r in _completions(engine)]
     assert sent[:3] == [(200, 1), (500, 0), (500, 8)], sent  # held, then the batch whole again (the poisoned 500)
+
+
+def test_ctrl_c_while_a_batchs_failure_is_being_confined_stops_at_once(engine: FakeEngine) -> None:
+    """Ctrl-C while the prompts of a failed batch are sent again: the job stops, the hung request's connection is
+    shut (the worker is free at once), and .results keeps the answer received before. The first request is held
+    until the failing batch is full; the split's first request hangs until the interrupt comes."""
+    items = _items(engine, 9)
+    pulled = threading.Semaphore(0)
+
+    def counted() -> Iterator[Dict[str, Any]]:
+        for item in items:
+            yield item
+            pulled.release()
+
+    def interrupt_while_splitting() -> None:
+        if all(pulled.acquire(timeout=WAIT) for _ in items) and wait_until(lambda: engine.requests_in_flight == 1):
+            engine.inject_fault("status", status=500, count=1)  # the full batch's 500, then its first prompt hangs
+            engine.inject_fault("hang", seconds=10 * WAIT, count=1)  # ended by the engine's stop
+            engine.latency = 0.0  # the first request answers
+            if wait_until(lambda: len(_completions(engine)) == 2 and engine.requests_in_flight == 1):
+                os.kill(os.getpid(), signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    killer = threading.Thread(target=interrupt_while_splitting)
+    engine.latency = 60.0
+    try:
+        with SamplerClient(engine.url, max_workers=1) as client:
+            killer.start()
+            with pytest.raises(SamplingInterruptedError) as info:
+                client.sample_many(counted(), prompts_per_request=8, return_exceptions=True)
+            # The one worker is free again while the engine still holds the hung request: its connection was shut.
+            assert client.submit([5, 6], base_model=engine.model, max_tokens=2).result(timeout=WAIT).sequences
+            assert engine.requests_in_flight == 1
+    finally:
+        killer.join(WAIT)
+        signal.signal(signal.SIGINT, previous)
+        engine.latency = 0.0
+    results = info.value.results
+    assert isinstance(results[0], SampleOutput) and all(r is None for r in results[1:])
