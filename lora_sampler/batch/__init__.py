@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from lora_sampler.batch._evaluator import CheckpointEvaluator, EvaluatedCheckpoint, EvaluatorError
 from lora_sampler.batch._lines import (
     PROMPT_RECORDS,
     SAMPLING_KEYS,
@@ -35,6 +36,9 @@ from lora_sampler.batch._sweep import CheckpointReport, Sweep, sweep
 
 __all__ = [
     "Checkpoint",
+    "CheckpointEvaluator",
+    "EvaluatedCheckpoint",
+    "EvaluatorError",
     "CheckpointReport",
     "EvaluationStep",
     "Manifest",

@@ -1,14 +1,16 @@
-"""An evaluator on one checkpoint: a callable taking a Tinker-compatible sampling client and returning metrics.
+"""The sweep's evaluator seam: work of its own run on each checkpoint, returning metrics.
 
-The sweep's third kind of work beside sampling and scoring lines: ``evaluator(sampling_client)`` (plain, or async
-as tinker-cookbook's ``SamplingClientEvaluator`` is) returns ``dict[str, float]`` for the checkpoint. The sampling
-client is ``lora_sampler.tinker.SamplingClient`` over the sweep's client, so its calls ride the retry table, the
-race and the outage hold; ``lora_sampler.tinker`` (the ``[tinker]`` extra) is imported only here, when a sweep is
-given an evaluator. Stopping cancels an async evaluator's task; a plain one runs to its end.
+The sweep's third kind of work beside sampling and scoring lines. A ``CheckpointEvaluator`` is handed what it needs
+to evaluate one checkpoint, an ``EvaluatedCheckpoint`` (the sweep's client and the checkpoint's published adapter,
+with the sweep's outage hold), and returns ``dict[str, float]`` (or an awaitable of it, run in its own event loop).
+Nothing here knows an evaluation library: ``lora_sampler.tinker.TinkerEvaluator`` wraps a Tinker sampling-client
+evaluator (tinker-cookbook's), and others plug in the same way without tinker installed. Stopping cancels an async
+evaluator's task; a plain one runs to its end.
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import importlib
@@ -17,38 +19,74 @@ import inspect
 import math
 import numbers
 import threading
-from typing import Any, Awaitable, Callable, Dict, Mapping, Optional, Union
+from dataclasses import dataclass
+from typing import Any, Awaitable, Dict, Mapping, Optional, Union
 
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._client.outage import OutageHook
 from lora_sampler.types import Adapter
 
-#: What ``evaluator=`` takes: a callable of a sampling client returning metrics, or an awaitable of them.
-Evaluator = Callable[[Any], Union[Mapping[str, float], Awaitable[Mapping[str, float]]]]
+#: What an evaluator returns: metrics by name, or an awaitable of them.
+MetricsAnswer = Union[Mapping[str, float], Awaitable[Mapping[str, float]]]
 #: Metric values as the ledger keeps them: a float, or None for a value that is not finite (JSON has no NaN).
 Metrics = Dict[str, Optional[float]]
+
+
+@dataclass(frozen=True)
+class EvaluatedCheckpoint:
+    """What an evaluator is handed for one checkpoint.
+
+    Attributes:
+        client: The sweep's client: every request through it rides the retry table, the load race and (with
+            ``max_outage``) the outage hold.
+        adapter: The checkpoint's adapter, published and warmed up.
+        max_outage: The sweep's outage hold, in seconds, for the evaluator's own requests.
+        on_outage: Called with an ``OutageEvent`` while the engine is away.
+    """
+
+    client: SamplerClient
+    adapter: Adapter
+    max_outage: float = 0.0
+    on_outage: Optional[OutageHook] = None
+
+
+class CheckpointEvaluator(abc.ABC):
+    """An evaluation run on each checkpoint of a sweep (``sweep(..., evaluator=...)``, ``--evaluator``).
+
+    Subclass it and return the checkpoint's metrics from ``__call__``; ``lora_sampler.tinker.TinkerEvaluator`` is one.
+    """
+
+    @abc.abstractmethod
+    def __call__(self, checkpoint: EvaluatedCheckpoint) -> MetricsAnswer:
+        """Evaluate one checkpoint; return ``dict[str, float]`` (or an awaitable of it)."""
 
 
 class EvaluatorError(TypeError):
     """An evaluator that is not a callable, or whose answer is not a mapping of metric names to numbers."""
 
 
-def checked_evaluator(evaluator: object) -> Evaluator:
-    """Return ``evaluator`` once it is known to be callable (its answer is checked per checkpoint).
+def checked_evaluator(evaluator: object) -> CheckpointEvaluator:
+    """Return ``evaluator`` once it is known to be a ``CheckpointEvaluator`` (its answer is checked per checkpoint).
 
     Raises:
-        EvaluatorError: it is not callable.
+        EvaluatorError: it is not one; a plain callable is told how to wrap it.
     """
-    if not callable(evaluator):
+    if isinstance(evaluator, CheckpointEvaluator):
+        return evaluator
+    if callable(evaluator):
         raise EvaluatorError(
-            f"evaluator must be a callable taking a sampling client (e.g. a tinker-cookbook SamplingClientEvaluator), "
-            f"got {type(evaluator).__name__}"
+            "evaluator= takes a CheckpointEvaluator; wrap a callable taking a Tinker sampling client (e.g. a "
+            "tinker-cookbook SamplingClientEvaluator) as lora_sampler.tinker.TinkerEvaluator(evaluator)"
         )
-    return evaluator
+    raise EvaluatorError(
+        f"evaluator must be a CheckpointEvaluator (or, wrapped in lora_sampler.tinker.TinkerEvaluator, a callable "
+        f"taking a sampling client), got {type(evaluator).__name__}"
+    )
 
 
-def load_factory(spec: str) -> Evaluator:
-    """Import ``module:factory`` and call the factory with no argument; return the evaluator it makes.
+def load_factory(spec: str) -> Any:
+    """Import ``module:factory`` and call the factory with no argument; return the evaluator it makes (a
+    ``CheckpointEvaluator``, or a callable the caller wraps).
 
     Raises:
         ValueError: ``spec`` is not ``module:attribute``.
@@ -65,7 +103,10 @@ def load_factory(spec: str) -> Evaluator:
         raise AttributeError(f"module {module_name!r} has no {attribute!r} (from --evaluator {spec})") from None
     if not callable(factory):
         raise EvaluatorError(f"{spec} is a {type(factory).__name__}, not a factory to call")
-    return checked_evaluator(factory())
+    made = factory()
+    if not callable(made):
+        raise EvaluatorError(f"{spec}() returned a {type(made).__name__}; it must return an evaluator to call")
+    return made
 
 
 def checked_metrics(answer: object) -> Metrics:
@@ -97,25 +138,11 @@ class EvaluatorRun:
 
     Args:
         evaluator: The evaluator.
-        client: The sweep's client.
-        adapter: The checkpoint's published adapter.
-        max_outage: The sweep's outage hold (seconds), applied to each of the evaluator's requests.
-        on_outage: Called with an ``OutageEvent`` while the engine is away.
+        checkpoint: What it is handed: the sweep's client, the checkpoint's adapter, the outage hold.
     """
 
-    def __init__(
-        self,
-        evaluator: Evaluator,
-        client: SamplerClient,
-        adapter: Adapter,
-        *,
-        max_outage: float = 0.0,
-        on_outage: Optional[OutageHook] = None,
-    ):
-        from lora_sampler.tinker import SamplingClient  # the [tinker] extra: only when there is an evaluator
-
-        self._evaluator = evaluator
-        self.sampling_client = SamplingClient(client, model_path=adapter, max_outage=max_outage, on_outage=on_outage)
+    def __init__(self, evaluator: CheckpointEvaluator, checkpoint: EvaluatedCheckpoint):
+        self._evaluator, self.checkpoint = evaluator, checkpoint
         self._lock = threading.Lock()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._task: Optional[asyncio.Future[Any]] = None
@@ -128,7 +155,7 @@ class EvaluatorRun:
             asyncio.CancelledError: ``stop`` cancelled it.
             Exception: whatever the evaluator raised.
         """
-        answer = self._evaluator(self.sampling_client)
+        answer = self._evaluator(self.checkpoint)
         if inspect.isawaitable(answer):
             answer = asyncio.run(self._until_stopped(answer))
         return checked_metrics(answer)

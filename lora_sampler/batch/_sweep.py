@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import contextvars
 import dataclasses
 import inspect
 import logging
@@ -25,7 +26,14 @@ from lora_sampler._client.client import SamplerClient
 from lora_sampler._client.outage import OutageHook
 from lora_sampler._client.progress import ProgressBar
 from lora_sampler._views import printable
-from lora_sampler.batch._evaluator import Evaluator, EvaluatorError, EvaluatorRun, Metrics, checked_evaluator
+from lora_sampler.batch._evaluator import (
+    CheckpointEvaluator,
+    EvaluatedCheckpoint,
+    EvaluatorError,
+    EvaluatorRun,
+    Metrics,
+    checked_evaluator,
+)
 from lora_sampler.batch._job import DEFAULT_DRAIN_SECONDS, BatchJob
 from lora_sampler.batch._ledger import Ledger
 from lora_sampler.batch._lines import InputLine, open_output
@@ -178,7 +186,7 @@ class Sweep:
         requests: Optional[SweepInput],
         settings: SweepSettings,
         *,
-        evaluator: Optional[Evaluator] = None,
+        evaluator: Optional[CheckpointEvaluator] = None,
         on_row: Optional[RowHook] = None,
         on_outage: Optional[OutageHook] = None,
         on_state: Optional[Callable[[str], None]] = None,
@@ -187,10 +195,8 @@ class Sweep:
         self.client, self.step, self.settings = client, settings.step(requests), settings
         self.on_state = on_state
         self._told = ""
-        #: Run on each checkpoint instead of the step's lines (``lora_sampler.tinker``'s sampling client).
+        #: Run on each checkpoint instead of the step's lines.
         self.evaluator = None if evaluator is None else checked_evaluator(evaluator)
-        if evaluator is not None:
-            import lora_sampler.tinker  # noqa: F401  (fails here, before any checkpoint, without the [tinker] extra)
         self.on_row, self.on_outage = on_row, on_outage
         if isinstance(checkpoints, Manifest) and settings.allow_outside_paths:
             checkpoints = dataclasses.replace(checkpoints, allow_outside_paths=True)
@@ -410,6 +416,9 @@ class _CheckpointRun(threading.Thread):
         self._evaluator_run: Optional[EvaluatorRun] = None
         self._grace: Optional[float] = None
         self._lock = threading.Lock()
+        #: The sweep's context, made where the checkpoint is scheduled: inside a ``mix_adapters`` sweep's
+        #: ``mixing()`` block, so this checkpoint's requests mix too.
+        self._context = contextvars.copy_context()
 
     def stop(self, grace: float) -> None:
         """Stop this checkpoint's job (now, or as soon as it starts)."""
@@ -422,6 +431,9 @@ class _CheckpointRun(threading.Thread):
             evaluator_run.stop()
 
     def run(self) -> None:
+        self._context.run(self._run)
+
+    def _run(self) -> None:
         started = time.monotonic()
         try:
             self.report = self._evaluate(started)
@@ -456,7 +468,9 @@ class _CheckpointRun(threading.Thread):
                 return self._run_evaluator(sweep.evaluator, adapter, started)
             return self._sample(adapter, started)
 
-    def _run_evaluator(self, evaluator: Evaluator, adapter: Adapter, started: float) -> Optional[CheckpointReport]:
+    def _run_evaluator(
+        self, evaluator: CheckpointEvaluator, adapter: Adapter, started: float
+    ) -> Optional[CheckpointReport]:
         """Warm the adapter, wait for the previous checkpoint's evaluator, run this one's, retire the adapter.
 
         The previous checkpoint's evaluation (and its unload) must end first: its requests would otherwise
@@ -470,11 +484,7 @@ class _CheckpointRun(threading.Thread):
                 if sweep.stopped:
                     return None
             run = EvaluatorRun(
-                evaluator,
-                sweep.client,
-                adapter,
-                max_outage=sweep.settings.max_outage,
-                on_outage=sweep.on_outage,
+                evaluator, EvaluatedCheckpoint(sweep.client, adapter, sweep.settings.max_outage, sweep.on_outage)
             )
             with self._lock:
                 self._evaluator_run = run
@@ -699,7 +709,7 @@ def _start(warm: Callable[[], Any], name: str) -> threading.Thread:
         except Exception as error:
             logger.debug("Warm-up %s failed: %s", name, error)
 
-    thread = threading.Thread(target=send, name=name, daemon=True)
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(send,), name=name, daemon=True)
     thread.start()
     return thread
 
@@ -742,12 +752,15 @@ def _describe(checkpoints: Checkpoints) -> str:
     return "the pattern " + " ".join(patterns)
 
 
-def _check_work(requests: Optional[SweepInput], evaluator: Optional[Evaluator], settings: SweepSettings) -> None:
+def _check_work(
+    requests: Optional[SweepInput], evaluator: Optional[CheckpointEvaluator], settings: SweepSettings
+) -> None:
     """Refuse a sweep with both lines and an evaluator, or neither, before any request."""
     if evaluator is None and requests is None:
         raise TypeError(
             "sweep() needs requests (a JSONL path or a sequence of lines, or SampleRequest values) or evaluator= "
-            "(a callable taking a Tinker-compatible sampling client, returning metrics)"
+            "(a CheckpointEvaluator returning metrics, e.g. lora_sampler.tinker.TinkerEvaluator(fn) for a callable "
+            "taking a Tinker-compatible sampling client)"
         )
     if evaluator is not None and (requests is not None or settings.score):
         raise TypeError(
@@ -761,7 +774,7 @@ def sweep(
     requests: Optional[SweepInput] = None,
     settings: Optional[SweepSettings] = None,
     *,
-    evaluator: Optional[Evaluator] = None,
+    evaluator: Optional[CheckpointEvaluator] = None,
     on_outage: Optional[OutageHook] = None,
     progress: bool = False,
     **overrides: Any,
@@ -781,10 +794,12 @@ def sweep(
         requests: A JSONL file of prompt or messages lines, or a sequence of such mappings or ``SampleRequest``
             values (``ScoreRequest`` values or ``{"id", "prompt", "completion"?}`` lines with ``score=True``).
         settings: A ``SweepSettings``; None: its defaults.
-        evaluator: Instead of ``requests``: called on each checkpoint with a Tinker-compatible sampling client
-            (``lora_sampler.tinker.SamplingClient``, the ``[tinker]`` extra), it returns the checkpoint's metrics,
-            ``dict[str, float]`` (``CheckpointReport.metrics``); an async one (tinker-cookbook's evaluators) runs
-            in its own event loop. The window, warm-up, unload, resume and outage hold apply as for lines.
+        evaluator: Instead of ``requests``: a ``lora_sampler.batch.CheckpointEvaluator``, called on each
+            checkpoint with the client and the checkpoint's adapter; it returns the checkpoint's metrics,
+            ``dict[str, float]`` (``CheckpointReport.metrics``), or an awaitable of them (run in its own event loop).
+            ``lora_sampler.tinker.TinkerEvaluator(fn)`` (the ``[tinker]`` extra) hands ``fn`` a Tinker-compatible
+            sampling client (tinker-cookbook's evaluators). The window, warm-up, unload, resume and outage hold
+            apply as for lines.
         on_outage: Called with an ``OutageEvent`` while the engine is away.
         progress: Show a progress bar over the rows of every checkpoint (as ``sample_many``'s).
         **overrides: Settings by name, over ``settings`` (``output_dir="evals", window=2, max_tokens=8``): every

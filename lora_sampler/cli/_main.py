@@ -25,6 +25,7 @@ from lora_sampler._client.client import SamplerClient
 from lora_sampler._defaults import API_KEY_ENV, MAX_PROMPTS_PER_REQUEST, VLLM_API_KEY_ENV
 from lora_sampler._testmode import set_testing
 from lora_sampler._version import __version__
+from lora_sampler.batch._evaluator import CheckpointEvaluator, EvaluatorError, load_factory
 from lora_sampler.batch._lines import LineDefaults
 from lora_sampler.batch._openai import OPENAI_BATCH_FORMAT, PROMPT_FORMAT, file_format, first_line
 from lora_sampler.batch._settings import CLI_MAX_OUTAGE
@@ -633,14 +634,21 @@ def _check_sweep_args(args: argparse.Namespace) -> None:
             raise UsageError(str(error)) from None
 
 
-def _load_evaluator(spec: str) -> Any:
-    """Import the tinker extra and ``module:factory``; call the factory. Every failure is a usage error naming it."""
-    from lora_sampler.batch._evaluator import EvaluatorError, load_factory
-
+def _load_evaluator(spec: str) -> CheckpointEvaluator:
+    """Import ``module:factory`` and call the factory; a callable that is no ``CheckpointEvaluator`` takes a Tinker
+    sampling client (``TinkerEvaluator``, the tinker extra). Every failure is a usage error naming it."""
+    made = _made_by_factory(spec)
+    if isinstance(made, CheckpointEvaluator):
+        return made
     try:
-        import lora_sampler.tinker  # noqa: F401  (the extra, checked before any checkpoint)
+        from lora_sampler.tinker import TinkerEvaluator
     except ImportError as error:
         raise UsageError(f"--evaluator: {error}") from None
+    return TinkerEvaluator(made)
+
+
+def _made_by_factory(spec: str) -> Any:
+    """What ``module:factory`` makes, ``module`` looked up from the working directory first."""
     sys.path.insert(0, os.getcwd())  # module:factory names a module of the working directory, as python -m does
     try:
         return load_factory(spec)

@@ -9,7 +9,8 @@ unchanged against a vLLM engine serving your LoRA checkpoints::
     sampling_client = service.create_sampling_client(model_path="runs/step-400.tar.gz").result()
     response = sampling_client.sample(prompt, num_samples=4, sampling_params=params).result()
 
-Nothing else in lora_sampler imports this module, so ``import lora_sampler`` never loads tinker.
+``TinkerEvaluator(evaluator)`` runs a sampling-client evaluator (tinker-cookbook's) on every checkpoint of a sweep.
+Nothing below the command line imports this module, so ``import lora_sampler`` and a sweep never load tinker.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ except ImportError as exc:  # pragma: no cover - exercised by the test that runs
     ) from exc
 
 from lora_sampler.tinker._clients import SamplingClient, ServiceClient
+from lora_sampler.tinker._evaluator import TinkerEvaluator
 from lora_sampler.tinker._future import TinkerFuture
 
-__all__ = ["SamplingClient", "ServiceClient", "TinkerFuture"]
+__all__ = ["SamplingClient", "ServiceClient", "TinkerEvaluator", "TinkerFuture"]

@@ -96,6 +96,8 @@ def test_real_cookbook_completers(tinker: Any, service: Any, vllm_engine: RealEn
 
 
 def test_real_sweep_with_a_cookbook_evaluator(tinker: Any, vllm_engine: RealEngine, tmp_path: Path) -> None:
+    from lora_sampler.tinker import TinkerEvaluator
+
     """SamplerNLLEvaluator on two adapters of a run: its NLL per checkpoint, in sweep.jsonl, each adapter its own."""
     require("tinker_cookbook", HOW)
     import numpy as np
@@ -119,7 +121,9 @@ def test_real_sweep_with_a_cookbook_evaluator(tinker: Any, vllm_engine: RealEngi
     with SamplerClient(
         vllm_engine.url, api_key=vllm_engine.api_key, lora_base_dir=vllm_engine.lora_dir, max_workers=1
     ) as client:
-        reports = list(sweep(client, str(run / "step-*"), evaluator=evaluator, output_dir=tmp_path / "out"))
+        reports = list(
+            sweep(client, str(run / "step-*"), evaluator=TinkerEvaluator(evaluator), output_dir=tmp_path / "out")
+        )
     assert [r.step for r in reports] == [10, 20] and all(r.ok for r in reports)
     nll = [r.metrics["heldout/nll"] for r in reports]
     assert all(0 < value < 20 for value in nll) and nll[0] != nll[1]

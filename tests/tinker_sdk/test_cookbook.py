@@ -174,12 +174,21 @@ def test_benchmark_evaluator_in_a_sweep(
 ) -> None:
     from tinker_cookbook.eval.benchmark_evaluator import BenchmarkEvaluator
 
+    from lora_sampler.tinker import TinkerEvaluator
+
     _gsm8k_folder(tmp_path, GSM8K_ROWS)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     evaluator = BenchmarkEvaluator("gsm8k", renderer, max_examples=2, max_tokens=8)
     with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
-        reports = list(sweep(client, [str(p) for p in checkpoints[:2]], evaluator=evaluator, output_dir=tmp_path / "o"))
+        reports = list(
+            sweep(
+                client,
+                [str(p) for p in checkpoints[:2]],
+                evaluator=TinkerEvaluator(evaluator),
+                output_dir=tmp_path / "o",
+            )
+        )
     assert [r.step for r in reports] == [100, 200]
     for report in reports:
         assert report.ok and report.metrics["eval/gsm8k/num_examples"] == 2.0

@@ -1,4 +1,4 @@
-"""``SamplerClient.sweep(checkpoints, evaluator=...)``: any evaluator on every checkpoint, on FakeEngine.
+"""``sweep(client, checkpoints, evaluator=TinkerEvaluator(...))``: any evaluator on every checkpoint, on FakeEngine.
 
 Fails on a1a82fa, where ``sweep`` required ``requests`` and had no ``evaluator``; ``CheckpointReport`` had no
 ``metrics`` and ``sweep.jsonl`` no ``"metrics"``.
@@ -26,6 +26,14 @@ from lora_sampler.batch import CheckpointReport
 from lora_sampler.testing import FakeEngine
 
 EngineFactory = Callable[..., FakeEngine]
+
+
+def tinker_evaluator(evaluator: Any) -> Any:
+    """``TinkerEvaluator(evaluator)``, imported here: collecting this module must not need tinker."""
+    from lora_sampler.tinker import TinkerEvaluator
+
+    return TinkerEvaluator(evaluator)
+
 
 PROMPT = [10, 11, 12, 13]
 
@@ -60,7 +68,9 @@ def test_an_async_evaluator_runs_on_every_checkpoint(
     evaluator = NLL()
     output = tmp_path / "out"
     with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
-        reports = list(sweep(client, str(tmp_path / "run" / "step-*"), evaluator=evaluator, output_dir=output))
+        reports = list(
+            sweep(client, str(tmp_path / "run" / "step-*"), evaluator=tinker_evaluator(evaluator), output_dir=output)
+        )
         cards = requests.get(f"{engine.url}/v1/models", timeout=30).json()["data"]
         expected = [
             -sum(client.compute_logprobs(PROMPT, adapter=str(path))[1:]) for path in checkpoints  # the same adapters
@@ -90,8 +100,8 @@ def test_a_plain_evaluator_and_resume(
 
     output = tmp_path / "out"
     with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
-        first = list(sweep(client, paths(checkpoints[:2]), evaluator=evaluator, output_dir=output))
-        again = list(sweep(client, paths(checkpoints), evaluator=evaluator, output_dir=output))
+        first = list(sweep(client, paths(checkpoints[:2]), evaluator=tinker_evaluator(evaluator), output_dir=output))
+        again = list(sweep(client, paths(checkpoints), evaluator=tinker_evaluator(evaluator), output_dir=output))
     assert [r.metrics for r in first] == [{"length": 2.0, "nan": None}] * 2  # JSON has no NaN
     assert len(calls) == 3  # the two finished checkpoints were not evaluated again
     assert [r.resumed for r in again] == [True, True, False]
@@ -109,7 +119,9 @@ def test_an_evaluator_failing_on_one_checkpoint_fails_only_that_one(
         return {"ok": 1}
 
     with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
-        reports = list(sweep(client, paths(checkpoints), evaluator=evaluator, output_dir=tmp_path / "out"))
+        reports = list(
+            sweep(client, paths(checkpoints), evaluator=tinker_evaluator(evaluator), output_dir=tmp_path / "out")
+        )
     assert reports[0].metrics == {"ok": 1.0} and reports[0].ok
     assert reports[1].error == {"type": "ZeroDivisionError", "message": "the grader divided by zero"}
     assert reports[2].error is not None and "must return dict[str, float]" in reports[2].error["message"]
@@ -138,7 +150,13 @@ def test_requests_and_evaluator_together_or_neither_are_refused(
 ) -> None:
     with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
         with pytest.raises(TypeError, match="not both"):
-            sweep(client, paths(checkpoints), [{"prompt": "x"}], evaluator=NLL(), output_dir=tmp_path / "o")
+            sweep(
+                client,
+                paths(checkpoints),
+                [{"prompt": "x"}],
+                evaluator=tinker_evaluator(NLL()),
+                output_dir=tmp_path / "o",
+            )
         with pytest.raises(TypeError, match="evaluator="):
             sweep(client, paths(checkpoints), output_dir=tmp_path / "o")
         with pytest.raises(TypeError, match="callable"):
@@ -167,7 +185,7 @@ def test_an_engine_gone_for_good_stops_the_sweep(
     quick = RetryPolicy(max_attempts=2, base_delay=0.05, max_delay=0.1)
     with SamplerClient(engine.url, lora_base_dir=lora_dir, retry=quick, timeout=(0.5, 5)) as client:
         with pytest.raises(LoraSamplerError):
-            list(sweep(client, paths(checkpoints), evaluator=evaluator, output_dir=tmp_path / "out"))
+            list(sweep(client, paths(checkpoints), evaluator=tinker_evaluator(evaluator), output_dir=tmp_path / "out"))
     assert not (tmp_path / "out" / "sweep.jsonl").exists() or not ledger(tmp_path / "out")
 
 
@@ -184,7 +202,13 @@ def test_stop_cancels_an_async_evaluator(
         return {"never": 1.0}
 
     with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
-        running = Sweep(client, paths(checkpoints), None, SweepSettings(str(tmp_path / "out")), evaluator=evaluator)
+        running = Sweep(
+            client,
+            paths(checkpoints),
+            None,
+            SweepSettings(str(tmp_path / "out")),
+            evaluator=tinker_evaluator(evaluator),
+        )
         reports: List[Any] = []
         runner = threading.Thread(target=lambda: reports.extend(running.run()))
         runner.start()
@@ -199,6 +223,7 @@ def test_stop_cancels_an_async_evaluator(
 KILLED_SWEEP = textwrap.dedent("""
     import asyncio, sys, tinker
     from lora_sampler import SamplerClient, sweep
+    from lora_sampler.tinker import TinkerEvaluator
 
     async def evaluator(sampling_client):
         await sampling_client.compute_logprobs(tinker.ModelInput.from_ints([10, 11, 12]))
@@ -209,7 +234,7 @@ KILLED_SWEEP = textwrap.dedent("""
 
     url, lora_dir, output = sys.argv[1:4]
     with SamplerClient(url, lora_base_dir=lora_dir) as client:
-        for report in sweep(client, sys.argv[4:], evaluator=evaluator, output_dir=output):
+        for report in sweep(client, sys.argv[4:], evaluator=TinkerEvaluator(evaluator), output_dir=output):
             print("done", report.step, flush=True)
     """)
 
@@ -241,7 +266,7 @@ def test_a_sweep_killed_mid_evaluator_resumes(
         return {"ok": 2.0}
 
     with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
-        reports = list(sweep(client, paths(checkpoints), evaluator=evaluator, output_dir=output))
+        reports = list(sweep(client, paths(checkpoints), evaluator=tinker_evaluator(evaluator), output_dir=output))
     assert [(r.step, r.resumed, r.metrics["ok"]) for r in reports] == [
         (100, True, 1.0),
         (200, False, 2.0),
