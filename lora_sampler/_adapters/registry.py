@@ -128,20 +128,28 @@ class AdapterRegistry:
                     self._published[key] = adapter
             return adapter
 
+    def storage_options_for(self, options: Optional[Mapping[str, Any]] = None) -> StorageOptions:
+        """``options`` (None: the registry's own) held to the transport's timeout, as every store request is."""
+        if options is None:
+            return self.storage_options
+        return StorageOptions(options, timeout=self.storage_options.timeout)
+
     def publish(
         self,
         checkpoint: PathLike,
         *,
         name: Optional[str] = None,
         lineage: Optional[str] = None,
+        storage_options: Optional[Mapping[str, Any]] = None,
     ) -> Adapter:
         """Publish ``checkpoint`` into the resolver directory and preflight it (see ``SamplerClient.publish``)."""
         from lora_sampler._adapters.publish import publish_checkpoint
 
         if self.lora_base_dir is None:
             raise ValueError("publishing a checkpoint needs lora_base_dir= (the engine's resolver directory)")
+        options = self.storage_options_for(storage_options)
         adapter = publish_checkpoint(
-            checkpoint, self.lora_base_dir, name=name, limits=self.publish_limits, storage_options=self.storage_options
+            checkpoint, self.lora_base_dir, name=name, limits=self.publish_limits, storage_options=options
         )
         self._lease(adapter.name)
         if adapter.path is not None and not os.path.isdir(adapter.path):  # another run's clean-up was first
@@ -150,7 +158,7 @@ class AdapterRegistry:
                 self.lora_base_dir,
                 name=name,
                 limits=self.publish_limits,
-                storage_options=self.storage_options,
+                storage_options=options,
             )
         try:
             self._preflight(adapter)

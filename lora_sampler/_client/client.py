@@ -35,7 +35,6 @@ from lora_sampler._adapters.extract import PublishLimits
 from lora_sampler._adapters.fleet import Fleet, ReplicasSpec
 from lora_sampler._adapters.publish import adapter_targets_lm_head
 from lora_sampler._adapters.registry import AdapterRegistry
-from lora_sampler._adapters.storage import StorageOptions
 from lora_sampler._client.calls import SampleCalls
 from lora_sampler._client.fanout import IN_FLIGHT_PER_WORKER, Batching, FanOut, RequestLike, Runner
 from lora_sampler._client.isolation import ModelIsolation
@@ -204,10 +203,8 @@ class SamplerClient:
 
     def storage_options_for(self, options: Optional[Mapping[str, Any]] = None) -> Mapping[str, Any]:
         """The options a store request is made with: ``options`` (None: the client's ``storage_options``), held to
-        the client's ``timeout`` (a sweep's listings use them, as publishing does)."""
-        if options is None:
-            return self._registry.storage_options
-        return StorageOptions(options, timeout=self._transport.timeout)
+        the client's ``timeout`` (a sweep's listings use them, as ``publish`` does)."""
+        return self._registry.storage_options_for(options)
 
     def __repr__(self) -> str:
         return f"SamplerClient({self.base_url!r}, max_workers={self.max_workers})"
@@ -659,7 +656,12 @@ class SamplerClient:
     # -- adapters -------------------------------------------------------------------------------------------
 
     def publish(
-        self, checkpoint: Union[str, os.PathLike[str]], *, name: Optional[str] = None, lineage: Optional[str] = None
+        self,
+        checkpoint: Union[str, os.PathLike[str]],
+        *,
+        name: Optional[str] = None,
+        lineage: Optional[str] = None,
+        storage_options: Optional[Mapping[str, Any]] = None,
     ) -> Adapter:
         """Publish a checkpoint into ``lora_base_dir`` (atomic, content-named) and check it fits the engine.
 
@@ -667,11 +669,13 @@ class SamplerClient:
             checkpoint: A ``.tar.gz``/``.tgz``/``.tar`` archive or an adapter directory, or a storage URL of one.
             name: The adapter name; default: the checkpoint's stem plus a short content digest.
             lineage: Retire (unload) the previous adapter of this lineage once this one has served a request.
+            storage_options: For a storage URL, options of the storage library instead of the client's (held to the
+                client's timeout too).
 
         Returns:
             The published ``Adapter``.
         """
-        return self._registry.publish(checkpoint, name=name, lineage=lineage)
+        return self._registry.publish(checkpoint, name=name, lineage=lineage, storage_options=storage_options)
 
     def resolve_adapter(self, adapter: AdapterSpec) -> Adapter:
         """Return the ``Adapter`` an ``adapter=`` value means, found as ``sample`` finds it, without sampling.

@@ -245,8 +245,8 @@ class SweepSettings:
         default=None,
         metadata=_about(
             flag=None,
-            help="options of the storage library (fsspec) for checkpoint URLs, held to the client's timeout "
-            "(default: the client's storage_options)",
+            help="options of the storage library (fsspec) for checkpoint URLs, for the sweep's listings and "
+            "publishing, held to the client's timeout (default: the client's storage_options)",
         ),
     )
 
@@ -287,7 +287,11 @@ class SweepSettings:
                 close = difflib.get_close_matches(name, names, n=1)
                 hint = f"; did you mean {close[0]}?" if close else f"; the settings are {', '.join(names)}"
                 raise TypeError(f"sweep() got an unknown setting {name!r}{hint}")
+        if isinstance(settings, (str, os.PathLike)):  # sweep(client, checkpoints, requests, "evals")
+            raise TypeError(f"settings= takes a SweepSettings; pass the output folder as output_dir={settings!r}")
         if settings is not None:
+            if not isinstance(settings, SweepSettings):
+                raise TypeError(f"settings= takes a SweepSettings, got {type(settings).__name__}")
             return dataclasses.replace(settings, **overrides)
         if "output_dir" not in overrides:
             raise TypeError("sweep() needs output_dir= (where the outputs and sweep.jsonl go), or settings=")

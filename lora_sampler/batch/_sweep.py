@@ -208,7 +208,7 @@ class Sweep:
         self._finished: queue.Queue[_CheckpointRun] = queue.Queue()
         self._active: List[_CheckpointRun] = []
         self._lock = threading.Lock()
-        self._adapters = _SharedAdapters(client)
+        self._adapters = _SharedAdapters(client, settings.storage_options)
         #: Set once a second stop left requests in flight (the outputs stay resumable).
         self.abandoned = False
         #: The ledger's path, once ``run`` opened it.
@@ -338,8 +338,8 @@ class Sweep:
 class _SharedAdapters:
     """The adapters of a sweep's checkpoints: one adapter per content, held by one checkpoint at a time."""
 
-    def __init__(self, client: SamplerClient) -> None:
-        self._client = client
+    def __init__(self, client: SamplerClient, storage_options: Optional[Mapping[str, Any]]) -> None:
+        self._client, self._storage_options = client, storage_options
         self._changed = threading.Condition()
         self._in_use: Set[str] = set()
         self._by_content: Dict[str, str] = {}  # the digest part of an adapter name -> the first adapter of it
@@ -359,7 +359,7 @@ class _SharedAdapters:
             first = self._by_content.setdefault(suffix, adapter.name)
         if first == adapter.name:
             return adapter
-        shared = self._client.publish(checkpoint.path, name=first)
+        shared = self._client.publish(checkpoint.path, name=first, storage_options=self._storage_options)
         try:
             self._client.unload(adapter, delete_files=True)  # never requested: the unload is a formality
         except (LoraSamplerError, OSError) as error:
@@ -459,7 +459,8 @@ class _CheckpointRun(threading.Thread):
 
     def _evaluate(self, started: float) -> Optional[CheckpointReport]:
         sweep = self.sweep
-        adapter = self.adapters.same_content(sweep.client.publish(self.checkpoint.path), self.checkpoint)
+        published = sweep.client.publish(self.checkpoint.path, storage_options=sweep.settings.storage_options)
+        adapter = self.adapters.same_content(published, self.checkpoint)
         while not self.claimed_before.wait(0.05):
             if sweep.stopped:
                 return None

@@ -414,3 +414,36 @@ def test_cli_sweep_timeout_reaches_a_silent_store(
             lambda: list(sweep(client, f"s3://{BUCKET}/run/*.tar.gz", [{"prompt": [5]}], output_dir=tmp_path / "py"))
         )
     assert isinstance(error, PublishError) and "did not end within" in str(error), error
+
+
+def test_sweep_storage_options_reach_its_listing_and_its_publishing(
+    store: FaultStore, engine: FakeEngine, lora_dir: Path, tmp_path: Path
+) -> None:
+    """``sweep(storage_options=...)`` on a client without any: the listing and each checkpoint's download both go to
+    that store. Before, only the listing did; the publish used the client's options (none: no endpoint, no
+    credentials) and every checkpoint failed."""
+    with SamplerClient(engine.url, lora_base_dir=lora_dir, timeout=TIMEOUT) as client:
+        reports = within_bound_returning(
+            lambda: list(
+                sweep(
+                    client,
+                    f"s3://{BUCKET}/run/*.tar.gz",
+                    [{"prompt": [5, 6]}],
+                    output_dir=tmp_path / "out",
+                    settle=0,
+                    storage_options=store.options(),
+                )
+            )
+        )
+    assert [(report.checkpoint, report.error, report.rows) for report in reports] == [(URL, None, 1)]
+    assert count(store, "LIST") >= 1 and count(store, "GET") >= 1
+
+
+def within_bound_returning(call: Callable[[], Any]) -> Any:
+    """Run ``call`` in a thread; assert it ended within ``BOUND`` seconds; return what it returned (or raise)."""
+    outcome: List[Any] = []
+    thread = threading.Thread(target=lambda: outcome.append(call()), daemon=True)
+    thread.start()
+    thread.join(BOUND)
+    assert not thread.is_alive() and outcome, f"the call did not return within {BOUND:.0f} s"
+    return outcome[0]

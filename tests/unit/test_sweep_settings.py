@@ -93,6 +93,8 @@ def test_python_overrides_are_settings_or_a_did_you_mean() -> None:
         SweepSettings.of(output_dir="o", windw=2)
     with pytest.raises(TypeError, match="needs output_dir"):
         SweepSettings.of(window=2)
+    with pytest.raises(TypeError, match="pass the output folder as output_dir='evals'"):
+        SweepSettings.of("evals")  # type: ignore[arg-type]  (the fourth positional argument taken for output_dir)
     base = SweepSettings("o", window=3)
     assert SweepSettings.of(base, watch=True) == SweepSettings("o", window=3, watch=True)
     with pytest.raises(ValueError, match="window must be an int >= 1"):
