@@ -8,6 +8,7 @@ It parses nothing and shows nothing: lines come in parsed, and progress leaves t
 from __future__ import annotations
 
 import collections
+import contextvars
 import queue
 import threading
 import time
@@ -129,7 +130,9 @@ class BatchJob:
 
     def run(self) -> BatchStats:
         """Run to the end of the input, or to a stop; return the counts (see ``abandoned`` and ``fatal``)."""
-        pump = threading.Thread(target=self._pump, name="lora_sampler-batch", daemon=True)
+        # In this thread's context: a sweep's mixing() (mix_adapters) covers the requests the pump hands the client.
+        pump = threading.Thread(target=contextvars.copy_context().run, args=(self._pump,), name="lora_sampler-batch")
+        pump.daemon = True
         pump.start()
         while True:
             try:

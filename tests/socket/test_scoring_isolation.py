@@ -237,3 +237,25 @@ def test_isolated_scoring_beside_a_mixing_sweep_gets_its_own_scores(
     assert not sweeper.is_alive() and len(outcome) == 3 and all(not r.error for r in outcome), outcome
     assert sweep_requests_during  # the overlap was there to be had
     assert scores == expected
+
+
+def test_a_mix_adapters_sweep_mixes_its_own_scoring_requests(
+    make_engine: Any, lora_dir: Path, tmp_path: Path, no_waits: None
+) -> None:
+    """``sweep(mix_adapters=True)`` on a client that keeps scoring apart: the sweep's own scoring requests share the
+    engine (its checkpoints' threads and its batch jobs' pumps run in the context of its ``mixing()``); without it
+    they never do. Before, the pump ran outside that context, so a mixing sweep was kept apart all the same (20 runs
+    of 20 never mixed)."""
+    engine = make_engine(latency=0.01)
+    make_run(tmp_path / "run", engine.model, (100, 200, 300))
+    write_lines(tmp_path / "lines.jsonl")
+    pattern, lines = str(tmp_path / "run" / "*.tar.gz"), str(tmp_path / "lines.jsonl")
+    with SamplerClient(engine.url, lora_base_dir=lora_dir, max_workers=8) as client:
+        list(sweep(client, pattern, lines, output_dir=tmp_path / "apart", score=True, prompts_per_request=1))
+        assert engine.mixed_prompt_logprobs == 0
+        for attempt in range(20):  # until a run whose checkpoints met in flight (a boundary may fall between rows)
+            out = tmp_path / f"mixed-{attempt}"
+            list(sweep(client, pattern, lines, output_dir=out, score=True, prompts_per_request=1, mix_adapters=True))
+            if engine.mixed_prompt_logprobs > 0:
+                break
+    assert engine.mixed_prompt_logprobs > 0

@@ -23,12 +23,16 @@ from lora_sampler.testing import FakeEngine
 def test_watch_over_a_glob_says_what_it_waits_for_and_why_it_ended(
     engine: FakeEngine, lora_dir: Path, tmp_path: Path, capsys: Any, no_waits: None
 ) -> None:
-    """--watch with a glob: a line saying it waits for a new checkpoint and for how long, then why it ended."""
-    make_run(tmp_path / "run", engine.model, (10,))
+    """--watch with a glob: a line saying it waits for a new checkpoint and for how long, then why it ended.
+
+    The watch starts on a folder with no checkpoint yet, so it waits whatever the machine's speed (with one to sample
+    first, a slow sampling could outlast the 0.5 s idle timeout, and the watch end without waiting)."""
+    (tmp_path / "run").mkdir()
     inp, out = write_prompts(tmp_path / "p.jsonl", 2), tmp_path / "out"
     argv = sweep_args(engine, lora_dir, inp, out, "--checkpoints", str(tmp_path / "run" / "*.tar.gz"))
     assert main([*argv, "--watch", "--idle-timeout", "0.5", "--settle", "0"]) == 0
     err = capsys.readouterr().err
+    make_run(tmp_path / "run", engine.model, (10,))
     assert "waiting for a new checkpoint; the watch ends after 0.5 s with nothing new (--idle-timeout" in err, err
     assert "done: --watch saw nothing new for 0.5 s (--idle-timeout)" in err, err
     assert main(argv) == 0  # without --watch: it says every checkpoint listed was taken
