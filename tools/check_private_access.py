@@ -103,7 +103,11 @@ INTERNALS: Dict[str, str] = {
     "num_connections": "urllib3 HTTPConnectionPool's connection counter (undocumented)",
     "num_requests": "urllib3 HTTPConnectionPool's request counter (undocumented)",
     "proxy_manager": "requests HTTPAdapter's proxy -> ProxyManager table (undocumented; use proxy_manager_for)",
+    "pools": "urllib3 PoolManager's container of pools (undocumented; use connection_from_url and clear())",
+    "connection_pool_kw": "urllib3 PoolManager's pool keywords (undocumented; pass them to the constructor)",
+    "is_connection_dropped": "urllib3.util.connection's socket check (undocumented)",
     "call_s3": "s3fs S3FileSystem's raw botocore call (undocumented; use the file system's methods)",
+    "s3": "s3fs S3FileSystem's aiobotocore client (undocumented attribute; use the file system's methods)",
     "dircache": "fsspec's listings cache (undocumented; use invalidate_cache() or use_listings_cache=False)",
     "iothread": "fsspec.asyn's event-loop thread (undocumented; use fsspec.asyn.get_loop())",
 }

@@ -69,6 +69,8 @@ def test_the_package_passes_the_private_access_check(capsys: pytest.CaptureFixtu
         ("def f(manager):\n    return getattr(manager, 'key_fn_by_scheme')\n", "key_fn_by_scheme"),
         ("def f(fs):\n    return fs.call_s3('get_object', Bucket='b', Key='k')\n", "call_s3"),
         ("def f(fs):\n    fs.dircache.clear()\n", "dircache"),
+        ("def f(fs):\n    return fs.s3.get_object(Bucket='b', Key='k')\n", "aiobotocore client"),
+        ("def f(manager):\n    manager.connection_pool_kw['maxsize'] = 64\n", "connection_pool_kw"),
         ("import importlib\nimportlib.import_module('urllib3._collections')\n", "_collections"),
         ("import importlib\nimportlib.import_module('urllib3.' + '_collections')\n", "_collections"),
         ("__import__('concurrent.futures._base')\n", "_base"),
