@@ -57,7 +57,8 @@ def prompt_parts(
     if len(choices) != n * len(prompts):
         raise ValueError(
             f"it holds {len(choices)} choices where {len(prompts)} prompts of num_samples={n} each were sent; "
-            "the answers cannot be matched to their prompts, so none is used"
+            "the answers cannot be matched to their prompts, so none is used. An engine or proxy that does not answer "
+            "prompt lists needs one prompt a request: prompts_per_request=1 (--prompts-per-request 1)"
         )
     indices: List[Any] = [choice.get("index") for choice in choices]  # checked below: ints 0..N-1
     expected = list(range(len(choices)))
