@@ -8,7 +8,6 @@ from lora_sampler.cli._main import (
     DEFAULT_TIMEOUT,
     GIB,
     TESTING_ENV,
-    UsageError,
     build_parser,
     cmd_demo,
     cmd_doctor,
@@ -18,6 +17,7 @@ from lora_sampler.cli._main import (
     main,
     parse_timeout,
 )
+from lora_sampler.cli._parser import UsageError
 
 __all__ = [
     "COMMANDS",

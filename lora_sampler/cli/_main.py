@@ -29,6 +29,7 @@ from lora_sampler.batch._evaluator import CheckpointEvaluator, EvaluatorError, l
 from lora_sampler.batch._lines import LineDefaults
 from lora_sampler.batch._openai import OPENAI_BATCH_FORMAT, PROMPT_FORMAT, file_format, first_line
 from lora_sampler.batch._settings import CLI_MAX_OUTAGE
+from lora_sampler.cli._parser import CommandParser, UsageError
 from lora_sampler.cli._runner import (
     EXIT_ERROR,
     EXIT_FAILED,
@@ -72,10 +73,6 @@ RESTART_HELP = (
 )
 
 
-class UsageError(LoraSamplerError):
-    """A flag combination or a path that cannot work; exit status 2."""
-
-
 # -- parsing -----------------------------------------------------------------------------------------------------
 
 
@@ -85,17 +82,15 @@ def build_parser() -> argparse.ArgumentParser:
         f"Exit status: 0 ok, 1 some prompts failed (or a doctor check), 2 usage, input or engine error, 130 "
         f"interrupted. Environment: {API_KEY_ENV}, else {VLLM_API_KEY_ENV} (the engine's API key)"
     )
-    parser = argparse.ArgumentParser(
-        prog="lora-sampler", description="Sample LoRA adapters from a vLLM engine.", epilog=epilog
-    )
+    parser = CommandParser(prog="lora-sampler", description="Sample LoRA adapters from a vLLM engine.", epilog=epilog)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    common = argparse.ArgumentParser(add_help=False)
+    common = CommandParser(add_help=False)
     common.add_argument("--log-level", help="DEBUG, INFO (shows every retry), WARNING (default; demo: INFO), ERROR")
     engine, pace, sampling, publishing = _engine_flags(), _pace_flags(), _sampling_flags(), _publishing_flags()
     job = _job_flags(pace)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(name: str, text: str, *parents: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    def add(name: str, text: str, *parents: CommandParser) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=text, description=text, parents=[common, *parents])
 
     _add_sample_arguments(
@@ -187,9 +182,9 @@ def _add_unload_arguments(unload: argparse.ArgumentParser) -> None:
     unload.add_argument("--delete-files", action="store_true", help="then delete its folder (needs --lora-base-dir)")
 
 
-def _engine_flags() -> argparse.ArgumentParser:
+def _engine_flags() -> CommandParser:
     """Return the flags every command that talks to an engine takes: where it is, its key, folder and fleet."""
-    engine = argparse.ArgumentParser(add_help=False)
+    engine = CommandParser(add_help=False)
     engine.add_argument("--base-url", required=True, help="engine root URL, e.g. http://127.0.0.1:8000")
     engine.add_argument(
         "--api-key", help=f"engine API key (default: ${API_KEY_ENV}, else ${VLLM_API_KEY_ENV}); never printed"
@@ -207,9 +202,9 @@ def _engine_flags() -> argparse.ArgumentParser:
     return engine
 
 
-def _publishing_flags() -> argparse.ArgumentParser:
+def _publishing_flags() -> CommandParser:
     """Return the flags of every command that publishes checkpoints (``sample``, ``score``, ``sweep``, ``publish``)."""
-    publishing = argparse.ArgumentParser(add_help=False)
+    publishing = CommandParser(add_help=False)
     publishing.add_argument(
         "--max-adapter-gib",
         type=_positive_gib,
@@ -267,9 +262,9 @@ def add_timeout_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _pace_flags() -> argparse.ArgumentParser:
+def _pace_flags() -> CommandParser:
     """Return the flags of every command that runs many requests (``sample``, ``score``, ``sweep``)."""
-    pace = argparse.ArgumentParser(add_help=False)
+    pace = CommandParser(add_help=False)
     add_timeout_flag(pace)
     pace.add_argument("--concurrency", type=int, default=16, help="requests in flight (default: 16)")
     pace.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
@@ -277,9 +272,9 @@ def _pace_flags() -> argparse.ArgumentParser:
     return pace
 
 
-def _job_flags(pace: argparse.ArgumentParser) -> argparse.ArgumentParser:
+def _job_flags(pace: CommandParser) -> CommandParser:
     """Return the flags every one-output batch job takes (``sample``, ``score``): output, order, resume, pace."""
-    job = argparse.ArgumentParser(add_help=False, parents=[pace])
+    job = CommandParser(add_help=False, parents=[pace])
     job.add_argument(
         "-o",
         "--output",
@@ -301,9 +296,9 @@ def _job_flags(pace: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return job
 
 
-def _sampling_flags() -> argparse.ArgumentParser:
+def _sampling_flags() -> CommandParser:
     """Return the sampling defaults of every line (``sample``, ``sweep``)."""
-    sampling = argparse.ArgumentParser(add_help=False)
+    sampling = CommandParser(add_help=False)
     add_flags(sampling, SAMPLING_FIELDS)
     return sampling
 
@@ -793,15 +788,25 @@ def _exit_interrupted(signum: int, frame: Optional[FrameType]) -> None:
     os._exit(EXIT_INTERRUPTED)
 
 
+def _parse(arguments: List[str]) -> Union[argparse.Namespace, int]:
+    """Parse the command line; an exit status instead when it says to stop (``--help``, a usage mistake)."""
+    try:
+        return build_parser().parse_args(arguments)
+    except SystemExit as exc:  # argparse: --help and --version are 0
+        return exc.code if isinstance(exc.code, int) else EXIT_ERROR
+    except UsageError as exc:  # one line naming the flag (CommandParser)
+        print(f"lora-sampler: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
 def _run_command(argv: Optional[Sequence[str]]) -> int:
     """Parse ``argv``, run its command, and map its failures to exit statuses (``main``)."""
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == [LM_EVAL_COMMAND]:  # lm-eval's own command line: its arguments are not ours to parse
         return run_lm_eval(arguments[1:])
-    try:
-        args = build_parser().parse_args(arguments)
-    except SystemExit as exc:  # argparse: --help and --version are 0, a usage error 2
-        return exc.code if isinstance(exc.code, int) else EXIT_ERROR
+    args = _parse(arguments)
+    if isinstance(args, int):
+        return args
     if os.environ.get(TESTING_ENV) == "1":
         set_testing(True)
     package = logging.getLogger("lora_sampler")
