@@ -39,7 +39,7 @@ from lora_sampler._client.calls import SampleCalls
 from lora_sampler._client.fanout import IN_FLIGHT_PER_WORKER, Batching, FanOut, RequestLike, Runner
 from lora_sampler._client.isolation import ModelIsolation
 from lora_sampler._client.outage import OutageGate, OutageHook, checked_seconds, probe_timeout, probe_until
-from lora_sampler._client.progress import ProgressBar
+from lora_sampler._client.progress import ProgressBar, check_total
 from lora_sampler._client.scoring import Scorer
 from lora_sampler._client.selfcheck import DEFAULT_SCORING_TOLERANCE, ScoringCheck, ScoringSelfCheck
 from lora_sampler._client.tokens import EngineTokenizer
@@ -558,10 +558,10 @@ class SamplerClient:
         """The bar of one fan-out (``progress=True``), counting this client's retries; None without one."""
         if not progress:
             if total is not None:
-                ProgressBar.check_total(total)
+                check_total(total)
             return None
         calls = self._calls  # not self: the bar must not keep the client alive
-        return ProgressBar(requests, lambda: calls.retries.value, total)
+        return ProgressBar.over(requests, lambda: calls.retries.value, total)
 
     def _batching(self, prompts_per_request: Optional[int]) -> Batching:
         """Return how one fan-out batches its prompts (checked before any request)."""

@@ -811,7 +811,7 @@ def sweep(
         LoraSamplerError: another sweep holds ``output_dir``, or the engine or the input is unusable.
     """
     chosen = SweepSettings.of(settings, **overrides)
-    bar = ProgressBar((), lambda: client.retries) if progress else None
+    bar = ProgressBar(None, lambda: client.retries) if progress else None
     on_row: Optional[RowHook] = None if bar is None else lambda checkpoint, kind, line, record: bar.count_row(kind)
     run = Sweep(client, checkpoints, requests, chosen, evaluator=evaluator, on_row=on_row, on_outage=on_outage)
     return run.run() if bar is None else _closing(run.run(), bar)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Dict, Iterable, Iterator, Optional, Tuple
 
 from lora_sampler._client.client import SamplerClient
+from lora_sampler._client.progress import ProgressBar
 from lora_sampler.batch._job import ENGINE_WIDE_ERRORS, UNUSABLE_ERRORS, BatchJob, BatchStats
 from lora_sampler.batch._lines import (
     PROMPT_RECORDS,
@@ -38,7 +39,7 @@ from lora_sampler.batch._openai import (
     first_line,
     parse_batch_line,
 )
-from lora_sampler.cli._terminal import JobBar, RetryCounter, interrupts_stop, logs_above, progress_bar
+from lora_sampler.cli._terminal import RetryCounter, counting_rows, interrupts_stop, logs_above
 from lora_sampler.errors import BatchInputError
 
 logger = logging.getLogger(__name__)
@@ -111,10 +112,11 @@ def run_batch(
         state, output = (ResumeState(), sys.stdout)
         if run.output_path != "-":
             state, output = _resume(stack, run, records, records.settings(defaults, run.model))
-        view = JobBar(progress_bar(total, run.quiet), retries, records.message_of)
+        counter = retries  # not the client: the bar's reads of it must not keep the client alive
+        view = ProgressBar(total, lambda: counter.value, unit="line", terminal=True, quiet=run.quiet)
         stack.callback(view.close)
         job = _new_job(client, run, lines, output, state, records, view)
-        with interrupts_stop(job) as interrupts, logs_above(view.bar):
+        with interrupts_stop(job) as interrupts, logs_above(view):
             stats = job.run()
     if not run.quiet:
         _print_summary(stats, retries)
@@ -153,7 +155,7 @@ def _new_job(
     output: IO[str],
     state: ResumeState,
     records: RecordFormat,
-    view: JobBar,
+    view: ProgressBar,
 ) -> BatchJob:
     """The job streaming ``lines`` to ``output``, reporting to ``view``; stopped by errors the whole job shares."""
     return BatchJob(
@@ -164,7 +166,7 @@ def _new_job(
         memory=state.memory,
         ordered=run.ordered,
         model=run.model,
-        on_event=view.on_event,
+        on_event=counting_rows(view, records.message_of),
         max_outage=run.max_outage,
         on_outage=view.on_outage,
         records=records,

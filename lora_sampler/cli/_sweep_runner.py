@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from lora_sampler._client.client import SamplerClient
+from lora_sampler._client.progress import ProgressBar
 from lora_sampler._views import printable
 from lora_sampler.batch._ledger import read_ledger
 from lora_sampler.batch._lines import PROMPT_RECORDS, InputLine
@@ -17,15 +17,7 @@ from lora_sampler.batch._settings import SweepSettings
 from lora_sampler.batch._sources import Checkpoint, Manifest
 from lora_sampler.batch._sweep import CheckpointReport, Sweep
 from lora_sampler.cli._runner import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, BatchAbandoned
-from lora_sampler.cli._terminal import (
-    Interrupts,
-    JobBar,
-    RetryCounter,
-    interrupts_stop,
-    logs_above,
-    progress_bar,
-    say,
-)
+from lora_sampler.cli._terminal import Interrupts, RetryCounter, counting_rows, interrupts_stop, logs_above
 
 #: The summary table's columns, and the ledger field each shows.
 COLUMNS = (
@@ -54,20 +46,18 @@ def check_plot_dependency() -> None:
 
 def run_sweep(client: SamplerClient, args: argparse.Namespace, settings: SweepSettings, retries: RetryCounter) -> int:
     """Sweep the checkpoints the flags name; print each as it finishes and the table at the end; return the status."""
-    bar = progress_bar(None, args.quiet)
-    shown = JobBar(bar, retries, PROMPT_RECORDS.message_of)
-    lock = threading.Lock()  # several checkpoints' threads report rows
+    bar = ProgressBar(None, lambda: retries.value, unit="line", terminal=True, quiet=args.quiet)
+    on_event = counting_rows(bar, PROMPT_RECORDS.message_of)
 
     def on_row(checkpoint: Checkpoint, kind: str, line: InputLine, record: Optional[Dict[str, Any]]) -> None:
-        with lock:
-            shown.on_event(kind, line, record)
+        on_event(kind, line, record)  # from several checkpoints' threads: the bar counts under its own lock
 
     checkpoints = Manifest(args.manifest) if args.manifest else list(args.checkpoints)
     evaluator = getattr(args, "evaluator_object", None)
 
     def on_state(state: str) -> None:
         if not args.quiet:
-            say(bar, f"lora-sampler: {state}")
+            bar.say(f"lora-sampler: {state}")
 
     sweep = Sweep(
         client,
@@ -75,7 +65,7 @@ def run_sweep(client: SamplerClient, args: argparse.Namespace, settings: SweepSe
         None if evaluator is not None else args.input,
         settings,
         on_row=on_row,
-        on_outage=shown.on_outage,
+        on_outage=bar.on_outage,
         evaluator=evaluator,
         on_state=on_state,
     )
@@ -84,11 +74,11 @@ def run_sweep(client: SamplerClient, args: argparse.Namespace, settings: SweepSe
             with logs_above(bar):
                 for report in sweep.run():
                     if not args.quiet:
-                        say(bar, report_line(report, evaluator is not None))
+                        bar.say(report_line(report, evaluator is not None))
                     for note in report.notes if not report.resumed else ():
-                        say(bar, printable(f"lora-sampler: {report.checkpoint}: note: {note}"))
+                        bar.say(printable(f"lora-sampler: {report.checkpoint}: note: {note}"))
         finally:
-            shown.close()
+            bar.close()
         if sweep.abandoned:
             raise BatchAbandoned
         entries = read_ledger(sweep.ledger_path) if sweep.ledger_path else []

@@ -1,6 +1,5 @@
-"""What the ``sample`` command shows and hears on the terminal: the progress bar, log lines above it, Ctrl-C.
-
-tqdm is imported only when stderr is a terminal (it is the optional ``cli`` extra). No batch logic here.
+"""What the ``sample`` command shows and hears on the terminal besides the progress bar (``ProgressBar``): what
+makes two failed lines' errors the same, log lines above the bar, Ctrl-C. No batch logic here.
 """
 
 from __future__ import annotations
@@ -14,83 +13,29 @@ import sys
 import threading
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol
+from typing import Any, Callable, Dict, Iterator, Optional, Protocol
 
-from lora_sampler._client.outage import OutageEvent
-from lora_sampler._client.progress import RetryCounter as RetryCounter  # the CLI's bar counts retries too
+from lora_sampler._client.progress import ProgressBar
+from lora_sampler._client.progress import RetryCounter as RetryCounter  # the CLI's summary counts retries too
 from lora_sampler.batch._job import DEFAULT_DRAIN_SECONDS
 
 #: The format of lora_sampler's log lines on stderr.
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
-#: Characters of an error message repeated in the count line at the end.
-_SHORT_MESSAGE = 160
 _NUMBERS = re.compile(r"\d+")
 
 
-def progress_bar(total: Optional[int], quiet: bool) -> Any:
-    """Return a tqdm bar on stderr when it is a terminal (and not ``quiet``, and tqdm is installed), else None."""
-    if quiet or not sys.stderr.isatty():
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, unit="line", file=sys.stderr, dynamic_ncols=True)
+#: ``BatchJob``'s ``on_event``: ``(kind, line, record)``.
+RowEvent = Callable[[str, Any, Optional[Dict[str, Any]]], None]
 
 
-class JobBar:
-    """What the progress bar of a batch job shows: one step per line, the failures above it, retries, outages.
+def counting_rows(bar: ProgressBar, message_of: Callable[[Dict[str, Any]], str]) -> RowEvent:
+    """The ``on_event`` hook that counts a job's rows on ``bar``, a failed one with its error (``message_of``)."""
 
-    Args:
-        bar: The tqdm bar, or None (quiet, or not a terminal): then only failures are printed.
-        retries: The counter fed by the client's retry hook.
-        message_of: Reads a failed record's message.
-    """
+    def on_event(kind: str, line: Any, record: Optional[Dict[str, Any]]) -> None:
+        error = message_of(record) if kind == "failed" and record is not None else ""
+        bar.count_row(kind, error, error_key(error, record) if record is not None and error else "")
 
-    def __init__(self, bar: Any, retries: RetryCounter, message_of: Callable[[Dict[str, Any]], str]):
-        self.bar = bar
-        self._retries, self._message_of = retries, message_of
-        self._failed = 0
-        #: Each distinct error's first message and how many lines failed with it, in the order first seen.
-        self._errors: Dict[str, List[Any]] = {}
-
-    def on_event(self, kind: str, line: object, record: Optional[Dict[str, Any]]) -> None:
-        """Show one finished line (``BatchJob``'s ``on_event``, in the job's thread).
-
-        A failure is printed the first time its error is seen; the same error on other lines is counted, and
-        ``close`` prints the count once (29 lines failing during an outage make two lines, not 29).
-        """
-        if kind == "failed":
-            self._failed += 1
-            if record is not None:
-                message = self._message_of(record)
-                seen = self._errors.setdefault(error_key(message, record), [message, 0])
-                seen[1] += 1
-                if seen[1] == 1:
-                    say(self.bar, f"lora-sampler: {message}")
-        if self.bar is not None:
-            self.bar.update(1)
-            self._show()
-
-    def on_outage(self, event: OutageEvent) -> None:
-        """Show how long the engine has been away (from worker threads; tqdm holds its own lock)."""
-        if self.bar is not None:
-            self._show(
-                **({"engine": f"away {event.waited:.0f}/{event.max_outage:g} s"} if event.kind != "back" else {})
-            )
-            self.bar.refresh()
-
-    def close(self) -> None:
-        """Say how many lines failed with each error seen more than once; close the bar, if there is one."""
-        errors, self._errors = self._errors, {}
-        for message, count in errors.values():
-            if count > 1:
-                say(self.bar, f"lora-sampler: {count} lines failed with the same error as {_shortened(message)}")
-        if self.bar is not None:
-            self.bar.close()
-
-    def _show(self, **extra: Any) -> None:
-        self.bar.set_postfix(retries=self._retries.value, failed=self._failed, **extra, refresh=False)
+    return on_event
 
 
 def error_key(message: str, record: Dict[str, Any]) -> str:
@@ -102,32 +47,20 @@ def error_key(message: str, record: Dict[str, Any]) -> str:
     return _NUMBERS.sub("N", message)
 
 
-def _shortened(message: str) -> str:
-    return message if len(message) <= _SHORT_MESSAGE else message[: _SHORT_MESSAGE - 3] + "..."
-
-
-def say(bar: Any, message: str) -> None:
-    """Print a line on stderr, above the progress bar when there is one."""
-    if bar is not None:
-        bar.write(message, file=sys.stderr)
-    else:
-        print(message, file=sys.stderr)
-
-
 class _BarHandler(logging.Handler):
-    def __init__(self, bar: Any) -> None:
+    def __init__(self, bar: ProgressBar) -> None:
         super().__init__()
         self._bar = bar
 
     def emit(self, record: logging.LogRecord) -> None:
-        say(self._bar, self.format(record))
+        self._bar.say(self.format(record))
 
 
 @contextlib.contextmanager
-def logs_above(bar: Any) -> Iterator[None]:
+def logs_above(bar: ProgressBar) -> Iterator[None]:
     """Route lora_sampler's stderr log lines above the progress bar while it is shown."""
     package = logging.getLogger("lora_sampler")
-    if bar is None:
+    if bar.bar is None:
         yield
         return
     handler = _BarHandler(bar)

@@ -83,7 +83,7 @@ def test_score_plot_draws_the_held_out_mean_sum() -> None:
 #: The steps of a sweep's end on the terminal, each a name in ``lora_sampler.cli._sweep_runner`` that a Ctrl-C can
 #: land in, with the call it lands in: the last (second) checkpoint's line, the progress bar closing, the ledger
 #: read back, the table being built.
-END_PHASES = {"report_line": 2, "JobBar.close": 1, "read_ledger": 1, "summary_table": 1}
+END_PHASES = {"report_line": 2, "ProgressBar.close": 1, "read_ledger": 1, "summary_table": 1}
 
 
 @pytest.mark.parametrize("phase", END_PHASES)
