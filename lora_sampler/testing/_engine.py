@@ -36,6 +36,7 @@ from lora_sampler.testing._adapter_table import AdapterTable
 from lora_sampler.testing._bodies import VllmBody
 from lora_sampler.testing._faults import FAULT_KINDS as FAULT_KINDS  # re-exported: the public home is here
 from lora_sampler.testing._faults import PROMPT_FAULT_KINDS, FaultScript, PromptFault, PromptSpoiler, fault_answer
+from lora_sampler.testing._hold import Hold
 from lora_sampler.testing._lifecycle import Lifecycle
 from lora_sampler.testing._observability import EngineStats, new_record
 from lora_sampler.testing._observability import RequestRecord as RequestRecord  # re-exported, as FAULT_KINDS
@@ -47,7 +48,7 @@ from lora_sampler.testing._sampling import (
     encode_text,
     parse_request,
 )
-from lora_sampler.testing._server import ClientGone, Handler, Server, hang_up, read_body, send
+from lora_sampler.testing._server import ClientGone, Handler, Server, client_gone, hang_up, read_body, send
 from lora_sampler.testing._slots import AdapterSlots
 from lora_sampler.testing._tokenizer import ByteTokenizer
 
@@ -177,6 +178,7 @@ class FakeEngine:
         self._faults = FaultScript()
         self._adapters = AdapterTable(self, self._lifecycle, runtime_updating=runtime_lora_updating)
         self._slots = AdapterSlots(self, self._lifecycle)
+        self._hold = Hold(self._lock)
         #: Completions in flight: each one's model, and every model in flight at some time during it.
         self._flights: dict[int, tuple[str, set[str]]] = {}
         self._mixed_prompt_logprobs = 0
@@ -271,6 +273,54 @@ class FakeEngine:
             raise ValueError(f"marker must be a token id (int) or a non-empty str, not {marker!r}")
         with self._lock:
             self._faults.prompt_faults.append(PromptFault(kind, marker))
+
+    def hold(
+        self,
+        *,
+        model: str | None = None,
+        until_in_flight: int | None = None,
+        beside: str | None = None,
+        after: int = 0,
+    ) -> None:
+        """Hold completions (for ``model``; None: every one) in flight from now on, until ``release()``.
+
+        A held completion has been read, checked and counted in flight (not yet logged); it is answered once released
+        (then after ``latency``). So a test that interrupts or kills a job first sees it mid-run (``wait_for_held``),
+        and one that needs requests to overlap gets the overlap whatever the machine's speed: with
+        ``until_in_flight=N`` the held completions go on once N completions are in flight together, with
+        ``beside=OTHER`` once a completion for model OTHER is in flight with them (and one arriving while OTHER's is
+        in flight is not held). ``after=N`` lets the next N completions through first (a job that has written some
+        answers). Stop, death and a client hanging up end a hold.
+
+        Raises:
+            ValueError: ``until_in_flight`` is below 2, ``beside`` is ``model``, or ``after`` is negative.
+        """
+        self._hold.hold(model, until_in_flight, beside, after)
+
+    def release(self) -> None:
+        """Let every held completion go on, and hold no more."""
+        self._hold.release()
+
+    @property
+    def held_requests(self) -> int:
+        """Completions held now (``hold``)."""
+        return self._hold.held
+
+    def wait_for_held(self, count: int = 1, timeout: float = 60.0) -> None:
+        """Block until ``count`` completions are held at once: the job that sent them is mid-run.
+
+        Raises:
+            TimeoutError: fewer were held after ``timeout`` seconds.
+        """
+        self._hold.wait_for_held(count, timeout)
+
+    def _wait_while_held(self, model: str) -> None:
+        connection = getattr(self._lifecycle.serving, "connection", None)
+
+        def gone() -> bool:
+            return connection is not None and client_gone(connection)
+
+        self._hold.wait(model, lambda: [flying for flying, _ in self._flights.values()], self._lifecycle.wake, gone)
 
     def clear_faults(self) -> None:
         """Drop every scripted fault."""
@@ -499,6 +549,7 @@ class FakeEngine:
             if batched and self.dies_on_batched_prompt_logprobs:
                 self._lifecycle.die()
             with self._flying(name) as overlapping:
+                self._wait_while_held(name)
                 with self._slots.holding(name):
                     self._lifecycle.pause(lambda: self.latency)
                 if self._lifecycle.dead:

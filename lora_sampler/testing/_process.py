@@ -16,7 +16,9 @@ command lines on its standard input and answers each with one JSON line (``{"ok"
 - ``{"op": "reset"}``: ``FakeEngine.reset_log``;
 - ``{"op": "runtime", "on": bool}``: ``FakeEngine.set_runtime_lora_updating``;
 - ``{"op": "slow_unload", "seconds": S}``: every later ``/v1/unload_lora_adapter`` answers after S seconds
-  (``FakeEngine.unload_latency``).
+  (``FakeEngine.unload_latency``);
+- ``{"op": "hold", ...}``, ``{"op": "release"}``, ``{"op": "wait_for_held", "count": N, "timeout": S}``:
+  ``FakeEngine.hold`` (its keyword arguments), ``release`` and ``wait_for_held``.
 
 It serves until SIGTERM/SIGINT or until its standard input closes, so it never outlives the test that started it.
 The API key, when any, is read from the environment variable named by ``--api-key-env`` (never from argv).
@@ -148,12 +150,12 @@ class EngineProcess:
                 return ""
         return stdout.readline()
 
-    def command(self, op: str, **fields: Any) -> Any:
-        """Send one command and return its answer."""
+    def command(self, op: str, *, answer_within: float = 30.0, **fields: Any) -> Any:
+        """Send one command and return its answer (given ``answer_within`` seconds)."""
         assert self.process.stdin is not None
         self.process.stdin.write(json.dumps({"op": op, **fields}) + "\n")
         self.process.stdin.flush()
-        line = self._read_line(30.0)
+        line = self._read_line(answer_within)
         if not line:
             raise RuntimeError(f"the engine process did not answer {op!r}")
         answer = json.loads(line)
@@ -164,6 +166,22 @@ class EngineProcess:
     def requests(self) -> List[Dict[str, Any]]:
         """Return the engine's request log."""
         return list(self.command("requests"))
+
+    def hold(self, **options: Any) -> None:
+        """``FakeEngine.hold`` in the engine process (the same keyword arguments)."""
+        self.command("hold", **options)
+
+    def release(self) -> None:
+        """``FakeEngine.release`` in the engine process."""
+        self.command("release")
+
+    def wait_for_held(self, count: int = 1, timeout: float = 60.0) -> None:
+        """``FakeEngine.wait_for_held`` in the engine process.
+
+        Raises:
+            RuntimeError: fewer than ``count`` completions were held after ``timeout`` seconds.
+        """
+        self.command("wait_for_held", answer_within=timeout + 30.0, count=count, timeout=timeout)
 
     def kill(self) -> None:
         """Kill the engine at once (SIGKILL), as a crashed server dies."""
@@ -205,7 +223,22 @@ def _commands(engine: FakeEngine) -> Dict[str, Callable[[Dict[str, Any]], Any]]:
         engine.unload_latency = float(cmd["seconds"])
         return True
 
+    def hold(cmd: Dict[str, Any]) -> Any:
+        engine.hold(**{k: v for k, v in cmd.items() if k != "op"})
+        return True
+
+    def release(cmd: Dict[str, Any]) -> Any:
+        engine.release()
+        return True
+
+    def wait_for_held(cmd: Dict[str, Any]) -> Any:
+        engine.wait_for_held(int(cmd["count"]), float(cmd["timeout"]))
+        return True
+
     return {
+        "hold": hold,
+        "release": release,
+        "wait_for_held": wait_for_held,
         "delay": delay,
         "fault": fault,
         "requests": lambda cmd: [dataclasses.asdict(r) for r in engine.requests],

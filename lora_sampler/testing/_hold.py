@@ -1,0 +1,113 @@
+"""FakeEngine's hold: completions kept in flight until a test releases them, or until enough are in flight together.
+
+A test that interrupts, kills or overlaps needs the job to be mid-run, or the requests to overlap, whatever the
+machine's speed: it holds completions (``FakeEngine.hold``), waits until one is held (``wait_for_held``), acts, and
+releases them. Stdlib only; it shares the engine's lock, and a held request still sees stop, death and its client
+hanging up.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from lora_sampler.testing._server import ClientGone
+
+_WAIT_STEP = 0.01  # how often a held request looks at the in-flight count, the engine's stop and its client
+
+
+class Hold:
+    """Which completions are held now, and how many are waiting. Every method takes the engine's lock itself."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self._changed = threading.Condition(lock)
+        self._on = False
+        self._model: str | None = None
+        self._until: int | None = None
+        self._beside: str | None = None
+        self._after = 0  # completions the hold still lets through before it holds
+        self._held = 0
+        self._waves = 0  # how many times enough completions were in flight together: each lets the held ones go
+
+    def hold(self, model: str | None, until_in_flight: int | None, beside: str | None, after: int) -> None:
+        """Hold the completions for ``model`` (None: every one) from now on; see ``FakeEngine.hold``."""
+        if not (isinstance(after, int) and after >= 0):
+            raise ValueError(f"after must be a count of completions >= 0, got {after!r}")
+        if until_in_flight is not None and until_in_flight < 2:
+            raise ValueError(f"until_in_flight must be None or at least 2, got {until_in_flight!r}")
+        if beside is not None and beside == model:
+            raise ValueError(f"beside must be another model than the held one, got {beside!r} for both")
+        with self._changed:
+            self._on, self._model, self._until, self._beside = True, model, until_in_flight, beside
+            self._after = after
+
+    def release(self) -> None:
+        """Let every held completion go on; hold no more."""
+        with self._changed:
+            self._on = False
+            self._changed.notify_all()
+
+    @property
+    def held(self) -> int:
+        """Completions held now."""
+        with self._changed:
+            return self._held
+
+    def wait_for_held(self, count: int, timeout: float) -> None:
+        """Block until ``count`` completions are held at once.
+
+        Raises:
+            TimeoutError: fewer were held after ``timeout`` seconds (the message says how many).
+        """
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while self._held < count:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"{self._held} completions held after {timeout:g} s, waiting for {count}")
+                self._changed.wait(remaining)
+
+    def wait(
+        self, model: str, flying: Callable[[], list[str]], stopped: threading.Event, gone: Callable[[], bool]
+    ) -> None:
+        """Keep a completion for ``model`` here while the hold applies to it.
+
+        Args:
+            model: the completion's model.
+            flying: the model of each completion in flight now, this one's too (called with the engine's lock held).
+            stopped: set when the engine stops or dies: the completion goes on (to its 503 or its end).
+            gone: whether the completion's client hung up.
+
+        Raises:
+            ClientGone: the client hung up while the completion was held (vLLM aborts it).
+        """
+        with self._changed:
+            if self._on and self._overlap(flying()):
+                self._waves += 1  # the overlap asked for happened: every held completion goes on, and this one
+                self._changed.notify_all()
+                return
+            if not self._applies(model):
+                return
+            if self._after:
+                self._after -= 1
+                return
+            self._held += 1
+            wave = self._waves
+            self._changed.notify_all()
+            try:
+                while self._applies(model) and not stopped.is_set() and wave == self._waves:
+                    self._changed.wait(_WAIT_STEP)
+                    if gone():
+                        raise ClientGone()
+            finally:
+                self._held -= 1
+                self._changed.notify_all()
+
+    def _overlap(self, flying: list[str]) -> bool:
+        """Whether the completions in flight are the overlap the hold waits for (``until_in_flight``, ``beside``)."""
+        enough = self._until is not None and len(flying) >= self._until
+        return enough or (self._beside is not None and self._beside in flying)
+
+    def _applies(self, model: str) -> bool:
+        return self._on and self._model in (None, model)
