@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import pytest
 from test_cli import WAIT_SECONDS, ids, main, records, running_cli, sample_args, wait_for_lines, write_prompts
-from test_interrupts import STOP_SECONDS, sigint_after, wait_until
+from test_interrupts import HANG_SECONDS, STOP_SECONDS, mid_run, sigint_when, wait_until
 
 from lora_sampler import (
     SampleOutput,
@@ -367,29 +367,23 @@ def test_imap_unordered_batched_yields_each_index_once(engine: FakeEngine) -> No
 
 def test_interrupt_imap_unordered_batched_stops_at_once(engine: FakeEngine) -> None:
     """Ctrl-C while imap_unordered waits on batched requests: control back at once, the engine aborts them."""
-    engine.latency = 60.0
+    engine.hold()
     with SamplerClient(engine.url, max_workers=2) as client:
         pairs = client.imap_unordered({"prompt": p, "base_model": engine.model} for p in token_prompts(500))
-        started = time.monotonic()
-        with sigint_after(0.3), pytest.raises(KeyboardInterrupt):
+        with sigint_when(lambda: engine.wait_for_held(2, timeout=HANG_SECONDS)), pytest.raises(KeyboardInterrupt):
             next(pairs)
-        assert time.monotonic() - started < STOP_SECONDS
+        interrupted = time.monotonic()
         assert wait_until(lambda: engine.requests_in_flight == 0) and engine.aborted_requests == 2
-        engine.latency = 0.0
+        assert time.monotonic() - interrupted < STOP_SECONDS
+        engine.release()
         assert client.sample([5], base_model=engine.model).model == engine.model
 
 
 def test_interrupt_keeps_the_answers_of_finished_batches(engine: FakeEngine) -> None:
     """Ctrl-C in a batched sample_many: .results holds every prompt of the batches that finished, in order."""
-    engine.latency = 0.05
-    timer = threading.Timer(0.5, setattr, (engine, "latency", 60.0))
-    timer.start()
-    try:
-        with SamplerClient(engine.url, max_workers=2) as client:
-            with sigint_after(1.0), pytest.raises(SamplingInterruptedError) as info:
-                client.sample_many({"prompt": p, "base_model": engine.model} for p in token_prompts(20000))
-    finally:
-        timer.cancel()
+    with SamplerClient(engine.url, max_workers=2) as client:
+        with sigint_when(mid_run(engine, answered=1, held=2)), pytest.raises(SamplingInterruptedError) as info:
+            client.sample_many({"prompt": p, "base_model": engine.model} for p in token_prompts(20000))
     results = info.value.results
     answered = [i for i, r in enumerate(results) if r is not None]
     assert answered and all(isinstance(results[i], SampleOutput) for i in answered)
@@ -415,19 +409,21 @@ def test_cli_sigkill_mid_batch_then_resume_writes_each_line_once(lora_dir: Path,
     """A batched job SIGKILLed mid-run, with a torn last line, resumes to exactly one answered line per id."""
     count = 2000
     inp, out = write_prompts(tmp_path / "in.jsonl", count), tmp_path / "out.jsonl"
-    with FakeEngine(lora_dir=lora_dir, latency=0.2) as slow:
-        ckpt = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), slow.model)
-        args = sample_args(slow, lora_dir, ckpt, inp, out, "--concurrency", "2", "--prompts-per-request", "16")
+    with FakeEngine(lora_dir=lora_dir) as engine:
+        ckpt = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
+        args = sample_args(engine, lora_dir, ckpt, inp, out, "--concurrency", "2", "--prompts-per-request", "16")
+        engine.hold(after=40)  # 40 requests of 1 to 16 prompts answered (40 to 640 lines), the rest wait: mid-run
         with running_cli(args, tmp_path) as proc:
             wait_for_lines(out, 40, proc)
+            engine.wait_for_held()
             proc.kill()
             proc.wait(timeout=WAIT_SECONDS)
         assert len(ids(out)) < count
         with out.open("a", encoding="utf-8") as f:
             f.write('{"id": "p1", "model": "x", "sequ')
-        slow.latency = 0.0
+        engine.release()
         assert main(args) == 0
-        assert max(r.prompts for r in slow.requests if r.path == COMPLETIONS) == 16
+        assert max(r.prompts for r in engine.requests if r.path == COMPLETIONS) == 16
     got = ids(out)
     assert sorted(got) == sorted(f"p{n}" for n in range(1, count + 1))
     assert all("error" not in r for r in records(out))

@@ -79,15 +79,18 @@ def test_jobs_second_writer_on_one_output_is_refused(tmp_path: Path, second_resu
         out.write_text(
             json.dumps({"id": "p1", "error": {"status": None, "type": "X", "message": "m", "line": 1}}) + "\n"
         )
-    # The first run must outlive the second's start-up (a Python process importing the CLI takes seconds on a loaded
-    # machine): 400 requests of 0.1 s, four at a time, keep it busy about 10 s; the second is refused at once.
-    with FakeEngine(latency=0.1) as slow:
-        argv = sample_argv(slow, inp, out, "--concurrency", "4", "--prompts-per-request", "1")  # one line a request
+    # The first run outlives the second's start-up (a Python process importing the CLI takes seconds on a loaded
+    # machine): after its first 20 lines the engine holds its requests until the second was refused.
+    with FakeEngine() as engine:
+        argv = sample_argv(engine, inp, out, "--concurrency", "4", "--prompts-per-request", "1")  # one line a request
+        engine.hold(after=20)
         with cli_process(argv, tmp_path, "first") as first:
             wait_for_lines(out, 20, first)
+            engine.wait_for_held()
             with cli_process(argv, tmp_path, "second") as second:
                 assert second.wait(timeout=WAIT_SECONDS) == 2
             assert first.poll() is None  # the second was refused while the first ran
+            engine.release()
             assert first.wait(timeout=WAIT_SECONDS) == 0
     refusal = (tmp_path / "second.err").read_text()
     assert "another run is writing" in refusal and str(out) in refusal

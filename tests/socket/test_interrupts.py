@@ -7,18 +7,20 @@ or a Jupyter kernel interrupt delivers it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 import signal
+import sys
 import threading
 import time
 import warnings
-from typing import Any, Callable, Dict, Iterator
+from typing import Any, Callable, Dict, Iterator, List
 
 import pytest
 
 from lora_sampler import RequestCancelledError, SampleOutput, SamplerClient, SamplingInterruptedError
-from lora_sampler.testing import FakeEngine
+from lora_sampler.testing import FakeEngine, encode_text
 
 #: Seconds a hung completion takes here: whatever waits for one cannot come back before this.
 HANG_SECONDS = 60.0
@@ -27,17 +29,80 @@ HANG_SECONDS = 60.0
 STOP_SECONDS = HANG_SECONDS / 6
 
 
+def interrupt_main_thread() -> None:
+    """SIGINT to the main thread itself: sent to the process, the kernel may hand it to another thread, and the main
+    thread, blocked on a lock, would not see it until something else woke it."""
+    signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+
 @contextlib.contextmanager
 def sigint_after(seconds: float) -> Iterator[None]:
-    """Send SIGINT to this process after ``seconds`` (Python's default handler raises KeyboardInterrupt)."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
+    """Send SIGINT to the main thread after ``seconds`` (Python's default handler raises KeyboardInterrupt)."""
+    with sigint_when(functools.partial(time.sleep, seconds)):
+        yield
+
+
+@contextlib.contextmanager
+def sigint_when(ready: Callable[[], None]) -> Iterator[None]:
+    """Send SIGINT to the main thread once ``ready()`` returns, from a thread, while the main thread runs the block.
+
+    ``ready`` blocks until the job is where the interrupt should find it (e.g. ``engine.wait_for_held``), with its
+    own deadline: when it raises, SIGINT is still sent (the block ends) and the error fails the test after it.
+    Python drops a KeyboardInterrupt raised while it runs a weakref callback (a garbage collection in the main thread:
+    "Exception ignored", not reported here); a block still running ``STOP_SECONDS`` after one is pressed again, as a
+    user would.
+    """
+    failures: List[BaseException] = []
+    pressed, finished = threading.Event(), threading.Event()
+    unraisable_hook = sys.unraisablehook
+
+    def report(unraisable: Any) -> None:
+        if unraisable.exc_type is not KeyboardInterrupt:
+            unraisable_hook(unraisable)
+
+    def handler(signum: int, frame: Any) -> None:
+        pressed.set()
+        raise KeyboardInterrupt
+
+    def interrupt() -> None:
+        try:
+            ready()
+        except BaseException as error:  # reported by the main thread after the block
+            failures.append(error)
+        for _ in range(3):
+            pressed.clear()
+            interrupt_main_thread()
+            if pressed.wait(STOP_SECONDS) and finished.wait(STOP_SECONDS):
+                return
+
+    previous = signal.signal(signal.SIGINT, handler)
+    sys.unraisablehook = report
+    thread = threading.Thread(target=interrupt, name="test-sigint", daemon=True)
+    thread.start()
     try:
         yield
     finally:
-        timer.cancel()
+        finished.set()
+        thread.join()
+        sys.unraisablehook = unraisable_hook
         signal.signal(signal.SIGINT, previous)
+    if failures:
+        raise failures[0]
+
+
+def mid_run(engine: FakeEngine, *, answered: int, held: int) -> Callable[[], None]:
+    """A ``sigint_when`` step: once ``engine`` answered ``answered`` prompts, hold its completions until ``held`` are
+    held at once (every worker is then waiting on the engine, and every answer before them reached the client)."""
+
+    def ready() -> None:
+        deadline = time.monotonic() + HANG_SECONDS
+        while sum(r.prompts for r in engine.requests if r.status == 200) < answered:
+            assert time.monotonic() < deadline, f"the engine never answered {answered} prompts"
+            time.sleep(0.005)
+        engine.hold()
+        engine.wait_for_held(held, timeout=HANG_SECONDS)
+
+    return ready
 
 
 def wait_until(condition: Callable[[], bool], seconds: float = STOP_SECONDS) -> bool:
@@ -63,38 +128,29 @@ def open_sockets() -> int:
     return count
 
 
-def hang_later(engine: FakeEngine, after: float) -> threading.Timer:
-    """From ``after`` seconds on, every completion takes 60 s (those in flight too: the latency is re-read)."""
-    timer = threading.Timer(after, setattr, (engine, "latency", HANG_SECONDS))
-    timer.start()
-    return timer
-
-
 @pytest.mark.parametrize("prompts_per_request, count", [(1, 200), (None, 8000)], ids=["one-each", "batched"])
 def test_interrupt_sample_many_stops_at_once_and_keeps_the_answers(
     engine: FakeEngine, prompts_per_request: Any, count: int
 ) -> None:
-    """Ctrl-C in sample_many: control back without waiting for the hung requests (aborted); answers kept."""
-    engine.latency = 0.05
+    """Ctrl-C in sample_many: control back without waiting for the held requests (aborted); answers kept."""
     requests = [{"prompt": f"p{i}", "base_model": engine.model} for i in range(count)]
-    timer = hang_later(engine, 0.4)
     with SamplerClient(engine.url, max_workers=4) as client:
-        with sigint_after(0.8), pytest.raises(SamplingInterruptedError) as info:
+        with sigint_when(mid_run(engine, answered=4, held=4)), pytest.raises(SamplingInterruptedError) as info:
             client.sample_many(requests, prompts_per_request=prompts_per_request)
         stopped = time.monotonic()
-        timer.cancel()
         error = info.value
         assert wait_until(lambda: engine.requests_in_flight == 0) and engine.aborted_requests >= 1
         assert time.monotonic() - stopped < STOP_SECONDS
         answered = [r for r in error.results if r is not None]
         assert error.done == len(answered) >= 4 and all(isinstance(r, SampleOutput) for r in answered)
-        assert [r.sequences[0].text for r in error.results[:4]] == [r.sequences[0].text for r in answered[:4]]
+        for index, result in enumerate(error.results):  # each answer in its prompt's place
+            assert result is None or result.body["choices"][0]["prompt_token_ids"] == encode_text(f"p{index}")
         assert client.last_interrupt is not None and client.last_interrupt.results == error.results
         assert client.last_interrupt.__traceback__ is None  # no frame of the call (and no cycle through the client)
         sent = len(engine.requests)
         time.sleep(0.2)
         assert len(engine.requests) == sent  # nothing new started
-        engine.latency = 0.0
+        engine.release()
         assert client.sample("again", base_model=engine.model).model == engine.model  # the client still works
 
 
@@ -118,10 +174,10 @@ def test_interrupt_waiting_on_a_submit_future_cancels_the_submitted(engine: Fake
 
 def test_interrupt_imap_cancels_its_requests_in_flight(engine: FakeEngine) -> None:
     """Ctrl-C while imap waits: the generator stops and the engine aborts the requests it had in flight."""
-    engine.latency = HANG_SECONDS
+    engine.hold()
     with SamplerClient(engine.url, max_workers=3) as client:
         results = client.imap({"prompt": f"p{i}", "base_model": engine.model} for i in range(50))
-        with sigint_after(0.3), pytest.raises(KeyboardInterrupt):
+        with sigint_when(lambda: engine.wait_for_held(3, timeout=HANG_SECONDS)), pytest.raises(KeyboardInterrupt):
             next(results)
         assert wait_until(lambda: engine.requests_in_flight == 0) and engine.aborted_requests == 3
         assert [r.fault for r in engine.requests] == ["aborted"] * 3

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -29,9 +30,8 @@ LINES, LATENCY, CONCURRENCY = 3000, 0.01, 16
 RESTART_AFTER = 3.0
 #: The library tests restart sooner (any restart exercises the hold; the CLI test keeps the issue's 3 s).
 QUICK_RESTART = 1.0
-#: A job of 600 lines still running when its engine is killed: 8 prompts a request and 0.2 s a request, 16 in
-#: flight, take about 1 s after the first lines are written.
-SLOW_LATENCY, SLOW_PROMPTS_PER_REQUEST = 0.2, 8
+#: Prompts a request in the jobs killed after their first lines.
+PROMPTS_PER_REQUEST = 8
 #: Upper bound for a job that waits out a 5 s outage limit: 5 s plus one probe, with room for a loaded machine.
 GAVE_UP_WITHIN = 30.0
 
@@ -46,6 +46,18 @@ def engine(lora_dir: Path) -> Iterator[EngineProcess]:
 def cli_args(engine: EngineProcess, lora_dir: Path, adapter: str, inp: Path, out: Path, *more: str) -> List[str]:
     """The argv of a quiet ``sample`` run at the issue's concurrency."""
     return sample_args(engine, lora_dir, adapter, inp, out, "--concurrency", str(CONCURRENCY), *more)
+
+
+def kill_mid_run(engine: EngineProcess, out: Path, proc: subprocess.Popen[bytes]) -> None:
+    """Kill ``engine`` once the job wrote its first lines and waits on the engine for the rest (held).
+
+    10 requests go through, each of 1 to ``PROMPTS_PER_REQUEST`` prompts as the job grouped them: 10 to 80 lines, and
+    with what is in flight and read ahead (16 workers) far from the job's 600.
+    """
+    engine.hold(after=10)
+    wait_for_lines(out, 10, proc)
+    engine.wait_for_held()
+    engine.kill()
 
 
 def assert_every_id_once(out: Path, count: int) -> None:
@@ -71,8 +83,10 @@ def test_cli_batch_outlives_an_engine_restart_and_heals_the_forgotten_adapter(
         # The issue's 3,000 requests (one line each): batched 32 to a request, the job is ~100 requests and can end
         # before the kill lands.
         args = cli_args(engine, lora_dir, archive, inp, out, "--prompts-per-request", "1")
+        engine.hold(after=LINES // 4)  # the rest wait in flight: the kill lands mid-run, however fast the machine
         with running_cli(args, tmp_path) as proc:
             wait_for_lines(out, LINES // 4, proc)
+            engine.wait_for_held()
             engine.kill()
             killed_at = len(ids(out))
             time.sleep(RESTART_AFTER)
@@ -94,18 +108,17 @@ def test_cli_batch_outlives_an_engine_restart_and_heals_the_forgotten_adapter(
 def test_cli_engine_that_never_comes_back_exits_2_after_max_outage_then_resumes(lora_dir: Path, tmp_path: Path) -> None:
     """``--max-outage 5`` with the engine gone for good: exit 2 in about 5 s, saying so; a rerun later completes.
 
-    The job must still be running when the engine dies (``SLOW_LATENCY``): at the default 32 prompts per request and
-    10 ms a request, the whole job was done before the kill and exited 0.
+    The job is still running when the engine dies: the engine holds its requests after its first lines (at the
+    default 32 prompts per request and 10 ms a request, the whole job was once done before the kill and exited 0).
     """
     count = 600
     inp, out = write_prompts(tmp_path / "in.jsonl", count), tmp_path / "out.jsonl"
-    with EngineProcess(str(lora_dir), latency=SLOW_LATENCY) as engine:
+    with EngineProcess(str(lora_dir)) as engine:
         archive = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
-        more = ("--max-outage", "5", "--prompts-per-request", str(SLOW_PROMPTS_PER_REQUEST))
+        more = ("--max-outage", "5", "--prompts-per-request", str(PROMPTS_PER_REQUEST))
         args = cli_args(engine, lora_dir, archive, inp, out, *more)
         with running_cli(args, tmp_path) as proc:
-            wait_for_lines(out, 50, proc)
-            engine.kill()
+            kill_mid_run(engine, out, proc)
             killed = time.monotonic()
             status = proc.wait(timeout=WAIT_SECONDS)
             took = time.monotonic() - killed
@@ -218,12 +231,11 @@ def test_ray_data_sample_batches_wait_out_an_engine_restart(engine: EngineProces
 def test_cli_max_outage_0_keeps_failing_fast(lora_dir: Path, tmp_path: Path) -> None:
     """``--max-outage 0``: a killed engine stops the job after a few failures (exit 2), the old way."""
     inp, out = write_prompts(tmp_path / "in.jsonl", 600), tmp_path / "out.jsonl"
-    with EngineProcess(str(lora_dir), latency=SLOW_LATENCY) as engine:  # still running when the engine dies
+    with EngineProcess(str(lora_dir)) as engine:
         archive = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
-        more = ("--max-outage", "0", "--prompts-per-request", str(SLOW_PROMPTS_PER_REQUEST))
+        more = ("--max-outage", "0", "--prompts-per-request", str(PROMPTS_PER_REQUEST))
         with running_cli(cli_args(engine, lora_dir, archive, inp, out, *more), tmp_path) as proc:
-            wait_for_lines(out, 50, proc)
-            engine.kill()
+            kill_mid_run(engine, out, proc)
             assert proc.wait(timeout=WAIT_SECONDS) == 2
     stderr = (tmp_path / "cli.stderr").read_text()
     assert "consecutive failures" in stderr and "engine unreachable since" not in stderr, stderr

