@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--log-level", help="DEBUG, INFO (shows every retry), WARNING (default; demo: INFO), ERROR")
     engine, pace, sampling, publishing = _engine_flags(), _pace_flags(), _sampling_flags(), _publishing_flags()
     job = _job_flags(pace)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, text: str, *parents: CommandParser) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=text, description=text, parents=[common, *parents])

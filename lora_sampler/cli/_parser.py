@@ -37,14 +37,9 @@ class CommandParser(argparse.ArgumentParser):
         self.flags: List[str] = [
             flag for parent in kwargs.get("parents", ()) if isinstance(parent, CommandParser) for flag in parent.flags
         ]
-        #: The subcommands' action (``add_subparsers``), once added.
+        #: The subcommands (what ``add_subparsers`` returned), for ``command_table``.
         self.commands: Any = None
         super().__init__(*args, **kwargs)
-
-    def add_subparsers(self, **kwargs: Any) -> Any:
-        """Add the subcommands as argparse does, remembering them (``command_table``)."""
-        self.commands = super().add_subparsers(**kwargs)
-        return self.commands
 
     def command_table(self) -> str:
         """The subcommands as a Markdown table (the CLI guide's, checked by a test so it cannot drift)."""
