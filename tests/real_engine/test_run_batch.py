@@ -61,33 +61,16 @@ def _batch_lines(adapter: str, base_model: str) -> list[dict[str, Any]]:
     return lines
 
 
-def _run_vllm_batch(env: Any, workdir: Path, inp: Path, out: Path, adapter: str, adapter_dir: Path) -> None:
-    """Run vLLM's run-batch in its own process group; the group is always gone afterwards."""
+def _run_vllm_batch(
+    env: Any, settings: Any, workdir: Path, inp: Path, out: Path, adapter: str, adapter_dir: Path
+) -> None:
+    """Run vLLM's run-batch with the served engine's settings in its own process group; the group is always gone
+    afterwards."""
     environ = {key: value for key, value in os.environ.items() if key not in ("VIRTUAL_ENV", "PYTHONHOME")}
-    environ.update(VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
+    environ.update(settings.environ())
     environ.pop("VLLM_ALLOW_RUNTIME_LORA_UPDATING", None)
-    command = [
-        str(env.python),
-        "-m",
-        "vllm.entrypoints.openai.run_batch",
-        "-i",
-        str(inp),
-        "-o",
-        str(out),
-        "--model",
-        str(env.model_dir),
-        "--dtype",
-        "float32",  # as conftest.ENGINE_FLAGS: bfloat16 dies of SIGILL on hosts that report AMX but fault on it
-        "--enable-lora",
-        "--max-lora-rank",
-        "8",
-        "--max-loras",
-        "4",
-        "--max-model-len",
-        "256",
-        "--lora-modules",
-        f"{adapter}={adapter_dir}",
-    ]
+    command = [str(env.python), "-m", "vllm.entrypoints.openai.run_batch", "-i", str(inp), "-o", str(out)]
+    command += ["--model", str(env.model_dir), *settings.server_flags(), "--lora-modules", f"{adapter}={adapter_dir}"]
     log_path = workdir / "run-batch.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
@@ -116,7 +99,7 @@ def _by_custom_id(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def test_run_batch_and_lora_sampler_give_the_same_answers(
-    vllm_env: Any, request: pytest.FixtureRequest, tmp_path: Path
+    vllm_env: Any, engine_settings: Any, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     """Same custom ids, status codes, finish reasons, prompt and generated token ids from both runners."""
     adapter = f"batch-lora-{uuid.uuid4().hex[:6]}"
@@ -125,7 +108,7 @@ def test_run_batch_and_lora_sampler_give_the_same_answers(
     lines = _batch_lines(adapter, str(vllm_env.model_dir))
     inp.write_text("".join(json.dumps(line) + "\n" for line in lines), "utf-8")
     theirs_path, ours_path = tmp_path / "run-batch.jsonl", tmp_path / "lora-sampler.jsonl"
-    _run_vllm_batch(vllm_env, tmp_path, inp, theirs_path, adapter, adapter_dir)
+    _run_vllm_batch(vllm_env, engine_settings, tmp_path, inp, theirs_path, adapter, adapter_dir)
 
     engine = request.getfixturevalue("vllm_engine")  # started only now: run-batch has exited
     engine.publish(adapter, adapter_dir)

