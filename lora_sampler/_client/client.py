@@ -390,8 +390,7 @@ class SamplerClient:
             session_id: As for ``sample``.
         """
         request = ScoreRequest(prompt, adapter=adapter, base_model=base_model, session_id=session_id)
-        if self._closed:
-            raise RuntimeError("this SamplerClient is closed; create a new one")
+        self._check_open()
         return self._scorer.score(request).logprobs
 
     def check_scoring(
@@ -421,8 +420,7 @@ class SamplerClient:
         Returns:
             A ``ScoringCheck``: ``ok``, the ``findings`` and every comparison's largest difference.
         """
-        if self._closed:
-            raise RuntimeError("this SamplerClient is closed; create a new one")
+        self._check_open()
         resolved = self.resolve_adapter(adapter)
         lm_head = adapter_targets_lm_head(resolved.path)
         return ScoringSelfCheck(self, resolved, other=other, tolerance=tolerance, lm_head=lm_head).run(concurrent)
@@ -469,9 +467,7 @@ class SamplerClient:
 
     def run(self, request: SampleRequest) -> SampleOutput:
         """Run one ``SampleRequest`` (``sample`` or ``chat`` with its arguments held in a value)."""
-        if self._closed:
-            raise RuntimeError("this SamplerClient is closed; create a new one")
-        self._transport.check_process()
+        self._check_open()
         return self._calls.run(request)
 
     # -- fan-out --------------------------------------------------------------------------------------------
@@ -520,10 +516,7 @@ class SamplerClient:
                 defaults (32 for scoring and for short generations, fewer for long ones); 1: one prompt per request.
                 Results, errors, retries and outages stay per prompt (docs/guides/batching.md).
         """
-        self._transport.check_process()  # a forked child: fail at once here with a user's session
-        batching = self._batching(prompts_per_request)
-        gate = self._outage_gate(max_outage, on_outage)
-        bar = self._progress_bar(requests, progress, total)
+        batching, gate, bar = self._fan_out_parts(requests, prompts_per_request, max_outage, on_outage, progress, total)
         results = self._fanout.imap(
             requests, self._scorer.run_any, return_exceptions=return_exceptions, gate=gate, batching=batching
         )
@@ -545,27 +538,38 @@ class SamplerClient:
 
         ``max_outage``, ``on_outage``, ``progress``, ``total`` and ``prompts_per_request`` work as in ``imap``.
         """
-        self._transport.check_process()  # a forked child: fail at once here with a user's session
-        batching = self._batching(prompts_per_request)
-        gate = self._outage_gate(max_outage, on_outage)
-        bar = self._progress_bar(requests, progress, total)
+        batching, gate, bar = self._fan_out_parts(requests, prompts_per_request, max_outage, on_outage, progress, total)
         pairs = self._fanout.imap_unordered(
             requests, self._scorer.run_any, return_exceptions=return_exceptions, gate=gate, batching=batching
         )
         return pairs if bar is None else bar.follow(pairs, lambda pair: pair[1])
 
-    def _progress_bar(self, requests: Iterable[Any], progress: bool, total: Optional[int]) -> Optional[ProgressBar]:
-        """The bar of one fan-out (``progress=True``), counting this client's retries; None without one."""
+    def _fan_out_parts(
+        self,
+        requests: Iterable[Any],
+        prompts_per_request: Optional[int],
+        max_outage: float,
+        on_outage: Optional[OutageHook],
+        progress: bool,
+        total: Optional[int],
+    ) -> Tuple[Batching, Optional[OutageGate], Optional[ProgressBar]]:
+        """What every fan-out checks and builds before its first request, in the order a bad argument is named: how
+        it batches its prompts, its outage gate, and its bar (``progress=True``, counting this client's retries)."""
+        self._transport.check_process()  # a forked child: fail at once here with a user's session
+        batching = Batching(prompts_per_request, self._scorer.run_many_any)
+        gate = self._outage_gate(max_outage, on_outage)
         if not progress:
             if total is not None:
                 check_total(total)
-            return None
+            return batching, gate, None
         calls = self._calls  # not self: the bar must not keep the client alive
-        return ProgressBar.over(requests, lambda: calls.retries.value, total)
+        return batching, gate, ProgressBar.over(requests, lambda: calls.retries.value, total)
 
-    def _batching(self, prompts_per_request: Optional[int]) -> Batching:
-        """Return how one fan-out batches its prompts (checked before any request)."""
-        return Batching(prompts_per_request, self._scorer.run_many_any)
+    def _check_open(self) -> None:
+        """Refuse a call on a closed client; in a forked child, make the session afresh (refuse a user's)."""
+        if self._closed:
+            raise RuntimeError("this SamplerClient is closed; create a new one")
+        self._transport.check_process()
 
     def _outage_gate(self, max_outage: float, on_outage: Optional[OutageHook]) -> Optional[OutageGate]:
         """Return the outage gate of one fan-out, or None for ``max_outage=0`` (fail at once)."""
@@ -631,10 +635,7 @@ class SamplerClient:
                 received, in input order (None for the failed request and those not answered), so the work done is
                 not lost. Pass ``return_exceptions=True`` to run every request whatever fails.
         """
-        self._transport.check_process()  # a forked child: fail at once here with a user's session
-        batching = self._batching(prompts_per_request)
-        gate = self._outage_gate(max_outage, on_outage)
-        bar = self._progress_bar(requests, progress, total)
+        batching, gate, bar = self._fan_out_parts(requests, prompts_per_request, max_outage, on_outage, progress, total)
         try:
             return self._fanout.collect(
                 requests,
