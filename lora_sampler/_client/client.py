@@ -633,7 +633,9 @@ class SamplerClient:
             LoraSamplerError: without ``return_exceptions``, the first request that failed (in input order). The
                 requests in flight are cancelled and no new one is sent; the error's ``.results`` holds every answer
                 received, in input order (None for the failed request and those not answered), so the work done is
-                not lost. Pass ``return_exceptions=True`` to run every request whatever fails.
+                not lost. Pass ``return_exceptions=True`` to run every request whatever fails (an invalid item is
+                then its own slot's ``TypeError``/``ValueError``). Also raised when ``requests`` itself raises: the
+                requests pulled before it ran to their end, ``.results`` holds them and ``__cause__`` its error.
         """
         batching, gate, bar = self._fan_out_parts(requests, prompts_per_request, max_outage, on_outage, progress, total)
         try:
