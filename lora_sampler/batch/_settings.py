@@ -8,11 +8,12 @@ the Python call and the docs together, and it is checked once, here, whichever w
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import difflib
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 from lora_sampler._client.fanout import checked_prompts_per_request
 from lora_sampler._client.outage import checked_seconds
@@ -36,6 +37,8 @@ SETTING_KEY = "lora_sampler.setting"
 #: ``--max-outage`` on the command line: an unattended job waits out a restart or redeploy of the engine.
 CLI_MAX_OUTAGE = 600.0
 _SAMPLING = SamplingParams()
+#: The lm-eval settings besides the tasks.
+_LM_EVAL_EXTRAS = ("lm_eval_include_path", "lm_eval_limit", "lm_eval_num_fewshot", "lm_eval_args")
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,37 @@ class SweepSettings:
         default=None,
         metadata=_about(
             flag=None, help="the sampling fields as one SamplingParams, instead of max_tokens, temperature, ..."
+        ),
+    )
+    # -- lm-evaluation-harness tasks on each checkpoint (the [lm-eval] extra)
+    lm_eval_tasks: Optional[Sequence[str]] = field(
+        default=None,
+        metadata=_about(
+            metavar="T1,T2",
+            help="run these lm-eval tasks on each checkpoint instead of lines (comma-separated): lm-eval's results "
+            "JSON per checkpoint under output_dir/lm-eval/, every number it reports as <task>/<key> in sweep.jsonl, "
+            "the table and the plot (needs lora_sampler[lm-eval])",
+        ),
+    )
+    lm_eval_include_path: Optional[str] = field(
+        default=None, metadata=_about(metavar="DIR", help="a folder of lm-eval task YAMLs of your own")
+    )
+    lm_eval_limit: Optional[float] = field(
+        default=None,
+        metadata=_about(
+            value=float, metavar="N", help="lm-eval's --limit: the first N documents of each task (below 1: a fraction)"
+        ),
+    )
+    lm_eval_num_fewshot: Optional[int] = field(
+        default=None, metadata=_about(value=int, metavar="K", help="lm-eval's --num_fewshot: K examples per prompt")
+    )
+    lm_eval_args: Optional[Mapping[str, Any]] = field(
+        default=None,
+        metadata=_about(
+            value=collections.abc.Mapping,
+            metavar="JSON",
+            help='what else lm-eval\'s simple_evaluate takes, as a JSON object, e.g. {"gen_kwargs": "temperature=0", '
+            '"apply_chat_template": true, "log_samples": true}',
         ),
     )
     # -- which checkpoints, when
@@ -265,6 +299,7 @@ class SweepSettings:
             raise ValueError("delete_retired deletes the folders of unloaded adapters; it cannot go with keep_loaded")
         if self.extra_body is not None:
             validated_extra_body(self.extra_body)
+        self._check_lm_eval()
         params = self.sampling()  # checks the sampling fields
         if self.score:
             sampled = {"num_samples": self.num_samples != 1, "sampling settings": params != _SAMPLING}
@@ -272,6 +307,23 @@ class SweepSettings:
             given = [name for name, is_set in sampled.items() if is_set]
             if given:
                 raise TypeError(f"score scores each line; {', '.join(given)} apply to sampling only")
+
+    def _check_lm_eval(self) -> None:
+        """``lm_eval_tasks`` as a tuple of names ("T1,T2" is two); the other lm_eval_ settings need it."""
+        tasks = self.lm_eval_tasks
+        if isinstance(tasks, str):
+            tasks = [name.strip() for name in tasks.split(",")]
+        if tasks is not None:
+            if not tasks or not all(isinstance(name, str) and name for name in tasks):
+                raise ValueError(f"lm_eval_tasks must name tasks (T1,T2), got {self.lm_eval_tasks!r}")
+            object.__setattr__(self, "lm_eval_tasks", tuple(tasks))
+        given = [name for name in _LM_EVAL_EXTRAS if getattr(self, name) is not None]
+        if given and tasks is None:
+            raise TypeError(f"{', '.join(given)} apply to lm_eval_tasks; name the tasks to run with lm_eval_tasks")
+        if tasks is not None and self.score:
+            raise TypeError("score scores lines; lm_eval_tasks runs lm-eval's tasks instead of lines")
+        if self.lm_eval_args is not None and not isinstance(self.lm_eval_args, Mapping):
+            raise TypeError(f"lm_eval_args must be a mapping of simple_evaluate's arguments, got {self.lm_eval_args!r}")
 
     @classmethod
     def of(cls, settings: Optional[SweepSettings] = None, **overrides: Any) -> SweepSettings:

@@ -195,8 +195,8 @@ class Sweep:
         self.client, self.step, self.settings = client, settings.step(requests), settings
         self.on_state = on_state
         self._told = ""
-        #: Run on each checkpoint instead of the step's lines.
-        self.evaluator = None if evaluator is None else checked_evaluator(evaluator)
+        #: Run on each checkpoint instead of the step's lines (lm-eval's tasks with ``lm_eval_tasks``).
+        self.evaluator = _evaluator_of(evaluator, settings)
         self.on_row, self.on_outage = on_row, on_outage
         if isinstance(checkpoints, Manifest) and settings.allow_outside_paths:
             checkpoints = dataclasses.replace(checkpoints, allow_outside_paths=True)
@@ -753,10 +753,32 @@ def _describe(checkpoints: Checkpoints) -> str:
     return "the pattern " + " ".join(patterns)
 
 
+def _evaluator_of(evaluator: Optional[CheckpointEvaluator], settings: SweepSettings) -> Optional[CheckpointEvaluator]:
+    """The evaluator of each checkpoint: lm-eval's tasks (``lm_eval_tasks``, the [lm-eval] extra, imported here so
+    that a missing one fails before any checkpoint), the one given, or none (lines)."""
+    if settings.lm_eval_tasks is None:
+        return None if evaluator is None else checked_evaluator(evaluator)
+    from lora_sampler.lm_eval import LmEvalTasks  # the one import up: the settings name lm-eval's tasks
+
+    return LmEvalTasks(
+        settings.lm_eval_tasks,
+        output_dir=settings.output_dir,
+        include_path=settings.lm_eval_include_path,
+        limit=settings.lm_eval_limit,
+        num_fewshot=settings.lm_eval_num_fewshot,
+        arguments=settings.lm_eval_args,
+        prompts_per_request=settings.prompts_per_request,
+    )
+
+
 def _check_work(
     requests: Optional[SweepInput], evaluator: Optional[CheckpointEvaluator], settings: SweepSettings
 ) -> None:
     """Refuse a sweep with both lines and an evaluator, or neither, before any request."""
+    if settings.lm_eval_tasks is not None:
+        if requests is not None or evaluator is not None:
+            raise TypeError("lm_eval_tasks runs lm-eval's tasks on each checkpoint: pass no requests and no evaluator")
+        return
     if evaluator is None and requests is None:
         raise TypeError(
             "sweep() needs requests (a JSONL path or a sequence of lines, or SampleRequest values) or evaluator= "

@@ -612,9 +612,15 @@ def _check_sweep_args(args: argparse.Namespace) -> None:
     """Refuse sweep flags that cannot work, before any request."""
     if not args.lora_base_dir:
         raise UsageError("sweep needs --lora-base-dir (the engine's resolver folder) to publish each checkpoint into")
-    if (args.input is None) == (args.evaluator is None):
-        raise UsageError("sweep takes --input (lines to sample or --score) or --evaluator MODULE:FACTORY, not both")
-    if args.evaluator is not None:
+    works = [args.input is not None, args.evaluator is not None, args.lm_eval_tasks is not None]
+    if sum(works) != 1:
+        raise UsageError(
+            "sweep takes one of --input (lines to sample or --score), --evaluator MODULE:FACTORY or --lm-eval-tasks "
+            "T1,T2"
+        )
+    if args.lm_eval_tasks is not None:
+        _check_lm_eval_extra()
+    elif args.evaluator is not None:
         if args.score:
             raise UsageError("--score scores --input lines; an --evaluator computes its own metrics")
         args.evaluator_object = _load_evaluator(args.evaluator)
@@ -627,6 +633,14 @@ def _check_sweep_args(args: argparse.Namespace) -> None:
             check_plot_dependency()
         except ImportError as error:
             raise UsageError(str(error)) from None
+
+
+def _check_lm_eval_extra() -> None:
+    """--lm-eval-tasks needs the [lm-eval] extra: say so before any request."""
+    try:
+        import lora_sampler.lm_eval  # noqa: F401
+    except ImportError as error:
+        raise UsageError(f"--lm-eval-tasks: {error}") from None
 
 
 def _load_evaluator(spec: str) -> CheckpointEvaluator:

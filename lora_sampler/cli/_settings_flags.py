@@ -9,6 +9,7 @@ are the command line's and their messages name the flags.
 from __future__ import annotations
 
 import argparse
+import collections.abc
 import dataclasses
 import json
 import re
@@ -45,8 +46,24 @@ def json_object(value: str) -> Dict[str, Any]:
         raise argparse.ArgumentTypeError(str(exc).replace("extra_body", "a JSON object", 1)) from None
 
 
+def any_json_object(value: str) -> Dict[str, Any]:
+    """Parse a flag that takes a JSON object of any keys (``--lm-eval-args``)."""
+    try:
+        parsed = json.loads(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"takes a JSON object such as '{{\"log_samples\": true}}' ({exc})") from None
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError(f"takes a JSON object, got {type(parsed).__name__}")
+    return parsed
+
+
 #: How a flag's text becomes a value, by the ``Setting.value`` of its field.
-_READERS: Dict[Any, Callable[[str], Any]] = {int: int, float: float, dict: json_object}
+_READERS: Dict[Any, Callable[[str], Any]] = {
+    int: int,
+    float: float,
+    dict: json_object,
+    collections.abc.Mapping: any_json_object,
+}
 
 
 def _fields() -> Dict[str, dataclasses.Field[Any]]:

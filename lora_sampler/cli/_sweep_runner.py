@@ -74,7 +74,7 @@ def run_sweep(client: SamplerClient, args: argparse.Namespace, settings: SweepSe
             with logs_above(bar):
                 for report in sweep.run():
                     if not args.quiet:
-                        bar.say(report_line(report, evaluator is not None))
+                        bar.say(report_line(report, evaluator is not None or settings.lm_eval_tasks is not None))
                     for note in report.notes if not report.resumed else ():
                         bar.say(printable(f"lora-sampler: {report.checkpoint}: note: {note}"))
         finally:

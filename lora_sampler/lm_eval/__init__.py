@@ -30,6 +30,7 @@ except ImportError as exc:  # pragma: no cover - exercised by the test that runs
 
 from lora_sampler.lm_eval._command import main
 from lora_sampler.lm_eval._model import LoraSamplerLM
+from lora_sampler.lm_eval._sweep import LmEvalTasks, metrics_of
 from lora_sampler.lm_eval._tokens import TokenCache
 
 #: The name lm-eval knows this model by (``--model lora-sampler``).
@@ -38,4 +39,4 @@ MODEL_NAME = "lora-sampler"
 if MODEL_NAME not in model_registry:  # an lm-eval that read the entry point has it already
     register_model(MODEL_NAME)(LoraSamplerLM)
 
-__all__ = ["MODEL_NAME", "LoraSamplerLM", "TokenCache", "main"]
+__all__ = ["MODEL_NAME", "LmEvalTasks", "LoraSamplerLM", "TokenCache", "main", "metrics_of"]

@@ -137,7 +137,8 @@ class LoraSamplerLM(TemplateLM):  # type: ignore[misc]  # lm-eval is untyped
                 raise ValueError(
                     "this request needs a prefix token (an empty context, or a text scored in rolling windows) and "
                     "the engine's tokenizer adds no BOS: pass prefix_token_id=<id> in --model_args (the tokenizer's "
-                    "BOS or EOS id; lm-eval's local-completions uses the BOS, else the EOS)"
+                    "BOS or EOS id; lm-eval's local-completions uses the BOS, else the EOS); in a sweep, "
+                    '--lm-eval-args \'{"model_args": {"prefix_token_id": <id>}}\''
                 )
             self._prefix = added[0]
         return self._prefix

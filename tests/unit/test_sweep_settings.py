@@ -3,6 +3,7 @@ guide's table are built from its fields, and each value is checked once, in the 
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import inspect
 import re
@@ -40,6 +41,11 @@ def test_the_guide_lists_every_setting_as_the_fields_say() -> None:
 
 #: A value for each kind of flag, and what the value holds then.
 SAMPLES = {int: ("3", 3), float: ("0.5", 0.5), dict: ('{"min_tokens": 4}', {"min_tokens": 4}), list: ("X", ["X"])}
+SAMPLES[collections.abc.Mapping] = ('{"log_samples": true}', {"log_samples": True})
+#: Text settings, by name: the text, and the value it becomes.
+TEXT_SAMPLES = {"lm_eval_tasks": ("t1,t2", ("t1", "t2")), "lm_eval_include_path": ("tasks/", "tasks/")}
+#: The lm-eval settings go with the tasks to run.
+LM_EVAL_BASE = ["--lm-eval-tasks", "t"]
 BASE = ["sweep", "--base-url", "http://x", "--checkpoints", "a", "--input", "i", "--output-dir", "o"]
 
 
@@ -55,7 +61,10 @@ def test_every_setting_is_a_flag_of_sweep_and_a_keyword_of_the_python_call() -> 
         if item.name == "output_dir":
             continue
         text, value = SAMPLES.get(setting_of(item).value, (None, True))
-        given = settings_from(build_parser().parse_args([*BASE, flag] + ([text] if text is not None else [])))
+        if item.name in TEXT_SAMPLES:
+            text, value = TEXT_SAMPLES[item.name]
+        base = BASE + LM_EVAL_BASE if item.name.startswith("lm_eval_") and item.name != "lm_eval_tasks" else BASE
+        given = settings_from(build_parser().parse_args([*base, flag] + ([text] if text is not None else [])))
         assert getattr(given, item.name) == value, item.name
     assert "output_dir" in flag_fields()
 

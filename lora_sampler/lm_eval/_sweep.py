@@ -1,0 +1,150 @@
+"""lm-eval's tasks on every checkpoint of a sweep: ``LmEvalTasks``, a ``CheckpointEvaluator``.
+
+The sweep hands it its client and each checkpoint's adapter (an ``EvaluatedCheckpoint``); it runs lm-eval's ``simple_evaluate`` on a
+``LoraSamplerLM`` over them, keeps lm-eval's results JSON under ``<output_dir>/lm-eval/<adapter>.json`` and returns
+every number lm-eval reports for a task as ``<task>/<key>`` with lm-eval's own key (``hellaswag/acc_norm,none``).
+One ``TokenCache`` serves every checkpoint (the tokenizer is the base model's), and lm-eval's task index is built
+once per sweep. A checkpoint is the unit of resume: its results JSON is written whole before its ledger line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import tempfile
+from typing import Any, Dict, Mapping, Optional, Sequence
+
+from lora_sampler.batch._evaluator import CheckpointEvaluator, EvaluatedCheckpoint
+from lora_sampler.lm_eval._model import LoraSamplerLM
+from lora_sampler.lm_eval._tokens import TokenCache
+
+#: The folder under the sweep's output folder that holds lm-eval's results, one JSON per checkpoint.
+RESULTS_FOLDER = "lm-eval"
+#: simple_evaluate arguments the sweep sets itself (a task list, the model): not taken from ``lm_eval_args``.
+OWN_ARGUMENTS = ("model", "tasks", "task_manager", "limit", "num_fewshot")
+#: What ``lm_eval_args["model_args"]`` may set on each checkpoint's model (the rest is the sweep's client's).
+MODEL_SETTINGS = ("prefix_token_id", "max_length", "max_gen_toks")
+
+
+class LmEvalTasks(CheckpointEvaluator):
+    """Run lm-eval tasks on each checkpoint; its metrics are every number lm-eval reports, as ``<task>/<key>``.
+
+    Args:
+        tasks: lm-eval task (or group) names.
+        output_dir: The sweep's output folder: lm-eval's results go to ``<output_dir>/lm-eval/<adapter>.json``.
+        include_path: A folder of task YAMLs of your own.
+        limit: The first N documents of each task (below 1: a fraction).
+        num_fewshot: Examples per prompt.
+        arguments: What else ``simple_evaluate`` takes (``gen_kwargs``, ``apply_chat_template``, ``log_samples``,
+            seeds, ...); its ``model_args`` (a dict, or lm-eval's ``key=value,...``) set each checkpoint's model's
+            ``prefix_token_id``, ``max_length`` and ``max_gen_toks``.
+        prompts_per_request: Prompts per completion request (the sweep's setting).
+    """
+
+    def __init__(
+        self,
+        tasks: Sequence[str],
+        *,
+        output_dir: str,
+        include_path: Optional[str] = None,
+        limit: Optional[float] = None,
+        num_fewshot: Optional[int] = None,
+        arguments: Optional[Mapping[str, Any]] = None,
+        prompts_per_request: Optional[int] = None,
+    ):
+        own = sorted(set(arguments or {}) & set(OWN_ARGUMENTS))
+        if own:
+            raise ValueError(
+                f"lm_eval_args sets {', '.join(own)}, which the sweep sets itself: use lm_eval_tasks, "
+                "lm_eval_limit and lm_eval_num_fewshot (the model is each checkpoint)"
+            )
+        self.tasks, self.include_path, self.output_dir = list(tasks), include_path, output_dir
+        self.limit = int(limit) if limit is not None and float(limit).is_integer() else limit
+        self.num_fewshot, self.prompts_per_request = num_fewshot, prompts_per_request
+        self.arguments: Dict[str, Any] = {"log_samples": False, **(arguments or {})}
+        self.model_args = _model_args(self.arguments.pop("model_args", None))
+        self.tokens: Optional[TokenCache] = None
+        self._task_manager: Any = None
+
+    def __call__(self, checkpoint: EvaluatedCheckpoint) -> Dict[str, float]:
+        """Run the tasks on the checkpoint; write lm-eval's results JSON; return its numbers as ``<task>/<key>``."""
+        from lm_eval import simple_evaluate
+
+        client, adapter = checkpoint.client, checkpoint.adapter
+        if self.tokens is None:
+            self.tokens = TokenCache(client, workers=client.max_workers)
+        model = LoraSamplerLM(
+            client=client,
+            adapter=adapter,
+            token_cache=self.tokens,
+            prompts_per_request=self.prompts_per_request,
+            max_outage=checkpoint.max_outage,
+            **self.model_args,
+        )
+        results = simple_evaluate(
+            model=model,
+            tasks=self.tasks,
+            limit=self.limit,
+            num_fewshot=self.num_fewshot,
+            task_manager=self._tasks_index(),
+            **self.arguments,
+        )
+        _write_results(os.path.join(self.output_dir, RESULTS_FOLDER, f"{adapter.name}.json"), results)
+        return metrics_of(results)
+
+    def _tasks_index(self) -> Any:
+        """lm-eval's task index (with ``include_path``), built once per sweep: it reads every task YAML it has."""
+        if self._task_manager is None:
+            from lm_eval.tasks import TaskManager
+
+            self._task_manager = TaskManager(include_path=self.include_path)
+        return self._task_manager
+
+
+def _model_args(given: Any) -> Dict[str, Any]:
+    """``model_args`` of ``lm_eval_args``: a dict or lm-eval's ``key=value,...``; only ``MODEL_SETTINGS``."""
+    if given is None:
+        return {}
+    if isinstance(given, str):
+        from lm_eval.utils import simple_parse_args_string
+
+        given = simple_parse_args_string(given)
+    if not isinstance(given, Mapping):
+        raise ValueError(f"lm_eval_args' model_args must be an object or key=value,..., got {given!r}")
+    other = sorted(set(given) - set(MODEL_SETTINGS))
+    if other:
+        raise ValueError(
+            f"lm_eval_args' model_args sets {', '.join(other)}: in a sweep the model is each checkpoint on the "
+            "sweep's client (its flags set the engine, the concurrency and the timeout); model_args takes "
+            + ", ".join(MODEL_SETTINGS)
+        )
+    return dict(given)
+
+
+def metrics_of(results: Mapping[str, Any]) -> Dict[str, float]:
+    """Every finite number lm-eval reports for a task (or group), as ``<task>/<key>`` with lm-eval's key."""
+    metrics: Dict[str, float] = {}
+    for section in ("results", "groups"):
+        for task, values in (results.get(section) or {}).items():
+            for key, value in values.items():
+                if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
+                    metrics[f"{task}/{key}"] = float(value)
+    return metrics
+
+
+def _write_results(path: str, results: Mapping[str, Any]) -> None:
+    """Write lm-eval's results as its command line writes them (whole, or not at all: a kill leaves no half file)."""
+    from lm_eval.utils import handle_non_serializable
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    text = json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False)
+    handle, temporary = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".results-", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise

@@ -1,0 +1,126 @@
+"""lm-eval's tasks on every checkpoint of a sweep: ``lm_eval_tasks`` (``--lm-eval-tasks``), on FakeEngine.
+
+Per checkpoint lm-eval's results JSON under OUT/lm-eval/, its numbers as ``<task>/<key>`` in the reports and
+sweep.jsonl; each distinct text tokenized once per sweep; a checkpoint killed mid-task is evaluated again on resume,
+one finished is not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import List
+
+import pytest
+
+import lora_sampler
+from lora_sampler import SamplerClient
+from lora_sampler._wire.routes import COMPLETIONS_PATH, TOKENIZE_PATH
+from lora_sampler.cli import main
+from lora_sampler.testing import FakeEngine, write_adapter_archive
+
+
+def checkpoints(folder: Path, model: str, count: int) -> List[str]:
+    """``count`` checkpoints with different contents (each its own rank)."""
+    folder.mkdir(exist_ok=True)
+    return [write_adapter_archive(folder / f"step-{step}.tar.gz", model, rank=2**step) for step in range(1, count + 1)]
+
+
+def test_sweep_runs_the_tasks_on_every_checkpoint(
+    engine: FakeEngine, tasks: Path, lora_dir: Path, tmp_path: Path
+) -> None:
+    """Three checkpoints: lm-eval's numbers per checkpoint, its results JSON each; texts tokenized once per sweep."""
+    paths = checkpoints(tmp_path / "run", engine.model, 3)
+    output = tmp_path / "out"
+    with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
+        reports = list(
+            lora_sampler.sweep(
+                client,
+                paths,
+                output_dir=str(output),
+                lm_eval_tasks="tiny_mc,tiny_ppl",
+                lm_eval_include_path=str(tasks),
+                lm_eval_args={"bootstrap_iters": 0, "model_args": {"prefix_token_id": 1}},
+                settle=0,
+            )
+        )
+    assert [report.error for report in reports] == [None, None, None]
+    for report in reports:
+        assert {"tiny_mc/acc,none", "tiny_mc/acc_norm,none", "tiny_ppl/word_perplexity,none"} <= set(report.metrics)
+        saved = json.loads((output / "lm-eval" / f"{report.adapter}.json").read_text(encoding="utf-8"))
+        assert saved["results"]["tiny_mc"]["acc,none"] == report.metrics["tiny_mc/acc,none"]
+    assert len({report.metrics["tiny_ppl/word_perplexity,none"] for report in reports}) == 3  # each its adapter
+    ledger = [json.loads(line) for line in (output / "sweep.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [entry["metrics"]["tiny_mc/acc,none"] for entry in ledger] == [
+        r.metrics["tiny_mc/acc,none"] for r in reports
+    ]
+    tokenized = engine.calls(TOKENIZE_PATH)
+    engine.reset_log()
+    with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
+        list(
+            lora_sampler.sweep(
+                client,
+                paths[:1],
+                output_dir=str(tmp_path / "one"),
+                lm_eval_tasks=["tiny_mc", "tiny_ppl"],
+                lm_eval_include_path=str(tasks),
+                lm_eval_args={"model_args": "prefix_token_id=1"},
+                settle=0,
+            )
+        )
+    assert engine.calls(TOKENIZE_PATH) == tokenized  # three checkpoints asked for what one asks for
+
+
+def test_lm_eval_settings_are_checked_before_any_request(engine: FakeEngine, tasks: Path, tmp_path: Path) -> None:
+    with SamplerClient(engine.url) as client:
+        with pytest.raises(TypeError, match="name the tasks to run with lm_eval_tasks"):
+            lora_sampler.sweep(client, [], output_dir=str(tmp_path), lm_eval_limit=3)
+        with pytest.raises(TypeError, match="pass no requests"):
+            lora_sampler.sweep(client, [], [{"prompt": "x"}], output_dir=str(tmp_path), lm_eval_tasks="tiny_mc")
+        with pytest.raises(ValueError, match="lm_eval_limit"):
+            lora_sampler.sweep(client, [], output_dir=str(tmp_path), lm_eval_tasks="tiny_mc", lm_eval_args={"limit": 3})
+    assert engine.calls(COMPLETIONS_PATH) == 0
+
+
+def test_cli_sweep_kill_and_resume(tasks: Path, lora_dir: Path, tmp_path: Path) -> None:
+    """Killed while the second checkpoint's tasks run: the resume evaluates it again, never the first."""
+    with FakeEngine(lora_dir=lora_dir, max_model_len=64, request_overhead=0.05) as engine:
+        paths = checkpoints(tmp_path / "run", engine.model, 3)
+        output = tmp_path / "out"
+        args = ["sweep", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--checkpoints", *paths]
+        args += ["--output-dir", str(output), "--lm-eval-tasks", "tiny_mc,tiny_ppl", "--settle", "0"]
+        args += ["--lm-eval-include-path", str(tasks), "--prompts-per-request", "1", "--concurrency", "2"]
+        args += ["--lm-eval-args", '{"model_args": {"prefix_token_id": 1}}']
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        process = subprocess.Popen([sys.executable, "-m", "lora_sampler", *args], env=env, stderr=subprocess.PIPE)
+        ledger = output / "sweep.jsonl"
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            done = ledger.exists() and len(ledger.read_text(encoding="utf-8").splitlines()) == 1
+            second = any(
+                r.model and r.model.startswith("step-2") and r.path == COMPLETIONS_PATH for r in engine.requests
+            )
+            if done and second:
+                break
+            assert process.poll() is None, process.stderr.read().decode()[-2000:] if process.stderr else ""
+            time.sleep(0.05)
+        else:
+            pytest.fail("the sweep did not reach the second checkpoint's tasks")
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=60)
+        [first] = [json.loads(line) for line in ledger.read_text(encoding="utf-8").splitlines()]
+        engine.reset_log()
+        assert main(args) == 0
+        entries = [json.loads(line) for line in ledger.read_text(encoding="utf-8").splitlines()]
+        assert entries[0]["adapter"] == first["adapter"] and len(entries) == 3
+        assert all("tiny_mc/acc,none" in entry["metrics"] for entry in entries)
+        models = {record.model for record in engine.requests if record.path == COMPLETIONS_PATH}
+        assert first["adapter"] not in models and any(str(m).startswith("step-2") for m in models)
+        assert sorted(p.name for p in (output / "lm-eval").glob("*.json")) == sorted(
+            e["adapter"] + ".json" for e in entries
+        )
