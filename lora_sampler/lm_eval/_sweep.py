@@ -1,10 +1,11 @@
 """lm-eval's tasks on every checkpoint of a sweep: ``LmEvalTasks``, a ``CheckpointEvaluator``.
 
-The sweep hands it its client and each checkpoint's adapter (an ``EvaluatedCheckpoint``); it runs lm-eval's ``simple_evaluate`` on a
-``LoraSamplerLM`` over them, keeps lm-eval's results JSON under ``<output_dir>/lm-eval/<adapter>.json`` and returns
-every number lm-eval reports for a task as ``<task>/<key>`` with lm-eval's own key (``hellaswag/acc_norm,none``).
-One ``TokenCache`` serves every checkpoint (the tokenizer is the base model's), and lm-eval's task index is built
-once per sweep. A checkpoint is the unit of resume: its results JSON is written whole before its ledger line.
+The sweep hands it its client and each checkpoint's adapter (an ``EvaluatedCheckpoint``); it runs lm-eval's
+``simple_evaluate`` on a ``LoraSamplerLM`` over them, keeps lm-eval's results JSON under
+``<output_dir>/lm-eval/<adapter>.json`` and returns every number lm-eval reports for a task as ``<task>/<key>``
+with lm-eval's own key (``hellaswag/acc_norm,none``). One ``TokenCache`` serves every checkpoint (the tokenizer is
+the base model's), and lm-eval's task index is built once per sweep. A checkpoint is the unit of resume: its results
+JSON is written whole before its ledger line.
 """
 
 from __future__ import annotations
