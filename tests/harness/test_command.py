@@ -33,6 +33,7 @@ def harness_args(engine: FakeEngine, tasks: Path, output: Path, model_args: str,
     return ["run", "--model", "lora-sampler", "--model_args", model, *where, *more]
 
 
+@pytest.mark.timeout(900)  # lm-eval's task index alone takes a minute on a loaded 2-core machine
 def test_lora_sampler_lm_eval_runs_all_three_output_types(
     engine: FakeEngine, tasks: Path, checkpoint: str, lora_dir: Path, tmp_path: Path
 ) -> None:
@@ -52,6 +53,7 @@ def test_lora_sampler_lm_eval_runs_all_three_output_types(
     assert engine.loaded_adapters  # the adapter served the requests
 
 
+@pytest.mark.timeout(900)
 def test_python_m_and_chat_template(engine: FakeEngine, tasks: Path, tmp_path: Path) -> None:
     """``python -m lora_sampler.lm_eval`` is the same command line; --apply_chat_template renders via the engine."""
     output = tmp_path / "out"
@@ -66,6 +68,7 @@ def test_python_m_and_chat_template(engine: FakeEngine, tasks: Path, tmp_path: P
     assert first["arguments"]["gen_args_0"]["arg_0"].startswith("<|user|>\nQ: ")
 
 
+@pytest.mark.timeout(900)
 def test_an_engine_that_requires_a_key(tasks: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The key comes from $LORA_SAMPLER_API_KEY, reaches the engine and appears in no results file."""
     key = "sk-test-7f3e9a"

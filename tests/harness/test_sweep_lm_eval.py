@@ -31,6 +31,7 @@ def checkpoints(folder: Path, model: str, count: int) -> List[str]:
     return [write_adapter_archive(folder / f"step-{step}.tar.gz", model, rank=2**step) for step in range(1, count + 1)]
 
 
+@pytest.mark.timeout(1200)  # four lm-eval runs; minutes on a loaded 2-core machine
 def test_sweep_runs_the_tasks_on_every_checkpoint(
     engine: FakeEngine, tasks: Path, lora_dir: Path, tmp_path: Path
 ) -> None:
@@ -87,6 +88,7 @@ def test_lm_eval_settings_are_checked_before_any_request(engine: FakeEngine, tas
     assert engine.calls(COMPLETIONS_PATH) == 0
 
 
+@pytest.mark.timeout(1200)  # two sweeps' lm-eval runs; minutes on a loaded 2-core machine
 def test_cli_sweep_kill_and_resume(tasks: Path, lora_dir: Path, tmp_path: Path) -> None:
     """Killed while the second checkpoint's tasks run: the resume evaluates it again, never the first."""
     with FakeEngine(lora_dir=lora_dir, max_model_len=64, request_overhead=0.05) as engine:
