@@ -51,15 +51,3 @@ def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     client.create_bucket(Bucket=BUCKET)
     yield client
     s3fs.S3FileSystem.clear_instance_cache()
-
-
-@pytest.fixture
-def engine(lora_dir: Path) -> Iterator[Any]:
-    """A running FakeEngine whose resolver reads ``lora_dir``, stopped after the test."""
-    from lora_sampler.testing import FakeEngine
-
-    started = FakeEngine(lora_dir=lora_dir).start()
-    try:
-        yield started
-    finally:
-        started.stop()

@@ -1,14 +1,15 @@
 """Fixtures for ``lora_sampler.tinker`` on FakeEngine: tinker 0.38 (``tox -e tinker``), engines, checkpoints, clients.
 
 Without tinker (every other tox env) each test here skips with the reason, and fails in CI (``tests/_services.py``).
-The cookbook tests also need tinker-cookbook 0.6.1 and the CPU torch (``cookbook`` fixture).
+The cookbook tests also need tinker-cookbook 0.6.1 and the CPU torch (``cookbook`` fixture). The engines are the
+shared ``make_engine`` and ``engine`` fixtures (``tests/conftest.py``).
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterator, List
+from typing import Any, Iterator, List
 
 import pytest
 from _services import require, unavailable
@@ -16,8 +17,6 @@ from _services import require, unavailable
 from lora_sampler.testing import ByteTokenizer, FakeEngine, write_adapter
 
 HOW = "run these tests with `tox -e tinker` (Python 3.11 with lora_sampler[tinker])"
-
-EngineFactory = Callable[..., FakeEngine]
 
 
 @pytest.fixture(autouse=True)
@@ -33,28 +32,6 @@ def cookbook() -> Any:
     """tinker-cookbook 0.6.1 with the CPU torch it imports."""
     require("torch", "tox -e tinker installs torch==2.13.0+cpu from this machine's find-links; it could not")
     return require("tinker_cookbook", "tox -e tinker installs tinker-cookbook==0.6.1 with --no-deps; it could not")
-
-
-@pytest.fixture
-def make_engine(lora_dir: Path) -> Iterator[EngineFactory]:
-    """Start FakeEngines reading ``lora_dir``; every one is stopped after the test."""
-    engines: List[FakeEngine] = []
-
-    def make(**kwargs: Any) -> FakeEngine:
-        kwargs.setdefault("lora_dir", lora_dir)
-        engine = FakeEngine(**kwargs).start()
-        engines.append(engine)
-        return engine
-
-    yield make
-    for engine in engines:
-        engine.stop()
-
-
-@pytest.fixture
-def engine(make_engine: EngineFactory) -> FakeEngine:
-    """A running FakeEngine (model ``tiny-base``) whose resolver reads ``lora_dir``."""
-    return make_engine()
 
 
 @pytest.fixture
