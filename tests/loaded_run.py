@@ -6,7 +6,7 @@ open (a kill that lands after the job ended, an overlap that did not happen, a g
 A test that passes here waits for what it waits for, with a generous deadline. ``.ci/run`` runs this once.
 
 Usage: ``python tests/loaded_run.py [--runs N] [--load N] [PYTEST ARGS...]``; the pytest arguments default to
-``tests/socket`` with two pytest-xdist workers when pytest-xdist is installed (as tox's py3x envs run it). The exit
+``tests/socket`` with two pytest-xdist workers when pytest-xdist is installed, printing the ten slowest tests. The exit
 status is 0 when every run passed, else 1; each run's outcome and wall time is printed at the end.
 """
 
@@ -29,7 +29,7 @@ BUSY_LOOP = "while True: pass"
 def default_pytest_args() -> List[str]:
     """The socket suite, on two xdist workers when pytest-xdist is there (as the py3x tox envs run it)."""
     workers = ["-n", "2"] if importlib.util.find_spec("xdist") is not None else []
-    return [*workers, "tests/socket"]
+    return [*workers, "--durations=10", "tests/socket"]
 
 
 def start_load(count: int) -> List[subprocess.Popen[bytes]]:
