@@ -18,7 +18,7 @@ request's latency, and faster than both alternatives::
     python benchmarks/bench_sweep.py --arms score,score-mixed --name bench_sweep_score   # scoring isolation's cost
     python benchmarks/bench_sweep.py --scale 100,10000 --name bench_sweep_scale   # rate against the folder's size
 
-``--scale N,N,...``: one folder of N distinct one-prompt checkpoints per size, swept through ``SamplerClient.sweep``
+``--scale N,N,...``: one folder of N distinct one-prompt checkpoints per size, swept through ``lora_sampler.sweep``
 (window 2) on an engine without latency; the per-checkpoint rate over the first ``--scale-measure`` checkpoints (after
 the first) is reported for each size side by side. Goal: the rate at the largest size within 1.5x of the smallest's,
 i.e. listing cost per checkpoint does not grow with the folder.

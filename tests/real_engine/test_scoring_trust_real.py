@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import shutil
 import subprocess
@@ -95,9 +94,7 @@ def test_real_sweep_score_two_adapters_concurrency_one_keeps_the_engine_alive(
     lines = tmp_path / "lines.jsonl"
     lines.write_text("".join(json.dumps(line) + "\n" for line in LINES))
     common = ["--base-url", engine.url, "--lora-base-dir", str(engine.lora_dir), "--input", str(lines)]
-    pace = ["--concurrency", "1", "--quiet"]
-    if "prompts_per_request" in inspect.signature(SamplerClient.sweep).parameters:
-        pace += ["--prompts-per-request", "1"]
+    pace = ["--concurrency", "1", "--quiet", "--prompts-per-request", "1"]
     out = tmp_path / "out"
     argv = [
         "sweep",
@@ -113,7 +110,8 @@ def test_real_sweep_score_two_adapters_concurrency_one_keeps_the_engine_alive(
     assert main([*argv, *pace]) == 0
     assert _alive(engine)
     ledger = [json.loads(line) for line in (out / "sweep.jsonl").read_text().splitlines()]
-    assert [entry["step"] for entry in ledger] == [100, 200] and all(e["failed"] == 0 for e in ledger)
+    # sweep.jsonl lists checkpoints in the order they finished (the contract); with a window of 2 either may be first.
+    assert sorted(entry["step"] for entry in ledger) == [100, 200] and all(e["failed"] == 0 for e in ledger)
     largest = 0.0
     for entry in ledger:
         alone = tmp_path / f"alone-{entry['step']}.jsonl"

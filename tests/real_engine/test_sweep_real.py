@@ -49,7 +49,9 @@ def test_sweep_real_three_adapters_on_max_loras_one(
     argv += ["--output-dir", str(out), "--checkpoints", str(run / "step-*"), "--concurrency", "4", "--max-tokens", "4"]
     assert main([*argv, "--quiet", "--settle", "0", "--temperature", "0"]) == 0
     ledger = _lines(out / "sweep.jsonl")
-    assert [line["step"] for line in ledger] == [100, 200, 1000]
+    # sweep.jsonl lists checkpoints in the order they finished (the contract): with a window of 2, step-200 may finish
+    # before step-100 on a busy machine; each checkpoint has exactly one line.
+    assert sorted(line["step"] for line in ledger) == [100, 200, 1000]
     assert all(line["rows"] == PROMPTS and line["failed"] == 0 and line["tokens"] == PROMPTS * 4 for line in ledger)
     for line in ledger:
         records = _lines(out / line["output"])

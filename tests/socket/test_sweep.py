@@ -1,4 +1,4 @@
-"""``lora-sampler sweep`` and ``SamplerClient.sweep`` against a FakeEngine on loopback (in process).
+"""``lora-sampler sweep`` and ``lora_sampler.sweep`` against a FakeEngine on loopback (in process).
 
 The issue's shell loop, redone as a sweep: natural order, every adapter unloaded at the end, one ledger line per
 checkpoint, a bad checkpoint recorded while the rest are answered, the window held, resume.
@@ -235,7 +235,7 @@ def test_sweep_reads_a_manifest_in_file_order(
 def test_client_sweep_yields_a_report_per_checkpoint(
     engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
 ) -> None:
-    """SamplerClient.sweep from Python: requests as mappings or SampleRequest values, one report per checkpoint."""
+    """lora_sampler.sweep from Python: requests as mappings or SampleRequest values, one report per checkpoint."""
     make_run(tmp_path / "run", engine.model, (10, 20))
     own = SampleRequest([7, 8], base_model="replaced", sampling_params=SamplingParams(max_tokens=5))
     requests: List[Any] = [{"id": "a", "prompt": [5, 6]}, own]  # a SampleRequest keeps its own parameters

@@ -1,4 +1,4 @@
-"""``lora-sampler sweep --score`` and ``SamplerClient.sweep(score=True)``: every checkpoint scored, not sampled.
+"""``lora-sampler sweep --score`` and ``lora_sampler.sweep(..., score=True)``: every checkpoint scored, not sampled.
 
 Each checkpoint's output holds ``score``'s records; ``sweep.jsonl`` carries ``mean_logprob`` (per scored token) and
 ``mean_sum`` (per line: the held-out log-likelihood), equal to what its output file says; a resume sends nothing.
@@ -61,7 +61,7 @@ def test_sweep_score_scores_every_checkpoint_with_per_line_means(
 def test_client_sweep_score_takes_score_requests(
     engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
 ) -> None:
-    """SamplerClient.sweep(score=True) with ScoreRequest values and mappings: reports carry a typed mean_sum."""
+    """lora_sampler.sweep(score=True) with ScoreRequest values and mappings: reports carry a typed mean_sum."""
     make_run(tmp_path / "run", engine.model, (10, 20))
     requests: List[Any] = [
         ScoreRequest([5, 6, 7], base_model="replaced"),
