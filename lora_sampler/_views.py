@@ -9,10 +9,53 @@ from __future__ import annotations
 
 import html
 import math
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Protocol, Sequence, Tuple, Union
 
-if TYPE_CHECKING:
-    from lora_sampler.types import GeneratedSequence, SampleOutput
+#: The top-k ``(token_id, logprob)`` pairs at one position, best first.
+TopKPairs = Sequence[Tuple[int, float]]
+
+
+class ShownSequence(Protocol):
+    """What a view reads of one completion (``lora_sampler.types.GeneratedSequence``)."""
+
+    @property
+    def tokens(self) -> Sequence[int]: ...
+    @property
+    def logprobs(self) -> Sequence[float]: ...
+    @property
+    def stop_reason(self) -> str: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def matched_stop(self) -> Union[str, int, None]: ...
+    @property
+    def topk_logprobs(self) -> Optional[Sequence[TopKPairs]]: ...
+
+
+class ShownUsage(Protocol):
+    """What a view reads of an answer's token counts (``lora_sampler.types.Usage``)."""
+
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def completion_tokens(self) -> int: ...
+    def to_dict(self) -> Dict[str, int]: ...
+
+
+class ShownOutput(Protocol):
+    """What a view reads of one answer (``lora_sampler.types.SampleOutput``)."""
+
+    @property
+    def sequences(self) -> Sequence[ShownSequence]: ...
+    @property
+    def prompt_logprobs(self) -> Optional[Sequence[Optional[float]]]: ...
+    @property
+    def topk_prompt_logprobs(self) -> Optional[Sequence[Optional[TopKPairs]]]: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def usage(self) -> Optional[ShownUsage]: ...
+
 
 #: Characters of generated text a repr shows.
 REPR_TEXT_CHARS = 24
@@ -37,12 +80,12 @@ def _span(values: Iterable[int]) -> str:
     return str(found[0]) if len(found) == 1 else f"{found[0]}-{found[-1]}"
 
 
-def total_logprob(sequence: GeneratedSequence) -> float:
+def total_logprob(sequence: ShownSequence) -> float:
     """Return the sum of a sequence's token logprobs (NaN entries, sent as null, left out)."""
     return math.fsum(lp for lp in sequence.logprobs if not math.isnan(lp))
 
 
-def sequence_repr(sequence: GeneratedSequence) -> str:
+def sequence_repr(sequence: ShownSequence) -> str:
     """One line: token count, stop reason, summed logprob (2 decimals) and the start of the text."""
     return (
         f"GeneratedSequence(tokens={len(sequence.tokens)}, stop_reason={sequence.stop_reason!r}, "
@@ -50,7 +93,7 @@ def sequence_repr(sequence: GeneratedSequence) -> str:
     )
 
 
-def output_repr(output: SampleOutput) -> str:
+def output_repr(output: ShownOutput) -> str:
     """One line: model, number of sequences, their token counts and stop reasons, the start of the first text."""
     sequences = output.sequences
     stops = "/".join(sorted({s.stop_reason for s in sequences})) or "-"
@@ -62,7 +105,7 @@ def output_repr(output: SampleOutput) -> str:
     )
 
 
-def output_html(output: SampleOutput) -> str:
+def output_html(output: ShownOutput) -> str:
     """A small table for notebooks: one row per sequence (tokens, stop reason, summed logprob, text)."""
     usage = output.usage
     counts = f"; {usage.prompt_tokens} prompt + {usage.completion_tokens} completion tokens" if usage else ""
@@ -79,7 +122,7 @@ def output_html(output: SampleOutput) -> str:
     )
 
 
-def sequence_dict(sequence: GeneratedSequence) -> Dict[str, Any]:
+def sequence_dict(sequence: ShownSequence) -> Dict[str, Any]:
     """The plain-dict form of one sequence: every token id and logprob, the text and why it stopped."""
     return {
         "tokens": list(sequence.tokens),
@@ -95,7 +138,7 @@ def sequence_dict(sequence: GeneratedSequence) -> Dict[str, Any]:
     }
 
 
-def output_dict(output: SampleOutput) -> Dict[str, Any]:
+def output_dict(output: ShownOutput) -> Dict[str, Any]:
     """The plain-dict form of an output, in JSON types (the engine's raw ``body`` is left out)."""
     usage = output.usage
     return {
