@@ -15,14 +15,11 @@ import hashlib
 import json
 import logging
 import os
-from typing import IO, TYPE_CHECKING, Any, Dict, Iterator, Mapping, Optional, Set, Tuple, Union
+from typing import IO, Any, Dict, Iterator, Mapping, Optional, Protocol, Set, Tuple, Union
 
 from lora_sampler._files import replacing
 from lora_sampler.errors import OutputSettingsError, OutputWriteError
 from lora_sampler.types import Adapter, AdapterSpec, SampleRequest, SamplingParams, ScoreRequest
-
-if TYPE_CHECKING:  # pragma: no cover - the lines module imports this one
-    from lora_sampler.batch._lines import InputLine
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +28,19 @@ SETTINGS_SUFFIX = ".settings"
 #: The way out, in every refusal: Python spells the start-over flag ``restart=True``, the command line
 #: ``--restart``.
 WAY_OUT = "write to a new output, or pass --restart (Python: restart=True) to drop its answers and start over"
+
+
+class AnsweredLine(Protocol):
+    """What the memory reads of one input line (``_lines.InputLine``, whose module reads this one)."""
+
+    @property
+    def line_number(self) -> int: ...
+    @property
+    def id(self) -> object: ...
+    @property
+    def key(self) -> str: ...
+    @property
+    def request(self) -> Union[SampleRequest, ScoreRequest, None]: ...
 
 
 def settings_path(output: str) -> str:
@@ -166,7 +176,7 @@ class OutputMemory:
         except OSError as error:
             raise _write_error(self.path, error) from None
 
-    def refusal(self, line: InputLine) -> Optional[OutputSettingsError]:
+    def refusal(self, line: AnsweredLine) -> Optional[OutputSettingsError]:
         """Return the refusal of an answered line that now asks something else (its prompt or own settings changed);
         None when it asks the same, or when nothing is remembered of it."""
         remembered = self._digests.get(line.key)
