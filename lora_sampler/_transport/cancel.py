@@ -12,15 +12,10 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Optional, Set, Tuple, TypeVar
 
-from lora_sampler._transport.connections import CUT_CANCELLED, Slot, current_slot
+from lora_sampler._transport.connections import CUT_CANCELLED, Cancellable, Slot, current_slot
 from lora_sampler.errors import RequestCancelledError
 
 T = TypeVar("T")
-
-
-def current_scope() -> Optional[CancelScope]:
-    """Return the scope the calling thread's request runs in, or None."""
-    return current_slot().scope
 
 
 def is_cancelled() -> bool:
@@ -37,7 +32,7 @@ class CancelScope:
         self._lock = threading.Lock()
         self._slots: Set[Slot] = set()
 
-    def enter(self) -> Tuple[Slot, Optional[CancelScope]]:
+    def enter(self) -> Tuple[Slot, Optional[Cancellable]]:
         """Start one request of this scope in the calling thread; pass what it returns to ``leave``.
 
         Raises:
@@ -51,7 +46,7 @@ class CancelScope:
         previous, slot.scope = slot.scope, self
         return slot, previous
 
-    def leave(self, entered: Tuple[Slot, Optional[CancelScope]]) -> None:
+    def leave(self, entered: Tuple[Slot, Optional[Cancellable]]) -> None:
         """End the request ``enter`` started."""
         slot, previous = entered
         slot.scope = previous

@@ -15,17 +15,21 @@ import os
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol
 
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
-if TYPE_CHECKING:
-    from lora_sampler._transport.cancel import CancelScope
-
 #: Why a slot was cut: its answer's deadline passed, or its fan-out was cancelled.
 CUT_DEADLINE = "deadline"
 CUT_CANCELLED = "cancelled"
+
+
+class Cancellable(Protocol):
+    """What a slot reads of the cancel scope its thread's requests run in (``cancel.CancelScope``)."""
+
+    @property
+    def cancelled(self) -> bool: ...
 
 
 class Slot:
@@ -42,7 +46,7 @@ class Slot:
         self.cut: Optional[str] = None
         self.sent = 0.0
         #: The cancel scope the thread's requests run in (set by ``CancelScope``), or None.
-        self.scope: Optional[CancelScope] = None
+        self.scope: Optional[Cancellable] = None
 
     def begin(self) -> None:
         """Start an exchange on this thread: no connection yet, not sent, not cut."""
