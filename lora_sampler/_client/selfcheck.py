@@ -14,13 +14,19 @@ import logging
 import math
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Protocol, Sequence, Tuple, Union
 
+from lora_sampler._client.isolation import ModelIsolation
 from lora_sampler.errors import EngineError
-from lora_sampler.types import AdapterSpec, SampleOutput, SampleRequest, SamplingParams, ScoreOutput, ScoreRequest
-
-if TYPE_CHECKING:
-    from lora_sampler._client.client import SamplerClient
+from lora_sampler.types import (
+    Adapter,
+    AdapterSpec,
+    SampleOutput,
+    SampleRequest,
+    SamplingParams,
+    ScoreOutput,
+    ScoreRequest,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -129,12 +135,22 @@ def _differences(first: Sequence[float], second: Sequence[float]) -> List[float]
     return [abs(a - b) for a, b in zip(first, second) if math.isfinite(a) and math.isfinite(b)]
 
 
+class ScoringClient(Protocol):
+    """What the self-check needs of a client (``SamplerClient``, whose ``check_scoring`` runs it)."""
+
+    @property
+    def isolation(self) -> ModelIsolation: ...
+    def resolve_adapter(self, adapter: AdapterSpec) -> Adapter: ...
+    def served_base_models(self) -> Tuple[str, ...]: ...
+    def sample_many(self, requests: Iterable[Union[SampleRequest, ScoreRequest]]) -> List[Any]: ...
+
+
 class ScoringSelfCheck:
     """The comparisons of one ``check_scoring`` call (see the module docstring)."""
 
     def __init__(
         self,
-        client: SamplerClient,
+        client: ScoringClient,
         adapter: AdapterSpec,
         *,
         other: Optional[AdapterSpec],
@@ -275,7 +291,7 @@ class _OtherTraffic:
     """Scoring requests of another model kept in flight from a few threads until ``stop`` is set."""
 
     def __init__(
-        self, client: SamplerClient, other: AdapterSpec, base: str, probes: List[_Probe], stop: threading.Event
+        self, client: ScoringClient, other: AdapterSpec, base: str, probes: List[_Probe], stop: threading.Event
     ) -> None:
         self.client, self.stop = client, stop
         self.name = other if isinstance(other, str) and other == base else client.resolve_adapter(other).name
