@@ -9,12 +9,19 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from email.message import Message
+from typing import Any, Protocol
 
 from lora_sampler._wire.routes import SESSION_HEADER
 
-if TYPE_CHECKING:
-    from lora_sampler.testing._server import Handler
+
+class AnsweredRequest(Protocol):
+    """What a record reads of the request it logs (``_server.Handler``, the stdlib's request handler)."""
+
+    @property
+    def command(self) -> str: ...
+    @property
+    def headers(self) -> Message: ...
 
 
 @dataclass(frozen=True)
@@ -51,7 +58,7 @@ USUAL_FIELDS = frozenset(
 
 
 def new_record(
-    handler: Handler,
+    handler: AnsweredRequest,
     path: str,
     model: str | None,
     status: int,

@@ -10,12 +10,17 @@ import select
 import socket
 import struct
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 from lora_sampler.testing._bodies import VllmBody
 
-if TYPE_CHECKING:
-    from lora_sampler.testing._lifecycle import Lifecycle
+
+class ConnectionKeeper(Protocol):
+    """What the server needs of the engine's lifecycle (``_lifecycle.Lifecycle``): it counts the connections and
+    joins the threads ``stop()`` ends."""
+
+    def track(self, sock: socket.socket, *, opened: bool) -> None: ...
+    def spawn(self, target: Any, *args: Any) -> None: ...
 
 
 class Server(ThreadingHTTPServer):
@@ -23,7 +28,7 @@ class Server(ThreadingHTTPServer):
     # The stdlib backlog of 5 drops bursts of new connections (64 racing clients wait ~1 s for a SYN retry).
     request_queue_size = 128
 
-    def __init__(self, address: tuple[str, int], lifecycle: Lifecycle, serve: Callable[[Handler], None]) -> None:
+    def __init__(self, address: tuple[str, int], lifecycle: ConnectionKeeper, serve: Callable[[Handler], None]) -> None:
         self.lifecycle = lifecycle
         #: Answers one request (the engine's routing).
         self.serve = serve
