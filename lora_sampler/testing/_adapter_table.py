@@ -12,7 +12,7 @@ import re
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lora_sampler._locks import KeyedLocks
 from lora_sampler.testing import _bodies as bodies
@@ -20,8 +20,28 @@ from lora_sampler.testing._adapters import AdapterFiles, inspect_adapter
 from lora_sampler.testing._bodies import VllmBody
 
 if TYPE_CHECKING:
-    from lora_sampler.testing._engine import FakeEngine
     from lora_sampler.testing._lifecycle import Lifecycle
+
+
+class AdapterSettings(Protocol):
+    """The engine settings the table reads live (``FakeEngine``'s attributes, which a test may change)."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def lora_dir(self) -> str | None: ...
+    @property
+    def max_loras(self) -> int: ...
+    @property
+    def max_lora_rank(self) -> int: ...
+    @property
+    def max_model_len(self) -> int: ...
+    @property
+    def old_error_shape(self) -> bool: ...
+    @property
+    def load_latency(self) -> float: ...
+    @property
+    def unload_latency(self) -> float: ...
 
 
 @dataclass
@@ -42,7 +62,7 @@ class AdapterTable:
     ``load_latency`` and ``unload_latency`` and the engine's death.
     """
 
-    def __init__(self, engine: FakeEngine, lifecycle: Lifecycle, *, runtime_updating: bool) -> None:
+    def __init__(self, engine: AdapterSettings, lifecycle: Lifecycle, *, runtime_updating: bool) -> None:
         self._engine, self._lifecycle = engine, lifecycle
         self._lock, self._stats = lifecycle.lock, lifecycle.stats
         self.runtime_updating = runtime_updating

@@ -10,13 +10,23 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Protocol
 
 if TYPE_CHECKING:
-    from lora_sampler.testing._engine import FakeEngine
     from lora_sampler.testing._lifecycle import Lifecycle
 
 _WAIT_STEP = 0.05  # how often a waiting request looks at the engine's stop and death
+
+
+class SlotSettings(Protocol):
+    """The engine settings the slots read live (``FakeEngine``'s attributes, which a test may change)."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def lora_slots(self) -> int | None: ...
+    @property
+    def swap_latency(self) -> float: ...
 
 
 class AdapterSlots:
@@ -27,7 +37,7 @@ class AdapterSlots:
     which other requests for it wait too. Every swap is counted (``EngineStats.swaps``, ``swap_log``).
     """
 
-    def __init__(self, engine: FakeEngine, lifecycle: Lifecycle) -> None:
+    def __init__(self, engine: SlotSettings, lifecycle: Lifecycle) -> None:
         self._engine, self._lifecycle, self._stats = engine, lifecycle, lifecycle.stats
         self._changed = threading.Condition(lifecycle.lock)
         self._users: OrderedDict[str, int] = OrderedDict()  # adapter -> requests using it, least recent first
