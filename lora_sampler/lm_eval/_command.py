@@ -8,6 +8,8 @@ from __future__ import annotations
 import sys
 from typing import Optional, Sequence
 
+from lora_sampler.lm_eval import _registration  # noqa: F401  (registers the model lm-eval's command line runs)
+
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run ``lm-eval ARGS...`` (``argv``, default ``sys.argv[1:]``); return its exit status.
@@ -16,8 +18,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ``lm-eval run ...`` with this package's model known to it.
     """
     from lm_eval.__main__ import cli_evaluate
-
-    import lora_sampler.lm_eval  # noqa: F401  (registers the model)
 
     arguments = list(sys.argv[1:] if argv is None else argv)
     saved = sys.argv
