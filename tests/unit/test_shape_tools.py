@@ -1,7 +1,8 @@
 """The shape checks ``tox -e lint`` runs: tools/check_private_access.py and tools/check_shape.py.
 
 The package passes both; each workaround a reviewer used to reach another package's internals is caught; each
-documented exception passes; a function over 60 lines (decorators included) is named with its length.
+documented exception passes; a function over 60 lines (decorators included) is named with its length, an import
+circle between modules (type-checking imports included) with the path round.
 """
 
 from __future__ import annotations
@@ -180,3 +181,56 @@ def test_a_nested_function_counts_on_its_own(tmp_path: Path, capsys: pytest.Capt
     assert shape.main([str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "module.py:2: inner is 62 lines" in out and "module.py:1: outer is 64 lines" in out
+
+
+def write_package(tmp_path: Path, modules: dict[str, str]) -> Path:
+    """A package ``pkg`` under ``tmp_path`` holding ``modules`` (dotted names under it -> source)."""
+    package = tmp_path / "pkg"
+    for name, source in {"__init__": "", **modules}.items():
+        path = package.joinpath(*name.split(".")).with_suffix(".py")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        (path.parent / "__init__.py").touch()
+        path.write_text(source)
+    return package
+
+
+def test_the_package_has_no_import_circle_between_modules() -> None:
+    """No module of lora_sampler imports, directly or through others, a module that imports it."""
+    assert list(shape.import_circles(ROOT / "lora_sampler")) == []
+
+
+@pytest.mark.parametrize(
+    ("modules", "circle"),
+    [
+        ({"a": "from pkg.b import B\nA = 1\n", "b": "from pkg.a import A\nB = 1\n"}, "pkg.a -> pkg.b -> pkg.a"),
+        (
+            {
+                "a": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.b import B\n",
+                "b": "from . import a\n",
+            },
+            "pkg.a -> pkg.b -> pkg.a",
+        ),
+        (
+            {"a": "def f():\n    import pkg.b\n", "b": "import pkg.c\n", "c": "from .a import f\n"},
+            "pkg.a -> pkg.b -> pkg.c",
+        ),
+        (
+            {"sub.x": "from ..sub import y\n", "sub.y": "from pkg.sub.x import X\n"},
+            "pkg.sub.x -> pkg.sub.y -> pkg.sub.x",
+        ),
+        ({"sub.x": "Y = 1\n", "sub.__init__": "from pkg.sub.x import Y\n", "sub.z": "from pkg.sub import Y\n"}, None),
+    ],
+    ids=["direct", "type-checking only", "through a third, in a function", "relative", "a package re-exporting"],
+)
+def test_an_import_circle_is_named_with_where_it_starts(
+    modules: dict[str, str], circle: str | None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every import statement counts (under TYPE_CHECKING, in a function, relative); ``from pkg import name`` is an
+    import of the submodule when ``name`` is one, else of the package; the finding names the path round."""
+    package = write_package(tmp_path, modules)
+    status = shape.main([str(package)])
+    out = capsys.readouterr().out
+    if circle is None:
+        assert status == 0, out
+    else:
+        assert status == 1 and f"import circle: {circle}" in out and "1 import circle(s)" in out, out
