@@ -8,10 +8,11 @@ file or the new one, never a torn one. It decides nothing about what is written.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
-from typing import BinaryIO, Iterator
+from typing import Any, BinaryIO, Dict, Iterator, Optional
 
 #: The suffix of the temporary files, whose random part is tempfile's: 8 characters of ``[a-z0-9_]``.
 TEMP_SUFFIX = ".tmp"
@@ -39,3 +40,18 @@ def replacing(path: str) -> Iterator[BinaryIO]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temp)
         raise
+
+
+def json_object_line(raw: bytes) -> Optional[Dict[str, Any]]:
+    """One line of an append-only JSONL record file as its object, or None when it cannot be one.
+
+    A line without its newline was torn by a kill mid-write, and a line that is not a JSON object was never ours:
+    both are passed over, so a reader after a crash sees exactly the records that were written whole.
+    """
+    if not raw.endswith(b"\n"):
+        return None
+    try:
+        entry = json.loads(raw.decode("utf-8"))
+    except ValueError:
+        return None
+    return entry if isinstance(entry, dict) else None

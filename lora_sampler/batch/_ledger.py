@@ -7,17 +7,16 @@ repaired), the lock that keeps a second sweep out of the same folder, and the du
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows: no lock, one sweep per folder is then the user's care
     fcntl = None  # type: ignore[assignment]
 
-from lora_sampler._files import replacing
+from lora_sampler._files import json_object_line, replacing
 from lora_sampler.batch._lines import to_json_line
 from lora_sampler.errors import LoraSamplerError, OutputWriteError
 
@@ -123,7 +122,7 @@ class Ledger:
         dropped = 0
         with open(self.path, "rb") as handle:
             for raw in handle:
-                entry = _entry(raw)
+                entry = json_object_line(raw)
                 checkpoint = None if entry is None else entry.get("checkpoint")
                 if entry is None or not isinstance(checkpoint, str):
                     dropped += 1
@@ -157,17 +156,7 @@ def read_ledger(path: str) -> List[Dict[str, Any]]:
     if not os.path.exists(path):
         return []
     with open(path, "rb") as handle:
-        return [entry for entry in map(_entry, handle) if entry is not None]
-
-
-def _entry(raw: bytes) -> Optional[Dict[str, Any]]:
-    if not raw.endswith(b"\n"):
-        return None  # torn by a kill mid-write
-    try:
-        entry = json.loads(raw.decode("utf-8"))
-    except ValueError:
-        return None
-    return entry if isinstance(entry, dict) else None
+        return [entry for entry in map(json_object_line, handle) if entry is not None]
 
 
 def _replace(path: str, lines: List[bytes]) -> None:

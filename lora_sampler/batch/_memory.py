@@ -17,7 +17,7 @@ import logging
 import os
 from typing import IO, Any, Dict, Iterator, Mapping, Optional, Protocol, Set, Tuple, Union
 
-from lora_sampler._files import replacing
+from lora_sampler._files import json_object_line, replacing
 from lora_sampler.errors import OutputSettingsError, OutputWriteError
 from lora_sampler.types import Adapter, AdapterSpec, SampleRequest, SamplingParams, ScoreRequest
 
@@ -236,7 +236,7 @@ def _read_file(path: str) -> Tuple[Optional[Dict[str, Any]], Dict[str, str]]:
         return settings, digests
     with handle:
         for raw in handle:
-            entry = _entry(raw)
+            entry = json_object_line(raw)
             if entry is None:
                 continue
             if isinstance(entry.get("settings"), dict):
@@ -248,16 +248,6 @@ def _read_file(path: str) -> Tuple[Optional[Dict[str, Any]], Dict[str, str]]:
 
 def _line(entry: Dict[str, Any]) -> str:
     return json.dumps(entry, ensure_ascii=True, sort_keys=True, separators=(",", ":")) + "\n"
-
-
-def _entry(raw: bytes) -> Optional[Dict[str, Any]]:
-    if not raw.endswith(b"\n"):
-        return None  # torn by a kill mid-write
-    try:
-        entry = json.loads(raw.decode("utf-8"))
-    except ValueError:
-        return None
-    return entry if isinstance(entry, dict) else None
 
 
 def _write_error(path: str, error: OSError) -> OutputWriteError:
