@@ -125,7 +125,11 @@ def test_a_400_for_the_whole_request_errs_only_the_bad_prompt(make_engine: Calla
     assert [r.body["choices"][0]["prompt_token_ids"] for i, r in enumerate(results) if i != 19] == [
         p for i, p in enumerate(prompts) if i != 19
     ]
-    assert len(completions(engine)) <= 3 + 2 * 5  # a first batch, the first prompt alone, two requests per halving
+    # How the 32 prompts are grouped at first varies with the machine's speed (a first batch may go before it fills),
+    # so the cost is counted where it cannot vary: each good prompt is answered exactly once, and only the requests
+    # holding the bad prompt are refused: its batch, the rest after the first prompt went alone, one per halving.
+    assert prompts_sent(engine) == 31
+    assert sum(1 for record in completions(engine) if record.status == 400) <= 2 + 5 + 1
 
 
 def test_a_bad_parameter_for_every_prompt_errs_each_prompt(make_engine: Callable[..., FakeEngine]) -> None:

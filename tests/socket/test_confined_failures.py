@@ -327,7 +327,9 @@ def test_ctrl_c_while_a_batchs_failure_is_being_confined_stops_at_once(engine: F
                 client.sample_many(counted(), prompts_per_request=8, return_exceptions=True)
             # The one worker is free again while the engine still holds the hung request: its connection was shut.
             assert client.submit([5, 6], base_model=engine.model, max_tokens=2).result(timeout=WAIT).sequences
-            assert engine.requests_in_flight == 1
+            # The engine counts the submitted request out just after its answer is sent: wait for that, then the
+            # hung request is the one still held.
+            assert wait_until(lambda: engine.requests_in_flight == 1)
     finally:
         killer.join(WAIT)
         signal.signal(signal.SIGINT, previous)
