@@ -41,13 +41,19 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2) or "s"]
 
 
-def run_adapters(client: SamplerClient, lora_base_dir: str, older_than: float | None, dry_run: bool) -> int:
-    """List the published adapters; with ``older_than``, remove those old enough that nothing uses. Return 0."""
+def run_adapters(client: SamplerClient | None, lora_base_dir: str, older_than: float | None, dry_run: bool) -> int:
+    """List the published adapters; with ``older_than``, remove those old enough that nothing uses. Return 0.
+
+    Without a client (no ``--base-url``) the folder alone is listed and nothing is removed: only the engine can say
+    which adapters it has loaded.
+    """
     adapters = published_adapters(lora_base_dir)
-    loaded = set(client.loaded_adapters())
+    loaded = set() if client is None else set(client.loaded_adapters())
     now = time.time()
     print(_table(adapters, loaded, lora_base_dir, now))
-    if older_than is None:
+    if client is None:
+        print("(no --base-url: the engine was not asked which of these it has loaded)")
+    if older_than is None or client is None:
         return 0
     removed: List[str] = []
     for adapter in adapters:

@@ -125,7 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
         add(
             "adapters",
             "list the adapters published in --lora-base-dir (source, size, age); --older-than removes old ones",
-            engine,
+            _engine_flags(
+                base_url="the engine's root URL: shows which adapters it has loaded, and is needed by "
+                "--older-than, which never removes those"
+            ),
         )
     )
     _add_unload_arguments(add("unload", "unload an adapter from the engine; print its name", engine))
@@ -182,10 +185,17 @@ def _add_unload_arguments(unload: argparse.ArgumentParser) -> None:
     unload.add_argument("--delete-files", action="store_true", help="then delete its folder (needs --lora-base-dir)")
 
 
-def _engine_flags() -> CommandParser:
-    """Return the flags every command that talks to an engine takes: where it is, its key, folder and fleet."""
+def _engine_flags(base_url: Optional[str] = None) -> CommandParser:
+    """Return the flags every command that talks to an engine takes: where it is, its key, folder and fleet.
+
+    ``base_url``, when given, is the help of an optional ``--base-url`` (``adapters`` lists a folder without an
+    engine); otherwise every command that takes these flags needs it.
+    """
     engine = CommandParser(add_help=False)
-    engine.add_argument("--base-url", required=True, help="engine root URL, e.g. http://127.0.0.1:8000")
+    if base_url is None:
+        engine.add_argument("--base-url", required=True, help="engine root URL, e.g. http://127.0.0.1:8000")
+    else:
+        engine.add_argument("--base-url", help=base_url)
     engine.add_argument(
         "--api-key", help=f"engine API key (default: ${API_KEY_ENV}, else ${VLLM_API_KEY_ENV}); never printed"
     )
@@ -404,6 +414,12 @@ def cmd_adapters(args: argparse.Namespace) -> int:
         raise UsageError("adapters needs --lora-base-dir (the engine's resolver folder)")
     if not os.path.isdir(args.lora_base_dir):
         raise UsageError(f"--lora-base-dir {args.lora_base_dir} is not a folder")
+    if args.base_url is None:
+        if args.older_than is not None:
+            raise UsageError(
+                "adapters --older-than needs --base-url: it never removes an adapter the engine has loaded"
+            )
+        return run_adapters(None, args.lora_base_dir, args.older_than, args.dry_run)
     with _client(args) as client:
         return run_adapters(client, args.lora_base_dir, args.older_than, args.dry_run)
 

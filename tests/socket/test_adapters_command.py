@@ -53,3 +53,23 @@ def test_adapters_lists_and_removes_only_what_nothing_uses(
     assert [n for n in names if (lora_dir / n).is_dir()] == [names[0], names[1], names[4]]
     assert "2 adapters removed" in out
     assert main(["adapters", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--older-than", "soon"]) == 2
+
+
+def test_adapters_lists_a_folder_without_an_engine_and_removes_nothing_without_one(
+    engine: FakeEngine, lora_dir: Path, tmp_path: Path, capsys: Any
+) -> None:
+    """No --base-url: the folder is listed (source, size, age) and says the engine was not asked; --older-than needs
+    the engine (it spares loaded adapters), so without one it is a usage error and every folder stays."""
+    with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
+        names = [
+            client.publish(write_adapter_archive(tmp_path / f"s{n}.tar.gz", engine.model, rank=n)).name for n in (1, 2)
+        ]
+    for name in names:
+        _age(lora_dir / name, 3)
+    assert main(["adapters", "--lora-base-dir", str(lora_dir)]) == 0
+    listing = capsys.readouterr().out
+    assert all(name in listing for name in names) and "2 adapters in" in listing and " 3 h " in listing
+    assert "no --base-url" in listing and "loaded" not in listing.replace("which of these it has loaded", "")
+    assert main(["adapters", "--lora-base-dir", str(lora_dir), "--older-than", "1h"]) == 2
+    assert "--older-than needs --base-url" in capsys.readouterr().err
+    assert all((lora_dir / name).is_dir() for name in names)
