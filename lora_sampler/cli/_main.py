@@ -628,11 +628,13 @@ def _check_sweep_args(args: argparse.Namespace) -> None:
     """Refuse sweep flags that cannot work, before any request."""
     if not args.lora_base_dir:
         raise UsageError("sweep needs --lora-base-dir (the engine's resolver folder) to publish each checkpoint into")
-    works = [args.input is not None, args.evaluator is not None, args.lm_eval_tasks is not None]
-    if sum(works) != 1:
+    works = {"--input": args.input, "--evaluator": args.evaluator, "--lm-eval-tasks": args.lm_eval_tasks}
+    given = [flag for flag, value in works.items() if value is not None]
+    if len(given) != 1:
+        why = "none was given" if not given else f"not both: {', '.join(given[:-1])} and {given[-1]} were given"
         raise UsageError(
             "sweep takes one of --input (lines to sample or --score), --evaluator MODULE:FACTORY or --lm-eval-tasks "
-            "T1,T2"
+            f"T1,T2; {why}"
         )
     if args.lm_eval_tasks is not None:
         _check_lm_eval_extra()
