@@ -60,10 +60,12 @@ def test_ray_run_file_2000_prompts_two_actors_lagging_adapter(ray_local: Any, en
             handle.write(json.dumps({"id": i, "prompt": f"prompt number {i}"}) + "\n")
     params = SamplingParams(max_tokens=4, seed=7)
     summary = run_file(str(source), str(target), _settings(engine), adapter="lagging", sampling_params=params)
-    # The fault fails 5 requests; each holds several prompts (the fan-out batches them), and a 500 fails them all.
+    # The fault fails 5 requests. A batch's 500 is split and its prompts sent again (a failure belongs to what caused
+    # it), so how many prompts end failed depends on how the 5 fell on batches and on the prompts sent alone: every
+    # failed row is one of those 500s, and every other row is answered once.
     outages = [r for r in engine.requests if r.path == "/v1/completions" and r.fault == "status"]
     assert [r.status for r in outages] == [500] * 5
-    assert summary["rows"] == 2000 and summary["failed"] >= 5
+    assert summary["rows"] == 2000
 
     with open(target) as handle:
         rows = [json.loads(line) for line in handle]

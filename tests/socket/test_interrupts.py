@@ -91,16 +91,18 @@ def sigint_when(ready: Callable[[], None]) -> Iterator[None]:
 
 
 def mid_run(engine: FakeEngine, *, answered: int, held: int) -> Callable[[], None]:
-    """A ``sigint_when`` step: once ``engine`` answered ``answered`` prompts, hold its completions until ``held`` are
-    held at once (every worker is then waiting on the engine, and every answer before them reached the client)."""
+    """A ``sigint_when`` step: ``engine`` answers its first ``answered`` completions and holds the rest; ready once
+    ``held`` are held at once (every worker is then waiting on the engine, and every answer before them reached the
+    client). The hold is set here, before the job starts: set once the answers were seen, a busy machine let a
+    200-prompt job all but finish first (1 held of 4 after 60 s)."""
+    engine.hold(after=answered)
 
     def ready() -> None:
+        engine.wait_for_held(held, timeout=HANG_SECONDS)
         deadline = time.monotonic() + HANG_SECONDS
         while sum(r.prompts for r in engine.requests if r.status == 200) < answered:
             assert time.monotonic() < deadline, f"the engine never answered {answered} prompts"
             time.sleep(0.005)
-        engine.hold()
-        engine.wait_for_held(held, timeout=HANG_SECONDS)
 
     return ready
 
