@@ -69,13 +69,6 @@ def tasks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def lora_dir(tmp_path: Path) -> Path:
-    folder = tmp_path / "loras"
-    folder.mkdir()
-    return folder
-
-
-@pytest.fixture
 def engine(lora_dir: Path) -> Iterator[FakeEngine]:
     """A FakeEngine with a small context (64 tokens), so that the rolling task needs several windows."""
     with set_testing(True), FakeEngine(lora_dir=lora_dir, max_model_len=64) as running:
