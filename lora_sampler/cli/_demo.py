@@ -7,7 +7,6 @@ and prints what came back. No network, no arguments, a few seconds.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import tempfile
@@ -17,8 +16,6 @@ from lora_sampler._client.client import SamplerClient
 from lora_sampler._wire.routes import COMPLETIONS_PATH, LOAD_ADAPTER_PATH
 from lora_sampler.batch._lines import LineDefaults
 from lora_sampler.cli._runner import BatchRun, run_batch
-from lora_sampler.cli._terminal import RetryCounter
-from lora_sampler.retry import DEFAULT_RETRY_POLICY
 from lora_sampler.testing import FakeEngine, write_adapter_archive
 from lora_sampler.types import SamplingParams
 
@@ -52,13 +49,11 @@ def run_demo() -> int:
             engine.set_visibility_delay(name, requests=DEMO_LAG_REQUESTS)
             print(f"demo: test engine serving {engine.model!r} at {engine.url}")
             print(f"demo: adapter {name}, hidden from the engine for its first {DEMO_LAG_REQUESTS} requests")
-            retries = RetryCounter()
-            policy = dataclasses.replace(DEFAULT_RETRY_POLICY, on_retry=retries.hook)
-            with SamplerClient(engine.url, lora_base_dir=lora_dir, max_workers=4, retry=policy) as client:
+            with SamplerClient(engine.url, lora_base_dir=lora_dir, max_workers=4) as client:
                 adapter = client.publish(archive)
                 defaults = LineDefaults(adapter=adapter, sampling_params=SamplingParams(max_tokens=8, seed=0))
                 run = BatchRun(prompts, results, adapter.name, ordered=True)
-                status = run_batch(client, run, defaults, retries)
+                status = run_batch(client, run, defaults)
             failed_attempts = sum(
                 1 for r in engine.requests if r.path == COMPLETIONS_PATH and r.model == name and r.status != 200
             )

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import logging
 import os
 import signal
@@ -48,10 +47,9 @@ from lora_sampler.cli._settings_flags import (
     settings_from,
 )
 from lora_sampler.cli._sweep_runner import check_plot_dependency, run_sweep
-from lora_sampler.cli._terminal import LOG_FORMAT, RetryCounter
+from lora_sampler.cli._terminal import LOG_FORMAT
 from lora_sampler.errors import AdapterConfigError, LoraSamplerError, OutputClosedError
 from lora_sampler.names import validate_adapter_name
-from lora_sampler.retry import DEFAULT_RETRY_POLICY
 from lora_sampler.types import Adapter, SamplingParams, is_checkpoint_path, is_storage_url
 
 logger = logging.getLogger(__name__)
@@ -474,7 +472,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     from lora_sampler.cli._score import score_lines
 
     check_job_flags(args)
-    return run_job(args, lambda client, model, retries: score_lines(client, model, retries, args))
+    return run_job(args, lambda client, model: score_lines(client, model, args))
 
 
 def cmd_serve_test_engine(args: argparse.Namespace) -> int:
@@ -524,8 +522,8 @@ def _check_pace_flags(args: argparse.Namespace) -> None:
         )
 
 
-#: One batch job on a ready client: ``(client, what --adapter/--base-model resolved to, retry counter) -> status``.
-Job = Callable[[SamplerClient, Union[Adapter, str, None], RetryCounter], int]
+#: One batch job on a ready client: ``(client, what --adapter/--base-model resolved to) -> status``.
+Job = Callable[[SamplerClient, Union[Adapter, str, None]], int]
 
 
 def run_job(
@@ -536,17 +534,10 @@ def run_job(
     ``preflight`` replaces the check of the engine and of ``--adapter``/``--base-model`` (``_preflight``).
     """
     timeout = parse_timeout(args.timeout)
-    retries = RetryCounter()
-    client = _client(
-        args,
-        max_workers=args.concurrency,
-        timeout=timeout,
-        retry=dataclasses.replace(DEFAULT_RETRY_POLICY, on_retry=retries.hook),
-        mix_adapters=args.mix_adapters,
-    )
+    client = _client(args, max_workers=args.concurrency, timeout=timeout, mix_adapters=args.mix_adapters)
     abandoned = False
     try:
-        return job(client, (preflight or _preflight)(client, args), retries)
+        return job(client, (preflight or _preflight)(client, args))
     except (BatchAbandoned, OutputClosedError):
         abandoned = True
         raise
@@ -582,7 +573,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
         raise UsageError("pass --adapter or --base-model (only OpenAI batch lines name their model, in body.model)")
     params = sampling_params(args)
 
-    def job(client: SamplerClient, model: Union[Adapter, str, None], retries: RetryCounter) -> int:
+    def job(client: SamplerClient, model: Union[Adapter, str, None]) -> int:
         defaults = LineDefaults(
             adapter=model if args.adapter else None,
             base_model=args.base_model,
@@ -605,7 +596,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
             prompts_per_request=args.prompts_per_request,
             restart=args.restart,
         )
-        return run_batch(client, run, defaults, retries)
+        return run_batch(client, run, defaults)
 
     return run_job(args, job)
 
@@ -615,7 +606,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     _check_pace_flags(args)
     settings = settings_from(args)  # every sweep setting, checked once (the messages name the flags)
     _check_sweep_args(args)
-    return run_job(args, lambda client, _, retries: run_sweep(client, args, settings, retries), _engine_preflight)
+    return run_job(args, lambda client, _: run_sweep(client, args, settings), _engine_preflight)
 
 
 def _engine_preflight(client: SamplerClient, args: argparse.Namespace) -> None:

@@ -39,7 +39,7 @@ from lora_sampler.batch._openai import (
     first_line,
     parse_batch_line,
 )
-from lora_sampler.cli._terminal import RetryCounter, counting_rows, interrupts_stop, logs_above
+from lora_sampler.cli._terminal import counting_rows, interrupts_stop, logs_above
 from lora_sampler.errors import BatchInputError
 
 logger = logging.getLogger(__name__)
@@ -88,16 +88,13 @@ class BatchRun:
     restart: bool = False
 
 
-def run_batch(
-    client: SamplerClient, run: BatchRun, defaults: LineDefaults, retries: Optional[RetryCounter] = None
-) -> int:
+def run_batch(client: SamplerClient, run: BatchRun, defaults: LineDefaults) -> int:
     """Stream ``run.input_path`` to ``run.output_path`` through ``client``; return the exit status.
 
     Args:
         client: A client whose engine (and adapter) passed the preflight; its ``max_workers`` is the concurrency.
         run: The input, the output and how the job runs.
         defaults: What every line gets unless it says otherwise.
-        retries: The counter fed by the client's retry hook, shown on the bar and in the summary.
 
     Raises:
         OutputSettingsError: the output holds answers made with other settings (or an answered line changed).
@@ -105,21 +102,19 @@ def run_batch(
             prompt lines came without a model to sample.
         BatchAbandoned: the second Ctrl-C left requests in flight.
     """
-    retries = retries or RetryCounter()
     with contextlib.ExitStack() as stack:
         source = sys.stdin.buffer if run.input_path == "-" else stack.enter_context(open(run.input_path, "rb"))
         lines, records, total = _lines_of(client, source, run, defaults)
         state, output = (ResumeState(), sys.stdout)
         if run.output_path != "-":
             state, output = _resume(stack, run, records, records.settings(defaults, run.model))
-        counter = retries  # not the client: the bar's reads of it must not keep the client alive
-        view = ProgressBar(total, lambda: counter.value, unit="line", terminal=True, quiet=run.quiet)
+        view = ProgressBar(total, lambda: client.retries, unit="line", terminal=True, quiet=run.quiet)
         stack.callback(view.close)
         job = _new_job(client, run, lines, output, state, records, view)
         with interrupts_stop(job) as interrupts, logs_above(view):
             stats = job.run()
     if not run.quiet:
-        _print_summary(stats, retries)
+        _print_summary(stats, client.retries)
     return _exit_status(job, interrupts.count, bool(stats.failed or state.kept_errors), run.output_path)
 
 
@@ -215,12 +210,12 @@ def _resume(
     return state, output
 
 
-def _print_summary(stats: BatchStats, retries: RetryCounter) -> None:
+def _print_summary(stats: BatchStats, retries: int) -> None:
     """Print the job's one-line summary on stderr: counts, retries, time and rate."""
     wall = time.monotonic() - stats.started
     rate = (stats.done + stats.failed) / wall if wall > 0 else 0.0
     print(
-        f"lora-sampler: {stats.done} done, {stats.failed} failed, {stats.skipped} skipped, {retries.value} "
+        f"lora-sampler: {stats.done} done, {stats.failed} failed, {stats.skipped} skipped, {retries} "
         f"retries in {wall:.1f} s ({rate:.1f} requests/s)",
         file=sys.stderr,
     )

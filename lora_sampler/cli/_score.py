@@ -14,7 +14,6 @@ from lora_sampler._client.client import SamplerClient
 from lora_sampler.batch._lines import LineDefaults
 from lora_sampler.batch._score import SCORE_FORMAT, scoring_notes
 from lora_sampler.cli._runner import BatchRun, run_batch
-from lora_sampler.cli._terminal import RetryCounter
 from lora_sampler.types import Adapter
 
 EPILOG = (
@@ -35,9 +34,7 @@ def add_score_arguments(score: argparse.ArgumentParser) -> None:
     score.add_argument("-i", "--input", required=True, help="JSONL lines to score, one object a line; - reads stdin")
 
 
-def score_lines(
-    client: SamplerClient, model: Union[Adapter, str, None], retries: RetryCounter, args: argparse.Namespace
-) -> int:
+def score_lines(client: SamplerClient, model: Union[Adapter, str, None], args: argparse.Namespace) -> int:
     """Score every line of ``--input`` into ``--output`` on a client whose engine and adapter passed the preflight.
 
     An adapter that targets ``lm_head`` gets a note before the job and after its summary (``scoring_notes``).
@@ -59,7 +56,7 @@ def score_lines(
         restart=args.restart,
     )
     defaults = LineDefaults(adapter=model if args.adapter else None, base_model=args.base_model)
-    status = run_batch(client, run, defaults, retries)
+    status = run_batch(client, run, defaults)
     for note in notes:
         print(f"lora-sampler: note: {name}: {note}", file=sys.stderr)
     return status

@@ -17,7 +17,7 @@ from lora_sampler.batch._settings import SweepSettings
 from lora_sampler.batch._sources import Checkpoint, Manifest
 from lora_sampler.batch._sweep import CheckpointReport, Sweep
 from lora_sampler.cli._runner import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, BatchAbandoned
-from lora_sampler.cli._terminal import Interrupts, RetryCounter, counting_rows, interrupts_stop, logs_above
+from lora_sampler.cli._terminal import Interrupts, counting_rows, interrupts_stop, logs_above
 
 #: The summary table's columns, and the ledger field each shows.
 COLUMNS = (
@@ -44,9 +44,9 @@ def check_plot_dependency() -> None:
         raise ImportError(_PLOT_EXTRA) from None
 
 
-def run_sweep(client: SamplerClient, args: argparse.Namespace, settings: SweepSettings, retries: RetryCounter) -> int:
+def run_sweep(client: SamplerClient, args: argparse.Namespace, settings: SweepSettings) -> int:
     """Sweep the checkpoints the flags name; print each as it finishes and the table at the end; return the status."""
-    bar = ProgressBar(None, lambda: retries.value, unit="line", terminal=True, quiet=args.quiet)
+    bar = ProgressBar(None, lambda: client.retries, unit="line", terminal=True, quiet=args.quiet)
     on_event = counting_rows(bar, PROMPT_RECORDS.message_of)
 
     def on_row(checkpoint: Checkpoint, kind: str, line: InputLine, record: Optional[Dict[str, Any]]) -> None:

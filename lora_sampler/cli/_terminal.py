@@ -16,7 +16,6 @@ from types import FrameType
 from typing import Any, Callable, Dict, Iterator, Optional, Protocol
 
 from lora_sampler._client.progress import ProgressBar
-from lora_sampler._client.progress import RetryCounter as RetryCounter  # the CLI's summary counts retries too
 from lora_sampler.batch._job import DEFAULT_DRAIN_SECONDS
 
 #: The format of lora_sampler's log lines on stderr.
