@@ -792,6 +792,43 @@ class SamplerClient:
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         return self._tokenizer.tokenize(text, base_model or self._base_name(), add_special_tokens=add_special_tokens)
 
+    def tokenize_many(
+        self,
+        texts: Iterable[str],
+        *,
+        add_special_tokens: bool = True,
+        base_model: Optional[str] = None,
+        max_outage: float = 0.0,
+        on_outage: Optional[OutageHook] = None,
+    ) -> Iterator[Tuple[int, ...]]:
+        """Yield the token ids of each text in input order, as ``tokenize`` gives them, through the thread pool.
+
+        ``imap``'s fan-out for ``POST /tokenize``: a bounded number in flight (a generator of texts is pulled as the
+        answers come), each request under the retry policy, held through an engine outage with ``max_outage``.
+
+        Args:
+            texts: The texts.
+            add_special_tokens: As for ``tokenize``.
+            base_model: As for ``tokenize``.
+            max_outage: Seconds to wait out an engine outage, as in ``imap`` (0: fail at once).
+            on_outage: Called with an ``OutageEvent`` while the engine is away.
+
+        Raises:
+            TypeError: an item is not a str (when the iteration reaches it; nothing of it is sent).
+            EngineError: the first request that failed, once the retry table (and the outage hold) ran its course.
+        """
+        self._check_open()
+        gate = self._outage_gate(max_outage, on_outage)
+        model, tokenizer = base_model or self._base_name(), self._tokenizer  # not self: a worker holds no client
+
+        def tokens_of(text: str) -> Tuple[int, ...]:
+            return tokenizer.tokenize(text, model, add_special_tokens=add_special_tokens)
+
+        answers: Iterator[Tuple[int, ...]] = self._fanout.imap(
+            texts, tokens_of, return_exceptions=False, gate=gate, checked=_checked_text
+        )
+        return answers
+
     def render_chat(
         self,
         messages: Sequence[Message],
@@ -833,6 +870,13 @@ class SamplerClient:
     def _base_name(self) -> str:
         """The name the engine serves its base model under (the first base card's id)."""
         return self.served_base_models()[0]
+
+
+def _checked_text(text: object) -> str:
+    """One text of ``tokenize_many``, refused (its own slot's error) unless a str."""
+    if not isinstance(text, str):
+        raise TypeError(f"texts must hold str values, got {type(text).__name__}")
+    return text
 
 
 def _run_held(gate: OutageGate, run: Runner, request: Any) -> Any:

@@ -423,15 +423,20 @@ class FanOut:
 
     def imap(
         self,
-        requests: Iterable[RequestLike],
+        requests: Iterable[Any],
         run: Runner,
         *,
         return_exceptions: bool,
         gate: Optional[OutageGate],
         batching: Optional[Batching] = None,
+        checked: Optional[Callable[[Any], Any]] = None,
     ) -> Iterator[Any]:
-        """Yield the outcome of each request in input order, with a bounded window in flight (see ``SamplerClient``)."""
-        return self._stream(requests, run, return_exceptions, gate, collections.deque(), batching)
+        """Yield the outcome of each request in input order, with a bounded window in flight (see ``SamplerClient``).
+
+        ``checked`` turns an item into what ``run`` takes (None: ``as_request``); an item it refuses (``TypeError``,
+        ``ValueError``) is its slot's error, never sent.
+        """
+        return self._stream(requests, run, return_exceptions, gate, collections.deque(), batching, checked)
 
     def collect(
         self,
@@ -478,6 +483,7 @@ class FanOut:
         gate: Optional[OutageGate],
         window: Deque[Future[Any]],
         batching: Optional[Batching],
+        checked: Optional[Callable[[Any], Any]] = None,
     ) -> Generator[Any, None, None]:
         work = self._new_work()
         send, limit = self._sender(work, run, gate, batching)
@@ -485,7 +491,7 @@ class FanOut:
         finished = False
         try:
             for item in source:
-                window.append(_sent(send, item))
+                window.append(_sent(send, item, checked or as_request))
                 while window and (len(window) >= limit or window[0].done()):
                     yield _take(window, return_exceptions)
             while window:
@@ -531,7 +537,7 @@ def _as_finished(
                 if nxt is None:
                     exhausted = True
                     break
-                future = _sent(send, nxt[1])
+                future = _sent(send, nxt[1], as_request)
                 pending[future] = nxt[0]
                 future.add_done_callback(finished_futures.put)
             if not pending:
@@ -633,10 +639,10 @@ class _Source:
         ) from self.error
 
 
-def _sent(send: Callable[[Request], Future[Any]], item: RequestLike) -> Future[Any]:
+def _sent(send: Callable[[Request], Future[Any]], item: RequestLike, checked: Callable[[Any], Any]) -> Future[Any]:
     """Send one item of a fan-out; an invalid item is not sent: its future holds its error (its slot's outcome)."""
     try:
-        request = as_request(item)
+        request = checked(item)
     except (TypeError, ValueError) as error:
         refused: Future[Any] = Future()
         refused.set_exception(error)

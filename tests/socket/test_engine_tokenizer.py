@@ -7,9 +7,11 @@ template, and each request rides the retry table.
 
 from __future__ import annotations
 
+from typing import List
+
 import pytest
 
-from lora_sampler import EngineStatusError, RetryPolicy, SamplerClient
+from lora_sampler import EngineConnectionError, EngineStatusError, OutageEvent, RetryPolicy, SamplerClient
 from lora_sampler._wire.routes import DETOKENIZE_PATH, TOKENIZE_PATH
 from lora_sampler.testing import CHAT_TEMPLATE, ByteTokenizer, FakeEngine
 
@@ -51,6 +53,40 @@ def test_tokenize_refuses_what_is_not_text(engine: FakeEngine) -> None:
         with pytest.raises(TypeError, match="text must be a str, got bytes"):
             client.tokenize(b"abc")  # type: ignore[arg-type]
     assert engine.calls(TOKENIZE_PATH) == 0
+
+
+def test_tokenize_many_answers_in_input_order_through_the_pool(engine: FakeEngine) -> None:
+    """Each text's ids in input order, as ``tokenize`` gives them, from a generator pulled as answers come."""
+    texts = [f"text {i}" * (i % 4 + 1) for i in range(40)]
+    with SamplerClient(engine.url, max_workers=4) as client:
+        answers = list(client.tokenize_many(text for text in texts))
+        singles = [client.tokenize(text) for text in texts[:3]]
+        pieces = list(client.tokenize_many(["é"], add_special_tokens=False))
+    assert answers == [tuple(ByteTokenizer().encode(text)) for text in texts] and answers[:3] == singles
+    assert pieces == [(4 + 0xC3, 4 + 0xA9)]
+    assert engine.calls(TOKENIZE_PATH) == 44
+
+
+def test_tokenize_many_refuses_a_text_that_is_not_one_in_its_slot(engine: FakeEngine) -> None:
+    """A non-str item raises when the iteration reaches it, naming its type; it is never sent."""
+    with SamplerClient(engine.url) as client:
+        answers = client.tokenize_many(["a", b"b", "c"])  # type: ignore[list-item]
+        assert next(answers) == (4 + 97,)
+        with pytest.raises(TypeError, match="texts must hold str values, got bytes"):
+            next(answers)
+    assert engine.calls(TOKENIZE_PATH) <= 2  # "a", and perhaps "c" read ahead; never b"b"
+
+
+def test_tokenize_many_waits_out_an_outage_and_says_so(engine: FakeEngine) -> None:
+    """With ``max_outage``, a /tokenize that fails outage-class is held, the engine probed, the text asked again."""
+    events: List[OutageEvent] = []
+    engine.inject_fault("drop", path=TOKENIZE_PATH, count=2)
+    with SamplerClient(engine.url, retry=RetryPolicy(max_attempts=1), max_workers=1) as client:
+        with pytest.raises(EngineConnectionError):
+            list(client.tokenize_many(["x"]))  # no hold by default: the first failure raises
+        answers = list(client.tokenize_many(["x", "y"], max_outage=60, on_outage=events.append))
+    assert answers == [(4 + 120,), (4 + 121,)]
+    assert [event.kind for event in events if event.kind != "waiting"] == ["held", "back"]
 
 
 def test_max_model_len_is_the_served_context(make_engine: object) -> None:
