@@ -19,6 +19,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from lora_sampler._client.client import SamplerClient
+from lora_sampler._client.outage import OutageHook
 from lora_sampler._client.scoring import SCORING_PARAMS
 from lora_sampler._defaults import API_KEY_ENV, DEFAULT_MAX_WORKERS, VLLM_API_KEY_ENV
 from lora_sampler.errors import EngineProtocolError
@@ -73,10 +74,12 @@ class LoraSamplerLM(TemplateLM):  # type: ignore[misc]  # lm-eval is untyped
             ``max_model_len``, else 2048); longer inputs are cut from the left as lm-eval's API models cut them.
         prefix_token_id: The token an empty context and the first rolling window start with (default: the BOS the
             engine's tokenizer adds, when it adds one).
-        max_outage: Seconds to wait out an engine outage (0: fail at once).
+        max_outage: Seconds to wait out an engine outage (0: fail at once), for every request: tokenizing,
+            scoring, generating.
         max_gen_toks: Tokens generated when a task sets no ``max_gen_toks``.
         client: A ``SamplerClient`` to send through instead of ``base_url`` (left open: it is the caller's).
         token_cache: A ``TokenCache`` to share (a sweep's, over its checkpoints).
+        on_outage: Called with an ``OutageEvent`` while the engine is away (a sweep's, to say so).
         **harness_args: ``batch_size``, ``max_batch_size`` and ``device``, which lm-eval passes every model: taken,
             and they change nothing (``num_concurrent`` and ``prompts_per_request`` size the fan-out).
 
@@ -100,6 +103,7 @@ class LoraSamplerLM(TemplateLM):  # type: ignore[misc]  # lm-eval is untyped
         *,
         client: Optional[SamplerClient] = None,
         token_cache: Optional[TokenCache] = None,
+        on_outage: Optional[OutageHook] = None,
         **harness_args: Any,
     ):
         super().__init__()
@@ -112,10 +116,12 @@ class LoraSamplerLM(TemplateLM):  # type: ignore[misc]  # lm-eval is untyped
         elif base_url is not None or lora_base_dir is not None or timeout is not None:
             raise ValueError("pass base_url, lora_base_dir and timeout to the client, not beside client=")
         self._adapter, self._base_model = (adapter or None), base_model
-        self._prompts_per_request, self._max_outage = prompts_per_request, max_outage
+        self._prompts_per_request = prompts_per_request
+        #: The outage hold of every request, the token cache's included.
+        self._hold: Dict[str, Any] = {"max_outage": max_outage, "on_outage": on_outage}
         self._max_length, self._prefix = _optional_int(max_length, "max_length", 2), prefix_token_id
         self._max_gen_toks = max_gen_toks
-        self.tokens = optional_cache(token_cache, self._client, num_concurrent)
+        self.tokens = optional_cache(token_cache, self._client)
 
     # -- what lm-eval asks of a model -------------------------------------------------------------------------
 
@@ -132,7 +138,7 @@ class LoraSamplerLM(TemplateLM):  # type: ignore[misc]  # lm-eval is untyped
             ValueError: neither: an empty context or a rolling window needs one (the message says how to give it).
         """
         if self._prefix is None:
-            added = self.tokens.encode("", add_special_tokens=True)
+            added = self.tokens.encode("", add_special_tokens=True, **self._hold)
             if not added:
                 raise ValueError(
                     "this request needs a prefix token (an empty context, or a text scored in rolling windows) and "
@@ -157,7 +163,7 @@ class LoraSamplerLM(TemplateLM):  # type: ignore[misc]  # lm-eval is untyped
 
     def tok_encode(self, string: str, add_special_tokens: Optional[bool] = None, **kwargs: Any) -> List[int]:
         """The engine's token ids of ``string``; no BOS unless asked, as lm-eval's API models tokenize."""
-        return list(self.tokens.encode(string, add_special_tokens=bool(add_special_tokens)))
+        return list(self.tokens.encode(string, add_special_tokens=bool(add_special_tokens), **self._hold))
 
     def apply_chat_template(self, chat_history: List[Dict[str, Any]], add_generation_prompt: bool = True) -> str:
         """The conversation rendered by the engine's own chat template (``SamplerClient.render_chat``)."""
@@ -178,7 +184,7 @@ class LoraSamplerLM(TemplateLM):  # type: ignore[misc]  # lm-eval is untyped
 
     def loglikelihood(self, requests: List[Any], disable_tqdm: bool = False) -> List[Tuple[float, bool]]:
         """lm-eval's own split (``TemplateLM.loglikelihood``), its texts tokenized first, many at a time."""
-        self.tokens.warm(_split_texts(request.args for request in requests))
+        self.tokens.warm(_split_texts(request.args for request in requests), **self._hold)
         answers: List[Tuple[float, bool]] = super().loglikelihood(requests, disable_tqdm=disable_tqdm)
         return answers
 
@@ -203,7 +209,7 @@ class LoraSamplerLM(TemplateLM):  # type: ignore[misc]  # lm-eval is untyped
     def loglikelihood_rolling(self, requests: List[Any], disable_tqdm: bool = False) -> List[float]:
         """Each text's log-likelihood over lm-eval's rolling windows of ``max_length - 2`` tokens (all sent at once)."""
         texts = [request.args[0] for request in requests]
-        self.tokens.warm(texts)
+        self.tokens.warm(texts, **self._hold)
         owners: List[int] = []
         inputs: List[ScoringInput] = []
         for position, text in enumerate(texts):
@@ -224,7 +230,7 @@ class LoraSamplerLM(TemplateLM):  # type: ignore[misc]  # lm-eval is untyped
     def generate_until(self, requests: List[Any], disable_tqdm: bool = False) -> List[str]:
         """Generate after each context until a stop string or ``max_gen_toks``; the texts in input order."""
         arguments = [request.args for request in requests]
-        self.tokens.warm(context for context, _ in arguments)
+        self.tokens.warm((context for context, _ in arguments), **self._hold)
         samples = []
         for context, kwargs in arguments:
             generation = generation_of(kwargs, self._max_gen_toks)
@@ -255,7 +261,7 @@ class LoraSamplerLM(TemplateLM):  # type: ignore[misc]  # lm-eval is untyped
             progress=not disable_tqdm and total > 0,
             total=total,
             prompts_per_request=self._prompts_per_request,
-            max_outage=self._max_outage,
+            **self._hold,
         )
         return outputs
 

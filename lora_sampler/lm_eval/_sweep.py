@@ -75,13 +75,14 @@ class LmEvalTasks(CheckpointEvaluator):
 
         client, adapter = checkpoint.client, checkpoint.adapter
         if self.tokens is None:
-            self.tokens = TokenCache(client, workers=client.max_workers)
+            self.tokens = TokenCache(client)
         model = LoraSamplerLM(
             client=client,
             adapter=adapter,
             token_cache=self.tokens,
             prompts_per_request=self.prompts_per_request,
             max_outage=checkpoint.max_outage,
+            on_outage=checkpoint.on_outage,
             **self.model_args,
         )
         results = simple_evaluate(

@@ -140,8 +140,11 @@ def test_chat_template_is_the_engines(engine: FakeEngine) -> None:
 
 def test_model_args_refuse_a_key_and_name_an_unknown_one(engine: FakeEngine) -> None:
     """api_key in model_args points to the environment; a mistyped arg names the one meant; harness args pass."""
-    with pytest.raises(ValueError, match="LORA_SAMPLER_API_KEY"):
+    with pytest.raises(ValueError, match="LORA_SAMPLER_API_KEY") as refused:
         LoraSamplerLM(base_url=engine.url, api_key="sk-secret")
+    assert "sk-secret" not in str(refused.value) and "VLLM_API_KEY" in str(refused.value)
+    with pytest.raises(ValueError, match=r"auth_token in model_args .*LORA_SAMPLER_API_KEY"):
+        LoraSamplerLM(base_url=engine.url, auth_token="sk-secret")
     with pytest.raises(TypeError, match="did you mean 'num_concurrent'"):
         LoraSamplerLM(base_url=engine.url, num_concurent=4)
     with pytest.raises(ValueError, match="base_url="):
@@ -156,3 +159,32 @@ def test_model_info_names_the_adapter_checkpoint_and_base(engine: FakeEngine, tm
     assert info["adapter"].startswith("step-7") and info["checkpoint"].endswith("step-7.tar.gz")
     assert info["base_model"] == engine.model
     assert LoraSamplerLM(base_url=engine.url).get_model_info()["adapter"] is None
+
+
+def test_tokenizing_rides_the_clients_own_workers(engine: FakeEngine) -> None:
+    """The token cache fills through the client's fan-out: with one worker, one /tokenize at a time, each text once."""
+    pairs = [(f"Context {i}:", f" continuation {i}") for i in range(24)]
+    with SamplerClient(engine.url, max_workers=1) as client:
+        lm = LoraSamplerLM(client=client, prefix_token_id=1)
+        engine.reset_log()
+        lm.loglikelihood(instances("loglikelihood", pairs))
+    asked = sorted((r for r in engine.requests if r.path == TOKENIZE_PATH), key=lambda record: record.started)
+    assert len(asked) == len({text for pair in pairs for text in (pair[0], pair[0] + pair[1])})
+    overlapping = [(a.started, b.started) for a, b in zip(asked, asked[1:]) if b.started < a.finished]
+    assert overlapping == []  # before, a pool of its own sent 16 at once whatever the client's max_workers
+
+
+def test_token_cache_holds_at_most_max_size_and_asks_again_for_what_it_let_go(engine: FakeEngine) -> None:
+    """Token ids plus text characters held stay within max_size (least recently used out); a dropped text is asked
+    again, a kept one is not."""
+    texts = [f"text number {i:03d}" for i in range(50)]  # 15 characters and 15 token ids each: 30 apiece
+    with SamplerClient(engine.url) as client:
+        cache = TokenCache(client, max_size=300)
+        cache.warm(texts)
+        assert cache.size() <= 300 and len(cache) == 10 and cache.requests == 50
+        assert cache.encode(texts[-1]) == client.tokenize(texts[-1], add_special_tokens=False)  # kept: no request
+        assert cache.requests == 50
+        cache.encode(texts[0])  # let go: asked again
+        assert cache.requests == 51 and cache.size() <= 300
+        with pytest.raises(ValueError, match="max_size must be an int >= 1"):
+            TokenCache(client, max_size=0)

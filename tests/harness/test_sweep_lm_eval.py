@@ -19,10 +19,15 @@ from typing import List
 import pytest
 
 import lora_sampler
-from lora_sampler import SamplerClient
+from lora_sampler import OutageEvent, RetryPolicy, SamplerClient
 from lora_sampler._wire.routes import COMPLETIONS_PATH, TOKENIZE_PATH
+from lora_sampler.batch import EvaluatedCheckpoint
 from lora_sampler.cli import main
+from lora_sampler.lm_eval import LmEvalTasks
 from lora_sampler.testing import FakeEngine, write_adapter_archive
+
+#: lm-eval's arguments of the tests' sweeps: no bootstrap (seconds of numpy), the test engine's prefix token.
+ARGUMENTS = {"bootstrap_iters": 0, "model_args": {"prefix_token_id": 1}}
 
 
 def checkpoints(folder: Path, model: str, count: int) -> List[str]:
@@ -126,3 +131,47 @@ def test_cli_sweep_kill_and_resume(tasks: Path, lora_dir: Path, tmp_path: Path) 
         assert sorted(p.name for p in (output / "lm-eval").glob("*.json")) == sorted(
             e["adapter"] + ".json" for e in entries
         )
+
+
+def test_lm_eval_evaluator_holds_its_requests_through_an_outage_and_says_so(
+    engine: FakeEngine, tasks: Path, lora_dir: Path, checkpoint: str, tmp_path: Path
+) -> None:
+    """The checkpoint's outage hold (``max_outage`` and ``on_outage``) reaches lm-eval's tokenizing and scoring.
+
+    One worker, so that one request meets every scripted drop: it fails outage-class, is held while the engine is
+    probed, and runs again; ``on_outage`` hears of it. The numbers are those of a run without the outage.
+    """
+    attempts = RetryPolicy().max_attempts
+    evaluator = LmEvalTasks(["tiny_mc"], output_dir=str(tmp_path / "out"), include_path=str(tasks), arguments=ARGUMENTS)
+    events: List[OutageEvent] = []
+    with SamplerClient(engine.url, lora_base_dir=lora_dir, max_workers=1) as client:
+        adapter = client.publish(checkpoint)
+        engine.inject_fault("drop", path=TOKENIZE_PATH, count=attempts)
+        engine.inject_fault("drop", path=COMPLETIONS_PATH, model=adapter.name, count=attempts)
+        held = evaluator(EvaluatedCheckpoint(client, adapter, max_outage=120, on_outage=events.append))
+        clean = evaluator(EvaluatedCheckpoint(client, adapter))
+    kinds = [event.kind for event in events]
+    assert kinds.count("held") == kinds.count("back") == 2, kinds  # the tokenize outage, then the scoring one
+    assert "tiny_mc/acc,none" in held and held == clean
+
+
+def test_sweep_of_lm_eval_tasks_waits_out_an_outage_with_the_sweeps_hook(
+    engine: FakeEngine, tasks: Path, lora_dir: Path, checkpoint: str, tmp_path: Path
+) -> None:
+    """A sweep's ``max_outage``/``on_outage`` hold an lm-eval checkpoint's requests as a sampling one's."""
+    events: List[OutageEvent] = []
+    engine.inject_fault("drop", path=TOKENIZE_PATH, count=RetryPolicy().max_attempts)
+    with SamplerClient(engine.url, lora_base_dir=lora_dir, max_workers=1) as client:
+        [report] = lora_sampler.sweep(
+            client,
+            [checkpoint],
+            output_dir=str(tmp_path / "out"),
+            lm_eval_tasks="tiny_mc",
+            lm_eval_include_path=str(tasks),
+            lm_eval_args=ARGUMENTS,
+            max_outage=120,
+            on_outage=events.append,
+            settle=0,
+        )
+    assert report.error is None and "tiny_mc/acc,none" in report.metrics
+    assert [event.kind for event in events if event.kind != "waiting"] == ["held", "back"]
