@@ -46,8 +46,9 @@ WARMUP_TIMEOUT = 120.0
 #: Seconds between SIGTERM and SIGKILL of the engine's process group.
 STOP_GRACE = 15.0
 #: Server flags after the engine settings (``vllm_env.ENGINE``, the one definition the benchmarks read too) and before
-#: ``--port``.
-SERVER_FLAGS = ("--host", "127.0.0.1")
+#: ``--port``: the API server's own, which run-batch and ``vllm.LLM`` do not take (``/tokenizer_info`` is what
+#: lm-eval's ``local-completions`` reads with ``tokenizer_backend=remote``: test_lm_eval_real.py, bench_lmeval.py).
+SERVER_FLAGS = ("--host", "127.0.0.1", "--enable-tokenizer-info-endpoint")
 #: pytest-timeout limit per test here (the suite's default is too short for a cold install).
 ITEM_TIMEOUT = 900
 #: Lines of the engine log shown when the start fails.
