@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import re
 from typing import Any, Dict, List, Optional, Sequence
+from urllib.parse import urlsplit
 
 import requests
 
-from lora_sampler._wire.refusals import is_not_found, is_not_loaded
+from lora_sampler._wire.refusals import is_gateway_failure, is_not_found, is_not_loaded
 
 #: Longest engine message kept in an error (a proxy's HTML page would otherwise flood logs).
 MAX_ENGINE_MESSAGE_CHARS = 1000
@@ -104,7 +105,13 @@ class EngineStatusError(EngineError, requests.HTTPError):
 
     @classmethod
     def from_response(
-        cls, response: requests.Response, *, model: Optional[str], adapter: bool, key_sent: Optional[bool] = None
+        cls,
+        response: requests.Response,
+        *,
+        model: Optional[str],
+        adapter: bool,
+        key_sent: Optional[bool] = None,
+        proxy: str = "",
     ) -> EngineStatusError:
         """Classify an error answer from the engine into the class the retry table acts on.
 
@@ -114,6 +121,8 @@ class EngineStatusError(EngineError, requests.HTTPError):
             adapter: Whether the request was for a LoRA adapter.
             key_sent: Whether the request carried an API key, when known: a refused key and a missing one get
                 different fixes.
+            proxy: The proxy the request went through (``HTTP_PROXY``, a session's proxies), "" when direct: a
+                gateway status names it as what answered.
 
         Returns:
             An instance of the most specific class; its message names the status, the engine's words and a fix.
@@ -124,7 +133,9 @@ class EngineStatusError(EngineError, requests.HTTPError):
         what = f"LoRA adapter {model!r}" if adapter else f"base model {model!r}" if model else "the engine"
         message = f"{response.request.method if response.request else 'request'} {_path_of(response)} for {what}"
         message += f" failed with HTTP {status}: {engine_message}"
-        hint = NOT_VLLM_HINT if engine_message.startswith(HTML_PAGE) else error_class.hint(adapter)
+        hint = gateway_hint(response, engine_message, proxy) or (
+            NOT_VLLM_HINT if engine_message.startswith(HTML_PAGE) else error_class.hint(adapter)
+        )
         if key_sent is not None and issubclass(error_class, AuthenticationError):
             hint = AuthenticationError.key_hint(key_sent)
         if hint:
@@ -424,6 +435,27 @@ def _html_page(text: str) -> str:
     match = _HTML_TITLE.search(text)
     title = " ".join(match.group(1).split())[:120] if match else ""
     return f"{HTML_PAGE} ({title})" if title else HTML_PAGE
+
+
+def gateway_hint(response: requests.Response, engine_message: str, proxy: str) -> str:
+    """Name the proxy that answered a gateway status in place of the engine, and the way on; "" for other answers.
+
+    base_url (or the proxy) is reachable, so "check base_url" would send the user the wrong way: the engine behind
+    the proxy is what is away. What answered is the configured proxy, else the ``Server`` header's name.
+    """
+    json_body = "json" in str(response.headers.get("Content-Type", "")).lower()
+    if not is_gateway_failure(response.status_code, engine_message, json_body):
+        return ""
+    server = " ".join(str(response.headers.get("Server", "")).split())[:80]
+    who = f"the proxy {proxy}" if proxy else f"a proxy or gateway ({server})" if server else "a proxy or gateway"
+    hint = (
+        f"{who[0].upper()}{who[1:]} answered, not the engine: the engine behind it is unreachable (not running, "
+        "restarting, or not where the proxy forwards); start the engine or fix the proxy's upstream"
+    )
+    host = urlsplit(str(response.url or "")).hostname
+    if proxy and host:
+        return f"{hint}, or set NO_PROXY={host} to reach the engine directly"
+    return f"{hint}; base_url itself answers"
 
 
 def read_engine_message(response: requests.Response) -> str:

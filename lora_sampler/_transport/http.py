@@ -92,7 +92,7 @@ class EngineTransport:
         self._settings: Dict[str, Any] = {"max_workers": max_workers, "verify": verify, "session": session}
         self._engine_session = EngineSession(self.base_url, api_key=api_key, basic=userinfo, **self._settings)
         secrets = Secrets(api_key, self._engine_session.basic or userinfo)
-        self._translator = Translator(self.base_url, secrets, max_response_bytes)
+        self._translator = Translator(self.base_url, secrets, max_response_bytes, self._engine_session.proxy)
         self._pid = os.getpid()
 
     @property

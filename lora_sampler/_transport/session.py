@@ -24,6 +24,7 @@ from requests.structures import CaseInsensitiveDict
 
 from lora_sampler._transport.adapter import EngineAdapter
 from lora_sampler._transport.exchange import Exchange
+from lora_sampler._transport.urls import without_userinfo
 from lora_sampler._version import __version__
 
 #: Extra pooled connections beyond ``max_workers``: proactive loads and callers' own threads run beside the pool.
@@ -71,6 +72,18 @@ class EngineSession:
                 self._request_headers["Authorization"] = f"Bearer {api_key}"
             elif basic and session.auth is None:
                 self.basic = self._request_auth = basic
+
+    @property
+    def proxy(self) -> str:
+        """The proxy requests to the engine go through (``HTTP(S)_PROXY``, a session's proxies), "" when direct.
+
+        Printable: its ``user:password@`` is taken out. Named in errors, as what answered or refused.
+        """
+        url = self.base_url + "/"
+        proxies = self._send_settings["proxies"] if self._send_settings is not None else None
+        if proxies is None:  # a user's session: its proxies merged with the environment, as each send does
+            proxies = self.session.merge_environment_settings(url, {}, None, None, None)["proxies"]
+        return without_userinfo(requests.utils.select_proxy(url, proxies) or "")
 
     def _own_session(
         self, api_key: Optional[str], basic: Optional[Tuple[str, str]], max_workers: int, verify: Union[bool, str]

@@ -13,6 +13,7 @@ import json
 import re
 import socket
 from typing import Any, Callable, Optional, Tuple, Type, TypeVar, cast
+from urllib.parse import urlsplit
 
 import requests
 import urllib3
@@ -43,9 +44,12 @@ from lora_sampler.errors import (
 
 T = TypeVar("T")
 
+#: A proxy's failure (refused, or its CONNECT to the engine refused): named before what lies beneath it.
+PROXY_ERRORS: Tuple[Type[BaseException], ...] = (requests.exceptions.ProxyError, ProxyError)
 #: What each low-level exception means, most specific first: ``(types, our class, what the engine did)``.
 #: urllib3's NewConnectionError subclasses ConnectTimeoutError for history's sake: a refusal is no timeout.
 TRANSPORT_ERRORS: Tuple[Tuple[Tuple[Type[BaseException], ...], Type[EngineError], str], ...] = (
+    (PROXY_ERRORS, EngineConnectionError, "could not be reached, or could not reach the engine"),
     ((NewConnectionError,), EngineConnectionError, "could not be reached"),
     ((requests.ConnectTimeout, ConnectTimeoutError), EngineConnectTimeoutError, "did not accept a connection in time"),
     (
@@ -59,7 +63,7 @@ TRANSPORT_ERRORS: Tuple[Tuple[Tuple[Type[BaseException], ...], Type[EngineError]
         "its Content-Encoding does not decode",
     ),
     (
-        (requests.ConnectionError, requests.exceptions.ChunkedEncodingError, ProtocolError, ProxyError, SSLError),
+        (requests.ConnectionError, requests.exceptions.ChunkedEncodingError, ProtocolError, SSLError),
         EngineConnectionError,
         "could not be reached or dropped the connection",
     ),
@@ -129,12 +133,14 @@ class Translator:
         base_url: The printable engine root, named in every message.
         secrets: The credentials to redact.
         max_response_bytes: The size limit, named when an answer is over it.
+        proxy: The proxy requests go through ("" when direct), named as what failed or answered in its place.
     """
 
-    def __init__(self, base_url: str, secrets: Secrets, max_response_bytes: int):
+    def __init__(self, base_url: str, secrets: Secrets, max_response_bytes: int, proxy: str = ""):
         self.base_url = base_url
         self.secrets = secrets
         self.max_response_bytes = max_response_bytes
+        self.proxy = proxy
 
     def transport_error(self, exc: BaseException, exchange: Exchange, response: Any = None) -> EngineError:
         """Return the ``EngineError`` a low-level exception stands for (the first matching row of the table).
@@ -158,12 +164,25 @@ class Translator:
         detail = self.secrets.redact(without_userinfo(reason(chain[-1])))
         if error_class is EngineProtocolError:
             return self.protocol_error(exchange, head or _NO_ANSWER, f"a body that {problem} ({detail})", _DECODE_FIX)
-        message = (
-            f"{exchange.method} {exchange.path}{exchange.describe()}: the engine at {self.base_url} {problem} "
-            f"({detail}); check base_url, that the engine is running, and the timeout (timeout=, or lora-sampler "
-            "sample --timeout)"
+        message = f"{exchange.method} {exchange.path}{exchange.describe()}: " + self._unreached(
+            problem, detail, any(isinstance(link, PROXY_ERRORS) for link in chain)
         )
         return error_class(message, model=exchange.model, adapter=exchange.adapter, request_id=exchange.request_id)
+
+    def _unreached(self, problem: str, detail: str, proxy_failed: bool) -> str:
+        """Say what could not be reached and the fix: the proxy when it failed (base_url is not the thing to check)."""
+        if proxy_failed:
+            host = urlsplit(self.base_url).hostname
+            return (
+                f"the proxy {self.proxy or '(from HTTP_PROXY/HTTPS_PROXY)'} for the engine at {self.base_url} "
+                f"{problem} ({detail}); check that the proxy runs and reaches the engine, or set NO_PROXY={host} to "
+                "reach the engine directly"
+            )
+        through = f" through the proxy {self.proxy}" if self.proxy else ""
+        return (
+            f"the engine at {self.base_url}{through} {problem} ({detail}); check base_url, that the engine is "
+            "running, and the timeout (timeout=, or lora-sampler sample --timeout)"
+        )
 
     def decode_json(self, exchange: Exchange, answer: Answer, parse: Optional[Callable[[Any], T]]) -> T:
         """Check the status, decode the body and hand it to ``parse``; the result, or the error it stands for.
@@ -205,7 +224,7 @@ class Translator:
         else:
             sent = bool(self.secrets) or "Authorization" in exchange.headers
             error = EngineStatusError.from_response(
-                response, model=exchange.model, adapter=exchange.adapter, key_sent=sent
+                response, model=exchange.model, adapter=exchange.adapter, key_sent=sent, proxy=self.proxy
             )
         error.message = self.secrets.redact(error.message)
         error.engine_message = self.secrets.redact(error.engine_message)

@@ -28,6 +28,9 @@ ROUTER_OUTAGE_ANSWERS = (
     (503, "No available workers"),
 )
 
+#: Statuses vLLM itself never answers: a proxy's or gateway's own word that its upstream (the engine) is away.
+GATEWAY_STATUSES = (502, 504)
+
 
 def is_not_loaded(status: int, message: str) -> bool:
     """Tell whether an answer says the adapter exists but is not loadable yet (the race: retry for adapters)."""
@@ -60,3 +63,14 @@ def is_router_outage(status: int, message: str) -> bool:
     """Tell whether an answer is vllm-router's own "no worker reachable" (every replica away, not a bad request)."""
     text = message.strip()
     return any(status == code and text.startswith(start) for code, start in ROUTER_OUTAGE_ANSWERS)
+
+
+def is_gateway_failure(status: int, message: str, json_body: bool) -> bool:
+    """Tell whether an answer is a proxy's own "my upstream is away": a 502 or 504, or a 503 that is not vLLM's.
+
+    vLLM answers 503 in JSON and vllm-router's own 503 in its words (an outage, read by ``is_router_outage``); any
+    other 503 (an HTML page, a bare status) came from a proxy in front of the engine.
+    """
+    if status in GATEWAY_STATUSES:
+        return True
+    return status == 503 and not json_body and not is_router_outage(status, message)

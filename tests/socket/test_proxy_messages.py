@@ -1,0 +1,89 @@
+"""A proxy whose engine is away is named as what answered: base_url is right, the engine behind the proxy is not up.
+
+Before, nginx's "502 Bad Gateway" page read as "check that base_url is the engine's root", and a refusing
+HTTP_PROXY read as "the engine at ... could not be reached; check base_url".
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any, Callable
+
+import pytest
+from rawserver import RawServer
+
+from lora_sampler import EngineConnectionError, InternalServerError, RetryPolicy, SamplerClient
+
+ONE_TRY = RetryPolicy(max_attempts=1)
+NGINX_PAGE = (
+    b"<html>\r\n<head><title>{status}</title></head>\r\n<body>\r\n<center><h1>{status}</h1></center>\r\n"
+    b"<hr><center>nginx/1.24.0</center>\r\n</body>\r\n</html>\r\n"
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _proxy_page(status: str, server: str = "nginx/1.24.0") -> Callable[[socket.socket, int], None]:
+    body = NGINX_PAGE.replace(b"{status}", status.encode())
+
+    def handler(conn: socket.socket, index: int) -> None:
+        head = f"HTTP/1.1 {status}\r\nContent-Type: text/html\r\nContent-Length: {len(body)}\r\nConnection: close\r\n"
+        head += f"Server: {server}\r\n" if server else ""
+        conn.sendall(head.encode() + b"\r\n" + body)
+
+    return handler
+
+
+@pytest.mark.parametrize("status", ["502 Bad Gateway", "503 Service Temporarily Unavailable", "504 Gateway Time-out"])
+def test_a_proxy_page_for_a_dead_upstream_names_the_proxy_not_base_url(status: str) -> None:
+    """A gateway status from a proxy names the proxy and says the engine behind it is unreachable, once."""
+    with RawServer(_proxy_page(status)) as proxy:
+        with SamplerClient(proxy.url, retry=ONE_TRY) as client:
+            with pytest.raises(InternalServerError) as caught:
+                client.sample([1, 2], base_model="m")
+        sent = len(proxy.requests)
+    message = str(caught.value)
+    assert sent == 1, sent
+    assert "nginx/1.24.0" in message and "the engine behind it" in message, message
+    assert "check that base_url" not in message and "<html" not in message, message
+
+
+def test_a_gateway_status_without_a_page_or_server_name_still_names_a_proxy() -> None:
+    """A bare 502 (no Server header, no page title) is still a proxy's: vLLM never answers 502."""
+    with RawServer(_proxy_page("502 Bad Gateway", server="")) as proxy:
+        with SamplerClient(proxy.url, retry=ONE_TRY) as client:
+            with pytest.raises(InternalServerError) as caught:
+                client.sample([1, 2], base_model="m")
+    assert "a proxy or gateway answered" in str(caught.value).lower(), str(caught.value)
+
+
+def test_a_refusing_proxy_from_the_environment_is_named_with_the_way_to_go_direct(monkeypatch: Any) -> None:
+    """HTTP_PROXY pointing at nothing: the error names that proxy and NO_PROXY, not "check base_url"."""
+    dead_proxy = f"http://127.0.0.1:{_free_port()}"
+    monkeypatch.setenv("HTTP_PROXY", dead_proxy)
+    for name in ("NO_PROXY", "no_proxy", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    with SamplerClient("http://engine.invalid:8000", retry=ONE_TRY) as client:
+        with pytest.raises(EngineConnectionError) as caught:
+            client.sample([1, 2], base_model="m")
+    message = str(caught.value)
+    assert f"the proxy {dead_proxy} for the engine" in message and "NO_PROXY=engine.invalid" in message, message
+    assert "check base_url" not in message, message
+
+
+def test_a_proxy_from_the_environment_answering_502_is_named_by_its_url(monkeypatch: Any) -> None:
+    """Through HTTP_PROXY, a 502 names that proxy's URL as what answered."""
+    with RawServer(_proxy_page("502 Bad Gateway", server="")) as proxy:
+        proxy_url = proxy.url
+        monkeypatch.setenv("HTTP_PROXY", proxy_url)
+        for name in ("NO_PROXY", "no_proxy", "http_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        with SamplerClient("http://engine.invalid:8000", retry=ONE_TRY) as client:
+            with pytest.raises(InternalServerError) as caught:
+                client.sample([1, 2], base_model="m")
+    message = str(caught.value)
+    assert f"The proxy {proxy_url} answered" in message and "NO_PROXY=engine.invalid" in message, message
