@@ -114,6 +114,23 @@ class AdapterRegistry:
             return os.path.join(self.engine_lora_base_dir, adapter.name)
         return adapter.path
 
+    def unwatched_folder_fix(self, name: str) -> str:
+        """The fix when the engine never served an adapter whose folder is in ``lora_base_dir``; "" for any other.
+
+        The adapter is there (published, or found), so the engine does not read that folder: its resolver watches
+        another one (``VLLM_LORA_RESOLVER_CACHE_DIR``), or sees it under another path, and runtime loading is off.
+        """
+        if self.lora_base_dir is None or not os.path.isdir(os.path.join(self.lora_base_dir, name)):
+            return ""
+        seen = self.engine_lora_base_dir
+        where = "" if seen == self.lora_base_dir else f" (sent to the engine as {seen})"
+        return (
+            f"Its folder {name} is in lora_base_dir {self.lora_base_dir}{where}, but the engine never served it: the "
+            "engine may not watch that folder (its VLLM_LORA_RESOLVER_CACHE_DIR must be this folder as the engine "
+            "sees it) and cannot load it at runtime; run lora-sampler doctor --base-url "
+            f"{self._transport.base_url} --lora-base-dir {self.lora_base_dir} to see which"
+        )
+
     def _publish_once(self, checkpoint: PathLike) -> Adapter:
         key = str(checkpoint) if is_storage_url(checkpoint) else os.path.abspath(os.fspath(checkpoint))
         adapter = self._published.get(key)

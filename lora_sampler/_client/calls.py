@@ -30,7 +30,13 @@ from lora_sampler._wire.routes import (
     LOAD_ADAPTER_PATH,
     MODELS_PATH,
 )
-from lora_sampler.errors import EngineError, EngineProtocolError, EngineStatusError, RequestCancelledError
+from lora_sampler.errors import (
+    EngineError,
+    EngineProtocolError,
+    EngineStatusError,
+    ModelNotFoundError,
+    RequestCancelledError,
+)
 from lora_sampler.retry import RetryHook, RetryPolicy, is_adapter_race, make_retrying
 from lora_sampler.types import Adapter, SampleOutput, SampleRequest, outputs_from_batch, prompt_list
 
@@ -339,7 +345,16 @@ class SampleCalls:
         except EngineStatusError as error:
             if error.status >= 500 and request.wants_prompt_logprobs:
                 self.prompt_logprob_failures.note(error)
+            if call.is_adapter and isinstance(error, ModelNotFoundError):
+                self._name_the_folder(error)
             raise
+
+    def _name_the_folder(self, error: ModelNotFoundError) -> None:
+        """Once the race gave up on an adapter whose folder is in ``lora_base_dir``, name that folder as the fix."""
+        fix = self._registry.unwatched_folder_fix(str(error.model))
+        if fix:
+            error.message = error.message.replace(ModelNotFoundError.hint(True), fix)
+            error.args = (error.message,)
 
     def preload(self, adapter: Adapter) -> None:
         """Send one load request for ``adapter`` (best-effort, never admitted by the isolation; a fleet has it)."""
