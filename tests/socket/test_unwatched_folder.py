@@ -55,9 +55,7 @@ def test_the_cli_row_names_the_folder_too(unwatched: Any, no_waits: None, tmp_pa
         assert str(other) in row["error"]["message"] and "lora-sampler doctor" in row["error"]["message"], row
 
 
-def test_an_adapter_name_without_a_folder_keeps_the_plain_hint(
-    make_engine: Any, no_waits: None
-) -> None:
+def test_an_adapter_name_without_a_folder_keeps_the_plain_hint(make_engine: Any, no_waits: None) -> None:
     """An adapter name sent without lora_base_dir (nothing published) names no folder it does not know."""
     engine: FakeEngine = make_engine(runtime_lora_updating=False)
     with SamplerClient(engine.url) as client:
