@@ -201,51 +201,23 @@ class EngineProcess:
 # -- the child ---------------------------------------------------------------------------------------------------
 
 
-def _commands(engine: FakeEngine) -> Dict[str, Callable[[Dict[str, Any]], Any]]:
-    def delay(cmd: Dict[str, Any]) -> Any:
-        engine.set_visibility_delay(cmd["name"], seconds=cmd.get("seconds"), requests=cmd.get("requests"))
-        return True
+def _commands(engine: FakeEngine) -> Dict[str, Callable[..., Any]]:
+    """What each command calls, with the command's other fields as keyword arguments (None answers True)."""
 
-    def fault(cmd: Dict[str, Any]) -> Any:
-        kwargs = {k: v for k, v in cmd.items() if k not in ("op", "kind")}
-        engine.inject_fault(cmd["kind"], **kwargs)
-        return True
-
-    def reset(cmd: Dict[str, Any]) -> Any:
-        engine.reset_log()
-        return True
-
-    def runtime(cmd: Dict[str, Any]) -> Any:
-        engine.set_runtime_lora_updating(bool(cmd["on"]))
-        return True
-
-    def slow_unload(cmd: Dict[str, Any]) -> Any:
-        engine.unload_latency = float(cmd["seconds"])
-        return True
-
-    def hold(cmd: Dict[str, Any]) -> Any:
-        engine.hold(**{k: v for k, v in cmd.items() if k != "op"})
-        return True
-
-    def release(cmd: Dict[str, Any]) -> Any:
-        engine.release()
-        return True
-
-    def wait_for_held(cmd: Dict[str, Any]) -> Any:
-        engine.wait_for_held(int(cmd["count"]), float(cmd["timeout"]))
-        return True
+    def slow_unload(seconds: float) -> None:
+        engine.unload_latency = float(seconds)
 
     return {
-        "hold": hold,
-        "release": release,
-        "wait_for_held": wait_for_held,
-        "delay": delay,
-        "fault": fault,
-        "requests": lambda cmd: [dataclasses.asdict(r) for r in engine.requests],
-        "max_loads": lambda cmd: engine.max_loads_in_flight_for(cmd["name"]),
-        "loaded": lambda cmd: engine.loaded_adapters,
-        "reset": reset,
-        "runtime": runtime,
+        "hold": engine.hold,
+        "release": engine.release,
+        "wait_for_held": engine.wait_for_held,
+        "delay": engine.set_visibility_delay,
+        "fault": engine.inject_fault,
+        "requests": lambda: [dataclasses.asdict(r) for r in engine.requests],
+        "max_loads": engine.max_loads_in_flight_for,
+        "loaded": lambda: engine.loaded_adapters,
+        "reset": engine.reset_log,
+        "runtime": engine.set_runtime_lora_updating,
         "slow_unload": slow_unload,
     }
 
@@ -283,8 +255,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     def serve_commands() -> None:
         for line in sys.stdin:
             try:
-                cmd = json.loads(line)
-                answer: Dict[str, Any] = {"ok": commands[cmd["op"]](cmd)}
+                fields = json.loads(line)
+                outcome = commands[fields.pop("op")](**fields)
+                answer: Dict[str, Any] = {"ok": True if outcome is None else outcome}
             except Exception as exc:  # one bad command must not end the engine
                 answer = {"error": f"{type(exc).__name__}: {exc}"}
             sys.stdout.write(json.dumps(answer) + "\n")
