@@ -1,9 +1,8 @@
 """A ``FakeEngine`` in a process of its own, so a test can kill it like a crashed vLLM server and start it again.
 
-The parent side is ``EngineProcess``; the child side is this module run as a script::
+The parent side is ``EngineProcess``; the child side is this module run as a script with one JSON argument::
 
-    python -m lora_sampler.testing._process --lora-dir DIR [--port 0] [--latency 0.0] [--load-latency 0.0]
-        [--model tiny-base] [--api-key-env NAME] [--hide NAME=K ...] [--no-resolver]
+    python -m lora_sampler.testing._process '{"engine": {FakeEngine keywords}, "api_key_env": NAME, "hidden": {N: K}}'
 
 The child prints one JSON line ``{"url": "http://127.0.0.1:PORT", "pid": PID}`` once it listens. Then it reads JSON
 command lines on its standard input and answers each with one JSON line (``{"ok": ...}`` or ``{"error": "..."}``):
@@ -21,16 +20,13 @@ command lines on its standard input and answers each with one JSON line (``{"ok"
   ``FakeEngine.hold`` (its keyword arguments), ``release`` and ``wait_for_held``.
 
 It serves until SIGTERM/SIGINT or until its standard input closes, so it never outlives the test that started it.
-The API key, when any, is read from the environment variable named by ``--api-key-env`` (never from argv).
-``--hide NAME=K`` hides ``lora_dir/NAME`` for its first K completions from the start (a restarted engine that has
-forgotten an adapter and sees it late). ``--no-resolver`` serves without the filesystem resolver (``lora_dir=None``):
-an adapter only once ``/v1/load_lora_adapter`` loaded it, as SGLang and vLLM without the resolver plugin do.
-Stdlib only; loopback only.
+The API key, when any, is read from the environment variable named by ``api_key_env`` (never from argv).
+``hidden`` hides ``lora_dir/NAME`` for its first K completions from the start (a restarted engine that has
+forgotten an adapter and sees it late). Stdlib only; loopback only.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import json
@@ -43,6 +39,7 @@ import threading
 from typing import IO, Any, Callable, Dict, List, Optional
 
 from lora_sampler.testing._engine import FakeEngine
+from lora_sampler.testing._serve import serve_until_stopped
 
 #: Seconds a child gets to print its URL line.
 START_TIMEOUT = 30.0
@@ -98,14 +95,10 @@ class EngineProcess:
         self.lora_dir, self.model, self.latency, self.load_latency = lora_dir, model, latency, load_latency
         self.resolver = resolver
         self._env, self._api_key_env = env, api_key_env
-        argv = [sys.executable, "-m", "lora_sampler.testing._process", "--lora-dir", lora_dir, "--port", str(port)]
-        argv += ["--latency", str(latency), "--load-latency", str(load_latency), "--model", model]
-        if api_key_env:
-            argv += ["--api-key-env", api_key_env]
-        for name, count in (hidden or {}).items():
-            argv += ["--hide", f"{name}={count}"]
-        if not resolver:
-            argv.append("--no-resolver")
+        engine: Dict[str, Any] = {"model": model, "lora_dir": lora_dir if resolver else None, "port": port}
+        engine.update(latency=latency, load_latency=load_latency)
+        spec = {"engine": engine, "api_key_env": api_key_env, "hidden": hidden or {}}
+        argv = [sys.executable, "-m", "lora_sampler.testing._process", json.dumps(spec)]
         self.process: subprocess.Popen[str] = subprocess.Popen(  # noqa: S603 (our own interpreter and module)
             argv,
             stdin=subprocess.PIPE,
@@ -224,32 +217,12 @@ def _commands(engine: FakeEngine) -> Dict[str, Callable[..., Any]]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Serve a FakeEngine and its command lines until SIGTERM/SIGINT or the end of standard input."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--lora-dir", required=True)
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--latency", type=float, default=0.0)
-    parser.add_argument("--load-latency", type=float, default=0.0)
-    parser.add_argument("--model", default="tiny-base")
-    parser.add_argument("--api-key-env", default=None, help="read the engine's API key from this variable")
-    parser.add_argument("--hide", action="append", default=[], help="NAME=K: hide an adapter for K completions")
-    parser.add_argument("--no-resolver", action="store_true", help="no filesystem resolver: adapters only once loaded")
-    args = parser.parse_args(argv)
-    api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
-    engine = FakeEngine(
-        model=args.model,
-        lora_dir=None if args.no_resolver else args.lora_dir,
-        latency=args.latency,
-        load_latency=args.load_latency,
-        port=args.port,
-        api_key=api_key,
-    )
-    for spec in args.hide:
-        name, _, count = spec.partition("=")
+    spec = json.loads((sys.argv[1:] if argv is None else argv)[0])
+    key_variable = spec.get("api_key_env")
+    engine = FakeEngine(**spec["engine"], api_key=os.environ.get(key_variable) if key_variable else None)
+    for name, count in spec.get("hidden", {}).items():
         engine.set_visibility_delay(name, requests=int(count))
-    engine.start()
     stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
     commands = _commands(engine)
 
     def serve_commands() -> None:
@@ -264,13 +237,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             sys.stdout.flush()
         stop.set()  # stdin closed: the test is gone
 
-    threading.Thread(target=serve_commands, daemon=True).start()
-    print(json.dumps({"url": engine.url, "pid": os.getpid()}), flush=True)
-    try:
-        while not stop.wait(0.2):
-            pass
-    finally:
-        engine.stop()
+    def ready() -> None:
+        threading.Thread(target=serve_commands, daemon=True).start()
+        print(json.dumps({"url": engine.url, "pid": os.getpid()}), flush=True)
+
+    serve_until_stopped(engine, stop, ready)
     return 0
 
 

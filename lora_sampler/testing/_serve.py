@@ -14,7 +14,7 @@ import signal
 import sys
 import tempfile
 import threading
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 from lora_sampler.testing._engine import FakeEngine
 
@@ -77,12 +77,6 @@ def serve(args: argparse.Namespace, *, ready: Optional[threading.Event] = None) 
     temporary = None if args.lora_dir else tempfile.mkdtemp(prefix="lora-sampler-test-engine-")
     lora_dir = os.path.abspath(args.lora_dir or str(temporary))
     os.makedirs(lora_dir, exist_ok=True)
-    stop = threading.Event()
-    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-    in_main = threading.current_thread() is threading.main_thread()
-    if in_main:  # signal handlers can only be set in the main thread
-        for signum in previous:
-            signal.signal(signum, lambda number, frame: stop.set())
     try:
         engine = FakeEngine(
             model=args.model,
@@ -96,20 +90,39 @@ def serve(args: argparse.Namespace, *, ready: Optional[threading.Event] = None) 
             host=args.host,
             port=args.port,
         )
-        with engine:
+
+        def say_ready() -> None:
             _say_ready(engine, lora_dir, temporary is not None, args.require_api_key)
             if ready is not None:
                 ready.set()
-            while not stop.wait(0.2):  # a bounded wait, so Ctrl-C is heard at once on every platform
-                pass
+
+        serve_until_stopped(engine, threading.Event(), say_ready)
         print("serve-test-engine: stopped", file=sys.stderr)
         return 0
+    finally:
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
+
+
+def serve_until_stopped(engine: FakeEngine, stop: threading.Event, ready: Callable[[], None]) -> None:
+    """Serve ``engine`` until ``stop`` is set or SIGINT/SIGTERM comes; ``ready`` runs once it listens.
+
+    The signals are heard in the main thread only (where handlers can be set); the handlers before are restored.
+    """
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    in_main = threading.current_thread() is threading.main_thread()
+    if in_main:
+        for signum in previous:
+            signal.signal(signum, lambda number, frame: stop.set())
+    try:
+        with engine:
+            ready()
+            while not stop.wait(0.2):  # a bounded wait, so Ctrl-C is heard at once on every platform
+                pass
     finally:
         if in_main:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-        if temporary is not None:
-            shutil.rmtree(temporary, ignore_errors=True)
 
 
 def _say_ready(engine: FakeEngine, lora_dir: str, temporary: bool, keyed: bool) -> None:
