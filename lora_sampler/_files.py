@@ -1,18 +1,29 @@
-"""``replacing``: write a file that replaces another whole, or not at all. Stdlib only.
+"""``replacing``: write a file that replaces another whole, or not at all; ``try_flock``, the one ``flock``.
 
 The new content goes to a temporary file beside the target (``.<name>.<8 random>.tmp``, same filesystem), is
 fsynced, takes the target's mode, and moves over it with one ``os.replace``: a kill at any moment leaves the old
-file or the new one, never a torn one. It decides nothing about what is written.
+file or the new one, never a torn one. It decides nothing about what is written. Stdlib only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import tempfile
 from typing import Any, BinaryIO, Dict, Iterator, Optional
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: nothing is locked (each caller says what that leaves to the user)
+    fcntl = None  # type: ignore[assignment]
+
+logger = logging.getLogger(__name__)
+
+#: Whether ``flock`` exists here (not on Windows).
+HAS_FLOCK = fcntl is not None
 
 #: The suffix of the temporary files, whose random part is tempfile's: 8 characters of ``[a-z0-9_]``.
 TEMP_SUFFIX = ".tmp"
@@ -55,3 +66,29 @@ def json_object_line(raw: bytes) -> Optional[Dict[str, Any]]:
     except ValueError:
         return None
     return entry if isinstance(entry, dict) else None
+
+
+def try_flock(fd: int, path: str, *, shared: bool = False, wait: bool = False, unlocked: str = "") -> Optional[bool]:
+    """Take ``flock`` on ``fd`` (the open file ``path``): True once held, False when another process holds it.
+
+    None where locks do not work (Windows, or a filesystem without them): the caller goes on unlocked, and with
+    ``unlocked`` (what that leaves to the user) a warning names the file, the error and it.
+
+    Args:
+        fd: The open file to lock; closing it releases the lock.
+        path: The file, for the warning.
+        shared: A shared lock (any number of holders) instead of an exclusive one.
+        wait: Block until the lock is free instead of answering False.
+        unlocked: What going on without the lock means, for the warning ("" logs nothing).
+    """
+    if fcntl is None:  # pragma: no cover - Windows
+        return None
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        return False
+    except OSError as error:
+        if unlocked:
+            logger.warning("cannot lock %s (%s); %s", path, error, unlocked)
+        return None
+    return True

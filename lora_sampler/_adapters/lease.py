@@ -22,11 +22,7 @@ import time
 import weakref
 from typing import Optional, Union
 
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows: no leases, and nothing is deleted that would need one
-    fcntl = None  # type: ignore[assignment]
-
+from lora_sampler._files import HAS_FLOCK, try_flock
 from lora_sampler.errors import LoraSamplerError
 from lora_sampler.names import validate_adapter_name
 
@@ -118,30 +114,25 @@ def hold(base_dir: StrPath, name: str, *, wait: float = HOLD_WAIT_SECONDS) -> Le
         ValueError: ``name`` is not a valid adapter name.
     """
     path = lease_path(base_dir, name)
-    if fcntl is None:  # pragma: no cover - Windows
+    if not HAS_FLOCK:  # pragma: no cover - Windows: no leases, and nothing is deleted that would need one
         return Lease(name, path, -1)
     deadline = time.monotonic() + wait
     while True:
         fd = _open_lease_file(path)
         if fd is None:
             return Lease(name, path, -1)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+        held = try_flock(fd, path, shared=True, unlocked=f"other runs' clean-ups cannot see that {name} is in use")
+        if held and _still_there(fd, path):
+            return Lease(name, path, fd)
+        os.close(fd)  # held: a clean-up removed that lease file meanwhile, lock the new one
+        if held is None:  # a filesystem without locks
+            return Lease(name, path, -1)
+        if held is False:  # a clean-up holds it, across one rename
             if time.monotonic() >= deadline:
                 raise LoraSamplerError(
                     f"cannot lease the adapter folder {name}: a clean-up held {path} for {wait:g} s; run again"
-                ) from None
+                )
             time.sleep(_RETRY_SECONDS)
-            continue
-        except OSError as error:  # a filesystem without locks
-            os.close(fd)
-            logger.warning("cannot lock %s (%s); other runs' clean-ups cannot see that %s is in use", path, error, name)
-            return Lease(name, path, -1)
-        if _still_there(fd, path):
-            return Lease(name, path, fd)
-        os.close(fd)  # a clean-up removed that lease file meanwhile: lock the new one
 
 
 def remove_if_unleased(base_dir: StrPath, name: str) -> bool:
@@ -161,19 +152,14 @@ def remove_if_unleased(base_dir: StrPath, name: str) -> bool:
     from lora_sampler._adapters.publish import remove_adapter_dir
 
     path = lease_path(base_dir, name)
-    if fcntl is None:  # pragma: no cover - Windows
+    if not HAS_FLOCK:  # pragma: no cover - Windows
         return False
     fd = _open_lease_file(path)
     if fd is None:
         return False
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        except OSError as error:
-            logger.warning("cannot lock %s (%s); the folder of %s is kept", path, error, name)
-            return False
+        if not try_flock(fd, path, unlocked=f"the folder of {name} is kept"):
+            return False  # a lease is held, or no locks here
         if not _still_there(fd, path):
             return False  # another clean-up was first; it removed the folder
         remove_adapter_dir(base_dir, name)
@@ -188,21 +174,17 @@ def remove_if_unleased(base_dir: StrPath, name: str) -> bool:
 def leased(base_dir: StrPath, name: str) -> Optional[bool]:
     """Tell whether some process holds a lease on ``name`` now (None where locks do not work). For listings."""
     path = lease_path(base_dir, name)
-    if fcntl is None or not os.path.exists(path):  # pragma: no cover - Windows
-        return None if fcntl is None else False
+    if not HAS_FLOCK or not os.path.exists(path):  # pragma: no cover - Windows
+        return None if not HAS_FLOCK else False
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return None
+        held = try_flock(fd, path)
     finally:
         os.close(fd)  # drops the probe's lock too
-    return False
+    return None if held is None else not held
 
 
 def _open_lease_file(path: str) -> Optional[int]:
@@ -226,9 +208,7 @@ def _forget_if_last(fd: int, path: str) -> None:
     The file is unlinked under the exclusive lock, so a holder that opened it meanwhile sees it gone and re-opens.
     """
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        if not try_flock(fd, path):
             return  # another holder (or no locks): the file stays
         if _still_there(fd, path):
             os.unlink(path)

@@ -11,12 +11,7 @@ import logging
 import os
 from typing import Any, Dict, List, Tuple
 
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows: no lock, one sweep per folder is then the user's care
-    fcntl = None  # type: ignore[assignment]
-
-from lora_sampler._files import json_object_line, replacing
+from lora_sampler._files import HAS_FLOCK, json_object_line, replacing, try_flock
 from lora_sampler.batch._lines import to_json_line
 from lora_sampler.errors import LoraSamplerError, OutputWriteError
 
@@ -167,18 +162,15 @@ def _replace(path: str, lines: List[bytes]) -> None:
 
 def _lock_folder(folder: str) -> int:
     """Hold an exclusive ``flock`` on the folder itself; -1 where locks do not work."""
-    if fcntl is None:  # pragma: no cover - Windows
+    if not HAS_FLOCK:  # pragma: no cover - Windows: one sweep per folder is then the user's care
         return -1
     fd = os.open(folder, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
+    held = try_flock(fd, folder, unlocked="one sweep per folder is up to you")
+    if held:
+        return fd
+    os.close(fd)
+    if held is False:
         raise LoraSamplerError(
             f"another sweep is writing to {folder}; wait for it to end, or pass another --output-dir"
-        ) from None
-    except OSError as error:  # a filesystem without locks: go on unlocked
-        os.close(fd)
-        logger.debug("cannot lock %s (%s); one sweep per folder is up to you", folder, error)
-        return -1
-    return fd
+        )
+    return -1

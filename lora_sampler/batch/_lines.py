@@ -18,12 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows: no locks, so stale temporaries are left alone
-    fcntl = None  # type: ignore[assignment]
-
-from lora_sampler._files import TEMP_SUFFIX, replacing, temp_prefix
+from lora_sampler._files import HAS_FLOCK, TEMP_SUFFIX, replacing, temp_prefix, try_flock
 from lora_sampler._wire.messages import SAMPLING_FIELDS
 from lora_sampler._wire.messages import text_problem as text_problem  # re-exported for the batch readers
 from lora_sampler.batch._memory import OutputMemory, job_settings, remembering
@@ -429,32 +424,24 @@ def one_writer(path: str) -> Iterator[None]:
         yield
         return
     try:
-        _lock_now(fd, path, lock_path)
+        if try_flock(fd, lock_path, unlocked=f"make sure no other run writes {path} meanwhile") is False:
+            raise LoraSamplerError(
+                f"another run is writing {path} (it holds {lock_path}); two writers would duplicate or lose records. "
+                f"Wait for it to end, then run again with the same --output to resume, or pass another --output"
+            )
         yield
     finally:
         os.close(fd)
 
 
 def _open_lock_file(lock_path: str) -> Optional[int]:
-    if fcntl is None:  # pragma: no cover - Windows
+    if not HAS_FLOCK:  # pragma: no cover - Windows
         return None
     try:
         return os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as error:  # a folder we cannot write: opening the output will say so
         logger.debug("cannot create %s (%s); the output is not locked", lock_path, error)
         return None
-
-
-def _lock_now(fd: int, path: str, lock_path: str) -> None:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise LoraSamplerError(
-            f"another run is writing {path} (it holds {lock_path}); two writers would duplicate or lose records. "
-            f"Wait for it to end, then run again with the same --output to resume, or pass another --output"
-        ) from None
-    except OSError as error:  # a filesystem without locks: go on unlocked
-        logger.warning("cannot lock %s (%s); make sure no other run writes %s meanwhile", lock_path, error, path)
 
 
 @contextmanager
@@ -512,7 +499,7 @@ def _hold_output(path: str) -> Iterator[bool]:
 
     A run that waited may find the file replaced by the run it waited for: it then locks the new file.
     """
-    if fcntl is None:  # pragma: no cover - Windows
+    if not HAS_FLOCK:  # pragma: no cover - Windows
         yield False
         return
     while True:
@@ -520,15 +507,12 @@ def _hold_output(path: str) -> Iterator[bool]:
             fd = os.open(path, os.O_RDWR)  # NFS grants an exclusive lock only on a file open for writing
         except PermissionError:
             fd = os.open(path, os.O_RDONLY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            if os.path.samestat(os.fstat(fd), os.stat(path)):
-                break
-        except OSError as error:  # a filesystem without locks: go on unlocked, remove nothing
-            os.close(fd)
-            logger.debug("cannot lock %s (%s); stale temporaries are left alone", path, error)
+        if try_flock(fd, path, wait=True, unlocked="stale temporaries are left alone") is None:
+            os.close(fd)  # a filesystem without locks: go on unlocked, remove nothing
             yield False
             return
+        if os.path.samestat(os.fstat(fd), os.stat(path)):
+            break
         os.close(fd)
     try:
         yield True
