@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
+from _waits import wait_until
 
 from lora_sampler.cli import main
 from lora_sampler.testing import FakeEngine, write_adapter_archive
@@ -335,19 +336,21 @@ def test_cli_sample_killed_midway_resumes_every_id_once(lora_dir: Path, tmp_path
     """A SIGKILLed job plus a torn last line resumes to exactly one answered line per id."""
     count = 300
     inp, out = write_prompts(tmp_path / "in.jsonl", count), tmp_path / "out.jsonl"
-    with FakeEngine(lora_dir=lora_dir, latency=0.05) as slow:
-        ckpt = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), slow.model)
-        # One line a request (300 requests of 0.05 s, four at a time: about 4 s), so the kill lands mid-run; at the
-        # default 32 prompts a request the job is ten requests long. tests/socket/test_batching.py kills a batched one.
-        args = sample_args(slow, lora_dir, ckpt, inp, out, "--concurrency", "4", "--prompts-per-request", "1")
+    with FakeEngine(lora_dir=lora_dir) as engine:
+        ckpt = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
+        # One line a request; the engine answers 20 and holds the rest, so the kill lands mid-run whatever the
+        # machine's speed. tests/socket/test_batching.py kills a batched job.
+        args = sample_args(engine, lora_dir, ckpt, inp, out, "--concurrency", "4", "--prompts-per-request", "1")
+        engine.hold(after=20)
         with running_cli(args, tmp_path) as proc:
+            engine.wait_for_held(4, timeout=WAIT_SECONDS)  # every worker waits on the engine
             wait_for_lines(out, 20, proc)
             proc.kill()
             proc.wait(timeout=WAIT_SECONDS)
-        assert len(ids(out)) < count  # it really was mid-run
+        engine.release()
+        assert len(ids(out)) == 20  # it really was mid-run: the 20 answers, no more
         with out.open("a", encoding="utf-8") as f:
             f.write('{"id": "p1", "model": "x", "sequ')  # a torn last line
-        slow.latency = 0.0
         assert main(args) == 0
     got = ids(out)
     assert sorted(got) == sorted(f"p{n}" for n in range(1, count + 1))
@@ -358,17 +361,19 @@ def test_cli_sample_sigint_exits_130_and_resumes(lora_dir: Path, tmp_path: Path)
     """SIGINT stops taking lines, exits 130, and leaves a file that resumes to every id once."""
     count = 300
     inp, out = write_prompts(tmp_path / "in.jsonl", count), tmp_path / "out.jsonl"
-    with FakeEngine(lora_dir=lora_dir, latency=0.05) as slow:
-        ckpt = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), slow.model)
-        args = sample_args(slow, lora_dir, ckpt, inp, out, "--concurrency", "4", "--prompts-per-request", "1")
+    with FakeEngine(lora_dir=lora_dir) as engine:
+        ckpt = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
+        args = sample_args(engine, lora_dir, ckpt, inp, out, "--concurrency", "4", "--prompts-per-request", "1")
+        engine.hold(after=10)  # 10 answered, the rest held: the interrupt lands mid-run whatever the machine's speed
         with running_cli(args, tmp_path) as proc:
+            engine.wait_for_held(4, timeout=WAIT_SECONDS)
             wait_for_lines(out, 10, proc)
             proc.send_signal(signal.SIGINT)
+            wait_until(lambda: "interrupted" in (tmp_path / "cli.stderr").read_text(), "the CLI saw the interrupt")
+            engine.release()  # the requests in flight end; no new line is taken
             assert proc.wait(timeout=WAIT_SECONDS) == 130
         partial = ids(out)
-        assert len(partial) < count and len(partial) == len(set(partial))
-        assert "interrupted" in (tmp_path / "cli.stderr").read_text()
-        slow.latency = 0.0
+        assert 10 <= len(partial) < count and len(partial) == len(set(partial))  # the 10, and what was sent already
         assert main(args) == 0
     assert sorted(ids(out)) == sorted(f"p{n}" for n in range(1, count + 1))
 

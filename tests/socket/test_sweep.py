@@ -7,16 +7,20 @@ checkpoint, a bad checkpoint recorded while the rest are answered, the window he
 from __future__ import annotations
 
 import builtins
+import contextlib
 import json
 import os
+import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 from _services import require
+from _waits import wait_until
 
 from lora_sampler import SamplerClient, sweep
+from lora_sampler._adapters.publish import default_adapter_name
 from lora_sampler.batch._sources import Manifest
 from lora_sampler.cli import main
 from lora_sampler.testing import FakeEngine, write_adapter_archive
@@ -81,6 +85,26 @@ def sweep_args(engine: FakeEngine, lora_dir: Path, inp: Path, out: Path, *more: 
     ]
 
 
+@contextlib.contextmanager
+def released_once_answered(engine: FakeEngine, model: str) -> Iterator[None]:
+    """For the block: release ``engine``'s hold as soon as a completion for ``model`` was answered (a held one went on:
+    the overlap it waited for happened); at the block's end in any case."""
+    ended = threading.Event()
+
+    def release() -> None:
+        wait_until(lambda: ended.is_set() or engine.calls(COMPLETIONS, model) >= 1, f"an answer for {model}")
+        engine.release()
+
+    releaser = threading.Thread(target=release, name="test-release")
+    releaser.start()
+    try:
+        yield
+    finally:
+        ended.set()
+        engine.release()
+        releaser.join()
+
+
 def ids_per_output(out: Path) -> Dict[str, List[Any]]:
     """The ids of every output file but the ledger."""
     found = {}
@@ -132,10 +156,17 @@ def test_sweep_window_bounds_the_checkpoints_in_flight(
 ) -> None:
     """From the engine's request log: never more than --window adapters with completions in flight at once."""
     engine = make_engine(latency=0.005)
-    make_run(tmp_path / "run", engine.model, (1, 2, 3, 4, 5, 6))
+    steps = make_run(tmp_path / "run", engine.model, (1, 2, 3, 4, 5, 6))
+    first, second = default_adapter_name(steps[0]), default_adapter_name(steps[1])
+    # step-1's completions wait until one of step-2's is in flight beside them, so the overlap the window allows
+    # happens whatever the machine's speed (unheld, a slow machine could end step-1 before step-2 sent anything).
+    # Once one of step-1's is answered the overlap happened, and nothing more is held. 16 workers: step-1's held
+    # requests (about 13) never take every worker, so step-2's warm-up is always sent.
+    engine.hold(model=first, beside=second)
     inp, out = write_prompts(tmp_path / "prompts.jsonl", 40), tmp_path / "out"
     argv = sweep_args(engine, lora_dir, inp, out, "--checkpoints", str(tmp_path / "run" / "*.tar.gz"), "--quiet")
-    assert main([*argv, "--window", "2"]) == 0
+    with released_once_answered(engine, first):
+        assert main([*argv, "--window", "2", "--concurrency", "16"]) == 0
     spans = [(r.started, r.finished, r.model) for r in engine.requests if r.path == COMPLETIONS]
     most = 0
     for start, _, _ in spans:

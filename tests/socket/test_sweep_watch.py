@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List
+from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 import pytest
 
@@ -85,34 +85,41 @@ def wait_until(check: Callable[[], bool], proc: subprocess.Popen[bytes]) -> bool
 def test_sweep_sigkill_at_several_points_then_resume_answers_every_row_once(
     make_engine: Any, lora_dir: Path, tmp_path: Path
 ) -> None:
-    """Killed mid-checkpoint, right after a ledger line, mid-publish and at random: every (checkpoint, id) once."""
-    engine: FakeEngine = make_engine(latency=0.004)
+    """Killed mid-checkpoint, right after a ledger line, mid-publish and later: every (checkpoint, id) once.
+
+    Each run is killed while the engine holds one checkpoint's completions, so it is mid-run whatever the machine's
+    speed: the first's after 11 answers (at least 10 lines: a warm-up, then 1 to 4 prompts a request, so 60 prompts
+    take more than 11 requests), then the third's, the fourth's, the fifth's.
+    """
+    engine: FakeEngine = make_engine()
     run = tmp_path / "run"
     run.mkdir()
-    for index, step in enumerate((1, 2, 3, 4, 5)):
-        aged(write_adapter_archive(str(run / f"step-{step}.tar.gz"), engine.model, rank=1 + index))
+    archives = [write_adapter_archive(str(run / f"step-{n}.tar.gz"), engine.model, rank=n) for n in range(1, 6)]
+    names = [default_adapter_name(aged(path)) for path in archives]
     inp, out = write_prompts(tmp_path / "prompts.jsonl", 60), tmp_path / "out"
     argv = ["sweep", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--input", str(inp)]
     argv += ["--output-dir", str(out), "--checkpoints", str(run / "*.tar.gz"), "--concurrency", "4", "--quiet"]
+    argv += ["--prompts-per-request", "4"]
     ledger = out / "sweep.jsonl"
 
     def outputs() -> List[Path]:
         return [p for p in out.glob("*.jsonl") if p.name != "sweep.jsonl"] if out.exists() else []
 
-    kill_points: List[Callable[[], bool]] = [
-        lambda: any(len(lines_of(p)) >= 10 for p in outputs()),  # inside the first checkpoint
-        lambda: len(lines_of(ledger)) >= 1,  # just after a ledger line
-        lambda: len(outputs()) >= 3,  # a new checkpoint was just published
-        lambda: len(lines_of(ledger)) >= 3,
+    kill_points: List[Tuple[str, int, Callable[[], bool]]] = [
+        (names[0], 11, lambda: any(len(lines_of(p)) >= 10 for p in outputs())),  # inside the first checkpoint
+        (names[2], 0, lambda: len(lines_of(ledger)) >= 1),  # just after a ledger line
+        (names[3], 0, lambda: len(outputs()) >= 3),  # a new checkpoint was just published
+        (names[4], 0, lambda: len(lines_of(ledger)) >= 3),
     ]
-    killed = 0
-    for point in kill_points:
+    for held, answered, point in kill_points:
+        engine.hold(model=held, after=answered)
         with cli(argv, tmp_path) as proc:
-            if wait_until(point, proc):
-                os.killpg(proc.pid, signal.SIGKILL)
-                killed += 1
+            assert wait_until(lambda: engine.held_requests >= 1 and point(), proc), (  # noqa: B023 (called here)
+                tmp_path / "cli.stderr"
+            ).read_text()
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert killed >= 3  # the kills landed inside the sweep, not after it ended
+        engine.release()
     with cli(argv, tmp_path) as proc:
         assert proc.wait(timeout=WAIT_SECONDS) == 0, (tmp_path / "cli.stderr").read_text()
     entries = lines_of(ledger)
@@ -125,22 +132,30 @@ def test_sweep_sigkill_at_several_points_then_resume_answers_every_row_once(
 
 
 def test_sweep_ctrl_c_exits_130_and_the_same_command_resumes(make_engine: Any, lora_dir: Path, tmp_path: Path) -> None:
-    """SIGINT mid-sweep: exit 130 with no ledger line for the unfinished checkpoint; running again finishes it."""
-    engine: FakeEngine = make_engine(latency=0.02)
+    """SIGINT mid-sweep: exit 130 with no ledger line for the unfinished checkpoint; running again finishes it.
+
+    The engine answers step-1's first 21 completions (20 lines at least) and holds the rest: the Ctrl-C lands in the
+    first checkpoint whatever the machine's speed; the held ones go on once the CLI said it was interrupted."""
+    engine: FakeEngine = make_engine()
     run = tmp_path / "run"
     run.mkdir()
-    for step in (1, 2):
-        aged(write_adapter_archive(str(run / f"step-{step}.tar.gz"), engine.model, rank=step))
+    archives = [write_adapter_archive(str(run / f"step-{n}.tar.gz"), engine.model, rank=n) for n in (1, 2)]
+    first = default_adapter_name(aged(archives[0]))
+    aged(archives[1])
     inp, out = write_prompts(tmp_path / "prompts.jsonl", 200), tmp_path / "out"
     argv = ["sweep", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--input", str(inp)]
     argv += ["--output-dir", str(out), "--checkpoints", str(run / "*.tar.gz"), "--concurrency", "4", "--quiet"]
+    argv += ["--prompts-per-request", "4"]  # 50 requests a checkpoint at least
 
     def outputs() -> List[Path]:
         return [p for p in out.glob("*.jsonl") if p.name != "sweep.jsonl"] if out.exists() else []
 
+    engine.hold(model=first, after=21)
     with cli(argv, tmp_path) as proc:
-        assert wait_until(lambda: any(len(lines_of(p)) >= 20 for p in outputs()), proc)
+        assert wait_until(lambda: engine.held_requests >= 1 and any(len(lines_of(p)) >= 20 for p in outputs()), proc)
         proc.send_signal(signal.SIGINT)
+        assert wait_until(lambda: "interrupted" in (tmp_path / "cli.stderr").read_text(), proc)
+        engine.release()
         assert proc.wait(timeout=WAIT_SECONDS) == 130
     assert len(lines_of(out / "sweep.jsonl")) == 0  # nothing finished: nothing recorded
     assert "run again with --output-dir" in (tmp_path / "cli.stderr").read_text()
@@ -151,27 +166,31 @@ def test_sweep_ctrl_c_exits_130_and_the_same_command_resumes(make_engine: Any, l
 
 
 def test_sweep_outlives_an_engine_restart_mid_run(lora_dir: Path, tmp_path: Path) -> None:
-    """SIGKILL the engine during the second checkpoint and restart it: exit 0, every (checkpoint, id) once."""
+    """SIGKILL the engine during the second checkpoint and restart it: exit 0, every (checkpoint, id) once.
+
+    The engine holds step-2's completions until it is killed (so the kill lands mid-sweep whatever the machine's
+    speed), and restarts once the CLI said it is unreachable."""
     run = tmp_path / "run"
     run.mkdir()
-    for step in (1, 2, 3):
-        aged(write_adapter_archive(str(run / f"step-{step}.tar.gz"), "tiny-base", rank=step))
+    archives = [write_adapter_archive(str(run / f"step-{n}.tar.gz"), "tiny-base", rank=n) for n in (1, 2, 3)]
+    second = [default_adapter_name(aged(path)) for path in archives][1]
     inp, out = write_prompts(tmp_path / "prompts.jsonl", 150), tmp_path / "out"
-    engine = EngineProcess(str(lora_dir), latency=0.01)
+    engine = EngineProcess(str(lora_dir))
     restarted: List[EngineProcess] = []
     try:
+        engine.hold(model=second)
         argv = ["sweep", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--input", str(inp)]
         argv += ["--output-dir", str(out), "--checkpoints", str(run / "*.tar.gz"), "--concurrency", "4", "--quiet"]
         with cli([*argv, "--max-outage", "60"], tmp_path) as proc:
+            engine.wait_for_held(1, timeout=WAIT_SECONDS)
             assert wait_until(lambda: len(lines_of(out / "sweep.jsonl")) >= 1, proc)
             engine.kill()
-            time.sleep(1.0)
+            assert wait_until(lambda: "engine unreachable since" in (tmp_path / "cli.stderr").read_text(), proc)
             restarted.append(engine.restart())  # same port, every adapter forgotten
             assert proc.wait(timeout=WAIT_SECONDS * 2) == 0, (tmp_path / "cli.stderr").read_text()
     finally:
         for running in [engine, *restarted]:
             running.stop()
-    assert "engine unreachable since" in (tmp_path / "cli.stderr").read_text()  # the kill landed mid-sweep
     entries = lines_of(out / "sweep.jsonl")
     assert len(entries) == 3 and all(e["rows"] == 150 and e["failed"] == 0 for e in entries)
     for entry in entries:
