@@ -1,25 +1,62 @@
-"""The CLI guide's command table is the parser's: a command added or reworded shows up there, or this test fails."""
+"""The command line's documentation is its parser's: docs/reference/cli.md (every command, argument, default and help)
+and the CLI guide's command table are what tools/cli_reference.py writes from ``build_parser()``, or this test fails
+naming that command."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import sys
 from pathlib import Path
+from types import ModuleType
+
+import pytest
 
 from lora_sampler.cli._main import COMMANDS, build_parser
 
-GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "cli.md"
-TABLE = re.compile(r"<!-- command table: .*? -->\n(?P<table>.*?)\n<!-- end of the command table -->", re.S)
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_cli_guide_lists_every_command_as_the_parser_says() -> None:
-    """docs/guides/cli.md's table is ``build_parser().command_table()`` (this test prints the table to paste)."""
-    table = build_parser().command_table()
-    found = TABLE.search(GUIDE.read_text(encoding="utf-8"))
-    assert found, "docs/guides/cli.md has no command table between its markers"
-    assert found["table"] == table, "paste this table into docs/guides/cli.md:\n" + table
+def load_tool() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("cli_reference", ROOT / "tools" / "cli_reference.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+tool = load_tool()
+
+
+@pytest.mark.parametrize("path", sorted(tool.expected()), ids=lambda path: str(path.relative_to(ROOT)))
+def test_cli_docs_are_what_the_parser_says(path: Path) -> None:
+    """Each generated file holds exactly what the parser gives; a flag added, removed or reworded fails here."""
+    assert (
+        path.read_text(encoding="utf-8") == tool.expected()[path]
+    ), f"{path.relative_to(ROOT)} differs from the parser: run `python tools/cli_reference.py` and commit the result"
+
+
+def test_cli_guide_holds_the_command_table_between_its_markers() -> None:
+    """The guide's markers are there (without them the rewrite would have nothing to replace, and pass)."""
+    found = tool.GUIDE_TABLE.search(tool.GUIDE.read_text(encoding="utf-8"))
+    assert found and found["table"] == build_parser().command_table()
 
 
 def test_command_table_names_every_command() -> None:
     """Every command main runs is a row (serve-test-engine and adapters included)."""
     table = build_parser().command_table()
     assert all(f"`lora-sampler {name}`" in table for name in COMMANDS)
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_reference_lists_every_flag_the_usage_shows(name: str) -> None:
+    """Every flag argparse's usage line shows is one the parser knows and a row of the command's table, a mutually
+    exclusive group's included (a flag added some way the parser does not see would be missing from the reference
+    and from the "did you mean")."""
+    command = build_parser().commands.choices[name]
+    shown = set(re.findall(r"(?<![\w-])--?[a-zA-Z][\w-]*", command.format_usage()))
+    known = {action.option_strings[0] for action in command.arguments if action.option_strings}
+    assert shown == known
+    rows = command.flag_table().splitlines()
+    assert all(any(f"`{flag}" in row for row in rows) for flag in known - {"-h"})
