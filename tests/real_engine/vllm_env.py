@@ -85,6 +85,10 @@ class EngineSettings:
         max_lora_rank: The largest adapter rank (with ``enable_lora`` only).
         max_loras: Adapters in one batch (with ``enable_lora`` only).
         kv_cache_gib: KV cache space in GiB (``VLLM_CPU_KVCACHE_SPACE``; 1 for a small machine).
+        max_num_seqs: Sequences in one engine step, and ``max_num_batched_tokens`` the tokens: ``vllm serve``'s own
+            values on a CPU, given to both entry points, since vLLM 0.32 otherwise picks them by entry point
+            (``LLM`` takes twice the server's step: 256 sequences and 4,096 tokens).
+        max_num_batched_tokens: See ``max_num_seqs``.
     """
 
     dtype: str = "float32"
@@ -93,6 +97,8 @@ class EngineSettings:
     max_lora_rank: int = 8
     max_loras: int = 4
     kv_cache_gib: int = 1
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
 
     def but(self, **changes: Any) -> EngineSettings:
         """Return these settings with ``changes`` (field names) applied."""
@@ -101,6 +107,7 @@ class EngineSettings:
     def llm_kwargs(self) -> dict[str, Any]:
         """Return the settings as ``vllm.LLM``'s keyword arguments (the LoRA ones only with ``enable_lora``)."""
         kwargs: dict[str, Any] = {"dtype": self.dtype, "max_model_len": self.max_model_len}
+        kwargs.update(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens)
         if self.enable_lora:
             kwargs.update(enable_lora=True, max_lora_rank=self.max_lora_rank, max_loras=self.max_loras)
         return kwargs

@@ -93,7 +93,13 @@ def test_the_offline_limit_and_the_server_get_the_same_engine_settings(
         argv = offline["argv"]
         assert argv[argv.index("--model") + 1] == server["argv"][server["argv"].index("--model") + 1]
         engine_args = json.loads(argv[argv.index("--engine-args") + 1])
-        assert engine_args == as_kwargs(server_flags) == {"dtype": "float32", "max_model_len": 256}
+        assert engine_args == as_kwargs(server_flags)
+        assert engine_args == {
+            "dtype": "float32",
+            "max_model_len": 256,
+            "max_num_seqs": 128,
+            "max_num_batched_tokens": 2048,
+        }
         assert server["env"].items() <= offline["env"].items()
     assert ran["settings"]["dtype"] == "float32" and ran["settings"]["enable_lora"] is False
     assert ran["ran"] == {
@@ -121,6 +127,16 @@ def test_lora_on_one_side_only_is_a_difference(monkeypatch: pytest.MonkeyPatch, 
     arms = Arms(harness, vllm_log(), vllm_log(lora=True))
     with pytest.raises(RuntimeError, match="different engines"):
         run_arms(monkeypatch, harness, arms)
+
+
+def test_the_scheduler_is_set_not_left_to_each_entry_point(harness: Any) -> None:
+    """vLLM 0.32 on a CPU picks its scheduler by entry point when none is given: ``LLM`` 256 sequences and 4,096
+    tokens a step, ``vllm serve`` 128 and 2,048. The limit ran with twice the server's step, and sampled slower than
+    the server it was the limit of (106 against 165 sequences/s); both arms now get the server's values."""
+    for settings in (harness.ENGINE, harness.ENGINE.but(enable_lora=False)):
+        kwargs = settings.llm_kwargs()
+        assert (kwargs["max_num_seqs"], kwargs["max_num_batched_tokens"]) == (128, 2048)
+        assert as_kwargs(settings.server_flags())["max_num_seqs"] == 128
 
 
 def test_the_server_flags_and_the_llm_kwargs_say_the_same(harness: Any) -> None:
