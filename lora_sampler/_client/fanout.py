@@ -465,13 +465,19 @@ class FanOut:
         except KeyboardInterrupt as stop:
             stream.close()  # when the interrupt came between two results
             partial = results + [_finished(future) for future in window]
+            held = sum(result is not None for result in partial)
             message = (
-                f"interrupted after {len(results)} of {len(partial)} requests submitted; the requests in flight were "
-                "cancelled. The answers received are in this error's .results (in input order, None where none came)"
+                f"interrupted with {held} of the {len(partial)} requests submitted finished; the requests in flight "
+                "were cancelled. Their outcomes are in this error's .results (in input order, None where none came)"
             )
             raise SamplingInterruptedError(message, results=partial) from stop
         except Exception as error:  # the first failure, raised: it carries every answer received
-            keep_results(error, results + [_answered(future) for future in window])
+            kept = results + [_answered(future) for future in window]
+            keep_results(error, kept)
+            if isinstance(error, LoraSamplerError) and _failed_first(window, error):
+                _say_where(error, len(results), kept)
+                # Its message says it all: the worker thread's frames (the transport's) are no help to the caller.
+                raise error.with_traceback(None) from error.__cause__
             raise
         return results
 
@@ -586,6 +592,22 @@ def _answered(future: Future[Any]) -> Any:
     if not future.done() or future.cancelled() or future.exception() is not None:
         return None
     return future.result()
+
+
+def _failed_first(window: Deque[Future[Any]], error: BaseException) -> bool:
+    """Tell whether ``error`` is the failure of the oldest request in the window (a slot's, not the iterable's)."""
+    oldest = window[0] if window else None
+    return oldest is not None and oldest.done() and not oldest.cancelled() and oldest.exception() is error
+
+
+def _say_where(error: LoraSamplerError, index: int, kept: List[Any]) -> None:
+    """Name the input a raised failure belongs to and the answers kept on ``.results``."""
+    held = sum(result is not None for result in kept)
+    error.message += (
+        f" [input {index} of sample_many; {held} answers received so far are in this error's .results, one slot per "
+        "request submitted in input order, None where none came; return_exceptions=True keeps going past failures]"
+    )
+    error.args = (error.message,)
 
 
 def keep_results(error: BaseException, results: List[Any]) -> None:
