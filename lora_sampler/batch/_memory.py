@@ -15,7 +15,7 @@ import hashlib
 import json
 import logging
 import os
-from typing import IO, Any, Dict, Iterator, Mapping, Optional, Protocol, Set, Tuple, Union
+from typing import IO, Any, Dict, Iterable, Iterator, Mapping, Optional, Protocol, Set, Tuple, Union
 
 from lora_sampler._files import json_object_line, replacing
 from lora_sampler.errors import OutputSettingsError, OutputWriteError
@@ -125,14 +125,14 @@ def settings_changes(before: Mapping[str, Any], now: Mapping[str, Any]) -> str:
     return ", ".join(changed)
 
 
-def check_remembered(output: str, settings: Mapping[str, Any]) -> None:
-    """Refuse to take ``output`` as finished when it remembers other settings than ``settings`` (a sweep's finished
-    checkpoint is not opened again, so its settings are checked here).
+def check_remembered(output: str, settings: Mapping[str, Any], lines: Iterable[AnsweredLine] = ()) -> None:
+    """Refuse to take ``output`` as finished when it remembers other settings than ``settings``, or another request
+    for the id of one of ``lines`` (a sweep's finished checkpoint is not opened again, so it is checked here).
 
     Raises:
-        OutputSettingsError: it does (the message names the settings and the way out).
+        OutputSettingsError: it does (the message names the setting or the line, and the way out).
     """
-    remembered = _read_file(settings_path(output))[0]
+    remembered, digests = _read_file(settings_path(output))
     changes = "" if remembered is None else settings_changes(remembered, settings)
     if changes:
         raise OutputSettingsError(
@@ -140,6 +140,24 @@ def check_remembered(output: str, settings: Mapping[str, Any]) -> None:
             path=output,
             setting=changes.split(" ", 1)[0],
         )
+    for line in lines if digests else ():
+        refusal = _changed_line(output, digests, line)
+        if refusal is not None:
+            raise refusal
+
+
+def _changed_line(output: str, digests: Mapping[str, str], line: AnsweredLine) -> Optional[OutputSettingsError]:
+    """The refusal of an answered line that now asks something else (its prompt or own settings changed); None when
+    it asks the same, or when nothing is remembered of it."""
+    remembered = digests.get(line.key)
+    if remembered is None or line.request is None or remembered == request_digest(line.request):
+        return None
+    return OutputSettingsError(
+        f"line {line.line_number} (id {line.id!r}) asks something else than the answer {output} holds for it (its "
+        f"prompt, messages or own settings changed); {WAY_OUT}, or give the changed line a new id",
+        path=output,
+        setting=f"line {line.line_number}",
+    )
 
 
 class OutputMemory:
@@ -179,15 +197,7 @@ class OutputMemory:
     def refusal(self, line: AnsweredLine) -> Optional[OutputSettingsError]:
         """Return the refusal of an answered line that now asks something else (its prompt or own settings changed);
         None when it asks the same, or when nothing is remembered of it."""
-        remembered = self._digests.get(line.key)
-        if remembered is None or line.request is None or remembered == request_digest(line.request):
-            return None
-        return OutputSettingsError(
-            f"line {line.line_number} (id {line.id!r}) asks something else than the answer {self.output} holds for "
-            f"it (its prompt, messages or own settings changed); {WAY_OUT}, or give the changed line a new id",
-            path=self.output,
-            setting=f"line {line.line_number}",
-        )
+        return _changed_line(self.output, self._digests, line)
 
     def remember(self, key: str, request: Union[SampleRequest, ScoreRequest, None]) -> None:
         """Remember the request of an id whose record is about to be written (a line without a request: nothing).

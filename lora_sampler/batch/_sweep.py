@@ -266,13 +266,15 @@ class Sweep:
                     run.join()
 
     def _check_finished(self, ledger: Ledger) -> None:
-        """Refuse to take an earlier run's finished checkpoint as done when its output remembers other settings."""
+        """Refuse to take an earlier run's finished checkpoint as done when its output remembers other settings, or
+        other requests for the ids it answered (the input's lines, read as they are now)."""
         if self.evaluator is not None:
             return
         for line in ledger.finished.values():
             if isinstance(line.get("output"), str) and isinstance(line.get("adapter"), str):
                 output = os.path.join(self.settings.output_dir, line["output"])
-                check_remembered(output, self.step.settings(line["adapter"]))
+                adapter = Adapter(line["adapter"])
+                check_remembered(output, self.step.settings(adapter), self.step.lines(adapter))
 
     def _schedule(self, source: CheckpointSource, ledger: Ledger) -> Iterator[CheckpointReport]:
         after, claimed = threading.Event(), threading.Event()

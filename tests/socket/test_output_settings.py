@@ -172,3 +172,37 @@ def test_sampling_params_defaults_are_remembered_by_name() -> None:
     two = job_settings("sample", "m", sampling_params=SamplingParams(temperature=0.5, stop=("a",)))
     assert settings_changes(one, two) == ""
     assert settings_changes({"kind": "sample"}, one) == ""  # settings an older version did not remember
+
+
+def test_sweep_rerun_with_a_changed_prompt_for_a_finished_checkpoint_is_refused_naming_the_line(
+    engine: FakeEngine, lora_dir: Path, tmp_path: Path, capsys: Any
+) -> None:
+    """A finished checkpoint's answered ids remember their prompts: a requests file that changes one is refused
+    (naming the line and the way out) before anything is sent, as `sample`'s output is; appended lines are not."""
+    archive = write_adapter_archive(tmp_path / "step-1.tar.gz", engine.model)
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps({"id": n, "prompt": [1, n]}) + "\n" for n in range(3)))
+    base = ["sweep", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--checkpoints", archive]
+    argv = [*base, "--input", str(inp), "--output-dir", str(tmp_path / "run"), "--quiet"]
+    assert main(argv) == 0
+    inp.write_text("".join(json.dumps({"id": n, "prompt": [1, n + (n == 1) * 50]}) + "\n" for n in range(3)))
+    capsys.readouterr()
+    sent = _completions(engine)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "line 2 (id 1)" in err and "--restart" in err, err
+    assert _completions(engine) == sent
+    assert main([*argv, "--restart"]) == 0
+    assert main(argv) == 0  # the changed prompt is the remembered one now
+
+
+def test_python_sweep_rerun_with_a_changed_prompt_is_refused(
+    engine: FakeEngine, lora_dir: Path, tmp_path: Path
+) -> None:
+    """The Python sweep keeps the same rule for a sequence of lines."""
+    archive = write_adapter_archive(tmp_path / "step-1.tar.gz", engine.model)
+    with SamplerClient(engine.url, lora_base_dir=str(lora_dir)) as client:
+        list(sweep(client, [archive], [{"id": n, "prompt": [1, n]} for n in range(3)], output_dir=str(tmp_path / "r")))
+        changed = [{"id": n, "prompt": [1, 7]} for n in range(3)]
+        with pytest.raises(lora_sampler.OutputSettingsError, match=r"line 1 \(id 0\).*restart=True"):
+            list(sweep(client, [archive], changed, output_dir=str(tmp_path / "r")))
