@@ -14,7 +14,10 @@ import time
 from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
+import requests
+import urllib3
 from _fleet import BASE_MODEL, Replica, Router, start_replicas
+from requests.adapters import HTTPAdapter
 
 from lora_sampler import FleetError, SampleOutput, SamplerClient, SampleRequest
 from lora_sampler.testing import write_adapter
@@ -199,3 +202,38 @@ def test_fleet_replica_with_runtime_updating_off_is_named_and_the_files_stay(
         assert "files were left in place" in str(unload_error.value)
         client.unload(adapter, delete_files=True)  # runtime updating back on: every replica confirms
     assert not os.path.exists(adapter.path)
+
+
+def test_fleet_with_a_users_session_sends_the_router_and_every_replica_through_it(
+    router: Router, fleet: List[Replica], fleet_dir: str
+) -> None:
+    """A user's ``session=`` with ``replicas="router"``: the completions (through the router) and the load on each
+    replica all go through that session (its hooks see them), and every request is answered."""
+    write_adapter(os.path.join(fleet_dir, "own-session"), BASE_MODEL)
+    seen: List[str] = []
+    session = requests.Session()
+    session.hooks["response"].append(lambda response, **kwargs: seen.append(str(response.url)))
+    with session, _client(router, fleet_dir, session=session) as client:
+        results = client.sample_many(
+            [{"prompt": [9, i], "adapter": "own-session"} for i in range(16)], return_exceptions=True
+        )
+    assert _failures(results) == []
+    assert [len(_loads(r, "own-session")) for r in fleet] == [1] * REPLICAS
+    loaded_through_session = {url[: -len(LOAD)] for url in seen if url.endswith(LOAD)}
+    assert loaded_through_session == {r.url.rstrip("/") for r in fleet}, (loaded_through_session, seen[:5])
+    assert sum(url.startswith(router.url) and url.endswith("/v1/completions") for url in seen) >= 16
+
+
+def test_fleet_with_a_users_session_retrying_on_one_replica_is_refused_naming_it(
+    router: Router, fleet: List[Replica], fleet_dir: str, tmp_path: Any
+) -> None:
+    """A session whose adapter for one replica's URL retries statuses (the router's URL passed the constructor's
+    check) is refused when the fleet first reaches that replica: a ValueError naming it, before any load is sent."""
+    session = requests.Session()
+    session.mount(fleet[0].url, HTTPAdapter(max_retries=urllib3.Retry(total=3, status_forcelist=[500])))
+    checkpoint = _checkpoint(tmp_path, "refused-session")
+    with session, _client(router, fleet_dir, session=session) as client:
+        with pytest.raises(ValueError) as caught:
+            client.publish(checkpoint)
+    message = str(caught.value)
+    assert fleet[0].url in message and "500" in message, message
