@@ -437,14 +437,21 @@ def _html_page(text: str) -> str:
     return f"{HTML_PAGE} ({title})" if title else HTML_PAGE
 
 
+def answered_by_gateway(response: Optional[requests.Response], engine_message: str) -> bool:
+    """Tell whether an error answer is a proxy's own "the engine behind me is away" (``is_gateway_failure``)."""
+    if response is None:
+        return False
+    json_body = "json" in str(response.headers.get("Content-Type", "")).lower()
+    return is_gateway_failure(response.status_code, engine_message, json_body)
+
+
 def gateway_hint(response: requests.Response, engine_message: str, proxy: str) -> str:
     """Name the proxy that answered a gateway status in place of the engine, and the way on; "" for other answers.
 
     base_url (or the proxy) is reachable, so "check base_url" would send the user the wrong way: the engine behind
     the proxy is what is away. What answered is the configured proxy, else the ``Server`` header's name.
     """
-    json_body = "json" in str(response.headers.get("Content-Type", "")).lower()
-    if not is_gateway_failure(response.status_code, engine_message, json_body):
+    if not answered_by_gateway(response, engine_message):
         return ""
     server = " ".join(str(response.headers.get("Server", "")).split())[:80]
     who = f"the proxy {proxy}" if proxy else f"a proxy or gateway ({server})" if server else "a proxy or gateway"

@@ -14,7 +14,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Tuple, TypeVar
 
 from lora_sampler._wire.refusals import is_router_outage
-from lora_sampler.errors import EngineConnectionError, EngineStatusError, EngineTimeoutError, short_cause
+from lora_sampler.errors import (
+    EngineConnectionError,
+    EngineStatusError,
+    EngineTimeoutError,
+    answered_by_gateway,
+    short_cause,
+)
 from lora_sampler.retry import is_transport_failure
 from lora_sampler.types import Timeout, split_timeout
 
@@ -81,12 +87,17 @@ def checked_seconds(value: object, argument: str) -> float:
 def is_outage(error: BaseException) -> bool:
     """Tell whether a failure means the engine (or every worker behind a router) is away, not that a request is bad.
 
-    Outage-class: the retry table's transport row (refused, reset, timeout) once retries gave up, and the router's
-    own 500 ``Request failed: error sending request for url ...`` and 503 ``No available workers ...``.
+    Outage-class: the retry table's transport row (refused, reset, timeout) once retries gave up, the router's
+    own 500 ``Request failed: error sending request for url ...`` and 503 ``No available workers ...``, and a
+    proxy's 502, 504 or non-vLLM 503 (the engine behind it is away).
     """
     if is_transport_failure(error):
         return True
-    return isinstance(error, EngineStatusError) and is_router_outage(error.status, error.engine_message)
+    if not isinstance(error, EngineStatusError):
+        return False
+    return is_router_outage(error.status, error.engine_message) or answered_by_gateway(
+        error.response, error.engine_message
+    )
 
 
 def not_ready(error: BaseException) -> bool:

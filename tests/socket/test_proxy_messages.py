@@ -6,15 +6,31 @@ HTTP_PROXY read as "the engine at ... could not be reached; check base_url".
 
 from __future__ import annotations
 
+import json
 import socket
+import threading
 from typing import Any, Callable
 
 import pytest
-from rawserver import RawServer
+from rawserver import RawServer, json_response
 
-from lora_sampler import EngineConnectionError, InternalServerError, RetryPolicy, SamplerClient
+from lora_sampler import EngineConnectionError, InternalServerError, RetryPolicy, SampleOutput, SamplerClient
 
 ONE_TRY = RetryPolicy(max_attempts=1)
+COMPLETION = json.dumps(
+    {
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "text": "",
+                "token_ids": [3],
+                "logprobs": {"token_logprobs": [-0.1]},
+                "finish_reason": "length",
+            }
+        ],
+    }
+).encode()
 NGINX_PAGE = (
     b"<html>\r\n<head><title>{status}</title></head>\r\n<body>\r\n<center><h1>{status}</h1></center>\r\n"
     b"<hr><center>nginx/1.24.0</center>\r\n</body>\r\n</html>\r\n"
@@ -87,3 +103,26 @@ def test_a_proxy_from_the_environment_answering_502_is_named_by_its_url(monkeypa
                 client.sample([1, 2], base_model="m")
     message = str(caught.value)
     assert f"The proxy {proxy_url} answered" in message and "NO_PROXY=engine.invalid" in message, message
+
+
+def test_an_engine_away_behind_a_proxy_is_waited_out_with_max_outage() -> None:
+    """A proxy's 502 is an outage (the engine behind it is away): with max_outage the requests are held, the
+    proxy probed, and every request answered once the engine is back; nothing is lost."""
+    back = threading.Event()
+    page = _proxy_page("502 Bad Gateway")
+
+    def proxy_then_engine(conn: socket.socket, index: int) -> None:
+        if index >= 4:  # four 502s seen: the engine behind the proxy is back
+            back.set()
+        if not back.is_set():
+            page(conn, index)
+            return
+        path = proxy.requests[index].split(b" ", 2)[1]
+        body = COMPLETION if path.endswith(b"/completions") else b"{}"
+        conn.sendall(json_response(body))
+
+    with RawServer(proxy_then_engine) as proxy:
+        with SamplerClient(proxy.url, retry=ONE_TRY) as client:
+            requests = [{"prompt": [1, 2], "base_model": "m"}] * 3
+            results = client.sample_many(requests, max_outage=60, return_exceptions=True, prompts_per_request=1)
+    assert back.is_set() and all(isinstance(result, SampleOutput) for result in results), results
