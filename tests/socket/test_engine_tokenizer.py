@@ -7,6 +7,7 @@ template, and each request rides the retry table.
 
 from __future__ import annotations
 
+import itertools
 from typing import List
 
 import pytest
@@ -65,6 +66,18 @@ def test_tokenize_many_answers_in_input_order_through_the_pool(engine: FakeEngin
     assert answers == [tuple(ByteTokenizer().encode(text)) for text in texts] and answers[:3] == singles
     assert pieces == [(4 + 0xC3, 4 + 0xA9)]
     assert engine.calls(TOKENIZE_PATH) == 44
+
+
+def test_tokenize_many_pulls_an_endless_generator_as_the_answers_come(engine: FakeEngine) -> None:
+    """A generator without end is read a bounded window ahead; closing the iteration sends no more."""
+    with SamplerClient(engine.url, max_workers=2) as client:
+        answers = client.tokenize_many(f"text {n}" for n in itertools.count())
+        taken = [next(answers) for _ in range(5)]
+        answers.close()  # type: ignore[attr-defined]
+        asked = engine.calls(TOKENIZE_PATH)
+        assert client.tokenize("after") == tuple(4 + b for b in b"after")
+    assert taken == [tuple(4 + b for b in f"text {n}".encode()) for n in range(5)]
+    assert 5 <= asked <= 5 + 2 * 2 + 1  # the answers taken, and at most the window read ahead (2 per worker)
 
 
 def test_tokenize_many_refuses_a_text_that_is_not_one_in_its_slot(engine: FakeEngine) -> None:
