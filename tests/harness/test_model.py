@@ -188,3 +188,15 @@ def test_token_cache_holds_at_most_max_size_and_asks_again_for_what_it_let_go(en
         assert cache.requests == 51 and cache.size() <= 300
         with pytest.raises(ValueError, match="max_size must be an int >= 1"):
             TokenCache(client, max_size=0)
+
+
+def test_client_settings_beside_a_client_are_refused_by_name(engine: FakeEngine) -> None:
+    """With client=, the client's own settings (num_concurrent sizes its workers) are refused, never ignored."""
+    with SamplerClient(engine.url, max_workers=2) as client:
+        with pytest.raises(ValueError, match=r"num_concurrent .*not beside client="):
+            LoraSamplerLM(client=client, num_concurrent=4)
+        with pytest.raises(ValueError, match=r"timeout .*not beside client="):
+            LoraSamplerLM(client=client, timeout=5)
+        LoraSamplerLM(client=client, prefix_token_id=1)
+    with pytest.raises(ValueError, match="num_concurrent must be an int >= 1"):
+        LoraSamplerLM(base_url=engine.url, num_concurrent=0)
