@@ -78,7 +78,8 @@ class TokenCache:
             on_outage: Called with an ``OutageEvent`` while the engine is away.
 
         Raises:
-            EngineError: a tokenize request failed once the retry table ran its course (the others are kept).
+            EngineError: a tokenize request failed once the retry table (and the outage hold) ran its course; the
+                answers taken before it are kept, the requests after it cancelled.
         """
         with self._lock:
             missing = [text for text in dict.fromkeys(texts) if (text, add_special_tokens) not in self._entries]
