@@ -73,7 +73,7 @@ class CommandParser(argparse.ArgumentParser):
         for action in sorted(self.arguments, key=lambda action: bool(action.option_strings)):  # positionals first
             if action.dest != "help":
                 cells = (f"`{_spelling(action)}`", self._default_of(action), action.help or "")
-                rows.append("| " + " | ".join(cell.replace("|", "\\|").replace("<", "&lt;") for cell in cells) + " |")
+                rows.append("| " + " | ".join(_table_cell(cell) for cell in cells) + " |")
         return "\n".join(rows)
 
     def _default_of(self, action: argparse.Action) -> str:
@@ -145,6 +145,11 @@ class ExclusiveGroup:
         self.arguments.append(action)
         self._parser_arguments.append(action)
         return action
+
+
+def _table_cell(text: str) -> str:
+    """``text`` as one Markdown table cell: on one line, its pipes escaped, and no ``<name>`` taken for an HTML tag."""
+    return " ".join(text.split()).replace("|", "\\|").replace("<", "&lt;")
 
 
 def _spelling(action: argparse.Action) -> str:

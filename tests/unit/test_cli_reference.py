@@ -60,3 +60,13 @@ def test_reference_lists_every_flag_the_usage_shows(name: str) -> None:
     assert shown == known
     rows = command.flag_table().splitlines()
     assert all(any(f"`{flag}" in row for row in rows) for flag in known - {"-h"})
+
+
+def test_a_help_with_a_pipe_a_newline_or_a_tag_stays_one_table_cell() -> None:
+    """Help text is written as one cell: a ``|`` would split the row, a newline end it, ``<adapter>`` vanish as HTML."""
+    from lora_sampler.cli._parser import CommandParser
+
+    parser = CommandParser(prog="x", add_help=False)
+    parser.add_argument("--out", default="a|b", help="writes DIR/<adapter>.jsonl |\n  one per checkpoint")
+    row = parser.flag_table().splitlines()[-1]
+    assert row == r"| `--out OUT` | `a\|b` | writes DIR/&lt;adapter>.jsonl \| one per checkpoint |"
