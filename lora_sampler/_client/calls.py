@@ -23,6 +23,7 @@ from lora_sampler._client.progress import RetryCounter
 from lora_sampler._transport.cancel import is_cancelled
 from lora_sampler._transport.http import EngineTransport, Timeout, new_id
 from lora_sampler._wire.messages import PROMPT_LOGPROBS_FIELD, load_adapter_body
+from lora_sampler._wire.refusals import is_router_serving_around
 from lora_sampler._wire.routes import (
     CHAT_COMPLETIONS_PATH,
     COMPLETIONS_PATH,
@@ -364,11 +365,15 @@ class SampleCalls:
         self._attempts.send_load(_Call(adapter.name, True, new_id(), {}, time.monotonic(), path, _no_parse), path)
 
     def probe(self, timeout: Tuple[float, float]) -> None:
-        """One readiness probe: ``GET /health`` (skipped when the server has none), then ``GET /v1/models``."""
+        """One readiness probe: ``GET /health``, then ``GET /v1/models``.
+
+        A server without ``/health`` (404), and a router whose ``/health`` says some workers are down (it routes
+        around them), go on to ``/v1/models``: that a replica of a fleet is away is no outage of the fleet.
+        """
         try:
             self._transport.get_text(HEALTH_PATH, timeout=timeout)
         except EngineStatusError as exc:
-            if exc.status != 404:
+            if exc.status != 404 and not is_router_serving_around(exc.status, exc.engine_message):
                 raise
         self._transport.get_json(MODELS_PATH, timeout=timeout)
 

@@ -27,6 +27,8 @@ ROUTER_OUTAGE_ANSWERS = (
     (500, "Request failed: error sending request for url"),
     (503, "No available workers"),
 )
+#: vllm-router's ``GET /health`` while some (not all) workers fail their health checks: it routes around them.
+ROUTER_SOME_WORKERS_DOWN = (503, "Unhealthy servers")
 
 #: Statuses vLLM itself never answers: a proxy's or gateway's own word that its upstream (the engine) is away.
 GATEWAY_STATUSES = (502, 504)
@@ -74,3 +76,9 @@ def is_gateway_failure(status: int, message: str, json_body: bool) -> bool:
     if status in GATEWAY_STATUSES:
         return True
     return status == 503 and not json_body and not is_router_outage(status, message)
+
+
+def is_router_serving_around(status: int, message: str) -> bool:
+    """Tell whether a ``/health`` answer is vllm-router's "some workers are down": it still serves through the rest."""
+    code, start = ROUTER_SOME_WORKERS_DOWN
+    return status == code and message.strip().startswith(start)

@@ -22,6 +22,8 @@ pytestmark = [pytest.mark.router, pytest.mark.usefixtures("no_waits")]
 COMPLETIONS = "/v1/completions"
 LOAD = "/v1/load_lora_adapter"
 UNLOAD = "/v1/unload_lora_adapter"
+#: ``max_outage`` of the jobs that hold the router's outage answers (generous: a loaded machine).
+OUTAGE_BOUND = 60.0
 
 
 def _logs(replicas: List[Replica]) -> List[List[Dict[str, Any]]]:
@@ -140,18 +142,29 @@ def _rows(
 def test_router_one_replica_killed_mid_batch_costs_no_rows(
     router: Router, replicas: List[Replica], lora_dir: str
 ) -> None:
-    """A replica killed with requests in flight costs no row: vllm-router re-sends its requests to a live one."""
+    """A replica killed with requests in flight costs no row when the job holds outages (``max_outage``).
+
+    Until its health check notices (about a second), the router answers requests hashed to the dead replica with
+    its own 500 "error sending request"; the client holds them as an outage and re-sends them once the router
+    answers its probe. That probe's ``/health`` then says 503 "Unhealthy servers": the router serves through the
+    other replicas, so the hold ends there (read as "not back", it held them until ``max_outage`` and failed them).
+    """
     write_adapter(os.path.join(lora_dir, "steady"), BASE_MODEL)
     with SamplerClient(router.url, lora_base_dir=lora_dir, max_workers=8) as client:
         served: List[int] = []
         # One prompt per request: the test counts requests per replica as they are answered, killed and re-sent.
         results = client.sample_many(
-            _rows(240, replicas[:1], kill_at=40, served=served), return_exceptions=True, prompts_per_request=1
+            _rows(240, replicas[:1], kill_at=40, served=served),
+            return_exceptions=True,
+            prompts_per_request=1,
+            max_outage=OUTAGE_BOUND,
         )
     assert replicas[0].process.poll() is not None and served[0] > 0, served
     assert all(isinstance(r, SampleOutput) for r in results), [r for r in results if not isinstance(r, SampleOutput)]
     assert sum(r["status"] == 200 for log in _logs(replicas[1:]) for r in log) >= 240 - 40
     assert "Unhealthy servers" in router.wait_unhealthy()
+    with SamplerClient(router.url) as client:
+        client.wait_ready(0)  # one probe: a router serving around a dead replica is ready
 
 
 def test_router_fleet_down_mid_batch_fails_rows_with_the_routers_answer_then_resumes(

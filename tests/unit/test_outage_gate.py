@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import List
+from typing import List, Tuple
 
 import pytest
+import responses
 
+from lora_sampler import SamplerClient
 from lora_sampler._client.outage import OutageEvent, OutageGate, is_outage, probe_timeout
 from lora_sampler.errors import (
     AuthenticationError,
@@ -176,3 +178,33 @@ def test_gate_runs_again_a_request_whose_retries_straddled_the_outage() -> None:
 
     with pytest.raises(ModelNotFoundError):  # no outage during the call: the error is raised as it is
         gate.run(not_found)
+
+
+@pytest.mark.parametrize(
+    "health, ready",
+    [
+        ((503, 'Unhealthy servers: ["http://127.0.0.1:18003"]'), True),  # a router routing around a dead replica
+        ((404, '{"detail": "Not Found"}'), True),  # a server without /health
+        ((200, "All servers healthy"), True),
+        ((503, "Service Unavailable"), False),  # an engine still starting
+        ((500, "Request failed: error sending request for url (http://127.0.0.1:1/health)"), False),
+    ],
+)
+@responses.activate
+def test_probe_reads_a_router_with_one_replica_down_as_serving(health: Tuple[int, str], ready: bool) -> None:
+    """A router whose ``/health`` names unhealthy workers still serves through the rest: the probe goes on.
+
+    Read as "not back", one dead replica behind vllm-router held every outage-held request of a job until
+    ``max_outage`` (600 s for the CLI) and then failed them, though the router answered every other request.
+    """
+    responses.add(responses.GET, "http://router/health", status=health[0], body=health[1], content_type="text/plain")
+    responses.add(responses.GET, "http://router/v1/models", json={"object": "list", "data": [{"id": "base"}]})
+    with SamplerClient("http://router") as client:
+        if ready:
+            client.wait_ready(0)
+        else:
+            with pytest.raises(EngineConnectionError, match="did not answer"):
+                client.wait_ready(0)
+    assert [call.request.url.rsplit("/", 1)[-1] for call in responses.calls] == (
+        ["health", "models"] if ready else ["health"]
+    )
