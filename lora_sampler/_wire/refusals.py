@@ -75,7 +75,9 @@ def is_gateway_failure(status: int, message: str, json_body: bool) -> bool:
     """
     if status in GATEWAY_STATUSES:
         return True
-    return status == 503 and not json_body and not is_router_outage(status, message)
+    if status != 503 or json_body:
+        return False
+    return not is_router_outage(status, message) and not is_router_serving_around(status, message)
 
 
 def is_router_serving_around(status: int, message: str) -> bool:
