@@ -171,9 +171,11 @@ def test_jobs_hung_but_healthy_engine_fails_the_lines_instead_of_holding_them(
     count = 8
     inp, out = write_prompts(tmp_path / "in.jsonl", count), tmp_path / "out.jsonl"
     with FakeEngine() as engine:
-        engine.inject_fault("hang", count=10**6, seconds=1.0)  # every completion: no answer for 1 s, then a drop
+        engine.inject_fault("hang", count=10**6, seconds=60.0)  # every completion: no answer (ended by the stop)
         # One prompt per request, so that requests count attempts per line (batched, a request holds several lines).
-        argv = sample_argv(engine, inp, out, "--timeout", "1,0.3", "--max-outage", "20", "--concurrency", "8")
+        # The read timeout is also the health probe's: 2 s lets a loaded machine's FakeEngine answer /health in time
+        # (at 0.3 s, a probe slower than that read as "away" held the lines: flaky at load 13).
+        argv = sample_argv(engine, inp, out, "--timeout", "1,2", "--max-outage", "20", "--concurrency", "8")
         argv += ["--prompts-per-request", "1"]
         assert main(argv) == 2  # consecutive engine-wide failures stop the job
         sent = engine.calls("/v1/completions")
