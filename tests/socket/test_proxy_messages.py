@@ -6,31 +6,17 @@ HTTP_PROXY read as "the engine at ... could not be reached; check base_url".
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 from typing import Any, Callable
 
 import pytest
 from rawserver import RawServer, json_response
+from test_transport_env import COMPLETION
 
 from lora_sampler import EngineConnectionError, InternalServerError, RetryPolicy, SampleOutput, SamplerClient
 
 ONE_TRY = RetryPolicy(max_attempts=1)
-COMPLETION = json.dumps(
-    {
-        "model": "m",
-        "choices": [
-            {
-                "index": 0,
-                "text": "",
-                "token_ids": [3],
-                "logprobs": {"token_logprobs": [-0.1]},
-                "finish_reason": "length",
-            }
-        ],
-    }
-).encode()
 NGINX_PAGE = (
     b"<html>\r\n<head><title>{status}</title></head>\r\n<body>\r\n<center><h1>{status}</h1></center>\r\n"
     b"<hr><center>nginx/1.24.0</center>\r\n</body>\r\n</html>\r\n"
