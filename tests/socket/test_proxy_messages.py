@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Type
 
 import pytest
 from rawserver import RawServer, json_response
@@ -29,6 +29,21 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _sample_error(url: str, error_class: Type[Exception]) -> Exception:
+    """The error one sample through ``url`` raises (once: no retries), checked to be an ``error_class``."""
+    with SamplerClient(url, retry=ONE_TRY) as client:
+        with pytest.raises(error_class) as caught:
+            client.sample([1, 2], base_model="m")
+    return caught.value
+
+
+def _through_proxy(monkeypatch: Any, url: str) -> None:
+    """Send plain-HTTP requests through ``url`` (HTTP_PROXY, nothing bypassing it), as a user's environment would."""
+    monkeypatch.setenv("HTTP_PROXY", url)
+    for name in ("NO_PROXY", "no_proxy", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+
+
 def _proxy_page(status: str, server: str = "nginx/1.24.0") -> Callable[[socket.socket, int], None]:
     body = NGINX_PAGE.replace(b"{status}", status.encode())
 
@@ -44,11 +59,8 @@ def _proxy_page(status: str, server: str = "nginx/1.24.0") -> Callable[[socket.s
 def test_a_proxy_page_for_a_dead_upstream_names_the_proxy_not_base_url(status: str) -> None:
     """A gateway status from a proxy names the proxy and says the engine behind it is unreachable, once."""
     with RawServer(_proxy_page(status)) as proxy:
-        with SamplerClient(proxy.url, retry=ONE_TRY) as client:
-            with pytest.raises(InternalServerError) as caught:
-                client.sample([1, 2], base_model="m")
+        message = str(_sample_error(proxy.url, InternalServerError))
         sent = len(proxy.requests)
-    message = str(caught.value)
     assert sent == 1, sent
     assert "nginx/1.24.0" in message and "the engine behind it" in message, message
     assert "check that base_url" not in message and "<html" not in message, message
@@ -57,22 +69,15 @@ def test_a_proxy_page_for_a_dead_upstream_names_the_proxy_not_base_url(status: s
 def test_a_gateway_status_without_a_page_or_server_name_still_names_a_proxy() -> None:
     """A bare 502 (no Server header, no page title) is still a proxy's: vLLM never answers 502."""
     with RawServer(_proxy_page("502 Bad Gateway", server="")) as proxy:
-        with SamplerClient(proxy.url, retry=ONE_TRY) as client:
-            with pytest.raises(InternalServerError) as caught:
-                client.sample([1, 2], base_model="m")
-    assert "a proxy or gateway answered" in str(caught.value).lower(), str(caught.value)
+        message = str(_sample_error(proxy.url, InternalServerError))
+    assert "a proxy or gateway answered" in message.lower(), message
 
 
 def test_a_refusing_proxy_from_the_environment_is_named_with_the_way_to_go_direct(monkeypatch: Any) -> None:
     """HTTP_PROXY pointing at nothing: the error names that proxy and NO_PROXY, not "check base_url"."""
     dead_proxy = f"http://127.0.0.1:{_free_port()}"
-    monkeypatch.setenv("HTTP_PROXY", dead_proxy)
-    for name in ("NO_PROXY", "no_proxy", "http_proxy"):
-        monkeypatch.delenv(name, raising=False)
-    with SamplerClient("http://engine.invalid:8000", retry=ONE_TRY) as client:
-        with pytest.raises(EngineConnectionError) as caught:
-            client.sample([1, 2], base_model="m")
-    message = str(caught.value)
+    _through_proxy(monkeypatch, dead_proxy)
+    message = str(_sample_error("http://engine.invalid:8000", EngineConnectionError))
     assert f"the proxy {dead_proxy} for the engine" in message and "NO_PROXY=engine.invalid" in message, message
     assert "check base_url" not in message, message
 
@@ -81,13 +86,8 @@ def test_a_proxy_from_the_environment_answering_502_is_named_by_its_url(monkeypa
     """Through HTTP_PROXY, a 502 names that proxy's URL as what answered."""
     with RawServer(_proxy_page("502 Bad Gateway", server="")) as proxy:
         proxy_url = proxy.url
-        monkeypatch.setenv("HTTP_PROXY", proxy_url)
-        for name in ("NO_PROXY", "no_proxy", "http_proxy"):
-            monkeypatch.delenv(name, raising=False)
-        with SamplerClient("http://engine.invalid:8000", retry=ONE_TRY) as client:
-            with pytest.raises(InternalServerError) as caught:
-                client.sample([1, 2], base_model="m")
-    message = str(caught.value)
+        _through_proxy(monkeypatch, proxy_url)
+        message = str(_sample_error("http://engine.invalid:8000", InternalServerError))
     assert f"The proxy {proxy_url} answered" in message and "NO_PROXY=engine.invalid" in message, message
 
 
