@@ -19,14 +19,15 @@ from lora_sampler.testing import FakeEngine, write_adapter
 ONE_TRY = RetryPolicy(max_attempts=1)
 
 
-def test_a_failed_sample_many_names_the_input_index_and_results(engine: FakeEngine) -> None:
+@pytest.mark.parametrize("prompts_per_request", [1, 4], ids=["one-each", "batched"])
+def test_a_failed_sample_many_names_the_input_index_and_results(engine: FakeEngine, prompts_per_request: int) -> None:
     """Without return_exceptions the first failure is raised naming its input index and .results, one slot each."""
     requests: list[Any] = [{"prompt": [1, 2], "base_model": engine.model, "max_tokens": 2} for _ in range(6)]
     requests[3] = {**requests[3], "prompt": [1, 999]}  # the engine fails on this prompt (500): that input's failure
     engine.inject_prompt_fault("500", marker=999)
     with SamplerClient(engine.url, max_workers=2, retry=ONE_TRY) as client:
         with pytest.raises(InternalServerError) as caught:
-            client.sample_many(requests, prompts_per_request=1)
+            client.sample_many(requests, prompts_per_request=prompts_per_request)
     error = caught.value
     assert "input 3 of sample_many" in str(error) and ".results" in str(error), str(error)
     assert error.results is not None and len(error.results) >= 4, error.results

@@ -37,10 +37,10 @@ def _sample_error(url: str, error_class: Type[Exception]) -> Exception:
     return caught.value
 
 
-def _through_proxy(monkeypatch: Any, url: str) -> None:
-    """Send plain-HTTP requests through ``url`` (HTTP_PROXY, nothing bypassing it), as a user's environment would."""
-    monkeypatch.setenv("HTTP_PROXY", url)
-    for name in ("NO_PROXY", "no_proxy", "http_proxy"):
+def _through_proxy(monkeypatch: Any, url: str, variable: str = "HTTP_PROXY") -> None:
+    """Send requests through ``url`` (``variable``, nothing bypassing it), as a user's environment would."""
+    monkeypatch.setenv(variable, url)
+    for name in ("NO_PROXY", "no_proxy", variable.lower()):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -112,3 +112,19 @@ def test_an_engine_away_behind_a_proxy_is_waited_out_with_max_outage() -> None:
             requests = [{"prompt": [1, 2], "base_model": "m"}] * 3
             results = client.sample_many(requests, max_outage=60, return_exceptions=True, prompts_per_request=1)
     assert back.is_set() and all(isinstance(result, SampleOutput) for result in results), results
+
+
+def test_an_https_proxy_refusing_the_tunnel_is_named_with_its_answer(monkeypatch: Any) -> None:
+    """HTTPS_PROXY answering CONNECT with 502 (it cannot reach the engine): the proxy is named with its answer."""
+
+    def refuse_tunnel(conn: socket.socket, index: int) -> None:
+        conn.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+
+    with RawServer(refuse_tunnel) as proxy:
+        proxy_url = proxy.url
+        _through_proxy(monkeypatch, proxy_url, "HTTPS_PROXY")
+        message = str(_sample_error("https://engine.invalid:8443", EngineConnectionError))
+        tunnels = [request.split(b" ", 1)[0] for request in proxy.requests]
+    assert tunnels == [b"CONNECT"], tunnels
+    assert f"the proxy {proxy_url} for the engine" in message and "502" in message, message
+    assert "NO_PROXY=engine.invalid" in message and "check base_url" not in message, message

@@ -62,3 +62,13 @@ def test_an_adapter_name_without_a_folder_keeps_the_plain_hint(make_engine: Any,
         with pytest.raises(ModelNotFoundError) as caught:
             client.sample([1, 2], adapter="never-published", max_tokens=2)
     assert "lora_base_dir" not in str(caught.value) and "lora-sampler doctor" in str(caught.value)
+
+
+def test_the_folder_as_the_engine_sees_it_is_named_too(unwatched: Any, no_waits: None) -> None:
+    """With engine_lora_base_dir (the engine sees the folder under another path), both paths are named."""
+    engine, other, checkpoint = unwatched
+    with SamplerClient(engine.url, lora_base_dir=other, engine_lora_base_dir="/mnt/engine-loras") as client:
+        with pytest.raises(ModelNotFoundError) as caught:
+            client.sample([1, 2], adapter=checkpoint, max_tokens=2)
+    message = str(caught.value)
+    assert f"lora_base_dir {other} (sent to the engine as /mnt/engine-loras)" in message, message
