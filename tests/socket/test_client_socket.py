@@ -87,8 +87,9 @@ def engine_options() -> Dict[str, Any]:
 def test_socket_race_sixteen_threads_share_one_load_in_flight(engine: FakeEngine, tmp_path: Any) -> None:
     """16 threads racing one hidden adapter all succeed, with at most one load call in flight at a time."""
     write_adapter(tmp_path / "loras" / "hidden", engine.model)
-    engine.set_visibility_delay("hidden", seconds=0.3)
-    # Waits of at least 0.575 s in all (jitter keeps half of 0.05+0.1+0.2+0.4+0.4), far beyond the 0.3 s lag.
+    # Hidden for the first 16 completions, whatever the machine's speed (a 0.3 s lag from here was over before
+    # the threads' first requests on a loaded machine: no race, and the count below failed).
+    engine.set_visibility_delay("hidden", requests=16)
     policy = lora_sampler.RetryPolicy(base_delay=0.05, max_delay=0.4)
     with SamplerClient(engine.url, lora_base_dir=tmp_path / "loras", max_workers=16, retry=policy) as client:
         outputs = client.sample_many([SampleRequest([1, 2, 3], adapter="hidden")] * 16)
