@@ -131,8 +131,8 @@ def test_lora_on_one_side_only_is_a_difference(monkeypatch: pytest.MonkeyPatch, 
 
 def test_the_scheduler_is_set_not_left_to_each_entry_point(harness: Any) -> None:
     """vLLM 0.32 on a CPU picks its scheduler by entry point when none is given: ``LLM`` 256 sequences and 4,096
-    tokens a step, ``vllm serve`` 128 and 2,048. The limit ran with twice the server's step, and sampled slower than
-    the server it was the limit of (106 against 165 sequences/s); both arms now get the server's values."""
+    tokens a step, ``vllm serve`` 128 and 2,048. The limit ran with twice the server's step (and measured 106
+    samplings/s against the server's 165 that run); both arms now get the server's values."""
     for settings in (harness.ENGINE, harness.ENGINE.but(enable_lora=False)):
         kwargs = settings.llm_kwargs()
         assert (kwargs["max_num_seqs"], kwargs["max_num_batched_tokens"]) == (128, 2048)
