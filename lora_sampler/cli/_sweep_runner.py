@@ -29,6 +29,9 @@ COLUMNS = (
     ("mean length", "mean_length"),
     ("rows/s", "rows_per_second"),
 )
+#: The most panels ``--plot`` draws: an lm-eval group such as mmlu reports over a hundred numbers, and one panel
+#: each made a strip no one can read (300 numbers: 700 x 75,250 pixels).
+MAX_PLOT_PANELS = 60
 _PLOT_EXTRA = "--plot needs matplotlib: pip install 'lora_sampler[plot]'"
 
 
@@ -125,7 +128,7 @@ def summary_table(entries: Sequence[Dict[str, Any]]) -> str:
     names = metric_names(entries)
     if names:
         columns = [("checkpoint", "checkpoint"), *((name, name) for name in names), ("seconds", "seconds")]
-        entries = [dict(e, **(e.get("metrics") or {})) if "error" not in e else e for e in entries]
+        entries = [dict(e, **_with_stderr(e.get("metrics") or {}, names)) if "error" not in e else e for e in entries]
     else:
         columns = [c for c in COLUMNS if c[1] != "mean_sum" or any(e.get("mean_sum") is not None for e in entries)]
     table = [[title for title, _ in columns]]
@@ -147,13 +150,33 @@ def summary_table(entries: Sequence[Dict[str, Any]]) -> str:
 
 
 def metric_names(entries: Sequence[Dict[str, Any]]) -> List[str]:
-    """The evaluator metrics of the ledger lines, in the order they first appear (none for a sampling sweep)."""
+    """The evaluator metrics of the ledger lines, in the order they first appear (none for a sampling sweep).
+
+    A standard error that lm-eval reports beside its metric (``task/acc_stderr,none`` beside ``task/acc,none``) is
+    no metric of its own here: the table and the plot show it with its metric (``sweep.jsonl`` keeps every number).
+    """
     names: Dict[str, None] = {}
     for entry in entries:
         metrics = entry.get("metrics")
         if isinstance(metrics, dict):
             names.update(dict.fromkeys(str(name) for name in metrics))
-    return list(names)
+    return [name for name in names if not (_is_stderr(name) and _base_of(name) in names)]
+
+
+def stderr_of(name: str) -> str:
+    """The key of a metric's standard error in lm-eval's words: ``task/acc,none`` -> ``task/acc_stderr,none``."""
+    head, comma, filter_name = name.partition(",")
+    return f"{head}_stderr{comma}{filter_name}"
+
+
+def _is_stderr(name: str) -> bool:
+    return name.partition(",")[0].endswith("_stderr")
+
+
+def _base_of(name: str) -> str:
+    """The metric a standard error belongs to (``task/acc_stderr,none`` -> ``task/acc,none``); else ``name``."""
+    head, comma, filter_name = name.partition(",")
+    return f"{head[: -len('_stderr')]}{comma}{filter_name}" if _is_stderr(name) else name
 
 
 def _short(checkpoint: str) -> str:
@@ -166,6 +189,16 @@ def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.3f}" if abs(value) < 100 else f"{value:.0f}"
     return str(value)
+
+
+def _with_stderr(metrics: Dict[str, Any], names: Sequence[str]) -> Dict[str, Any]:
+    """The metrics as the table shows them: a metric with its standard error as ``0.412±0.011``."""
+    shown: Dict[str, Any] = {}
+    for name in names:
+        value, error = metrics.get(name), metrics.get(stderr_of(name))
+        both = isinstance(value, float) and isinstance(error, float) and not _is_stderr(name)
+        shown[name] = f"{_cell(value)}±{_cell(error)}" if both else value
+    return shown
 
 
 def plot_panels(entries: Sequence[Dict[str, Any]]) -> List[Tuple[str, str]]:
@@ -183,7 +216,8 @@ def draw_plot(entries: Sequence[Dict[str, Any]], path: str) -> None:
 
     A sampling sweep draws mean logprob and mean length; a scoring sweep the held-out mean sum (logprob per line)
     and the mean logprob per token (its lengths are the input's, the same for every checkpoint); an evaluator sweep
-    one panel per metric.
+    one panel per metric, with its standard error as error bars where lm-eval reports one, three panels a row past
+    six, and at most ``MAX_PLOT_PANELS`` (the title says how many were left out; ``sweep.jsonl`` has them all).
     """
     check_plot_dependency()
     import matplotlib
@@ -197,14 +231,33 @@ def draw_plot(entries: Sequence[Dict[str, Any]], path: str) -> None:
     if names:
         done = [dict(entry, **(entry.get("metrics") or {})) for entry in done]
     panels = plot_panels(done)
-    figure, axes = pyplot.subplots(len(panels), 1, sharex=True, figsize=(7, 2.5 * len(panels)), squeeze=False)
-    for axis, (key, label) in zip(axes[:, 0], panels):
-        points = [(step, entry[key]) for step, entry in zip(steps, done) if entry.get(key) is not None]
-        axis.plot([p[0] for p in points], [p[1] for p in points], marker="o")
-        axis.set_ylabel(label)
-        axis.grid(True, alpha=0.3)
-    axes[-1, 0].set_xlabel("step")
-    figure.suptitle("per-checkpoint metrics" if names else "per-checkpoint means")
+    shown = panels[:MAX_PLOT_PANELS]
+    columns = 1 if len(shown) <= 6 else 3
+    rows = -(-len(shown) // columns)
+    figure, axes = pyplot.subplots(rows, columns, sharex=True, figsize=(7 * columns, 2.5 * rows), squeeze=False)
+    for index, axis in enumerate(axes.flat):
+        if index < len(shown):
+            _draw_panel(axis, steps, done, *shown[index])
+        else:
+            axis.set_visible(False)
+    for axis in axes[-1]:
+        axis.set_xlabel("step")
+    title = "per-checkpoint metrics" if names else "per-checkpoint means"
+    if len(shown) < len(panels):
+        title += f": the first {len(shown)} of {len(panels)} (every number is in sweep.jsonl)"
+    figure.suptitle(title)
     figure.tight_layout()
     figure.savefig(path)
     pyplot.close(figure)
+
+
+def _draw_panel(axis: Any, steps: Sequence[Any], done: Sequence[Dict[str, Any]], key: str, label: str) -> None:
+    """Draw one value against the step, with its standard error as error bars where the ledger has one."""
+    points = [
+        (step, entry[key], entry.get(stderr_of(key))) for step, entry in zip(steps, done) if entry.get(key) is not None
+    ]
+    errors = [error if isinstance(error, float) else 0.0 for _, _, error in points]
+    x, y = [p[0] for p in points], [p[1] for p in points]
+    axis.errorbar(x, y, yerr=errors if any(errors) else None, marker="o", capsize=3)
+    axis.set_ylabel(label)
+    axis.grid(True, alpha=0.3)
