@@ -359,22 +359,14 @@ def _suffix(path: str) -> str:
 
 
 def _write_jsonl(batches: Iterator[Any], output_path: str) -> Dict[str, int]:
+    from lora_sampler._files import replacing
     from lora_sampler.batch._lines import to_json_line
 
     rows = failed = 0
-    temp = f"{output_path}.{os.getpid()}.tmp"
-    try:
-        with open(temp, "w", encoding="utf-8") as out:
-            for table in batches:
-                for row in table.to_pylist():
-                    rows += 1
-                    failed += row.get("error") is not None
-                    out.write(to_json_line(row, default=str) + "\n")  # strict JSON: NaN is written null
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temp, output_path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
+    with replacing(output_path) as out:  # a temporary beside it, fsynced, then renamed over it
+        for table in batches:
+            for row in table.to_pylist():
+                rows += 1
+                failed += row.get("error") is not None
+                out.write((to_json_line(row, default=str) + "\n").encode("utf-8"))  # strict JSON: NaN is written null
     return {"rows": rows, "failed": failed}
