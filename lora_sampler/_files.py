@@ -1,8 +1,9 @@
 """``replacing``: write a file that replaces another whole, or not at all; ``try_flock``, the one ``flock``.
 
 The new content goes to a temporary file beside the target (``.<name>.<8 random>.tmp``, same filesystem), is
-fsynced, takes the target's mode, and moves over it with one ``os.replace``: a kill at any moment leaves the old
-file or the new one, never a torn one. It decides nothing about what is written. Stdlib only.
+fsynced, takes the target's mode (a new target: what ``open`` gives a new file), and moves over it with one
+``os.replace``: a kill at any moment leaves the old file or the new one, never a torn one. It decides nothing about
+what is written. Stdlib only.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import shutil
-import tempfile
-from typing import Any, BinaryIO, Dict, Iterator, Optional
+from typing import Any, BinaryIO, Dict, Iterator, Optional, Tuple
 
 try:
     import fcntl
@@ -25,8 +26,11 @@ logger = logging.getLogger(__name__)
 #: Whether ``flock`` exists here (not on Windows).
 HAS_FLOCK = fcntl is not None
 
-#: The suffix of the temporary files, whose random part is tempfile's: 8 characters of ``[a-z0-9_]``.
+#: The suffix of the temporary files, whose random part is 8 characters of ``[a-z0-9_]`` (tempfile's alphabet, which
+#: older versions used; now hexadecimal digits).
 TEMP_SUFFIX = ".tmp"
+#: Binary mode where the platform has one (Windows).
+_BINARY = getattr(os, "O_BINARY", 0)
 
 
 def temp_prefix(path: str) -> str:
@@ -35,22 +39,37 @@ def temp_prefix(path: str) -> str:
 
 
 @contextlib.contextmanager
-def replacing(path: str) -> Iterator[BinaryIO]:
-    """Yield a binary file whose content replaces ``path`` when the block ends; on an error ``path`` is untouched."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, temp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=TEMP_SUFFIX, dir=directory)
+def replacing(path: str, *, durable: bool = True) -> Iterator[BinaryIO]:
+    """Yield a binary file whose content replaces ``path`` when the block ends; on an error ``path`` is untouched.
+
+    ``durable=False`` skips the fsync (the replacement is still whole, but a power cut may lose it).
+    """
+    fd, temp = _new_temporary(path)
     try:
         with os.fdopen(fd, "wb") as out:
             yield out
-            out.flush()
-            os.fsync(out.fileno())
+            if durable:
+                out.flush()
+                os.fsync(out.fileno())
         with contextlib.suppress(FileNotFoundError):
-            shutil.copymode(path, temp)  # the replaced file's permissions, not mkstemp's 0600
+            shutil.copymode(path, temp)  # the replaced file's permissions
         os.replace(temp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temp)
         raise
+
+
+def _new_temporary(path: str) -> Tuple[int, str]:
+    """Create a temporary file beside ``path`` that no one else has (``O_EXCL``), with the mode ``open`` gives a new
+    file (0666 less the umask; mkstemp's 0600 would hide a new output from the other users of a shared folder)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    while True:
+        temp = os.path.join(directory, f"{temp_prefix(path)}{secrets.token_hex(4)}{TEMP_SUFFIX}")
+        try:
+            return os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _BINARY, 0o666), temp
+        except FileExistsError:  # 1 in 4 billion: draw again
+            continue
 
 
 def json_object_line(raw: bytes) -> Optional[Dict[str, Any]]:

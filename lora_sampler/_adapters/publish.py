@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import re
-import secrets
 import shutil
 from dataclasses import dataclass
 from functools import partial
@@ -46,6 +45,7 @@ from lora_sampler._adapters.extract import (
     copy_folder,
     extract_archive,
 )
+from lora_sampler._files import replacing
 from lora_sampler._locks import KeyedLocks
 from lora_sampler._wire.archives import strip_archive_suffix
 from lora_sampler.errors import AdapterConfigError, PublishError
@@ -360,14 +360,8 @@ def read_marker(adapter_dir: StrPath) -> Dict[str, Any]:
 def _write_marker(root: str, digest: str, source: str, stored: List[Any]) -> None:
     """Record the digest, the source and its signature (``stored``) in ``root``, replacing any record whole."""
     record = {"digest": digest, "algorithm": "sha256", "source": source, "published_by": "lora_sampler"}
-    path = os.path.join(root, MARKER_FILE)
-    partial_path = f"{path}.{secrets.token_hex(8)}.tmp"  # one per writer, threads of one process too
-    with open(partial_path, "w", encoding="utf-8") as f:
-        json.dump({**record, "stored": stored}, f)
-        if DEFAULT_DURABLE:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(partial_path, path)  # a reader sees the old record or the new one, never half of one
+    with replacing(os.path.join(root, MARKER_FILE), durable=DEFAULT_DURABLE) as out:  # old or new, never half
+        out.write(json.dumps({**record, "stored": stored}).encode("utf-8"))
     if DEFAULT_DURABLE:
         fsync_folders([root])
 

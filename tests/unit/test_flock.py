@@ -1,5 +1,6 @@
-"""The one ``flock`` (``_files.try_flock``) that leases, an output's one-writer lock and a sweep's folder lock share:
-held, held by another process (a refusal or a wait), or no locks on this filesystem (go on unlocked, and say so)."""
+"""``_files``: the one ``flock`` (``try_flock``) that leases, an output's one-writer lock and a sweep's folder lock
+share (held, held by another process: a refusal or a wait, or no locks here: go on unlocked and say so), and the mode
+of a file ``replacing`` writes."""
 
 from __future__ import annotations
 
@@ -93,3 +94,22 @@ def test_a_held_output_and_a_held_sweep_folder_are_refused(tmp_path: Path) -> No
     with Ledger(str(tmp_path / "sweep")):
         with pytest.raises(LoraSamplerError, match=r"another sweep is writing to .*another --output-dir"):
             Ledger(str(tmp_path / "sweep"))
+
+
+def test_replacing_gives_a_new_file_opens_mode_and_keeps_an_old_files(tmp_path: Path) -> None:
+    """A file made by ``replacing`` has the mode ``open`` gives a new file (0666 less the umask: others in a shared
+    folder can read it; it was mkstemp's 0600), and a replaced file keeps its own mode."""
+    previous = os.umask(0o022)
+    try:
+        with _files.replacing(str(tmp_path / "new.jsonl")) as out:
+            out.write(b"{}\n")
+        kept = tmp_path / "kept.jsonl"
+        kept.write_text("old\n")
+        kept.chmod(0o640)
+        with _files.replacing(str(kept), durable=False) as out:
+            out.write(b"new\n")
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "new.jsonl").stat().st_mode & 0o777 == 0o644
+    assert kept.stat().st_mode & 0o777 == 0o640 and kept.read_text() == "new\n"
+    assert sorted(os.listdir(tmp_path)) == ["kept.jsonl", "new.jsonl"]  # no temporary left
