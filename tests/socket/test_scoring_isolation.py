@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List
 
-from test_sweep import ledger, make_run, sweep_args
+from _sweeps import ledger, make_run, sweep_args
 
 from lora_sampler import SamplerClient, ScoreRequest, sweep
 from lora_sampler.cli import main

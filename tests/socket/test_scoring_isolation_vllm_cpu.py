@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from test_sweep import ledger, make_run, sweep_args
+from _sweeps import ledger, make_run, sweep_args
 
 from lora_sampler.cli import main
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator
 
 import pytest
-from test_sweep import ledger, sweep_args
+from _sweeps import ledger, sweep_args
 
 from lora_sampler import AdapterConfigError, Finding, SamplerClient
 from lora_sampler._client.selfcheck import DEFECT_ENGINE_FAILED, DEFECT_LM_HEAD, DEFECT_MIXED_ADAPTERS, FIXES

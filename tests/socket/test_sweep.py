@@ -11,12 +11,12 @@ import contextlib
 import json
 import os
 import threading
-import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List
 
 import pytest
 from _services import require
+from _sweeps import STEPS, aged, ids_per_output, ledger, make_run, sweep_args, write_prompts
 from _waits import wait_until
 
 from lora_sampler import SamplerClient, sweep
@@ -27,62 +27,12 @@ from lora_sampler.testing import FakeEngine, write_adapter_archive
 from lora_sampler.types import SampleRequest, SamplingParams
 
 COMPLETIONS = "/v1/completions"
-STEPS = (100, 200, 1000, 2000)
 
 
 @pytest.fixture
 def engine_options() -> Dict[str, Any]:
     """Every request takes a little engine time, so checkpoints overlap as they would on a real engine."""
     return {"latency": 0.002}
-
-
-def aged(path: str, seconds: float = 60.0) -> str:
-    """Set a file's times into the past: written by the training run a while ago, so it is settled."""
-    past = time.time() - seconds
-    os.utime(path, (past, past))
-    return path
-
-
-def make_run(folder: Path, model: str, steps: Tuple[int, ...] = STEPS) -> List[str]:
-    """Write one distinct, settled archive ``step-N.tar.gz`` per step."""
-    folder.mkdir(exist_ok=True)
-    return [
-        aged(write_adapter_archive(str(folder / f"step-{step}.tar.gz"), model, rank=1 + index % 8))
-        for index, step in enumerate(steps)
-    ]
-
-
-def write_prompts(path: Path, count: int) -> Path:
-    """Write ``count`` prompt lines with ids ``p0..``."""
-    with path.open("w", encoding="utf-8") as handle:
-        for number in range(count):
-            handle.write(json.dumps({"id": f"p{number}", "prompt": [5 + number % 200, 6, 7]}) + "\n")
-    return path
-
-
-def ledger(out: Path) -> List[Dict[str, Any]]:
-    """The lines of ``sweep.jsonl``; each must be whole."""
-    text = (out / "sweep.jsonl").read_text()
-    assert text.endswith("\n")
-    return [json.loads(line) for line in text.splitlines()]
-
-
-def sweep_args(engine: FakeEngine, lora_dir: Path, inp: Path, out: Path, *more: str) -> List[str]:
-    """The argv of a sweep run (quiet unless told otherwise)."""
-    return [
-        "sweep",
-        "--base-url",
-        engine.url,
-        "--lora-base-dir",
-        str(lora_dir),
-        "--input",
-        str(inp),
-        "--output-dir",
-        str(out),
-        "--concurrency",
-        "8",
-        *more,
-    ]
 
 
 @contextlib.contextmanager
@@ -103,15 +53,6 @@ def released_once_answered(engine: FakeEngine, model: str) -> Iterator[None]:
         ended.set()
         engine.release()
         releaser.join()
-
-
-def ids_per_output(out: Path) -> Dict[str, List[Any]]:
-    """The ids of every output file but the ledger."""
-    found = {}
-    for path in sorted(out.glob("*.jsonl")):
-        if path.name != "sweep.jsonl":
-            found[path.name] = [json.loads(line)["id"] for line in path.read_text().splitlines()]
-    return found
 
 
 def test_sweep_takes_checkpoints_in_natural_order_and_unloads_each(

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
 import pytest
+from _sweeps import aged, ledger, make_run, sweep_args, write_prompts
 
 from lora_sampler import SamplerClient, sweep
 from lora_sampler._adapters.lease import hold
@@ -34,32 +35,16 @@ def engine_options() -> Dict[str, Any]:
     return {"latency": 0.002}
 
 
-def aged(path: str, seconds: float = 60.0) -> str:
-    past = time.time() - seconds
-    os.utime(path, (past, past))
-    return path
-
-
-def write_prompts(path: Path, count: int) -> Path:
-    with path.open("w", encoding="utf-8") as handle:
-        for number in range(count):
-            handle.write(json.dumps({"id": f"p{number}", "prompt": [5 + number % 200, 6, 7]}) + "\n")
-    return path
-
-
-def ledger(out: Path) -> List[Dict[str, Any]]:
-    return [json.loads(line) for line in (out / "sweep.jsonl").read_text().splitlines()]
-
-
-def base_args(engine: FakeEngine, lora_dir: Path, inp: Path, out: Path) -> List[str]:
-    return [
-        *("sweep", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--input", str(inp)),
-        *("--output-dir", str(out), "--concurrency", "4"),
-    ]
-
-
 def manifest_line(path: str, step: int, final: bool = False) -> str:
     return json.dumps({"name": f"{step:06d}", "sampler_path": path, "batch": step, "final": final}) + "\n"
+
+
+def step_100_and_manifest(run: Path, model: str, lines: str) -> Path:
+    """Write a training run folder with ``step-100.tar.gz`` (settled); return its manifest (``lines``)."""
+    make_run(run, model, (100,))
+    manifest = run / "checkpoints.jsonl"
+    manifest.write_text(lines)
+    return manifest
 
 
 def by_name(entries: List[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
@@ -74,28 +59,24 @@ def test_manifest_line_ahead_of_its_checkpoint_is_recorded_and_the_rest_runs(
 ) -> None:
     """step-100 present, step-200 not written yet: step-100 runs, step-200 is a CheckpointMissingError line with its
     path, exit 1 (was: IndexError traceback, exit 1 in 0.3 s, nothing run)."""
-    run = tmp_path / "run"
-    run.mkdir()
-    aged(write_adapter_archive(str(run / "step-100.tar.gz"), engine.model))
-    manifest = run / "checkpoints.jsonl"
-    manifest.write_text(manifest_line("step-100.tar.gz", 100) + manifest_line("step-200.tar.gz", 200))
+    manifest = step_100_and_manifest(
+        tmp_path / "run", engine.model, manifest_line("step-100.tar.gz", 100) + manifest_line("step-200.tar.gz", 200)
+    )
     inp, out = write_prompts(tmp_path / "prompts.jsonl", 5), tmp_path / "out"
-    assert main([*base_args(engine, lora_dir, inp, out), "--manifest", str(manifest), "--quiet"]) == 1
+    assert main(sweep_args(engine, lora_dir, inp, out, "--manifest", str(manifest), "--quiet", concurrency=4)) == 1
     got = by_name(ledger(out))
     assert got["step-100.tar.gz"]["rows"] == 5
     error = got["step-200.tar.gz"]["error"]
-    assert error["type"] == "CheckpointMissingError" and error["path"] == str(run / "step-200.tar.gz")
+    assert error["type"] == "CheckpointMissingError" and error["path"] == str(tmp_path / "run" / "step-200.tar.gz")
 
 
 def test_manifest_line_ahead_of_its_checkpoint_from_python(
     engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
 ) -> None:
     """The same through ``sweep(client, Manifest(...))``: a failed report with the error type, no exception."""
-    run = tmp_path / "run"
-    run.mkdir()
-    aged(write_adapter_archive(str(run / "step-100.tar.gz"), engine.model))
-    manifest = run / "checkpoints.jsonl"
-    manifest.write_text(manifest_line("step-200.tar.gz", 200) + manifest_line("step-100.tar.gz", 100))
+    manifest = step_100_and_manifest(
+        tmp_path / "run", engine.model, manifest_line("step-200.tar.gz", 200) + manifest_line("step-100.tar.gz", 100)
+    )
     with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
         reports = list(sweep(client, Manifest(str(manifest)), [{"prompt": [5, 6]}], output_dir=tmp_path / "out"))
     assert [(r.error or {}).get("type") for r in reports] == ["CheckpointMissingError", None]
@@ -106,21 +87,21 @@ def test_watch_waits_for_a_manifest_line_ahead_of_its_checkpoint(
     engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
 ) -> None:
     """Under --watch the absent checkpoint is waited for and evaluated once it is written."""
-    run = tmp_path / "run"
-    run.mkdir()
-    aged(write_adapter_archive(str(run / "step-100.tar.gz"), engine.model))
-    manifest = run / "checkpoints.jsonl"
-    manifest.write_text(manifest_line("step-100.tar.gz", 100) + manifest_line("step-200.tar.gz", 200, final=True))
+    manifest = step_100_and_manifest(
+        tmp_path / "run",
+        engine.model,
+        manifest_line("step-100.tar.gz", 100) + manifest_line("step-200.tar.gz", 200, final=True),
+    )
     late = write_adapter_archive(str(tmp_path / "late.tar.gz"), engine.model, rank=3)
 
     def write_later() -> None:
         time.sleep(1.0)
-        os.replace(late, run / "step-200.tar.gz")
+        os.replace(late, manifest.parent / "step-200.tar.gz")
 
     writer = threading.Thread(target=write_later)
     writer.start()
     inp, out = write_prompts(tmp_path / "prompts.jsonl", 5), tmp_path / "out"
-    argv = [*base_args(engine, lora_dir, inp, out), "--manifest", str(manifest), "--quiet", "--watch"]
+    argv = sweep_args(engine, lora_dir, inp, out, "--manifest", str(manifest), "--quiet", "--watch", concurrency=4)
     try:
         assert main([*argv, "--settle", "0.2", "--checkpoint-timeout", "60"]) == 0
     finally:
@@ -137,7 +118,7 @@ def test_watch_gives_up_on_an_absent_checkpoint_after_the_checkpoint_timeout(
     manifest = run / "checkpoints.jsonl"
     manifest.write_text(manifest_line("never.tar.gz", 1, final=True))
     inp, out = write_prompts(tmp_path / "prompts.jsonl", 2), tmp_path / "out"
-    argv = [*base_args(engine, lora_dir, inp, out), "--manifest", str(manifest), "--quiet", "--watch"]
+    argv = sweep_args(engine, lora_dir, inp, out, "--manifest", str(manifest), "--quiet", "--watch", concurrency=4)
     started = time.monotonic()
     assert main([*argv, "--checkpoint-timeout", "1", "--idle-timeout", "0.5"]) == 1
     assert time.monotonic() - started < 30  # bounded by the two timeouts, not by anything outside
@@ -151,9 +132,7 @@ def test_a_checkpoint_deleted_mid_sweep_is_recorded_not_skipped(
     """Listed at the start, deleted while the first one runs: a CheckpointMissingError line, exit 1 (was: skipped,
     exit 0, no word)."""
     run = tmp_path / "run"
-    run.mkdir()
-    for step in (1, 2, 3):
-        aged(write_adapter_archive(str(run / f"step-{step}.tar.gz"), engine.model, rank=step))
+    make_run(run, engine.model, (1, 2, 3))
     inp, out = write_prompts(tmp_path / "prompts.jsonl", 5), tmp_path / "out"
     with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
         reports = []
@@ -172,14 +151,15 @@ def test_sweep_integer_ids_and_a_bad_line(engine: FakeEngine, lora_dir: Path, tm
     """Ids 0..199 and a line that is not JSON at line 5: every checkpoint answers 200 rows and records one error row
     (was: "line 6 repeats the id 5 of line 5", 5 rows per checkpoint, exit 2)."""
     run = tmp_path / "run"
-    run.mkdir()
-    for step in (1, 2):
-        aged(write_adapter_archive(str(run / f"step-{step}.tar.gz"), engine.model, rank=step))
+    make_run(run, engine.model, (1, 2))
     lines = [json.dumps({"id": number, "prompt": [5, 6]}) for number in range(200)]
     lines.insert(4, "{not json")
     inp, out = tmp_path / "in.jsonl", tmp_path / "out"
     inp.write_text("\n".join(lines) + "\n")
-    assert main([*base_args(engine, lora_dir, inp, out), "--checkpoints", str(run / "*.tar.gz"), "--quiet"]) == 1
+    assert (
+        main(sweep_args(engine, lora_dir, inp, out, "--checkpoints", str(run / "*.tar.gz"), "--quiet", concurrency=4))
+        == 1
+    )
     assert [(entry["rows"], entry["failed"]) for entry in ledger(out)] == [(201, 1), (201, 1)]
 
 
@@ -189,9 +169,7 @@ def test_a_bad_line_appended_to_a_watched_manifest_is_recorded_and_the_watch_goe
     """The training code writes one broken line, then goes on: the line is an error line, the next checkpoints run
     (was: exit 2, the whole sweep stopped)."""
     run = tmp_path / "run"
-    run.mkdir()
-    for step in (1, 2):
-        aged(write_adapter_archive(str(run / f"step-{step}.tar.gz"), engine.model, rank=step))
+    make_run(run, engine.model, (1, 2))
     manifest = run / "checkpoints.jsonl"
     manifest.write_text(manifest_line("step-1.tar.gz", 1))
 
@@ -205,7 +183,13 @@ def test_a_bad_line_appended_to_a_watched_manifest_is_recorded_and_the_watch_goe
     writer.start()
     inp, out = write_prompts(tmp_path / "prompts.jsonl", 3), tmp_path / "out"
     try:
-        argv = [*base_args(engine, lora_dir, inp, out), "--manifest", str(manifest), "--quiet", "--watch"]
+        argv = [
+            *sweep_args(engine, lora_dir, inp, out, concurrency=4),
+            "--manifest",
+            str(manifest),
+            "--quiet",
+            "--watch",
+        ]
         assert main(argv) == 1
     finally:
         writer.join()
@@ -243,7 +227,13 @@ def test_a_growing_logs_folder_matched_by_the_pattern_does_not_hold_the_watch(
     writer = threading.Thread(target=keep_writing, daemon=True)
     writer.start()
     inp, out = write_prompts(tmp_path / "prompts.jsonl", 3), tmp_path / "out"
-    argv = [*base_args(engine, lora_dir, inp, out), "--checkpoints", str(run / "*"), "--quiet", "--watch"]
+    argv = [
+        *sweep_args(engine, lora_dir, inp, out, concurrency=4),
+        "--checkpoints",
+        str(run / "*"),
+        "--quiet",
+        "--watch",
+    ]
     started = time.monotonic()
     assert main([*argv, "--idle-timeout", "1"]) == 0
     assert time.monotonic() - started < 20  # the writer never stops; the watch did
@@ -267,7 +257,7 @@ def test_a_checkpoint_that_keeps_changing_is_recorded_after_the_checkpoint_timeo
 
     threading.Thread(target=keep_touching, daemon=True).start()
     inp, out = write_prompts(tmp_path / "prompts.jsonl", 3), tmp_path / "out"
-    argv = [*base_args(engine, lora_dir, inp, out), "--checkpoints", str(run / "*.tar.gz"), "--quiet"]
+    argv = sweep_args(engine, lora_dir, inp, out, "--checkpoints", str(run / "*.tar.gz"), "--quiet", concurrency=4)
     started = time.monotonic()
     assert main([*argv, "--settle", "0.5", "--checkpoint-timeout", "1.5"]) == 1
     assert time.monotonic() - started < 20
@@ -286,14 +276,12 @@ def test_a_symlink_loop_counts_each_checkpoint_once(
     """``run/a -> .`` and ``run/b -> .`` under ``run/**/step-*.tar.gz``: two checkpoints, two ledger lines, two
     unloads (was: 82 lines for one loop; the glob never ended for two)."""
     run = tmp_path / "run"
-    run.mkdir()
-    for step in (1, 2):
-        aged(write_adapter_archive(str(run / f"step-{step}.tar.gz"), engine.model, rank=step))
+    make_run(run, engine.model, (1, 2))
     os.symlink(".", run / "a")
     os.symlink(".", run / "b")
     inp, out = write_prompts(tmp_path / "prompts.jsonl", 4), tmp_path / "out"
     pattern = str(run / "**" / "step-*.tar.gz")
-    assert main([*base_args(engine, lora_dir, inp, out), "--checkpoints", pattern, "--quiet"]) == 0
+    assert main(sweep_args(engine, lora_dir, inp, out, "--checkpoints", pattern, "--quiet", concurrency=4)) == 0
     entries = ledger(out)
     assert sorted(entry["checkpoint"] for entry in entries) == [str(run / "step-1.tar.gz"), str(run / "step-2.tar.gz")]
     assert sum(entry["rows"] for entry in entries) == 8 and engine.calls(UNLOAD) == 2
@@ -309,7 +297,10 @@ def test_two_real_paths_with_the_same_bytes_share_one_adapter(
     (run / "step-2.tar.gz").write_bytes(Path(first).read_bytes())
     aged(str(run / "step-2.tar.gz"))
     inp, out = write_prompts(tmp_path / "prompts.jsonl", 6), tmp_path / "out"
-    assert main([*base_args(engine, lora_dir, inp, out), "--checkpoints", str(run / "*.tar.gz"), "--quiet"]) == 0
+    assert (
+        main(sweep_args(engine, lora_dir, inp, out, "--checkpoints", str(run / "*.tar.gz"), "--quiet", concurrency=4))
+        == 0
+    )
     entries = ledger(out)
     assert len(entries) == 2 and entries[0]["adapter"] == entries[1]["adapter"]
     assert engine.calls(COMPLETIONS) <= 6 + 2  # the rows once (plus a warm-up each at most)
@@ -330,7 +321,12 @@ def test_delete_retired_keeps_a_folder_another_run_holds(
     inp, out = write_prompts(tmp_path / "prompts.jsonl", 3), tmp_path / "out"
     with SamplerClient(engine.url, lora_base_dir=lora_dir) as other_run:
         used = other_run.publish(shared)
-        argv = [*base_args(engine, lora_dir, inp, out), "--checkpoints", str(run / "*.tar.gz"), "--quiet"]
+        argv = [
+            *sweep_args(engine, lora_dir, inp, out, concurrency=4),
+            "--checkpoints",
+            str(run / "*.tar.gz"),
+            "--quiet",
+        ]
         assert main([*argv, "--delete-retired"]) == 0
         assert (lora_dir / used.name).is_dir()
         assert other_run.sample([5, 6], adapter=used).sequences
@@ -346,15 +342,18 @@ def test_two_sweeps_of_one_run_with_delete_retired_lose_nothing(
     """The issue's two sweeps at once (one resolver folder, --delete-retired, two output folders): every row of
     both is answered (was: the second lost 304 rows and wrote 48 error rows, exit 1)."""
     run = tmp_path / "run"
-    run.mkdir()
-    for step in range(1, 7):
-        aged(write_adapter_archive(str(run / f"step-{step}.tar.gz"), engine.model, rank=step))
+    make_run(run, engine.model, tuple(range(1, 7)))
     inp = write_prompts(tmp_path / "prompts.jsonl", 30)
     results: Dict[str, int] = {}
 
     def sweep_into(name: str) -> None:
         out = tmp_path / name
-        argv = [*base_args(engine, lora_dir, inp, out), "--checkpoints", str(run / "*.tar.gz"), "--quiet"]
+        argv = [
+            *sweep_args(engine, lora_dir, inp, out, concurrency=4),
+            "--checkpoints",
+            str(run / "*.tar.gz"),
+            "--quiet",
+        ]
         results[name] = main([*argv, "--delete-retired"])
 
     threads = [threading.Thread(target=sweep_into, args=(name,)) for name in ("out-a", "out-b")]
@@ -379,7 +378,7 @@ def test_a_checkpoint_overwritten_after_the_sweep_is_evaluated_again_and_named(
     run.mkdir()
     checkpoint = aged(write_adapter_archive(str(run / "step-1.tar.gz"), engine.model, rank=1))
     inp, out = write_prompts(tmp_path / "prompts.jsonl", 4), tmp_path / "out"
-    argv = [*base_args(engine, lora_dir, inp, out), "--checkpoints", str(run / "*.tar.gz"), "--quiet"]
+    argv = sweep_args(engine, lora_dir, inp, out, "--checkpoints", str(run / "*.tar.gz"), "--quiet", concurrency=4)
     assert main(argv) == 0
     old = ledger(out)[0]["adapter"]
     assert main(argv) == 0 and len(ledger(out)) == 1  # unchanged: nothing again
@@ -399,7 +398,7 @@ def test_a_touched_but_unchanged_checkpoint_is_not_evaluated_again(
     run.mkdir()
     checkpoint = aged(write_adapter_archive(str(run / "step-1.tar.gz"), engine.model, rank=1))
     inp, out = write_prompts(tmp_path / "prompts.jsonl", 4), tmp_path / "out"
-    argv = [*base_args(engine, lora_dir, inp, out), "--checkpoints", str(run / "*.tar.gz"), "--quiet"]
+    argv = sweep_args(engine, lora_dir, inp, out, "--checkpoints", str(run / "*.tar.gz"), "--quiet", concurrency=4)
     assert main(argv) == 0
     sent = engine.calls(COMPLETIONS)
     aged(checkpoint, seconds=30)
@@ -423,9 +422,7 @@ def test_a_full_disk_names_output_dir_and_stops_with_exit_2(
     """ENOSPC while writing rows: the message says --output-dir, the sweep stops (exit 2) instead of failing every
     later checkpoint (was: "--output", exit 1 after every checkpoint failed); the next run resumes."""
     run = tmp_path / "run"
-    run.mkdir()
-    for step in (1, 2, 3):
-        aged(write_adapter_archive(str(run / f"step-{step}.tar.gz"), engine.model, rank=step))
+    make_run(run, engine.model, (1, 2, 3))
     inp, out = write_prompts(tmp_path / "prompts.jsonl", 10), tmp_path / "out"
     real_write = _job.write_record
     written = [0]
@@ -437,7 +434,7 @@ def test_a_full_disk_names_output_dir_and_stops_with_exit_2(
         real_write(stream, record)
 
     monkeypatch.setattr(_job, "write_record", write_until_full)
-    argv = [*base_args(engine, lora_dir, inp, out), "--checkpoints", str(run / "*.tar.gz"), "--quiet"]
+    argv = sweep_args(engine, lora_dir, inp, out, "--checkpoints", str(run / "*.tar.gz"), "--quiet", concurrency=4)
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "--output-dir " + str(out) in err and "No space left on device" in err
@@ -456,7 +453,10 @@ def test_a_wrong_base_model_checkpoint_leaves_no_folder(
     run.mkdir()
     aged(write_adapter_archive(str(run / "step-1.tar.gz"), "another/model"))
     inp, out = write_prompts(tmp_path / "prompts.jsonl", 2), tmp_path / "out"
-    assert main([*base_args(engine, lora_dir, inp, out), "--checkpoints", str(run / "*.tar.gz"), "--quiet"]) == 1
+    assert (
+        main(sweep_args(engine, lora_dir, inp, out, "--checkpoints", str(run / "*.tar.gz"), "--quiet", concurrency=4))
+        == 1
+    )
     (entry,) = ledger(out)
     assert entry["error"]["type"] == "AdapterConfigError" and "removed again" in entry["error"]["message"]
     assert list(lora_dir.iterdir()) == []
@@ -470,7 +470,7 @@ def test_control_characters_in_checkpoint_names_are_escaped_when_printed(
     run.mkdir()
     aged(write_adapter_archive(str(run / "step-1\n\x1b[2Jfake.tar.gz"), engine.model))
     inp, out = write_prompts(tmp_path / "prompts.jsonl", 2), tmp_path / "out"
-    assert main([*base_args(engine, lora_dir, inp, out), "--checkpoints", str(run / "*.tar.gz")]) == 0
+    assert main(sweep_args(engine, lora_dir, inp, out, "--checkpoints", str(run / "*.tar.gz"), concurrency=4)) == 0
     captured = capsys.readouterr()
     for text in (captured.out, captured.err):
         assert "\x1b" not in text and "step-1\n" not in text
@@ -493,7 +493,7 @@ def test_manifest_paths_outside_its_folder_need_the_flag(
         manifest_line("step-1.tar.gz", 1) + manifest_line(outside, 2) + manifest_line("../elsewhere/step-3.tar.gz", 3)
     )
     inp, out = write_prompts(tmp_path / "prompts.jsonl", 2), tmp_path / "out"
-    argv = [*base_args(engine, lora_dir, inp, out), "--manifest", str(manifest), "--quiet"]
+    argv = sweep_args(engine, lora_dir, inp, out, "--manifest", str(manifest), "--quiet", concurrency=4)
     assert main(argv) == 1
     entries = ledger(out)
     assert sorted(str(entry.get("rows")) for entry in entries) == ["2", "None", "None"]
@@ -518,7 +518,13 @@ def test_a_folder_checkpoint_publishes_only_its_adapter_files(
     manifest = run / "checkpoints.jsonl"
     manifest.write_text(manifest_line("step-1", 1))
     inp, out = write_prompts(tmp_path / "prompts.jsonl", 2), tmp_path / "out"
-    argv = [*base_args(engine, lora_dir, inp, out), "--manifest", str(manifest), "--quiet", "--keep-loaded"]
+    argv = [
+        *sweep_args(engine, lora_dir, inp, out, concurrency=4),
+        "--manifest",
+        str(manifest),
+        "--quiet",
+        "--keep-loaded",
+    ]
     assert main(argv) == 0
     (published,) = list(lora_dir.iterdir())
     assert sorted(p.name for p in published.iterdir() if not p.name.startswith(".")) == [

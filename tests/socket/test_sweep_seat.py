@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any, List
 
 import pytest
+from _sweeps import make_run, sweep_args, write_prompts
 from test_cli import subprocess_env
-from test_sweep import make_run, sweep_args, write_prompts
 
 from lora_sampler.cli import main
 from lora_sampler.cli._sweep_runner import plot_panels

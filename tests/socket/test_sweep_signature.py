@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
-from test_sweep import make_run
+from _sweeps import make_run
 
 from lora_sampler import SamplerClient, sweep
 from lora_sampler.batch import CheckpointReport, LineDefaults, SampleStep

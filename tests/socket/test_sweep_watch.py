@@ -13,9 +13,10 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Tuple
+from typing import Any, Callable, Iterator, List, Tuple
 
 import pytest
+from _sweeps import aged, lines_of, make_run, outputs, sweep_args, write_prompts
 
 from lora_sampler._adapters.publish import default_adapter_name
 from lora_sampler.cli import main
@@ -25,28 +26,6 @@ from lora_sampler.testing._process import EngineProcess
 REPO = Path(__file__).resolve().parents[2]
 COMPLETIONS = "/v1/completions"
 WAIT_SECONDS = 60.0  # upper bound on any wait (never reached when things work)
-
-
-def aged(path: str, seconds: float = 60.0) -> str:
-    """Set a file's times into the past, so it counts as settled."""
-    past = time.time() - seconds
-    os.utime(path, (past, past))
-    return path
-
-
-def write_prompts(path: Path, count: int) -> Path:
-    """Write ``count`` prompt lines with ids ``p0..``."""
-    with path.open("w", encoding="utf-8") as handle:
-        for number in range(count):
-            handle.write(json.dumps({"id": f"p{number}", "prompt": [5 + number % 200, 6, 7]}) + "\n")
-    return path
-
-
-def lines_of(path: Path) -> List[Dict[str, Any]]:
-    """The whole lines of a JSONL file ([] when absent)."""
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_bytes().split(b"\n") if line.strip()]
 
 
 @contextlib.contextmanager
@@ -68,6 +47,11 @@ def cli(args: List[str], cwd: Path) -> Iterator[subprocess.Popen[bytes]]:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def checkpoints_in(run: Path) -> List[str]:
+    """The flags of a quiet sweep of the archives in ``run``."""
+    return ["--checkpoints", str(run / "*.tar.gz"), "--quiet"]
 
 
 def wait_until(check: Callable[[], bool], proc: subprocess.Popen[bytes]) -> bool:
@@ -92,23 +76,17 @@ def test_sweep_sigkill_at_several_points_then_resume_answers_every_row_once(
     take more than 11 requests), then the third's, the fourth's, the fifth's.
     """
     engine: FakeEngine = make_engine()
-    run = tmp_path / "run"
-    run.mkdir()
-    archives = [write_adapter_archive(str(run / f"step-{n}.tar.gz"), engine.model, rank=n) for n in range(1, 6)]
-    names = [default_adapter_name(aged(path)) for path in archives]
+    names = [default_adapter_name(path) for path in make_run(tmp_path / "run", engine.model, (1, 2, 3, 4, 5))]
     inp, out = write_prompts(tmp_path / "prompts.jsonl", 60), tmp_path / "out"
-    argv = ["sweep", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--input", str(inp)]
-    argv += ["--output-dir", str(out), "--checkpoints", str(run / "*.tar.gz"), "--concurrency", "4", "--quiet"]
-    argv += ["--prompts-per-request", "4"]
+    argv = sweep_args(
+        engine, lora_dir, inp, out, *checkpoints_in(tmp_path / "run"), "--prompts-per-request", "4", concurrency=4
+    )
     ledger = out / "sweep.jsonl"
 
-    def outputs() -> List[Path]:
-        return [p for p in out.glob("*.jsonl") if p.name != "sweep.jsonl"] if out.exists() else []
-
     kill_points: List[Tuple[str, int, Callable[[], bool]]] = [
-        (names[0], 11, lambda: any(len(lines_of(p)) >= 10 for p in outputs())),  # inside the first checkpoint
+        (names[0], 11, lambda: any(len(lines_of(p)) >= 10 for p in outputs(out))),  # inside the first checkpoint
         (names[2], 0, lambda: len(lines_of(ledger)) >= 1),  # just after a ledger line
-        (names[3], 0, lambda: len(outputs()) >= 3),  # a new checkpoint was just published
+        (names[3], 0, lambda: len(outputs(out)) >= 3),  # a new checkpoint was just published
         (names[4], 0, lambda: len(lines_of(ledger)) >= 3),
     ]
     for held, answered, point in kill_points:
@@ -125,7 +103,7 @@ def test_sweep_sigkill_at_several_points_then_resume_answers_every_row_once(
     entries = lines_of(ledger)
     assert sorted(os.path.basename(e["checkpoint"]) for e in entries) == [f"step-{n}.tar.gz" for n in range(1, 6)]
     assert all(e["rows"] == 60 and e["failed"] == 0 for e in entries)
-    for path in outputs():
+    for path in outputs(out):
         ids = [record["id"] for record in lines_of(path)]
         assert sorted(ids) == sorted(f"p{n}" for n in range(60)), path.name  # each id exactly once
     assert engine.loaded_adapters == []
@@ -137,22 +115,16 @@ def test_sweep_ctrl_c_exits_130_and_the_same_command_resumes(make_engine: Any, l
     The engine answers step-1's first 21 completions (20 lines at least) and holds the rest: the Ctrl-C lands in the
     first checkpoint whatever the machine's speed; the held ones go on once the CLI said it was interrupted."""
     engine: FakeEngine = make_engine()
-    run = tmp_path / "run"
-    run.mkdir()
-    archives = [write_adapter_archive(str(run / f"step-{n}.tar.gz"), engine.model, rank=n) for n in (1, 2)]
-    first = default_adapter_name(aged(archives[0]))
-    aged(archives[1])
+    first = default_adapter_name(make_run(tmp_path / "run", engine.model, (1, 2))[0])
     inp, out = write_prompts(tmp_path / "prompts.jsonl", 200), tmp_path / "out"
-    argv = ["sweep", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--input", str(inp)]
-    argv += ["--output-dir", str(out), "--checkpoints", str(run / "*.tar.gz"), "--concurrency", "4", "--quiet"]
-    argv += ["--prompts-per-request", "4"]  # 50 requests a checkpoint at least
-
-    def outputs() -> List[Path]:
-        return [p for p in out.glob("*.jsonl") if p.name != "sweep.jsonl"] if out.exists() else []
+    # 4 prompts a request at most: 50 requests a checkpoint at least
+    argv = sweep_args(
+        engine, lora_dir, inp, out, *checkpoints_in(tmp_path / "run"), "--prompts-per-request", "4", concurrency=4
+    )
 
     engine.hold(model=first, after=21)
     with cli(argv, tmp_path) as proc:
-        assert wait_until(lambda: engine.held_requests >= 1 and any(len(lines_of(p)) >= 20 for p in outputs()), proc)
+        assert wait_until(lambda: engine.held_requests >= 1 and any(len(lines_of(p)) >= 20 for p in outputs(out)), proc)
         proc.send_signal(signal.SIGINT)
         assert wait_until(lambda: "interrupted" in (tmp_path / "cli.stderr").read_text(), proc)
         engine.release()
@@ -170,17 +142,13 @@ def test_sweep_outlives_an_engine_restart_mid_run(lora_dir: Path, tmp_path: Path
 
     The engine holds step-2's completions until it is killed (so the kill lands mid-sweep whatever the machine's
     speed), and restarts once the CLI said it is unreachable."""
-    run = tmp_path / "run"
-    run.mkdir()
-    archives = [write_adapter_archive(str(run / f"step-{n}.tar.gz"), "tiny-base", rank=n) for n in (1, 2, 3)]
-    second = [default_adapter_name(aged(path)) for path in archives][1]
+    second = default_adapter_name(make_run(tmp_path / "run", "tiny-base", (1, 2, 3))[1])
     inp, out = write_prompts(tmp_path / "prompts.jsonl", 150), tmp_path / "out"
     engine = EngineProcess(str(lora_dir))
     restarted: List[EngineProcess] = []
     try:
         engine.hold(model=second)
-        argv = ["sweep", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--input", str(inp)]
-        argv += ["--output-dir", str(out), "--checkpoints", str(run / "*.tar.gz"), "--concurrency", "4", "--quiet"]
+        argv = sweep_args(engine, lora_dir, inp, out, *checkpoints_in(tmp_path / "run"), concurrency=4)
         with cli([*argv, "--max-outage", "60"], tmp_path) as proc:
             engine.wait_for_held(1, timeout=WAIT_SECONDS)
             assert wait_until(lambda: len(lines_of(out / "sweep.jsonl")) >= 1, proc)
@@ -218,8 +186,7 @@ def test_sweep_watch_waits_for_a_checkpoint_written_slowly(
     writer = threading.Thread(target=write_slowly)
     writer.start()
     inp, out = write_prompts(tmp_path / "prompts.jsonl", 20), tmp_path / "out"
-    argv = ["sweep", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--input", str(inp)]
-    argv += ["--output-dir", str(out), "--checkpoints", str(run / "*.tar.gz"), "--quiet", "--watch"]
+    argv = sweep_args(engine, lora_dir, inp, out, *checkpoints_in(run), "--watch")
     try:
         assert main([*argv, "--settle", "0.4", "--idle-timeout", "1.5"]) == 0
     finally:
@@ -251,8 +218,9 @@ def test_sweep_watch_ends_with_the_manifests_final_checkpoint(
     trainer = threading.Thread(target=train)
     trainer.start()
     inp, out = write_prompts(tmp_path / "prompts.jsonl", 10), tmp_path / "out"
-    argv = ["sweep", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--input", str(inp)]
-    argv += ["--output-dir", str(out), "--manifest", str(manifest), "--quiet", "--watch", "--idle-timeout", "120"]
+    argv = sweep_args(
+        engine, lora_dir, inp, out, "--manifest", str(manifest), "--quiet", "--watch", "--idle-timeout", "120"
+    )
     started = time.monotonic()
     try:
         assert main([*argv, "--settle", "0.2"]) == 0
@@ -267,12 +235,8 @@ def test_sweep_window_one_and_three_answer_everything(
     engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None, window: int
 ) -> None:
     """Other windows run every checkpoint once too."""
-    run = tmp_path / "run"
-    run.mkdir()
-    for step in (1, 2, 3, 4):
-        aged(write_adapter_archive(str(run / f"step-{step}.tar.gz"), engine.model, rank=step))
+    make_run(tmp_path / "run", engine.model, (1, 2, 3, 4))
     inp, out = write_prompts(tmp_path / "prompts.jsonl", 15), tmp_path / "out"
-    argv = ["sweep", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--input", str(inp)]
-    argv += ["--output-dir", str(out), "--checkpoints", str(run / "*.tar.gz"), "--quiet", "--window", str(window)]
+    argv = sweep_args(engine, lora_dir, inp, out, *checkpoints_in(tmp_path / "run"), "--window", str(window))
     assert main(argv) == 0
     assert sorted(e["step"] for e in lines_of(out / "sweep.jsonl")) == [1, 2, 3, 4]

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import List
 
 import pytest
+from _sweeps import aged
 
 from lora_sampler.batch._ledger import LEDGER_NAME, Ledger, read_ledger
 from lora_sampler.batch._sources import (
@@ -25,13 +26,6 @@ from lora_sampler.batch._sources import (
 )
 from lora_sampler.errors import LoraSamplerError
 from lora_sampler.testing import write_adapter, write_adapter_archive
-
-
-def aged(path: str, seconds: float = 60.0) -> str:
-    """Set a file's times ``seconds`` into the past (written by the training run a while ago)."""
-    past = time.time() - seconds
-    os.utime(path, (past, past))
-    return path
 
 
 def test_natural_key_orders_numbers_as_numbers() -> None:
