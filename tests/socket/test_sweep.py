@@ -38,12 +38,17 @@ def engine_options() -> Dict[str, Any]:
 @contextlib.contextmanager
 def released_once_answered(engine: FakeEngine, model: str) -> Iterator[None]:
     """For the block: release ``engine``'s hold as soon as a completion for ``model`` was answered (a held one went on:
-    the overlap it waited for happened); at the block's end in any case."""
-    ended = threading.Event()
+    the overlap it waited for happened), after the common deadline, or at the block's end, whichever comes first; a
+    deadline passed fails the test after the block."""
+    ended, failures = threading.Event(), []
 
     def release() -> None:
-        wait_until(lambda: ended.is_set() or engine.calls(COMPLETIONS, model) >= 1, f"an answer for {model}")
-        engine.release()
+        try:
+            wait_until(lambda: ended.is_set() or engine.calls(COMPLETIONS, model) >= 1, f"an answer for {model}")
+        except AssertionError as error:
+            failures.append(error)
+        finally:
+            engine.release()
 
     releaser = threading.Thread(target=release, name="test-release")
     releaser.start()
@@ -51,8 +56,9 @@ def released_once_answered(engine: FakeEngine, model: str) -> Iterator[None]:
         yield
     finally:
         ended.set()
-        engine.release()
         releaser.join()
+    if failures:
+        raise failures[0]
 
 
 def test_sweep_takes_checkpoints_in_natural_order_and_unloads_each(
@@ -101,13 +107,14 @@ def test_sweep_window_bounds_the_checkpoints_in_flight(
     first, second = default_adapter_name(steps[0]), default_adapter_name(steps[1])
     # step-1's completions wait until one of step-2's is in flight beside them, so the overlap the window allows
     # happens whatever the machine's speed (unheld, a slow machine could end step-1 before step-2 sent anything).
-    # Once one of step-1's is answered the overlap happened, and nothing more is held. 16 workers: step-1's held
-    # requests (about 13) never take every worker, so step-2's warm-up is always sent.
+    # Once one of step-1's is answered the overlap happened, and nothing more is held. One prompt a request and 16
+    # workers: step-1's 13 requests (its warm-up and 12 rows) are all sent without waiting for an answer, so its
+    # input ends and step-2's requests (on the 3 workers left) come even while all of step-1's are held.
     engine.hold(model=first, beside=second)
-    inp, out = write_prompts(tmp_path / "prompts.jsonl", 40), tmp_path / "out"
+    inp, out = write_prompts(tmp_path / "prompts.jsonl", 12), tmp_path / "out"
     argv = sweep_args(engine, lora_dir, inp, out, "--checkpoints", str(tmp_path / "run" / "*.tar.gz"), "--quiet")
     with released_once_answered(engine, first):
-        assert main([*argv, "--window", "2", "--concurrency", "16"]) == 0
+        assert main([*argv, "--window", "2", "--prompts-per-request", "1", "--concurrency", "16"]) == 0
     spans = [(r.started, r.finished, r.model) for r in engine.requests if r.path == COMPLETIONS]
     most = 0
     for start, _, _ in spans:
