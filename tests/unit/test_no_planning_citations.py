@@ -8,6 +8,7 @@ setup file; only the changelog's released history may mention the past.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import List
@@ -35,14 +36,12 @@ SKIPPED = {
 
 
 def project_files() -> List[Path]:
-    """Every file of the checkout with a checked suffix, outside tool and build folders."""
+    """Every file of the checkout with a checked suffix, outside tool and build folders (never walked into: a
+    checkout's .tox alone holds tens of thousands of files)."""
     found = []
-    for path in ROOT.rglob("*"):
-        relative = path.relative_to(ROOT)
-        if any(part in SKIPPED or part.endswith(".egg-info") for part in relative.parts[:-1]):
-            continue
-        if path.is_file() and path.suffix in SUFFIXES:
-            found.append(path)
+    for folder, subfolders, names in os.walk(ROOT):
+        subfolders[:] = [name for name in subfolders if name not in SKIPPED and not name.endswith(".egg-info")]
+        found += [Path(folder, name) for name in names if Path(name).suffix in SUFFIXES]
     return sorted(found)
 
 
