@@ -371,6 +371,17 @@ def _scan(
         yield raw, keep
 
 
+def answered_keys(path: str, key_of: RecordKey = record_key) -> Set[str]:
+    """Return the keys of the ids an output file holds a record of (failed ones too), reading it only; a missing
+    file holds none. A sweep reads it to find a finished checkpoint's output that lacks lines appended since."""
+    state = ResumeState()
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            for _ in _scan(f, False, state, key_of):
+                pass
+    return state.done
+
+
 def prepare_output(path: str, *, retry_failed: bool = True, key_of: RecordKey = record_key) -> ResumeState:
     """Read an existing output file into a resume set, dropping torn lines and (by default) error lines.
 

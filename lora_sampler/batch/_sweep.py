@@ -36,7 +36,7 @@ from lora_sampler.batch._evaluator import (
 )
 from lora_sampler.batch._job import DEFAULT_DRAIN_SECONDS, BatchJob
 from lora_sampler.batch._ledger import Ledger
-from lora_sampler.batch._lines import InputLine, open_output
+from lora_sampler.batch._lines import InputLine, answered_keys, open_output
 from lora_sampler.batch._memory import check_remembered
 from lora_sampler.batch._score import ScoreStep, scoring_notes
 from lora_sampler.batch._settings import SweepSettings
@@ -239,9 +239,11 @@ class Sweep:
         with Ledger(self.settings.output_dir, restart=self.settings.restart) as ledger:
             self.ledger_path = ledger.path
             settings = self.settings
+            unanswered, earlier = self._check_finished(ledger), dict(ledger.finished)
+            done = {key: line for key, line in earlier.items() if key not in unanswered}
             source = CheckpointSource(
                 self._listing,
-                skip=ledger.finished,
+                skip=done,
                 watch=settings.watch,
                 settle=settings.settle,
                 idle_timeout=settings.idle_timeout,
@@ -253,28 +255,42 @@ class Sweep:
             for line in ledger.finished.values():
                 if isinstance(line.get("adapter"), str):
                     self._adapters.remember(line["adapter"])
-            self._check_finished(ledger)
-            for line in list(ledger.finished.values()):  # an earlier run's: a re-run cell draws the same curve
+            for line in list(done.values()):  # an earlier run's: a re-run cell draws the same curve
                 yield CheckpointReport.from_ledger(line, resumed=True)
             mixing = self.client.isolation.mixing() if settings.mix_adapters else contextlib.nullcontext()
             try:
                 with mixing:
                     yield from self._schedule(source, ledger)
+                for key in unanswered:  # not listed any more, so not run again: its line as it was
+                    if ledger.finished.get(key) == earlier[key]:
+                        yield CheckpointReport.from_ledger(earlier[key], resumed=True)
             finally:
                 self.stop(0.0 if self._active else DEFAULT_DRAIN_SECONDS)
                 for run in self._active:
                     run.join()
 
-    def _check_finished(self, ledger: Ledger) -> None:
+    def _check_finished(self, ledger: Ledger) -> Set[str]:
         """Refuse to take an earlier run's finished checkpoint as done when its output remembers other settings, or
-        other requests for the ids it answered (the input's lines, read as they are now)."""
-        if self.evaluator is not None:
-            return
-        for line in ledger.finished.values():
+        other requests for the ids it answered (the input's lines, read as they are now).
+
+        Returns:
+            The ledger keys of the finished checkpoints whose output lacks ids of the input (lines appended since):
+            they run again, and their output's resume sends those ids only.
+        """
+        unanswered: Set[str] = set()
+        wanted: Optional[Set[str]] = None  # the input's ids (those with a request), read once
+        for key, line in ledger.finished.items() if self.evaluator is None else ():
             if isinstance(line.get("output"), str) and isinstance(line.get("adapter"), str):
                 output = os.path.join(self.settings.output_dir, line["output"])
                 adapter = Adapter(line["adapter"])
                 check_remembered(output, self.step.settings(adapter), self.step.lines(adapter))
+                if wanted is None:
+                    wanted = {each.key for each in self.step.lines(adapter) if each.request is not None}
+                if not wanted <= answered_keys(output, self.step.records.key_of):
+                    unanswered.add(key)
+        if unanswered:
+            logger.info("%d finished checkpoints lack lines appended to the input: resumed for those", len(unanswered))
+        return unanswered
 
     def _schedule(self, source: CheckpointSource, ledger: Ledger) -> Iterator[CheckpointReport]:
         after, claimed = threading.Event(), threading.Event()
