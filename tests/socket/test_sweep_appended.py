@@ -94,7 +94,7 @@ def test_a_rerun_with_an_appended_duplicate_id_is_refused_naming_it(
     before = (out / "sweep.jsonl").read_bytes()
     _append(inp, 2, 1)  # p2 again
     engine.reset_log()
-    assert main(argv) != 0
+    assert main(argv) == 2  # as sample (below)
     assert "line 7 repeats the id 'p2' of line 3" in capsys.readouterr().err
     assert engine.calls(COMPLETIONS) == 0 and (out / "sweep.jsonl").read_bytes() == before
 
@@ -123,7 +123,7 @@ def test_sample_refuses_an_appended_duplicate_id_alike(
     assert main([*argv, "--quiet"]) == 0
     _append(inp, 2, 1)
     engine.reset_log()
-    assert main([*argv, "--quiet"]) != 0
+    assert main([*argv, "--quiet"]) == 2
     assert "line 7 repeats the id 'p2' of line 3" in capsys.readouterr().err
     assert engine.calls(COMPLETIONS) == 0
 
@@ -145,3 +145,29 @@ def test_python_sweep_yields_each_checkpoint_once_after_an_append(
     assert sorted((r.step, r.rows, r.resumed) for r in first) == [(1, 1, False), (2, 1, False)]
     assert sorted((r.step, r.rows, r.resumed) for r in again) == [(1, 2, False), (2, 2, False)]
     assert sorted((r.step, r.rows, r.resumed) for r in gone) == [(1, 2, True), (2, 2, True)]
+
+
+def test_lines_appended_while_a_watch_runs_reach_later_checkpoints_and_the_rest_on_the_next_run(
+    engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
+) -> None:
+    """The input is read afresh for each checkpoint: one started after the append answers the new lines at once; one
+    finished before it lacks them until the next run, which sends those only."""
+    run, inp, out = tmp_path / "run", tmp_path / "prompts.jsonl", tmp_path / "out"
+    _run(run, engine.model, steps=1)
+    _append(inp, 0, 4)
+    pattern = str(run / "*.tar.gz")
+    with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
+        reports = []
+        for report in sweep(client, pattern, str(inp), output_dir=out, watch=True, idle_timeout=60):
+            reports.append(report)
+            if len(reports) == 2:
+                break  # ends the watch
+            _append(inp, 4, 2)  # the first checkpoint is finished: now the line and the next checkpoint
+            path = write_adapter_archive(str(run / "step-2.tar.gz"), engine.model, rank=2)
+            os.utime(path, (time.time() - 60, time.time() - 60))
+        assert [(r.step, r.rows) for r in reports] == [(1, 4), (2, 6)]
+        engine.reset_log()
+        again = list(sweep(client, pattern, str(inp), output_dir=out))
+    assert sorted((r.step, r.rows, r.resumed) for r in again) == [(1, 6, False), (2, 6, True)]
+    assert _prompts_sent(engine, reports[0].adapter) == 2 + 1  # the two appended (and the warm-up's)
+    assert _prompts_sent(engine, reports[1].adapter) == 0
