@@ -4,7 +4,8 @@ The sweep hands it its client and each checkpoint's adapter (an ``EvaluatedCheck
 ``simple_evaluate`` on a ``LoraSamplerLM`` over them, keeps lm-eval's results JSON under
 ``<output_dir>/lm-eval/<adapter>.json`` and returns every number lm-eval reports for a task as ``<task>/<key>``
 with lm-eval's own key (``hellaswag/acc_norm,none``). One ``TokenCache`` serves every checkpoint (the tokenizer is
-the base model's), and lm-eval's task index is built once per sweep. A checkpoint is the unit of resume: its results
+the base model's), and lm-eval's task index is built once per sweep (of ``include_path`` alone when it holds every
+task named). A checkpoint is the unit of resume: its results
 JSON is written whole before its ledger line.
 """
 
@@ -97,10 +98,20 @@ class LmEvalTasks(CheckpointEvaluator):
         return metrics_of(results)
 
     def _tasks_index(self) -> Any:
-        """lm-eval's task index (with ``include_path``), built once per sweep: it reads every task YAML it has."""
+        """lm-eval's task index, built once per sweep: of ``include_path`` alone when every task named is a task there
+        (lm-eval's whole index reads its thousands of YAMLs: about 10 s of CPU), else lm-eval's with ``include_path``.
+
+        A group or tag, or a task lm-eval ships, needs the whole index; a task of the folder resolves alike in both
+        (the folder's YAMLs take precedence over lm-eval's in the whole index).
+        """
         if self._task_manager is None:
             from lm_eval.tasks import TaskManager
 
+            if self.include_path is not None:
+                own = TaskManager(include_path=self.include_path, include_defaults=False)
+                if set(self.tasks) <= set(own.all_subtasks):
+                    self._task_manager = own
+                    return own
             self._task_manager = TaskManager(include_path=self.include_path)
         return self._task_manager
 
