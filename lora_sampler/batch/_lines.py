@@ -125,8 +125,18 @@ class InputLine:
         return id_key(self.id) if self.id is not None else f"#line{self.line_number}"
 
 
-def read_line_object(raw: bytes, line_number: int) -> Union[InputLine, Tuple[Dict[str, Any], LineId], None]:
-    """Read one JSONL line into its object and id; None for a blank line, an ``InputLine`` error for a bad one."""
+#: Builds the line of one line object (``(object, id, line number, defaults)``): its request, or why it cannot be sent.
+LineRequest = Callable[[Dict[str, Any], LineId, int, LineDefaults], InputLine]
+
+
+def parse_object_line(
+    raw: bytes, line_number: int, defaults: LineDefaults, request_of: LineRequest
+) -> Optional[InputLine]:
+    """Parse one line of a format of one JSON object a line with an ``id`` (prompt lines, scoring lines).
+
+    None for a blank line; a line that is not a JSON object, or whose id is not a string or an integer, is its
+    error; else ``request_of``'s line, carrying the object's ``metadata`` (copied to its output row) when it has one.
+    """
     if is_blank(raw):
         return None
     try:
@@ -140,7 +150,8 @@ def read_line_object(raw: bytes, line_number: int) -> Union[InputLine, Tuple[Dic
         return InputLine(line_number, None, error=f"id must be a string or an integer, got {line_id!r}")
     if isinstance(line_id, str) and text_problem(line_id):
         return InputLine(line_number, None, error=f"the id {text_problem(line_id)}; give the line a text id")
-    return obj, line_id
+    line = request_of(obj, line_id, line_number, defaults)
+    return line if obj.get(METADATA_KEY) is None else dataclasses.replace(line, metadata=obj[METADATA_KEY])
 
 
 def unknown_key(obj: Mapping[str, Any], known: Sequence[str], habits: Mapping[str, str], own: str = "") -> str:
@@ -167,18 +178,9 @@ def unknown_key(obj: Mapping[str, Any], known: Sequence[str], habits: Mapping[st
     return f"unknown key {name!r} ({fix}){where}"
 
 
-def with_metadata(line: InputLine, obj: Mapping[str, Any]) -> InputLine:
-    """Return ``line`` carrying the object's ``metadata`` (copied to its output row), when it has one."""
-    return line if obj.get(METADATA_KEY) is None else dataclasses.replace(line, metadata=obj[METADATA_KEY])
-
-
 def parse_line(raw: bytes, line_number: int, defaults: LineDefaults) -> Optional[InputLine]:
     """Parse one JSONL input line; None for a blank line. Never raises for bad content: see ``InputLine.error``."""
-    read = read_line_object(raw, line_number)
-    if read is None or isinstance(read, InputLine):
-        return read
-    obj, line_id = read
-    return with_metadata(_line_request(obj, line_id, line_number, defaults), obj)
+    return parse_object_line(raw, line_number, defaults, _line_request)
 
 
 def _line_request(obj: Dict[str, Any], line_id: LineId, line_number: int, defaults: LineDefaults) -> InputLine:

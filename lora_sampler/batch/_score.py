@@ -20,9 +20,8 @@ from lora_sampler.batch._lines import (
     RecordFormat,
     add_metadata,
     number_or_none,
-    read_line_object,
+    parse_object_line,
     unknown_key,
-    with_metadata,
 )
 from lora_sampler.batch._steps import SampleStep, answered_records
 from lora_sampler.types import Adapter, ScoreOutput, ScoreRequest
@@ -33,11 +32,7 @@ SCORE_KEYS = ("id", "prompt", "completion", "session_id", METADATA_KEY)
 
 def parse_score_line(raw: bytes, line_number: int, defaults: LineDefaults) -> Optional[InputLine]:
     """Parse one scoring line; None for a blank line. Never raises for bad content: see ``InputLine.error``."""
-    read = read_line_object(raw, line_number)
-    if read is None or isinstance(read, InputLine):
-        return read
-    obj, line_id = read
-    return with_metadata(_score_request(obj, line_id, line_number, defaults), obj)
+    return parse_object_line(raw, line_number, defaults, _score_request)
 
 
 def _score_request(obj: Dict[str, Any], line_id: LineId, line_number: int, defaults: LineDefaults) -> InputLine:

@@ -497,7 +497,7 @@ class _CheckpointRun(threading.Thread):
         next checkpoints overlap it, and the reports come in checkpoint order.
         """
         sweep = self.sweep
-        warm = _warm_up_adapter(sweep.client, adapter)
+        warm = _WarmUp(sweep.client, adapter)
         try:
             while not self.after.wait(0.05):
                 if sweep.stopped:
@@ -757,11 +757,6 @@ class _WarmUp:
             return
         if error is not None:  # the evaluator's requests meet the same failure and report it
             logger.debug("Warm-up request for %r failed: %s", self.name, error)
-
-
-def _warm_up_adapter(client: SamplerClient, adapter: Adapter) -> _WarmUp:
-    """Start the warm-up of ``adapter`` (see ``_WarmUp``)."""
-    return _WarmUp(client, adapter)
 
 
 def _describe(checkpoints: Checkpoints) -> str:
