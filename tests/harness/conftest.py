@@ -7,11 +7,11 @@ folder).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any, Dict, Iterator, List
+from typing import Iterator
 
 import pytest
+from _lm_eval_tasks import write_task
 
 from lora_sampler.testing import FakeEngine, set_testing, write_adapter_archive
 
@@ -26,14 +26,6 @@ TEXTS = [
     {"text": "A long text scored in rolling windows, longer than the engine's small context. " * 2},
     {"text": "Hi."},
 ]
-
-
-def write_task(folder: Path, name: str, rows: List[Dict[str, Any]], body: str) -> None:
-    """Write ``rows`` as ``<name>.jsonl`` and the task ``<name>.yaml`` reading it (``body``: the task's own keys)."""
-    data = folder / f"{name}.jsonl"
-    data.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    head = f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
-    (folder / f"{name}.yaml").write_text(head + body, encoding="utf-8")
 
 
 @pytest.fixture

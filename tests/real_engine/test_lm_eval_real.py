@@ -10,11 +10,11 @@ started with LoRA dies when an engine step holds several sequences and one of th
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List
 
 import pytest
+from _lm_eval_tasks import write_task
 from _services import require
 
 if TYPE_CHECKING:
@@ -41,14 +41,6 @@ GENERATION = [
     {"question": "The adapter changes the weight of", "answer": "each layer"},
     {"question": "Count to three", "answer": "1 2 3"},
 ]
-
-
-def write_task(folder: Path, name: str, rows: List[Dict[str, Any]], body: str) -> None:
-    """Write ``rows`` as ``<name>.jsonl`` and the task ``<name>.yaml`` reading it (``body``: the task's own keys)."""
-    data = folder / f"{name}.jsonl"
-    data.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    head = f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
-    (folder / f"{name}.yaml").write_text(head + body, encoding="utf-8")
 
 
 @pytest.fixture
