@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from _lm_eval_tasks import write_task
+from _lm_eval_tasks import offline_task_folder, write_task
 
 from lora_sampler.testing import FakeEngine, set_testing, write_adapter_archive
 
@@ -31,10 +31,7 @@ TEXTS = [
 @pytest.fixture
 def tasks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A folder of three tasks, one per output type: ``tiny_mc``, ``tiny_gen``, ``tiny_ppl``."""
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    folder = tmp_path / "tasks"
-    folder.mkdir()
+    folder = offline_task_folder(tmp_path, monkeypatch)
     write_task(
         folder,
         "tiny_mc",

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List
 
 import pytest
-from _lm_eval_tasks import write_task
+from _lm_eval_tasks import offline_task_folder, write_task
 from _services import require
 
 if TYPE_CHECKING:
@@ -46,10 +46,7 @@ GENERATION = [
 @pytest.fixture
 def tasks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A folder with a multiple-choice task (``real_mc``) and a greedy generation task (``real_gen``)."""
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    folder = tmp_path / "tasks"
-    folder.mkdir()
+    folder = offline_task_folder(tmp_path, monkeypatch)
     write_task(
         folder,
         "real_mc",
