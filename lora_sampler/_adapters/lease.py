@@ -188,12 +188,15 @@ def leased(base_dir: StrPath, name: str) -> Optional[bool]:
 
 
 def _open_lease_file(path: str) -> Optional[int]:
-    for _ in range(100):  # the last holder of another lease may remove the empty folder between the two calls
+    # The last holder of another lease may remove the empty folder at any moment: between the two calls (the open
+    # finds no folder), or inside makedirs, between its mkdir ("exists") and its check (now gone), where it raises
+    # FileExistsError. Both are a folder that vanished: make it again.
+    for _ in range(100):
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             # NFS grants an exclusive lock only on a file open for writing.
             return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except FileNotFoundError:
+        except (FileNotFoundError, FileExistsError):
             continue
         except OSError as error:  # a read-only resolver folder: nothing can be leased (nor deleted) here
             logger.warning("cannot open the lease file %s (%s)", path, error)
