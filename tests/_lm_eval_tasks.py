@@ -24,3 +24,21 @@ def offline_task_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path
     folder = tmp_path / "tasks"
     folder.mkdir()
     return folder
+
+
+def write_byte_tokenizer(folder: Path, shift: int = 0) -> Path:
+    """A ``tokenizer.json`` of the test engine's tokenizer (UTF-8 byte ``b`` is id ``4 + b``), written with the
+    ``tokenizers`` package into ``folder``, as a model folder holds it; ``shift`` moves every byte's id (another
+    model's tokenizer)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    # The byte-level pre-tokenizer's alphabet (GPT-2's): printable bytes stand for themselves, the others from U+0100.
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = iter(range(256, 512))
+    chars = {byte: chr(byte) if byte in printable else chr(next(others)) for byte in range(256)}
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "<pad>": 3, **{chars[b]: 4 + (b + shift) % 256 for b in range(256)}}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return folder

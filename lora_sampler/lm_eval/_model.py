@@ -50,6 +50,7 @@ MODEL_ARGS = (
     "prefix_token_id",
     "max_outage",
     "max_gen_toks",
+    "tokenizer",
 )
 _NOTED: set[str] = set()
 
@@ -77,6 +78,8 @@ class LoraSamplerLM(TemplateLM):  # type: ignore[misc]  # lm-eval is untyped
         max_outage: Seconds to wait out an engine outage (0: fail at once), for every request: tokenizing,
             scoring, generating.
         max_gen_toks: Tokens generated when a task sets no ``max_gen_toks``.
+        tokenizer: The base model's own tokenizer (its folder or ``tokenizer.json``), to tokenize in-process instead
+            of a ``/tokenize`` request per text (checked against the engine's on the first text).
         client: A ``SamplerClient`` to send through instead of ``base_url`` (left open: it is the caller's).
         token_cache: A ``TokenCache`` to share (a sweep's, over its checkpoints).
         on_outage: Called with an ``OutageEvent`` while the engine is away (a sweep's, to say so).
@@ -100,6 +103,7 @@ class LoraSamplerLM(TemplateLM):  # type: ignore[misc]  # lm-eval is untyped
         prefix_token_id: Optional[int] = None,
         max_outage: float = 0.0,
         max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
+        tokenizer: Optional[str] = None,
         *,
         client: Optional[SamplerClient] = None,
         token_cache: Optional[TokenCache] = None,
@@ -123,7 +127,7 @@ class LoraSamplerLM(TemplateLM):  # type: ignore[misc]  # lm-eval is untyped
         self._hold: Dict[str, Any] = {"max_outage": max_outage, "on_outage": on_outage}
         self._max_length, self._prefix = _optional_int(max_length, "max_length", 2), prefix_token_id
         self._max_gen_toks = max_gen_toks
-        self.tokens = optional_cache(token_cache, self._client)
+        self.tokens = optional_cache(token_cache, self._client, tokenizer)
 
     # -- what lm-eval asks of a model -------------------------------------------------------------------------
 

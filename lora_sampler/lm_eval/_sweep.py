@@ -20,14 +20,14 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 
 from lora_sampler.batch._evaluator import CheckpointEvaluator, EvaluatedCheckpoint
 from lora_sampler.lm_eval._model import LoraSamplerLM
-from lora_sampler.lm_eval._tokens import TokenCache
+from lora_sampler.lm_eval._tokens import TokenCache, local_tokenizer
 
 #: The folder under the sweep's output folder that holds lm-eval's results, one JSON per checkpoint.
 RESULTS_FOLDER = "lm-eval"
 #: simple_evaluate arguments the sweep sets itself (a task list, the model): not taken from ``lm_eval_args``.
 OWN_ARGUMENTS = ("model", "tasks", "task_manager", "limit", "num_fewshot")
 #: What ``lm_eval_args["model_args"]`` may set on each checkpoint's model (the rest is the sweep's client's).
-MODEL_SETTINGS = ("prefix_token_id", "max_length", "max_gen_toks")
+MODEL_SETTINGS = ("prefix_token_id", "max_length", "max_gen_toks", "tokenizer")
 
 
 class LmEvalTasks(CheckpointEvaluator):
@@ -41,7 +41,8 @@ class LmEvalTasks(CheckpointEvaluator):
         num_fewshot: Examples per prompt.
         arguments: What else ``simple_evaluate`` takes (``gen_kwargs``, ``apply_chat_template``, ``log_samples``,
             seeds, ...); its ``model_args`` (a dict, or lm-eval's ``key=value,...``) set each checkpoint's model's
-            ``prefix_token_id``, ``max_length`` and ``max_gen_toks``.
+            ``prefix_token_id``, ``max_length`` and ``max_gen_toks``, and ``tokenizer`` (the base model's own, read
+            once for every checkpoint).
         prompts_per_request: Prompts per completion request (the sweep's setting).
     """
 
@@ -67,6 +68,8 @@ class LmEvalTasks(CheckpointEvaluator):
         self.num_fewshot, self.prompts_per_request = num_fewshot, prompts_per_request
         self.arguments: Dict[str, Any] = {"log_samples": False, **(arguments or {})}
         self.model_args = _model_args(self.arguments.pop("model_args", None))
+        if self.model_args.get("tokenizer") is not None:
+            local_tokenizer(self.model_args["tokenizer"])  # a bad path fails the sweep now, not every checkpoint
         self.tokens: Optional[TokenCache] = None
         self._task_manager: Any = None
 
@@ -75,8 +78,10 @@ class LmEvalTasks(CheckpointEvaluator):
         from lm_eval import simple_evaluate
 
         client, adapter = checkpoint.client, checkpoint.adapter
+        settings = dict(self.model_args)
+        tokenizer = settings.pop("tokenizer", None)
         if self.tokens is None:
-            self.tokens = TokenCache(client)
+            self.tokens = TokenCache(client, tokenizer=tokenizer)
         model = LoraSamplerLM(
             client=client,
             adapter=adapter,
@@ -84,7 +89,7 @@ class LmEvalTasks(CheckpointEvaluator):
             prompts_per_request=self.prompts_per_request,
             max_outage=checkpoint.max_outage,
             on_outage=checkpoint.on_outage,
-            **self.model_args,
+            **settings,
         )
         results = simple_evaluate(
             model=model,

@@ -4,13 +4,18 @@ lm-eval splits a context from its continuation by tokenizing both (and their joi
 for every answer choice, every checkpoint of a sweep and every window of a long text. The tokenizer is the base
 model's, so one answer holds for every adapter: the cache is shared by every checkpoint of a sweep. It holds at most
 ``max_size`` token ids plus text characters (least recently used out); a text pushed out is asked again.
+
+With the base model's own tokenizer at hand (``tokenizer=``: its folder or ``tokenizer.json``, read with the
+``tokenizers`` package, or a Hugging Face tokenizer object), texts are tokenized in-process instead: no ``/tokenize``
+round trip, once the first text's ids are checked against the engine's (a tokenizer of another model is refused).
 """
 
 from __future__ import annotations
 
 import collections
+import os
 import threading
-from typing import Iterable, Iterator, List, Optional, OrderedDict, Tuple
+from typing import Any, Callable, Iterable, Iterator, List, Optional, OrderedDict, Tuple
 
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._client.outage import OutageHook
@@ -19,6 +24,8 @@ from lora_sampler._client.outage import OutageHook
 DEFAULT_MAX_SIZE = 8_000_000
 
 _Key = Tuple[str, bool]
+#: Tokenizes texts in-process, without special tokens: the base model's own tokenizer (``local_tokenizer``).
+LocalTokenizer = Callable[[List[str]], List[Tuple[int, ...]]]
 
 
 class TokenCache:
@@ -31,12 +38,16 @@ class TokenCache:
     Args:
         client: The client whose engine tokenizes.
         max_size: Most token ids plus text characters held.
+        tokenizer: The base model's tokenizer, to tokenize in-process (see ``local_tokenizer``); the engine still
+            answers once, for the first text, to prove it is the same tokenizer, and for ``add_special_tokens``.
     """
 
-    def __init__(self, client: SamplerClient, *, max_size: int = DEFAULT_MAX_SIZE):
+    def __init__(self, client: SamplerClient, *, max_size: int = DEFAULT_MAX_SIZE, tokenizer: Any = None):
         if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1:
             raise ValueError(f"max_size must be an int >= 1, got {max_size!r}")
         self._client, self._max_size = client, max_size
+        self._local = local_tokenizer(tokenizer) if tokenizer is not None else None
+        self._local_checked = False
         self._entries: OrderedDict[_Key, Tuple[int, ...]] = collections.OrderedDict()
         self._size = 0
         self._lock = threading.Lock()
@@ -89,20 +100,42 @@ class TokenCache:
     def _asked(
         self, texts: List[str], special: bool, max_outage: float, on_outage: Optional[OutageHook]
     ) -> Iterator[Tuple[int, ...]]:
-        """Ask the engine for ``texts`` (none: no request), keeping each answer as it comes."""
+        """Tokenize ``texts`` (none: no request), in-process or by the engine, keeping each answer as it comes."""
         if not texts:
             return
-        answers = self._client.tokenize_many(
-            texts, add_special_tokens=special, max_outage=max_outage, on_outage=on_outage
-        )
+        asked = self._local is None or special
+        if asked:
+            answers: Iterable[Tuple[int, ...]] = self._client.tokenize_many(
+                texts, add_special_tokens=special, max_outage=max_outage, on_outage=on_outage
+            )
+        else:
+            answers = self._locally(texts, max_outage, on_outage)
         for text, tokens in zip(texts, answers):
-            self._keep((text, special), tokens)
+            self._keep((text, special), tokens, asked)
             yield tokens
 
-    def _keep(self, key: _Key, tokens: Tuple[int, ...]) -> None:
+    def _locally(self, texts: List[str], max_outage: float, on_outage: Optional[OutageHook]) -> List[Tuple[int, ...]]:
+        """``texts`` by the local tokenizer; the first time, its first text by the engine too, which must agree."""
+        assert self._local is not None
+        answers = self._local(texts)
+        if not self._local_checked:
+            [engine] = self._client.tokenize_many(
+                texts[:1], add_special_tokens=False, max_outage=max_outage, on_outage=on_outage
+            )
+            self.requests += 1
+            if tuple(engine) != answers[0]:
+                raise ValueError(
+                    f"the tokenizer given (tokenizer=) is not the engine's: it makes {list(answers[0][:8])} of "
+                    f"{texts[0][:40]!r} where the engine's makes {list(engine[:8])}; pass the served base model's "
+                    "own tokenizer (its folder or tokenizer.json), or leave tokenizer= out to ask the engine"
+                )
+            self._local_checked = True
+        return answers
+
+    def _keep(self, key: _Key, tokens: Tuple[int, ...], asked: bool) -> None:
         cost = len(key[0]) + len(tokens)
         with self._lock:
-            self.requests += 1
+            self.requests += asked
             if key in self._entries or cost > self._max_size:
                 return
             self._entries[key] = tokens
@@ -121,6 +154,54 @@ class TokenCache:
             return self._size
 
 
-def optional_cache(cache: Optional[TokenCache], client: SamplerClient) -> TokenCache:
+def local_tokenizer(tokenizer: Any) -> LocalTokenizer:
+    """The base model's own tokenizer as a ``LocalTokenizer``: texts to token ids without special tokens.
+
+    Args:
+        tokenizer: The model's folder or its ``tokenizer.json`` (read with the ``tokenizers`` package, which the
+            ``[lm-eval]`` extra installs), or an object with a Hugging Face tokenizer's ``encode(text,
+            add_special_tokens=False)``.
+
+    Raises:
+        ValueError: no ``tokenizer.json`` at the path, or one the ``tokenizers`` package cannot read.
+        TypeError: neither a path nor an object with ``encode``.
+        ImportError: a path without the ``tokenizers`` package.
+    """
+    if isinstance(tokenizer, (str, os.PathLike)):
+        return _tokenizer_file(os.fspath(tokenizer))
+    if not callable(getattr(tokenizer, "encode", None)):
+        raise TypeError(
+            f"tokenizer must be the base model's folder, its tokenizer.json, or a tokenizer with encode(); "
+            f"got {type(tokenizer).__name__}"
+        )
+    return lambda texts: [tuple(tokenizer.encode(text, add_special_tokens=False)) for text in texts]
+
+
+def _tokenizer_file(path: str) -> LocalTokenizer:
+    file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+    if not os.path.isfile(file):
+        raise ValueError(
+            f"tokenizer={path}: no tokenizer.json there; pass the base model's folder (with its tokenizer.json) or "
+            "the file itself"
+        )
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as error:
+        raise ImportError(
+            "tokenizer= reads tokenizer.json with the tokenizers package, which is not installed: "
+            "pip install 'lora-sampler[lm-eval]' (or pip install tokenizers)"
+        ) from error
+    try:
+        read = Tokenizer.from_file(file)
+    except Exception as error:  # the package's own error for a file it cannot read (its type is not documented)
+        raise ValueError(f"tokenizer={path}: the tokenizers package cannot read {file} ({error})") from error
+    return lambda texts: [tuple(one.ids) for one in read.encode_batch(texts, add_special_tokens=False)]
+
+
+def optional_cache(cache: Optional[TokenCache], client: SamplerClient, tokenizer: Any = None) -> TokenCache:
     """``cache`` if given (a sweep shares one over its checkpoints), else a new one over ``client``."""
-    return cache if cache is not None else TokenCache(client)
+    if cache is None:
+        return TokenCache(client, tokenizer=tokenizer)
+    if tokenizer is not None:
+        raise ValueError("tokenizer= beside token_cache=: give the tokenizer to the TokenCache (it tokenizes)")
+    return cache

@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any, List, Tuple
 
 import pytest
+from _lm_eval_tasks import write_byte_tokenizer
 from lm_eval.api.instance import Instance
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from lora_sampler import SamplerClient
 from lora_sampler._wire.routes import COMPLETIONS_PATH, TOKENIZE_PATH
 from lora_sampler.lm_eval import LoraSamplerLM, TokenCache
-from lora_sampler.testing import FakeEngine, write_adapter_archive
+from lora_sampler.testing import ByteTokenizer, FakeEngine, write_adapter_archive
 
 
 def instances(kind: str, arguments: List[Tuple[Any, ...]]) -> List[Instance]:
@@ -200,3 +201,41 @@ def test_client_settings_beside_a_client_are_refused_by_name(engine: FakeEngine)
         LoraSamplerLM(client=client, prefix_token_id=1)
     with pytest.raises(ValueError, match="num_concurrent must be an int >= 1"):
         LoraSamplerLM(base_url=engine.url, num_concurrent=0)
+
+
+def test_a_local_tokenizer_scores_the_same_with_one_tokenize_request(engine: FakeEngine, tmp_path: Path) -> None:
+    """tokenizer=<the model's folder> (or a tokenizer object): the same answers; the engine tokenizes one text, the
+    check that the two tokenizers agree."""
+    pairs = [(f"Question {i % 5}: é", f" answer {i}") for i in range(20)]
+    folder = write_byte_tokenizer(tmp_path / "model")
+    with SamplerClient(engine.url) as client:
+        remote = LoraSamplerLM(client=client).loglikelihood(instances("loglikelihood", pairs))
+        engine.reset_log()
+        local_lm = LoraSamplerLM(client=client, tokenizer=str(folder))
+        local = local_lm.loglikelihood(instances("loglikelihood", pairs))
+        assert engine.calls(TOKENIZE_PATH) == 1 == local_lm.tokens.requests
+        by_file = LoraSamplerLM(client=client, tokenizer=str(folder / "tokenizer.json"))
+        by_object = LoraSamplerLM(client=client, token_cache=TokenCache(client, tokenizer=ByteTokenizer()))
+        assert by_file.loglikelihood(instances("loglikelihood", pairs)) == local
+        assert by_object.loglikelihood(instances("loglikelihood", pairs)) == local
+    assert local == remote
+
+
+def test_a_tokenizer_of_another_model_is_refused_and_bad_ones_named(engine: FakeEngine, tmp_path: Path) -> None:
+    """Ids that differ from the engine's fail before any scoring request; a path with no tokenizer.json, a file the
+    tokenizers package cannot read and a non-tokenizer each get their own message."""
+    other = LoraSamplerLM(base_url=engine.url, tokenizer=str(write_byte_tokenizer(tmp_path / "other", shift=1)))
+    engine.reset_log()
+    with pytest.raises(ValueError, match=r"is not the engine's: it makes .* where the engine's makes"):
+        other.loglikelihood(instances("loglikelihood", [("a b", " c")]))
+    assert engine.calls(COMPLETIONS_PATH) == 0
+    (tmp_path / "junk.json").write_text("{}", encoding="utf-8")
+    for bad, error, words in (
+        (tmp_path / "none", ValueError, "no tokenizer.json there"),
+        (tmp_path / "junk.json", ValueError, "cannot read"),
+        (42, TypeError, "with encode"),
+    ):
+        with pytest.raises(error, match=words):
+            LoraSamplerLM(base_url=engine.url, tokenizer=bad)  # type: ignore[arg-type]
+    with SamplerClient(engine.url) as client, pytest.raises(ValueError, match="beside token_cache"):
+        LoraSamplerLM(client=client, token_cache=TokenCache(client), tokenizer=str(tmp_path / "other"))

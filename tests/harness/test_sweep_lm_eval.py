@@ -14,9 +14,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List
+from typing import Any, Dict, List
 
 import pytest
+from _lm_eval_tasks import write_byte_tokenizer
 
 import lora_sampler
 from lora_sampler import OutageEvent, RetryPolicy, SamplerClient
@@ -80,6 +81,31 @@ def test_sweep_runs_the_tasks_on_every_checkpoint(
             )
         )
     assert engine.calls(TOKENIZE_PATH) == tokenized  # three checkpoints asked for what one asks for
+
+
+@pytest.mark.timeout(1200)  # two lm-eval runs; minutes on a loaded 2-core machine
+def test_sweep_with_the_models_own_tokenizer_asks_the_engine_one_text(
+    engine: FakeEngine, tasks: Path, lora_dir: Path, tmp_path: Path
+) -> None:
+    """model_args' tokenizer serves every checkpoint: one /tokenize request in the sweep (the agreement check), the
+    same numbers as the engine's tokenizer gives; a path with no tokenizer fails the sweep before any request."""
+    paths = checkpoints(tmp_path / "run", engine.model, 2)
+    folder = write_byte_tokenizer(tmp_path / "model")
+    settings: Dict[str, Any] = dict(lm_eval_tasks="tiny_mc", lm_eval_include_path=str(tasks), settle=0)
+    with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
+        remote = list(
+            lora_sampler.sweep(client, paths, output_dir=str(tmp_path / "a"), lm_eval_args=ARGUMENTS, **settings)
+        )
+        engine.reset_log()
+        own = {"bootstrap_iters": 0, "model_args": {"prefix_token_id": 1, "tokenizer": str(folder)}}
+        local = list(lora_sampler.sweep(client, paths, output_dir=str(tmp_path / "b"), lm_eval_args=own, **settings))
+        assert engine.calls(TOKENIZE_PATH) == 1
+        engine.reset_log()
+        missing = {"model_args": {"tokenizer": str(tmp_path / "nowhere")}}
+        with pytest.raises(ValueError, match=r"no tokenizer\.json there"):
+            lora_sampler.sweep(client, paths, output_dir=str(tmp_path / "c"), lm_eval_args=missing, **settings)
+        assert engine.calls(COMPLETIONS_PATH) == 0
+    assert [r.error for r in local] == [None, None] and [r.metrics for r in local] == [r.metrics for r in remote]
 
 
 def test_lm_eval_settings_are_checked_before_any_request(engine: FakeEngine, tasks: Path, tmp_path: Path) -> None:

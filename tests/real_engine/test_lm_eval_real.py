@@ -17,6 +17,8 @@ import pytest
 from _lm_eval_tasks import offline_task_folder, write_task
 from _services import require
 
+from lora_sampler import SamplerClient
+
 if TYPE_CHECKING:
     from conftest import RealEngine
 
@@ -159,3 +161,18 @@ def _prefix_token_id(url: str) -> int:
     token = tokenizer.bos_token_id or tokenizer.eos_token_id
     assert token is not None, "the engine's /tokenizer_info names no BOS or EOS"
     return int(token)
+
+
+def test_the_model_folders_own_tokenizer_gives_the_engines_ids(vllm_engine: RealEngine) -> None:
+    """``tokenizer=<the served model's folder>`` (its tokenizer.json, read by the tokenizers package) makes the ids the
+    engine's /tokenize makes for every text of the tasks, and asks the engine for one text only (the check)."""
+    from lora_sampler.lm_eval import TokenCache
+
+    engine = vllm_engine
+    contexts = [row["question"] for row in MULTIPLE_CHOICE] + [f"Q: {row['question']}\nA:" for row in GENERATION]
+    texts = contexts + [row["question"] + choice for row in MULTIPLE_CHOICE for choice in row["choices"]]
+    with SamplerClient(engine.url, api_key=engine.api_key) as client:
+        expected = list(client.tokenize_many(texts, add_special_tokens=False))
+        cache = TokenCache(client, tokenizer=engine.model)
+        cache.warm(texts)
+        assert [cache.encode(text) for text in texts] == expected and cache.requests == 1
