@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, List, Tuple
 
 import pytest
 from _sweeps import aged, lines_of, make_run, outputs, sweep_args, write_prompts
+from _waits import wait_until as wait_for
 
 from lora_sampler._adapters.publish import default_adapter_name
 from lora_sampler.cli import main
@@ -168,7 +169,10 @@ def test_sweep_outlives_an_engine_restart_mid_run(lora_dir: Path, tmp_path: Path
 def test_sweep_watch_waits_for_a_checkpoint_written_slowly(
     engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
 ) -> None:
-    """A checkpoint written in pieces (with a pause longer than --settle) is evaluated once, and only whole."""
+    """A checkpoint written in pieces (with a pause longer than --settle) is evaluated once, and only whole.
+
+    Its first piece appears once the sweep runs step-1 (the engine saw a completion), so the watch finds it mid-run
+    whatever the machine's speed; the pauses between pieces are the slow writer under test."""
     run = tmp_path / "run"
     run.mkdir()
     aged(write_adapter_archive(str(run / "step-1.tar.gz"), engine.model, rank=1))
@@ -176,7 +180,7 @@ def test_sweep_watch_waits_for_a_checkpoint_written_slowly(
     slow = run / "step-2.tar.gz"
 
     def write_slowly() -> None:
-        time.sleep(0.3)
+        wait_for(lambda: engine.calls(COMPLETIONS) >= 1, "the sweep sent step-1's first completion")
         with slow.open("wb") as handle:
             for start in range(0, len(whole), len(whole) // 4 + 1):
                 handle.write(whole[start : start + len(whole) // 4 + 1])
@@ -202,22 +206,25 @@ def test_sweep_watch_waits_for_a_checkpoint_written_slowly(
 def test_sweep_watch_ends_with_the_manifests_final_checkpoint(
     engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
 ) -> None:
-    """A watch on a manifest ends once the line marked final is done, long before --idle-timeout."""
+    """A watch on a manifest ends once the line marked final is done, long before --idle-timeout.
+
+    The final line is appended once step-100's ledger line is written: the watch is under way, whatever the machine's
+    speed."""
     run = tmp_path / "run"
     run.mkdir()
     manifest = run / "checkpoints.jsonl"
     first = aged(write_adapter_archive(str(run / "step-100.tar.gz"), engine.model, rank=1))
     manifest.write_text(json.dumps({"name": "000100", "batch": 100, "sampler_path": first}) + "\n")
+    inp, out = write_prompts(tmp_path / "prompts.jsonl", 10), tmp_path / "out"
 
     def train() -> None:
-        time.sleep(0.5)
+        wait_for(lambda: len(lines_of(out / "sweep.jsonl")) >= 1, "the sweep finished step-100")
         final = write_adapter_archive(str(run / "step-200.tar.gz"), engine.model, rank=2)
         with manifest.open("a") as handle:
             handle.write(json.dumps({"name": "final", "batch": 200, "sampler_path": final, "final": True}) + "\n")
 
     trainer = threading.Thread(target=train)
     trainer.start()
-    inp, out = write_prompts(tmp_path / "prompts.jsonl", 10), tmp_path / "out"
     argv = sweep_args(
         engine, lora_dir, inp, out, "--manifest", str(manifest), "--quiet", "--watch", "--idle-timeout", "120"
     )
