@@ -61,6 +61,13 @@ def ledger(out: Path) -> List[Dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines()]
 
 
+def ledger_lines(out: Path) -> int:
+    """How many whole lines ``out``'s ``sweep.jsonl`` holds now (0 when absent): what a writer beside a sweep waits
+    for, so a line being written is never read half."""
+    path = out / "sweep.jsonl"
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
 def outputs(out: Path) -> List[Path]:
     """The output files of a sweep into ``out``: every JSONL file but the ledger."""
     return sorted(path for path in out.glob("*.jsonl") if path.name != "sweep.jsonl") if out.exists() else []

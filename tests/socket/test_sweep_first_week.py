@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
 import pytest
-from _sweeps import aged, ledger, make_run, sweep_args, write_prompts
+from _sweeps import aged, ledger, ledger_lines, make_run, sweep_args, write_prompts
+from _waits import wait_until
 
 from lora_sampler import SamplerClient, sweep
 from lora_sampler._adapters.lease import hold
@@ -86,21 +87,25 @@ def test_manifest_line_ahead_of_its_checkpoint_from_python(
 def test_watch_waits_for_a_manifest_line_ahead_of_its_checkpoint(
     engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
 ) -> None:
-    """Under --watch the absent checkpoint is waited for and evaluated once it is written."""
+    """Under --watch the absent checkpoint is waited for and evaluated once it is written.
+
+    It is written once step-100's ledger line is: the watch has seen it absent, whatever the machine's speed."""
     manifest = step_100_and_manifest(
         tmp_path / "run",
         engine.model,
         manifest_line("step-100.tar.gz", 100) + manifest_line("step-200.tar.gz", 200, final=True),
     )
     late = write_adapter_archive(str(tmp_path / "late.tar.gz"), engine.model, rank=3)
+    inp, out = write_prompts(tmp_path / "prompts.jsonl", 5), tmp_path / "out"
 
     def write_later() -> None:
-        time.sleep(1.0)
-        os.replace(late, manifest.parent / "step-200.tar.gz")
+        try:
+            wait_until(lambda: ledger_lines(out) >= 1, "the sweep finished step-100")
+        finally:  # written even so: the watch ends, and the assertions say what went wrong
+            os.replace(late, manifest.parent / "step-200.tar.gz")
 
     writer = threading.Thread(target=write_later)
     writer.start()
-    inp, out = write_prompts(tmp_path / "prompts.jsonl", 5), tmp_path / "out"
     argv = sweep_args(engine, lora_dir, inp, out, "--manifest", str(manifest), "--quiet", "--watch", concurrency=4)
     try:
         assert main([*argv, "--settle", "0.2", "--checkpoint-timeout", "60"]) == 0
@@ -167,21 +172,24 @@ def test_a_bad_line_appended_to_a_watched_manifest_is_recorded_and_the_watch_goe
     engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
 ) -> None:
     """The training code writes one broken line, then goes on: the line is an error line, the next checkpoints run
-    (was: exit 2, the whole sweep stopped)."""
+    (was: exit 2, the whole sweep stopped). The lines are appended once step-1's ledger line is written: the watch is
+    under way, whatever the machine's speed."""
     run = tmp_path / "run"
     make_run(run, engine.model, (1, 2))
     manifest = run / "checkpoints.jsonl"
     manifest.write_text(manifest_line("step-1.tar.gz", 1))
+    inp, out = write_prompts(tmp_path / "prompts.jsonl", 3), tmp_path / "out"
 
     def append_later() -> None:
-        time.sleep(0.5)
-        with manifest.open("a") as handle:
-            handle.write("{broken\n")
-            handle.write(manifest_line("step-2.tar.gz", 2, final=True))
+        try:
+            wait_until(lambda: ledger_lines(out) >= 1, "the sweep finished step-1")
+        finally:  # written even so: the watch ends, and the assertions say what went wrong
+            with manifest.open("a") as handle:
+                handle.write("{broken\n")
+                handle.write(manifest_line("step-2.tar.gz", 2, final=True))
 
     writer = threading.Thread(target=append_later)
     writer.start()
-    inp, out = write_prompts(tmp_path / "prompts.jsonl", 3), tmp_path / "out"
     try:
         argv = [
             *sweep_args(engine, lora_dir, inp, out, concurrency=4),

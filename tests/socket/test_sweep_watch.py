@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, List, Tuple
 
 import pytest
-from _sweeps import aged, lines_of, make_run, outputs, sweep_args, write_prompts
+from _sweeps import aged, ledger_lines, lines_of, make_run, outputs, sweep_args, write_prompts
 from _waits import wait_until as wait_for
 
 from lora_sampler._adapters.publish import default_adapter_name
@@ -180,12 +180,14 @@ def test_sweep_watch_waits_for_a_checkpoint_written_slowly(
     slow = run / "step-2.tar.gz"
 
     def write_slowly() -> None:
-        wait_for(lambda: engine.calls(COMPLETIONS) >= 1, "the sweep sent step-1's first completion")
-        with slow.open("wb") as handle:
-            for start in range(0, len(whole), len(whole) // 4 + 1):
-                handle.write(whole[start : start + len(whole) // 4 + 1])
-                handle.flush()
-                time.sleep(0.6)  # longer than --settle: settled, but it does not read to its end yet
+        try:
+            wait_for(lambda: engine.calls(COMPLETIONS) >= 1, "the sweep sent step-1's first completion")
+        finally:  # written even so: the watch ends, and the assertions say what went wrong
+            with slow.open("wb") as handle:
+                for start in range(0, len(whole), len(whole) // 4 + 1):
+                    handle.write(whole[start : start + len(whole) // 4 + 1])
+                    handle.flush()
+                    time.sleep(0.6)  # longer than --settle: settled, but it does not read to its end yet
 
     writer = threading.Thread(target=write_slowly)
     writer.start()
@@ -218,10 +220,12 @@ def test_sweep_watch_ends_with_the_manifests_final_checkpoint(
     inp, out = write_prompts(tmp_path / "prompts.jsonl", 10), tmp_path / "out"
 
     def train() -> None:
-        wait_for(lambda: len(lines_of(out / "sweep.jsonl")) >= 1, "the sweep finished step-100")
-        final = write_adapter_archive(str(run / "step-200.tar.gz"), engine.model, rank=2)
-        with manifest.open("a") as handle:
-            handle.write(json.dumps({"name": "final", "batch": 200, "sampler_path": final, "final": True}) + "\n")
+        try:
+            wait_for(lambda: ledger_lines(out) >= 1, "the sweep finished step-100")
+        finally:  # written even so: the watch ends, and the assertions say what went wrong
+            final = write_adapter_archive(str(run / "step-200.tar.gz"), engine.model, rank=2)
+            with manifest.open("a") as handle:
+                handle.write(json.dumps({"name": "final", "batch": 200, "sampler_path": final, "final": True}) + "\n")
 
     trainer = threading.Thread(target=train)
     trainer.start()
