@@ -385,12 +385,11 @@ def test_cli_sample_second_sigint_abandons_hung_requests(lora_dir: Path, tmp_pat
         ckpt = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), hung.model)
         args = sample_args(hung, lora_dir, ckpt, inp, out, "--concurrency", "2")
         with running_cli(args, tmp_path) as proc:
-            deadline = time.monotonic() + WAIT_SECONDS
-            while hung.requests_in_flight < 2 and time.monotonic() < deadline:
-                assert proc.poll() is None
-                time.sleep(0.02)
+            wait_until(lambda: hung.requests_in_flight == 2 or proc.poll() is not None, "both requests in flight")
+            assert proc.poll() is None, (tmp_path / "cli.stderr").read_text()
             proc.send_signal(signal.SIGINT)
-            time.sleep(0.1)
+            # the second one is a second press only once the first was seen (two pending SIGINTs are one)
+            wait_until(lambda: "interrupted" in (tmp_path / "cli.stderr").read_text(), "the CLI saw the first SIGINT")
             proc.send_signal(signal.SIGINT)
             assert proc.wait(timeout=WAIT_SECONDS) == 130
         assert records(out) == []

@@ -1,13 +1,12 @@
 """Ctrl-C means stop: sample_many, imap and submit futures, a with block left on an error, and dropped clients.
 
-The interrupt is a real SIGINT sent to this process by a timer thread while the main thread waits, as a terminal
-or a Jupyter kernel interrupt delivers it.
+The interrupt is a real SIGINT sent to the main thread by another thread once the job is where it should find it
+(requests held by the engine, the main thread waiting), as a terminal or a Jupyter kernel interrupt delivers it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import os
 import signal
@@ -35,11 +34,25 @@ def interrupt_main_thread() -> None:
     signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
 
-@contextlib.contextmanager
-def sigint_after(seconds: float) -> Iterator[None]:
-    """Send SIGINT to the main thread after ``seconds`` (Python's default handler raises KeyboardInterrupt)."""
-    with sigint_when(functools.partial(time.sleep, seconds)):
-        yield
+def main_thread_waits_in(function: Callable[..., Any]) -> Callable[[], None]:
+    """A ``sigint_when`` step: ready once the main thread is blocked in a ``threading.Condition.wait`` called from
+    ``function`` (its stack read with ``sys._current_frames``), so the interrupt finds the call under test waiting,
+    whatever the machine's speed (a timer could fire before the call started)."""
+    code, waiting = function.__code__, threading.Condition.wait.__code__
+
+    def ready() -> None:
+        deadline = time.monotonic() + HANG_SECONDS
+        while True:
+            frame, codes = sys._current_frames().get(threading.main_thread().ident or 0), []
+            while frame is not None:
+                codes.append(frame.f_code)
+                frame = frame.f_back
+            if codes and codes[0] is waiting and code in codes:
+                return
+            assert time.monotonic() < deadline, f"the main thread never waited in {function.__qualname__}"
+            time.sleep(0.005)
+
+    return ready
 
 
 @contextlib.contextmanager
@@ -163,7 +176,7 @@ def test_interrupt_waiting_on_a_submit_future_cancels_the_submitted(engine: Fake
         futures = [client.submit(f"p{i}", base_model=engine.model) for i in range(12)]
         assert wait_until(lambda: engine.requests_in_flight == 4)
         started = time.monotonic()
-        with sigint_after(0.2), pytest.raises(KeyboardInterrupt):
+        with sigint_when(main_thread_waits_in(type(futures[0]).result)), pytest.raises(KeyboardInterrupt):
             futures[0].result()
         assert time.monotonic() - started < STOP_SECONDS
         assert wait_until(lambda: all(f.done() for f in futures) and engine.requests_in_flight == 0)
