@@ -13,6 +13,7 @@ import time
 from typing import Any, Callable, List
 
 import pytest
+from _waits import wait_until
 
 from lora_sampler import RetryPolicy, SamplerClient, SamplingParams, ScoreRequest
 from lora_sampler.errors import EngineConnectionError
@@ -158,7 +159,7 @@ def test_submit_request_waits_out_an_outage_and_then_fails_past_it(make_engine: 
         future = client.submit_request(
             SampleRequest(PROMPT, base_model="tiny-base"), max_outage=30, on_outage=lambda e: events.append(e.kind)
         )
-        time.sleep(1.0)
+        wait_until(lambda: "held" in events, "the client held the request")  # mid-outage, whatever the speed
         restarted = make_engine(port=port)
         assert len(future.result(timeout=60).sequences) == 1
         assert "held" in events and "back" in events

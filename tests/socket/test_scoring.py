@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -119,23 +118,31 @@ def test_score_tokenize_is_retried_on_transport_errors(engine: FakeEngine) -> No
 
 
 def test_score_fan_out_waits_out_an_outage(make_engine: Any, lora_dir: Path) -> None:
-    """imap with max_outage holds ScoreRequests while the engine is down and scores them once it is back."""
+    """imap with max_outage holds ScoreRequests while the engine is down and scores them once it is back.
+
+    The engine restarts once the client says it holds requests (its on_outage hook), whatever the machine's speed."""
     first = make_engine()
     port, model = first.port, first.model
     first.stop()
     restarted: List[FakeEngine] = []
+    held = threading.Event()
 
     def restart() -> None:
-        time.sleep(0.4)
-        restarted.append(make_engine(port=port))
+        try:
+            assert held.wait(60), "the client never held a request"
+        finally:  # restarted even so: imap ends, and the assertions say what went wrong
+            restarted.append(make_engine(port=port))
+
+    def on_outage(event: Any) -> None:
+        if event.kind == "held":
+            held.set()
 
     thread = threading.Thread(target=restart)
     thread.start()
     try:
         with SamplerClient(f"http://127.0.0.1:{port}", retry=FAST, max_workers=2) as client:
-            outputs = list(
-                client.imap([ScoreRequest([5, 6, i + 7], base_model=model) for i in range(4)], max_outage=20)
-            )
+            scores = [ScoreRequest([5, 6, i + 7], base_model=model) for i in range(4)]
+            outputs = list(client.imap(scores, max_outage=20, on_outage=on_outage))
     finally:
         thread.join()
     assert [o.tokens[-1] for o in outputs] == [7, 8, 9, 10]
