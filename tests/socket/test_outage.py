@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterator, List, Optional
 
 import pytest
+from _waits import wait_until
 from test_cli import WAIT_SECONDS, ids, main, records, running_cli, sample_args, wait_for_lines, write_prompts
 
 from lora_sampler import SampleOutput, SamplerClient, SampleRequest
@@ -28,8 +29,6 @@ from lora_sampler.testing._process import EngineProcess
 LINES, LATENCY, CONCURRENCY = 3000, 0.01, 16
 #: Seconds the engine stays dead before it is started again on the same port.
 RESTART_AFTER = 3.0
-#: The library tests restart sooner (any restart exercises the hold; the CLI test keeps the issue's 3 s).
-QUICK_RESTART = 1.0
 #: Prompts a request in the jobs killed after their first lines.
 PROMPTS_PER_REQUEST = 8
 #: Upper bound for a job that waits out a 5 s outage limit: 5 s plus one probe, with room for a loaded machine.
@@ -73,7 +72,8 @@ def test_cli_batch_outlives_an_engine_restart_and_heals_the_forgotten_adapter(
     """SIGKILL at ~25 % of 3,000 lines, restart 3 s later on the same port: exit 0, every id once, no error row.
 
     The restarted engine has forgotten the adapter and its resolver sees the folder late, so the held requests
-    run again through the adapter-load race (404, proactive load, success).
+    run again through the adapter-load race (404, proactive load, success). The restart waits until the CLI said it
+    holds its requests too (at least 3 s of downtime, however slow the machine is to notice).
     """
     inp, out = write_prompts(tmp_path / "in.jsonl", LINES), tmp_path / "out.jsonl"
     archive = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
@@ -88,8 +88,11 @@ def test_cli_batch_outlives_an_engine_restart_and_heals_the_forgotten_adapter(
             wait_for_lines(out, LINES // 4, proc)
             engine.wait_for_held()
             engine.kill()
+            killed = time.monotonic()
             killed_at = len(ids(out))
-            time.sleep(RESTART_AFTER)
+            said = tmp_path / "cli.stderr"
+            wait_until(lambda: "engine unreachable since" in said.read_text(), "the CLI held its requests")
+            time.sleep(max(0.0, killed + RESTART_AFTER - time.monotonic()))  # the engine's downtime, not a wait
             restarted = engine.restart(hidden={name: 3})
             assert proc.wait(timeout=WAIT_SECONDS * 2) == 0, (tmp_path / "cli.stderr").read_text()
         log = restarted.requests()
@@ -212,21 +215,35 @@ def test_wait_ready_raises_engine_connection_error_naming_the_wait(tmp_path: Pat
         assert time.monotonic() - started < GAVE_UP_WITHIN
 
 
-def test_ray_data_sample_batches_wait_out_an_engine_restart(engine: EngineProcess, no_waits: None) -> None:
+def test_ray_data_sample_batches_wait_out_an_engine_restart(
+    engine: EngineProcess, no_waits: None, caplog: pytest.LogCaptureFixture
+) -> None:
     """``ClientSettings(max_outage=...)``: a batch sent while the engine restarts is answered row by row (no Ray).
 
-    Retry waits are 0 s, so without the hold every row would fail long before the engine is back.
+    Retry waits are 0 s, so without the hold every row would fail long before the engine is back. The engine
+    restarts once the batch's client logged that it holds requests (not after a fixed time: a slow batch could start
+    after a timed restart and see no outage).
     """
     from lora_sampler.ray_data import ClientSettings, SampleBatches
 
     restarted: List[EngineProcess] = []
     batches = SampleBatches(ClientSettings(engine.url, max_workers=4, max_outage=30), base_model=engine.model)
+
+    def restart_once_held() -> None:
+        try:
+            wait_until(
+                lambda: any("engine unreachable since" in r.getMessage() for r in list(caplog.records)),
+                "the batch's client held its requests",
+            )
+        finally:  # restarted even so: the batch ends, and the assertions say what went wrong
+            restarted.append(engine.restart())
+
     try:
         engine.kill()
-        timer = threading.Timer(QUICK_RESTART, lambda: restarted.append(engine.restart()))
-        timer.start()
+        restarter = threading.Thread(target=restart_once_held)
+        restarter.start()
         columns = batches.sample_rows([[5, 6, i] for i in range(40)], [None] * 40)
-        timer.join()
+        restarter.join()
     finally:
         batches.close()
         for process in restarted:
