@@ -17,6 +17,8 @@ import warnings
 from typing import Any, Callable, Dict, Iterator, List
 
 import pytest
+from _waits import blocked_in
+from _waits import wait_until as wait_for
 
 from lora_sampler import RequestCancelledError, SampleOutput, SamplerClient, SamplingInterruptedError
 from lora_sampler.testing import FakeEngine, encode_text
@@ -36,23 +38,10 @@ def interrupt_main_thread() -> None:
 
 def main_thread_waits_in(function: Callable[..., Any]) -> Callable[[], None]:
     """A ``sigint_when`` step: ready once the main thread is blocked in a ``threading.Condition.wait`` called from
-    ``function`` (its stack read with ``sys._current_frames``), so the interrupt finds the call under test waiting,
-    whatever the machine's speed (a timer could fire before the call started)."""
-    code, waiting = function.__code__, threading.Condition.wait.__code__
-
-    def ready() -> None:
-        deadline = time.monotonic() + HANG_SECONDS
-        while True:
-            frame, codes = sys._current_frames().get(threading.main_thread().ident or 0), []
-            while frame is not None:
-                codes.append(frame.f_code)
-                frame = frame.f_back
-            if codes and codes[0] is waiting and code in codes:
-                return
-            assert time.monotonic() < deadline, f"the main thread never waited in {function.__qualname__}"
-            time.sleep(0.005)
-
-    return ready
+    ``function``, so the interrupt finds the call under test waiting, whatever the machine's speed (a timer could
+    fire before the call started)."""
+    main = threading.main_thread()
+    return lambda: wait_for(lambda: blocked_in(main, function), f"the main thread waits in {function.__qualname__}")
 
 
 @contextlib.contextmanager
