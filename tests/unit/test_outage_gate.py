@@ -8,6 +8,7 @@ from typing import List, Tuple
 
 import pytest
 import responses
+from _waits import blocked_in, wait_until
 
 from lora_sampler import SamplerClient
 from lora_sampler._client.outage import OutageEvent, OutageGate, is_outage, probe_timeout
@@ -82,10 +83,13 @@ def test_gate_holds_failed_requests_and_runs_them_again_once_the_engine_answers(
     results: List[str] = []
     threads = [threading.Thread(target=lambda: results.append(gate.run(engine.call))) for _ in range(4)]
     threads[0].start()
-    time.sleep(0.2)  # the first request failed and is held
+    wait_until(lambda: "held" in [e.kind for e in events], "the first request failed and is held")
     for thread in threads[1:]:
         thread.start()
-    time.sleep(0.3)
+    wait_until(
+        lambda: engine.probes >= 1 and all(blocked_in(thread, OutageGate.run) for thread in threads[1:]),
+        "the engine probed, and the three later requests wait in the gate",
+    )
     assert results == [] and engine.probes >= 1
     assert engine.calls == 1  # while the engine is away, no new request is sent
     engine.up.set()
@@ -140,7 +144,7 @@ def test_gate_close_releases_held_requests() -> None:
 
     thread = threading.Thread(target=run)
     thread.start()
-    time.sleep(0.2)
+    wait_until(lambda: engine.probes >= 1, "the request failed, is held, and probes the engine")
     gate.close()
     thread.join(10)
     assert not thread.is_alive() and len(errors) == 1
@@ -167,7 +171,7 @@ def test_gate_runs_again_a_request_whose_retries_straddled_the_outage() -> None:
     sent.wait(10)
     other = threading.Thread(target=lambda: results.append(gate.run(engine.call)))  # finds the engine down: held
     other.start()
-    time.sleep(0.3)
+    wait_until(lambda: engine.probes >= 1, "the other request failed, is held, and probes the engine")
     engine.up.set()
     first.join(10)
     other.join(10)
