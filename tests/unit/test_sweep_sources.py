@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import tarfile
-import time
 from pathlib import Path
 from typing import List
 
@@ -110,11 +109,15 @@ def test_checkpoint_fingerprint_tells_a_folder_still_being_written(tmp_path: Pat
 
 
 def test_source_waits_for_a_changing_checkpoint_then_takes_it(tmp_path: Path) -> None:
-    """A fresh archive is taken only after it stayed unchanged for the settle time."""
+    """A fresh archive is taken only after it stayed unchanged for the settle time.
+
+    The test drives the source's clock: a settle of 30 s (far above how long the first poll takes on a loaded
+    machine, so the archive's own modification time never settles it first) passes at once, with no sleep."""
     archive = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), "tiny-base")
-    source = CheckpointSource(listing(str(tmp_path / "step-*.tar.gz")), settle=0.3)
+    now = [1000.0]
+    source = CheckpointSource(listing(str(tmp_path / "step-*.tar.gz")), settle=30.0, clock=lambda: now[0])
     assert source.poll() is None  # seen for the first time, modified just now
-    time.sleep(0.35)
+    now[0] += 30.05  # unchanged for longer than the settle time, as the source watched it
     taken = source.poll()
     assert taken is not None and not isinstance(taken, Unusable) and taken.path == archive
     assert source.poll() is None and source.ended
