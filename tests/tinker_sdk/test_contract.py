@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, List
 
 import pytest
+from _waits import blocked_in, wait_until
 
 from lora_sampler import SamplerClient
 from lora_sampler.testing import ByteTokenizer, FakeEngine
@@ -206,7 +207,10 @@ def test_a_checkpoint_is_published_on_first_use_and_rides_the_race(
     assert engine.calls("/v1/completions", name) >= 8
 
 
-def test_an_outage_is_waited_out_with_max_outage(tinker: Any, make_engine: EngineFactory, lora_dir: Path) -> None:
+def test_an_outage_is_waited_out_with_max_outage(
+    tinker: Any, make_engine: EngineFactory, lora_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The engine restarts once the client logged that it holds the request (not after a fixed time)."""
     from lora_sampler import RetryPolicy
     from lora_sampler.tinker import ServiceClient
 
@@ -217,7 +221,10 @@ def test_an_outage_is_waited_out_with_max_outage(tinker: Any, make_engine: Engin
         client = service.create_sampling_client(base_model="tiny-base").result()
         engine.stop()
         future = client.sample(prompt(tinker), 1, tinker.SamplingParams(max_tokens=2))
-        time.sleep(1.0)
+        wait_until(
+            lambda: any("engine unreachable since" in r.getMessage() for r in list(caplog.records)),
+            "the client holds the request",
+        )
         assert not future.done()
         make_engine(port=port)
         assert len(future.result(timeout=60).sequences[0].tokens) == 2
@@ -321,14 +328,25 @@ def test_ctrl_c_while_waiting_cancels_the_requests(tinker: Any, make_engine: Eng
     with _python_ctrl_c(), ServiceClient(engine.url, lora_base_dir=lora_dir, max_workers=2) as service:
         client = service.create_sampling_client(base_model="tiny-base").result()
         futures = [client.sample(prompt(tinker), 1, tinker.SamplingParams(max_tokens=1)) for _ in range(4)]
-        timer = threading.Timer(0.5, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
-        timer.start()
+        main, failures = threading.main_thread(), []
+
+        def interrupt_once_waiting() -> None:  # SIGINT once the main thread waits in result(), not after a time
+            try:
+                wait_until(lambda: blocked_in(main, type(futures[0]).result), "the main thread waits in result()")
+            except AssertionError as error:  # reported after the block
+                failures.append(error)
+            signal.pthread_kill(main.ident or 0, signal.SIGINT)  # sent even so: the block ends
+
+        interrupter = threading.Thread(target=interrupt_once_waiting, daemon=True)
+        interrupter.start()
         began = time.monotonic()
         with pytest.raises(KeyboardInterrupt):
             futures[0].result(timeout=30)
         done, _ = concurrent.futures.wait(futures, timeout=5)
         assert len(done) == 4 and time.monotonic() - began < 6  # nothing waited for the 10 s answers
         assert all(f.cancelled() or f.exception() is not None for f in futures)
+        interrupter.join(5)
+        assert not failures, failures
 
 
 def test_repr_names_the_model_and_the_engine(tinker: Any, service: Any, engine: FakeEngine) -> None:
