@@ -13,10 +13,11 @@ import os
 import signal
 import threading
 import time
-from typing import Any, Iterator, List
+from typing import Any, Callable, Iterator, List
 
 import pytest
 from _services import require
+from _waits import wait_until
 
 from lora_sampler.testing import FakeEngine
 
@@ -54,11 +55,25 @@ class Kernel:
         assert text, cell.outputs
         return json.loads(text.strip().splitlines()[-1])
 
-    def interrupt_after(self, seconds: float) -> threading.Timer:
-        """SIGINT the kernel's process group after ``seconds``, as Jupyter's interrupt does."""
-        timer = threading.Timer(seconds, os.killpg, (os.getpgid(self.pid), signal.SIGINT))
-        timer.start()
-        return timer
+    def interrupt_when(self, ready: Callable[[], None], sent: List[float], failures: List[BaseException]) -> None:
+        """SIGINT the kernel's process group, as Jupyter's interrupt does, once ``ready()`` returns (from a thread).
+
+        Args:
+            ready: Blocks until the cell is where the interrupt should find it, with its own deadline.
+            sent: Gets the ``time.monotonic()`` at which the interrupt was sent.
+            failures: Gets what ``ready`` raised (the interrupt is sent even so, and the cell ends).
+        """
+        group = os.getpgid(self.pid)
+
+        def interrupt() -> None:
+            try:
+                ready()
+            except Exception as error:  # reported by the test after the cell
+                failures.append(error)
+            sent.append(time.monotonic())
+            os.killpg(group, signal.SIGINT)
+
+        threading.Thread(target=interrupt, name="test-kernel-interrupt", daemon=True).start()
 
 
 @pytest.fixture
@@ -134,23 +149,25 @@ def test_notebook_progress_bar_is_one_output(kernel: Kernel, engine: FakeEngine)
 
 def test_notebook_interrupt_stops_the_cell_and_keeps_the_answers(kernel: Kernel, engine: FakeEngine) -> None:
     """A kernel interrupt during sample_many against a hung engine: the cell ends without waiting for it, the engine
-    aborts what was in flight, no connection stays open, and the answers received are in client.last_interrupt."""
+    aborts what was in flight, no connection stays open, and the answers received are in client.last_interrupt.
+
+    The engine answers the first 20 completions and holds the rest (hung until the client hangs up); the kernel is
+    interrupted once its four workers wait on held ones: mid-run whatever the machine's speed (a timed interrupt
+    found the cell done, or not yet hung)."""
     kernel.run(_client_cell(engine, 4))
-    engine.latency = 0.05
-    threading.Timer(
-        0.6, setattr, (engine, "latency", HANG_SECONDS)
-    ).start()  # then the requests hang (as 6 s generations)
-    timer = kernel.interrupt_after(1.2)
-    started = time.monotonic()
-    # One prompt a request: 500 requests of 0.05 s, four at a time, outlast the 0.6 s before the hang (at the default
-    # 32 prompts a request the cell was done in 0.2 s, before the interrupt). test_interrupts.py interrupts batches.
+    engine.hold(after=20)
+    sent: List[float] = []
+    failures: List[BaseException] = []
+    kernel.interrupt_when(lambda: engine.wait_for_held(4, timeout=HANG_SECONDS), sent, failures)
+    # One prompt a request: 500 requests, 20 answered before the hold (at the default 32 prompts a request the cell
+    # was done in 0.2 s, before a timed interrupt). test_interrupts.py interrupts batches.
     many = f"[{{'prompt': 'p', 'base_model': {engine.model!r}}}] * 500"
     cell = kernel.run(f"outs = client.sample_many({many}, prompts_per_request=1)")
     ended = time.monotonic()
-    timer.cancel()
+    assert not failures, failures
     errors: List[Any] = [o for o in cell.outputs if o.output_type == "error"]
     assert [e.ename for e in errors] == ["SamplingInterruptedError"], cell.outputs
-    assert ended - started < 1.2 + STOP_SECONDS
+    assert ended - sent[0] < STOP_SECONDS
     deadline = time.monotonic() + STOP_SECONDS
     while time.monotonic() < deadline and (engine.requests_in_flight or established(kernel.pid, engine.port)):
         time.sleep(0.02)
@@ -172,6 +189,7 @@ def test_notebook_rerunning_a_client_cell_keeps_threads_flat(kernel: Kernel, eng
     before = kernel.value("__import__('threading').active_count()")
     for _ in range(10):
         kernel.run(cell)
-    time.sleep(0.3)
+    bound = before + workers + 1  # the threads of the clients dropped may still be on their way out: waited for
+    wait_until(lambda: kernel.value("__import__('threading').active_count()") <= bound, f"{bound} threads at most")
     assert kernel.value("__import__('threading').active_count()") <= before + workers + 1
     assert established(kernel.pid, engine.port) <= workers
