@@ -9,10 +9,12 @@ from __future__ import annotations
 import collections
 import os
 import threading
+import time
 from typing import Any, Dict, Iterator, List, Optional, Set
 
 import pytest
 from _fleet import BASE_MODEL, ROUTER_DEAD_WORKER, Replica, Router
+from _waits import wait_until
 
 from lora_sampler import EngineStatusError, SampleOutput, SamplerClient, SampleRequest
 from lora_sampler.testing import write_adapter
@@ -213,25 +215,36 @@ def test_router_fleet_down_then_restarted_with_max_outage_completes_every_row(
     held as an outage, and every row is answered once the fleet is back (the restarted replicas forgot the adapter).
 
     The router's circuit breakers keep every worker out for ``--cb-timeout-duration-secs`` after they are back
-    (60 s by default, measured); 5 s here keeps the test short.
+    (60 s by default, measured); 5 s here keeps the test short. The restart also waits until the client held its
+    requests (its first on_outage event), however slow the machine is to notice.
     """
     write_adapter(os.path.join(lora_dir, "steady"), BASE_MODEL)
     router = Router([r.url for r in replicas], extra=["--cb-timeout-duration-secs", "5"])
     restarted: List[Replica] = []
-    timer = threading.Timer(3.0, lambda: restarted.extend(replica.restart() for replica in replicas))
+    events: List[Any] = []
+
+    def restart_once_held(killed: float) -> None:
+        try:
+            wait_until(lambda: [e.kind for e in events][:1] == ["held"], "the client held its requests")
+            time.sleep(max(0.0, killed + 3.0 - time.monotonic()))  # the fleet's downtime, not a wait
+        finally:  # restarted even so: the batch ends, and the assertions say what went wrong
+            restarted.extend(replica.restart() for replica in replicas)
+
+    restarters: List[threading.Thread] = []
 
     def rows() -> Iterator[SampleRequest]:
         for i, row in enumerate(_rows(160, replicas, kill_at=40)):
-            if i == 40:
-                timer.start()  # the replicas were killed just before this row was pulled
+            if i == 40:  # the replicas were killed just before this row was pulled
+                restarters.append(threading.Thread(target=restart_once_held, args=(time.monotonic(),)))
+                restarters[0].start()
             yield row
 
-    events: List[Any] = []
     try:
         with SamplerClient(router.url, lora_base_dir=lora_dir, max_workers=8) as client:
             results = client.sample_many(rows(), return_exceptions=True, max_outage=60, on_outage=events.append)
     finally:
-        timer.join()
+        for restarter in restarters:
+            restarter.join()
         router.stop()
         for replica in restarted:
             replica.stop()
