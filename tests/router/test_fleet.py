@@ -158,7 +158,8 @@ def test_fleet_unload_with_delete_files_deletes_only_after_every_replica_let_go(
 
         def watch() -> None:
             watching.set()
-            while os.path.isdir(str(adapter.path)):
+            deadline = time.monotonic() + 60  # bounded: a folder that never goes fails the assertions below
+            while os.path.isdir(str(adapter.path)) and time.monotonic() < deadline:
                 time.sleep(0.001)
             folder_gone.append(time.monotonic())  # CLOCK_MONOTONIC: the replicas' records use the same clock
 
