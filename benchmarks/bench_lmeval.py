@@ -239,9 +239,11 @@ def run_loop(engine: Any, steps: Sequence[Path], tasks: Any) -> Dict[str, Any]:
 
 def run_command(model_args: Dict[str, Any], tasks: Path, output: Path) -> float:
     """``lm_eval run --model local-completions`` on the task folder, as a user types it; the accuracy it wrote."""
-    arguments = ",".join(f"{key}={value}" for key, value in model_args.items())
+    settings = dict(model_args)
+    batch = settings.pop("batch_size")  # the command line's own flag (it refuses it in model_args too)
+    arguments = ",".join(f"{key}={value}" for key, value in settings.items())
     command = [sys.executable, "-m", "lm_eval", "run", "--model", "local-completions", "--model_args", arguments]
-    command += ["--tasks", TASK, "--include_path", str(tasks), "--output_path", str(output)]
+    command += ["--batch_size", str(batch), "--tasks", TASK, "--include_path", str(tasks), "--output_path", str(output)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise RuntimeError(f"lm_eval run failed ({done.returncode}): {done.stderr[-2000:]}")
