@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -25,6 +24,7 @@ from lora_sampler._wire.routes import COMPLETIONS_PATH, TOKENIZE_PATH
 from lora_sampler.batch import EvaluatedCheckpoint
 from lora_sampler.cli import main
 from lora_sampler.lm_eval import LmEvalTasks
+from lora_sampler.publish import default_adapter_name
 from lora_sampler.testing import FakeEngine, write_adapter_archive
 
 #: lm-eval's arguments of the tests' sweeps: no bootstrap (seconds of numpy), the test engine's prefix token.
@@ -130,22 +130,19 @@ def test_cli_sweep_kill_and_resume(tasks: Path, lora_dir: Path, tmp_path: Path) 
         args += ["--lm-eval-include-path", str(tasks), "--prompts-per-request", "1", "--concurrency", "2"]
         args += ["--lm-eval-args", '{"model_args": {"prefix_token_id": 1}}']
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        # The second checkpoint's warm-up goes through, its tasks' first completion is held: killed mid-task,
+        # whatever the machine's speed.
+        engine.hold(model=default_adapter_name(paths[1]), after=1)
         process = subprocess.Popen([sys.executable, "-m", "lora_sampler", *args], env=env, stderr=subprocess.PIPE)
         ledger = output / "sweep.jsonl"
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            done = ledger.exists() and len(ledger.read_text(encoding="utf-8").splitlines()) == 1
-            second = any(
-                r.model and r.model.startswith("step-2") and r.path == COMPLETIONS_PATH for r in engine.requests
-            )
-            if done and second:
-                break
-            assert process.poll() is None, process.stderr.read().decode()[-2000:] if process.stderr else ""
-            time.sleep(0.05)
-        else:
-            pytest.fail("the sweep did not reach the second checkpoint's tasks")
+        try:
+            engine.wait_for_held(1, timeout=240)
+        except TimeoutError:
+            process.kill()
+            pytest.fail(f"the sweep did not reach the second checkpoint's tasks: {process.communicate()[1][-2000:]!r}")
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=60)
+        engine.release()
         [first] = [json.loads(line) for line in ledger.read_text(encoding="utf-8").splitlines()]
         engine.reset_log()
         assert main(args) == 0
