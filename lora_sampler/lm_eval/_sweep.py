@@ -68,8 +68,10 @@ class LmEvalTasks(CheckpointEvaluator):
         self.num_fewshot, self.prompts_per_request = num_fewshot, prompts_per_request
         self.arguments: Dict[str, Any] = {"log_samples": False, **(arguments or {})}
         self.model_args = _model_args(self.arguments.pop("model_args", None))
-        if self.model_args.get("tokenizer") is not None:
-            local_tokenizer(self.model_args["tokenizer"])  # a bad path fails the sweep now, not every checkpoint
+        #: The token cache's tokenizer (one cache serves every checkpoint), not each checkpoint model's setting.
+        self.tokenizer = self.model_args.pop("tokenizer", None)
+        if self.tokenizer is not None:
+            local_tokenizer(self.tokenizer)  # a bad path fails the sweep now, not every checkpoint
         self.tokens: Optional[TokenCache] = None
         self._task_manager: Any = None
 
@@ -78,10 +80,8 @@ class LmEvalTasks(CheckpointEvaluator):
         from lm_eval import simple_evaluate
 
         client, adapter = checkpoint.client, checkpoint.adapter
-        settings = dict(self.model_args)
-        tokenizer = settings.pop("tokenizer", None)
         if self.tokens is None:
-            self.tokens = TokenCache(client, tokenizer=tokenizer)
+            self.tokens = TokenCache(client, tokenizer=self.tokenizer)
         model = LoraSamplerLM(
             client=client,
             adapter=adapter,
@@ -89,7 +89,7 @@ class LmEvalTasks(CheckpointEvaluator):
             prompts_per_request=self.prompts_per_request,
             max_outage=checkpoint.max_outage,
             on_outage=checkpoint.on_outage,
-            **settings,
+            **self.model_args,
         )
         results = simple_evaluate(
             model=model,

@@ -122,7 +122,8 @@ class TokenCache:
             [engine] = self._client.tokenize_many(
                 texts[:1], add_special_tokens=False, max_outage=max_outage, on_outage=on_outage
             )
-            self.requests += 1
+            with self._lock:
+                self.requests += 1
             if tuple(engine) != answers[0]:
                 raise ValueError(
                     f"the tokenizer given (tokenizer=) is not the engine's: it makes {list(answers[0][:8])} of "
