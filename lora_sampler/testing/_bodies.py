@@ -60,6 +60,12 @@ class VllmBody:
             return str(inner.get("message", inner.get("detail", "")))
         return str(inner)
 
+    def older(self) -> VllmBody:
+        """This body in the shape older vLLM builds send: an error's four fields at the top level, not under
+        ``"error"`` (see docs/contract.md); any other body as it is."""
+        inner = self.json().get("error") if self.content_type == JSON_CONTENT_TYPE else None
+        return json_body(self.status, inner) if isinstance(inner, dict) else self
+
 
 def json_body(status: int, payload: Any) -> VllmBody:
     """Return ``payload`` as a compact JSON body with ``status``."""
@@ -79,35 +85,36 @@ def sanitize_message(message: str) -> str:
     return message.strip()
 
 
-def error(status: int, message: str, type_: str, param: str | None = None, *, old_shape: bool = False) -> VllmBody:
-    """Build a vLLM error body ``{"error": {message, type, param, code}}`` (older builds: top level).
+def error(status: int, message: str, type_: str, param: str | None = None) -> VllmBody:
+    """Build a vLLM error body ``{"error": {message, type, param, code}}`` (``VllmBody.older``: the older shape).
 
     Args:
         status: the HTTP status, also sent as ``code``.
         message: the engine's message, before ``sanitize_message`` (applied here, as vLLM does).
         type_: vLLM's error type, e.g. ``"NotFoundError"``.
         param: the offending parameter, or ``None``.
-        old_shape: use the older shape with the four fields at the top level (see docs/contract.md).
     """
     fields = {"message": sanitize_message(message), "type": type_, "param": param, "code": status}
-    return json_body(status, fields if old_shape else {"error": fields})
+    return json_body(status, {"error": fields})
 
 
-def model_not_found(name: str, base: str, *, old_shape: bool = False) -> VllmBody:
+def status_error(status: int, message: str) -> VllmBody:
+    """An error body for any ``status`` (a scripted fault's), with the type vLLM gives that status."""
+    names = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 429: "RateLimitError"}
+    return error(status, message, names.get(status, "InternalServerError" if status >= 500 else "BadRequestError"))
+
+
+def model_not_found(name: str, base: str) -> VllmBody:
     """404 for an unknown model or an adapter the resolver cannot see yet.
 
     A ``base`` under /root, /tmp, ... is sent as ``Valid aliases: <path>`` (no period), see ``sanitize_message``.
     """
-    return error(
-        404, f"The model `{name}` does not exist. Valid aliases: {base}.", "NotFoundError", "model", old_shape=old_shape
-    )
+    return error(404, f"The model `{name}` does not exist. Valid aliases: {base}.", "NotFoundError", "model")
 
 
-def adapter_not_loadable(name: str, *, old_shape: bool = False) -> VllmBody:
+def adapter_not_loadable(name: str) -> VllmBody:
     """400 for an adapter directory found but half-written, invalid or over-rank."""
-    return error(
-        400, f"LoRA adapter '{name}' was found but could not be loaded.", "BadRequestError", old_shape=old_shape
-    )
+    return error(400, f"LoRA adapter '{name}' was found but could not be loaded.", "BadRequestError")
 
 
 def json_decode_message(text: str) -> str:
@@ -119,52 +126,50 @@ def json_decode_message(text: str) -> str:
     return ""
 
 
-def adapter_config_json_error(text: str, *, old_shape: bool = False) -> VllmBody:
+def adapter_config_json_error(text: str) -> VllmBody:
     """400 carrying the raw decoder text of a half-written ``adapter_config.json``."""
-    return error(400, json_decode_message(text), "BadRequestError", old_shape=old_shape)
+    return error(400, json_decode_message(text), "BadRequestError")
 
 
-def already_loaded(name: str, *, old_shape: bool = False) -> VllmBody:
+def already_loaded(name: str) -> VllmBody:
     """400 from ``/v1/load_lora_adapter`` for a name already loaded."""
     message = (
         f"The lora adapter '{name}' has already been loaded. "
         "If you want to load the adapter in place, set 'load_inplace' to True."
     )
-    return error(400, message, "InvalidUserInput", old_shape=old_shape)
+    return error(400, message, "InvalidUserInput")
 
 
-def load_no_adapter(name: str, path: str, *, old_shape: bool = False) -> VllmBody:
+def load_no_adapter(name: str, path: str) -> VllmBody:
     """404 from ``/v1/load_lora_adapter`` for a path without an adapter (``path`` sanitized)."""
-    return error(404, f"Loading lora {name} failed: No adapter found for {path}", "NotFoundError", old_shape=old_shape)
+    return error(404, f"Loading lora {name} failed: No adapter found for {path}", "NotFoundError")
 
 
-def worker_failed(detail: str, *, old_shape: bool = False) -> VllmBody:
+def worker_failed(detail: str) -> VllmBody:
     """500 from ``/v1/load_lora_adapter`` when the worker cannot load the files."""
     message = (
         f"Call to add_lora method failed: Worker failed with error '{detail}', "
         "please check the stack trace above for the root cause"
     )
-    return error(500, message, "InternalServerError", old_shape=old_shape)
+    return error(500, message, "InternalServerError")
 
 
-def load_no_weights(path: str, *, old_shape: bool = False) -> VllmBody:
+def load_no_weights(path: str) -> VllmBody:
     """500 from ``/v1/load_lora_adapter`` for a directory with a config but no weights (sanitized)."""
-    return worker_failed(f"{path} doesn't contain tensors", old_shape=old_shape)
+    return worker_failed(f"{path} doesn't contain tensors")
 
 
-def validation_error(field: str, items: int, *, old_shape: bool = False) -> VllmBody:
+def validation_error(field: str, items: int) -> VllmBody:
     """400 for a missing required body field, e.g. ``lora_path``."""
     detail = (
         f"{{'type': 'missing', 'loc': 'body.{field}', 'msg': 'Field required', 'input': '<dict of {items} items>'}}"
     )
-    return error(400, f"1 validation error:\n  {detail}", "Bad Request", f"body.{field}", old_shape=old_shape)
+    return error(400, f"1 validation error:\n  {detail}", "Bad Request", f"body.{field}")
 
 
-def base_conflict(name: str, *, old_shape: bool = False) -> VllmBody:
+def base_conflict(name: str) -> VllmBody:
     """400 from ``/v1/load_lora_adapter`` when ``lora_name`` is the base model."""
-    return error(
-        400, f"The lora adapter '{name}' conflicts with a served base model.", "InvalidUserInput", old_shape=old_shape
-    )
+    return error(400, f"The lora adapter '{name}' conflicts with a served base model.", "InvalidUserInput")
 
 
 def route_not_found() -> VllmBody:
@@ -177,9 +182,9 @@ def method_not_allowed() -> VllmBody:
     return json_body(405, {"detail": "Method Not Allowed"})
 
 
-def unload_not_found(name: str, *, old_shape: bool = False) -> VllmBody:
+def unload_not_found(name: str) -> VllmBody:
     """404 from ``/v1/unload_lora_adapter`` for a name that is not loaded."""
-    return error(404, f"The lora adapter '{name}' cannot be found.", "NotFoundError", old_shape=old_shape)
+    return error(404, f"The lora adapter '{name}' cannot be found.", "NotFoundError")
 
 
 def load_success(name: str) -> VllmBody:
@@ -192,9 +197,9 @@ def unload_success(name: str) -> VllmBody:
     return VllmBody(200, f"Success: LoRA adapter '{name}' removed successfully.".encode(), None)
 
 
-def retry_later(*, old_shape: bool = False) -> VllmBody:
+def retry_later() -> VllmBody:
     """503 "please retry" (vLLM's wording; the type name is not read off vLLM)."""
-    return error(503, "Request failed; please retry", "ServiceUnavailableError", old_shape=old_shape)
+    return error(503, "Request failed; please retry", "ServiceUnavailableError")
 
 
 def unauthorized() -> VllmBody:
@@ -202,69 +207,66 @@ def unauthorized() -> VllmBody:
     return json_body(401, {"error": "Unauthorized"})
 
 
-def prompt_too_long(max_model_len: int, prompt_tokens: int, *, old_shape: bool = False) -> VllmBody:
+def prompt_too_long(max_model_len: int, prompt_tokens: int) -> VllmBody:
     """400 for a prompt longer than ``max_model_len``."""
     message = (
         f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains "
         f"{prompt_tokens} input tokens, which exceeds this limit even without any output tokens. Please reduce "
         f"the length of the input prompt. (parameter=input_tokens, value={prompt_tokens})"
     )
-    return error(400, message, "BadRequestError", "input_tokens", old_shape=old_shape)
+    return error(400, message, "BadRequestError", "input_tokens")
 
 
-def max_tokens_too_large(max_tokens: int, max_model_len: int, *, old_shape: bool = False) -> VllmBody:
+def max_tokens_too_large(max_tokens: int, max_model_len: int) -> VllmBody:
     """400 for ``max_tokens > max_model_len``."""
     message = (
         f"max_tokens={max_tokens} cannot be greater than max_model_len={max_model_len}. "
         f"Please request fewer output tokens. (parameter=max_tokens, value={max_tokens})"
     )
-    return error(400, message, "BadRequestError", "max_tokens", old_shape=old_shape)
+    return error(400, message, "BadRequestError", "max_tokens")
 
 
-def max_tokens_zero(*, old_shape: bool = False) -> VllmBody:
+def max_tokens_zero() -> VllmBody:
     """400 for a prompt of exactly ``max_model_len`` tokens."""
     return error(
         400,
         "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
         "BadRequestError",
         "max_tokens",
-        old_shape=old_shape,
     )
 
 
-def token_out_of_vocab(token_id: int, *, old_shape: bool = False) -> VllmBody:
+def token_out_of_vocab(token_id: int) -> VllmBody:
     """400 for a prompt token id outside the vocabulary."""
-    return error(400, f"Token id {token_id} is out of vocabulary", "BadRequestError", old_shape=old_shape)
+    return error(400, f"Token id {token_id} is out of vocabulary", "BadRequestError")
 
 
-def bad_request(message: str, param: str | None = None, *, old_shape: bool = False) -> VllmBody:
+def bad_request(message: str, param: str | None = None) -> VllmBody:
     """400 for other invalid parameters (the fake's own wording; not read off vLLM)."""
-    return error(400, message, "BadRequestError", param, old_shape=old_shape)
+    return error(400, message, "BadRequestError", param)
 
 
-def greedy_needs_one_sample(n: int, *, old_shape: bool = False) -> VllmBody:
+def greedy_needs_one_sample(n: int) -> VllmBody:
     """400 for ``n`` > 1 with temperature 0 (vLLM 0.32, ``SamplingParams._verify_greedy_sampling``)."""
-    return error(400, f"n must be 1 when using greedy sampling, got {n}.", "BadRequestError", old_shape=old_shape)
+    return error(400, f"n must be 1 when using greedy sampling, got {n}.", "BadRequestError")
 
 
-def no_chat_template(*, old_shape: bool = False) -> VllmBody:
+def no_chat_template() -> VllmBody:
     """400 for a chat request to a model whose tokenizer has no chat template (vLLM 0.32, ``renderers/hf.py``)."""
     return error(
         400,
         "As of transformers v4.44, default chat template is no longer allowed, so you must provide a chat template "
         "if the tokenizer does not define one.",
         "BadRequestError",
-        old_shape=old_shape,
     )
 
 
-def engine_dead(*, old_shape: bool = False) -> VllmBody:
+def engine_dead() -> VllmBody:
     """500 once the engine core died, e.g. reloading a deleted evicted adapter."""
     return error(
         500,
         "EngineCore encountered an issue. See stack trace (above) for the root cause.",
         "InternalServerError",
-        old_shape=old_shape,
     )
 
 
@@ -356,7 +358,7 @@ def system_fingerprint(config: Mapping[str, Any], version: str = VLLM_VERSION) -
     return f"vllm-{version}-{digest[:8]}"
 
 
-def completion_response(
+def completion_data(
     request_id: str,
     created: int,
     model: str,
@@ -366,8 +368,8 @@ def completion_response(
     fingerprint: str | None = None,
     *,
     cached_tokens: int | None = None,
-) -> VllmBody:
-    """Return a ``/v1/completions`` 200 body: every field of vLLM 0.32's ``CompletionResponse``.
+) -> dict[str, Any]:
+    """Return the data of a ``/v1/completions`` 200 body: every field of vLLM 0.32's ``CompletionResponse``.
 
     ``fingerprint`` is the ``system_fingerprint`` (the real engine sends one by default; see ``system_fingerprint``);
     ``cached_tokens`` fills ``usage.prompt_tokens_details`` as ``--enable-prompt-tokens-details`` does (None: null).
@@ -392,4 +394,9 @@ def completion_response(
         "ec_transfer_params": None,
         "metrics": None,
     }
-    return json_body(200, payload)
+    return payload
+
+
+def completion_response(*args: Any, **kwargs: Any) -> VllmBody:
+    """Return a ``/v1/completions`` 200 body: ``completion_data``'s arguments, as JSON."""
+    return json_body(200, completion_data(*args, **kwargs))

@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any
 
 from lora_sampler._wire.messages import CHAT_ROLES, SAMPLING_FIELDS
-from lora_sampler.testing import _bodies as bodies
-from lora_sampler.testing._bodies import VllmBody
 
 #: The chat template as Jinja, for a tokenizer's ``chat_template`` (the fake renders it with ``render_chat``).
 CHAT_TEMPLATE = (
@@ -44,13 +42,20 @@ def _content_text(content: Any) -> str | None:
     return None
 
 
-def render_chat(messages: list[dict[str, Any]]) -> str:
-    """Render ``messages`` with the fixed template, generation prompt included (messages already checked)."""
+def render_chat(
+    messages: list[dict[str, Any]], *, add_generation_prompt: bool = True, continue_final_message: bool = False
+) -> str:
+    """Render ``messages`` with the fixed template (messages already checked).
+
+    ``add_generation_prompt`` (default true) ends it with the reply's header; ``continue_final_message`` ends it
+    inside the final message (without the newline that closes it).
+    """
     rendered = []
     for message in messages:
         role = "system" if message["role"] == "developer" else message["role"]
         rendered.append(f"<|{role}|>\n{_content_text(message['content'])}\n")
-    return "".join(rendered) + "<|assistant|>\n"
+    text = "".join(rendered) + (GENERATION_PROMPT if add_generation_prompt else "")
+    return text[:-1] if continue_final_message else text
 
 
 def _messages_problem(messages: Any) -> str | None:
@@ -66,11 +71,8 @@ def _messages_problem(messages: Any) -> str | None:
 
 
 def rendered_prompt(payload: dict[str, Any]) -> str | tuple[str]:
-    """The text vLLM's chat ``/tokenize`` tokenizes for ``payload``, or ``(message,)`` for its 400.
-
-    ``add_generation_prompt`` (default true) ends it with the reply's header; ``continue_final_message`` ends it
-    inside the final message (without the newline that closes it); vLLM refuses both at once.
-    """
+    """The text vLLM's chat ``/tokenize`` tokenizes for ``payload``, or ``(message,)`` for its 400 (vLLM refuses
+    ``add_generation_prompt`` and ``continue_final_message`` both true)."""
     messages = payload.get("messages")
     problem = _messages_problem(messages)
     if problem is not None or not isinstance(messages, list):
@@ -78,10 +80,7 @@ def rendered_prompt(payload: dict[str, Any]) -> str | tuple[str]:
     generation, continuation = payload.get("add_generation_prompt", True), payload.get("continue_final_message", False)
     if generation and continuation:
         return ("Cannot set both `continue_final_message` and `add_generation_prompt` to True.",)
-    text = render_chat(messages)
-    if not generation:
-        text = text[: -len(GENERATION_PROMPT)]
-    return text[:-1] if continuation else text
+    return render_chat(messages, add_generation_prompt=generation, continue_final_message=continuation)
 
 
 def completion_payload(payload: dict[str, Any]) -> dict[str, Any] | str:
@@ -167,16 +166,3 @@ def _chat_logprobs(block: dict[str, Any] | None, k: int) -> dict[str, Any] | Non
             {"token": token, "logprob": value, "bytes": list(token.encode("utf-8")), "top_logprobs": alternatives}
         )
     return {"content": content}
-
-
-def answer(
-    payload: dict[str, Any], complete: Callable[[dict[str, Any]], VllmBody], bad: Callable[[str], VllmBody]
-) -> VllmBody:
-    """Answer a chat request (model and template already checked) through the engine's ``complete``."""
-    translated = completion_payload(payload)
-    if isinstance(translated, str):
-        return bad(translated)
-    completion = complete(translated)
-    if completion.status != 200:
-        return completion
-    return bodies.json_body(200, chat_body(completion.json(), payload))

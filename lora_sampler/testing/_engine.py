@@ -1,20 +1,20 @@
 """FakeEngine: a loopback stand-in for vLLM's OpenAI server with LoRA adapters (see docs/guides/testing.md).
 
-Owns the lifecycle (threads, connections, engine death), routing, completions and the public controls, and
-hands adapter questions, scripted faults and the request log to the objects it holds. It does not tokenize,
-sample, parse adapter files or speak HTTP itself. Stdlib only.
+Owns routing, completions, the request log and the public controls; it hands adapter questions to its adapter
+table, threads, connections, waits and death to its lifecycle (which also speaks HTTP), and holds to its hold. It
+does not tokenize, sample or parse adapter files itself. Stdlib only.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
 import threading
 import time
 import uuid
-from typing import Any, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 from lora_sampler._wire.routes import (
     ADAPTER_COMMAND_PATHS,
@@ -27,19 +27,18 @@ from lora_sampler._wire.routes import (
     LOAD_ADAPTER_PATH,
     MODELS_PATH,
     PING_PATH,
+    SESSION_HEADER,
     TOKENIZE_PATH,
     UNLOAD_ADAPTER_PATH,
 )
 from lora_sampler.testing import _bodies as bodies
 from lora_sampler.testing import _chat as chat
-from lora_sampler.testing._adapter_table import AdapterTable
+from lora_sampler.testing._adapters import AdapterTable
 from lora_sampler.testing._bodies import VllmBody
 from lora_sampler.testing._faults import FAULT_KINDS as FAULT_KINDS  # re-exported: the public home is here
-from lora_sampler.testing._faults import PROMPT_FAULT_KINDS, FaultScript, PromptFault, PromptSpoiler, fault_answer
+from lora_sampler.testing._faults import Fault, PromptSpoiler, prompt_fault, take
 from lora_sampler.testing._hold import Hold
-from lora_sampler.testing._lifecycle import Lifecycle
-from lora_sampler.testing._observability import EngineStats, new_record
-from lora_sampler.testing._observability import RequestRecord as RequestRecord  # re-exported, as FAULT_KINDS
+from lora_sampler.testing._lifecycle import ClientGone, Handler, Lifecycle
 from lora_sampler.testing._sampling import (
     BYTE_OFFSET,
     CompletionRequest,
@@ -48,9 +47,40 @@ from lora_sampler.testing._sampling import (
     encode_text,
     parse_request,
 )
-from lora_sampler.testing._server import ClientGone, Handler, Server, client_gone, hang_up, read_body, send
-from lora_sampler.testing._slots import AdapterSlots
 from lora_sampler.testing._tokenizer import ByteTokenizer
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request as the engine saw it; ``status`` is 0 when a fault answered nothing.
+
+    ``model`` is the body's ``model`` (``lora_name`` for load/unload); ``fault`` the injected fault kind, or
+    "aborted" for a completion whose client hung up while it was generated; ``prompts`` the number of prompts a
+    completion held (0 for other requests, and for a completion refused before its prompts were read). The
+    Authorization value is never kept.
+    """
+
+    method: str
+    path: str
+    model: str | None
+    status: int
+    session_id: str | None
+    has_auth: bool
+    started: float
+    finished: float
+    fault: str | None = None
+    #: Body fields beyond those lora_sampler always sends (vLLM's extra parameters, e.g. ``min_tokens``), as
+    #: ``(name, value)`` pairs; empty for most requests, so the log stays small.
+    extra_fields: tuple[tuple[str, Any], ...] = ()
+    prompts: int = 0
+
+
+#: Body fields every completion or chat request carries: the log keeps only the others (``extra_fields``).
+USUAL_FIELDS = frozenset(
+    {"model", "prompt", "messages", "n", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k"}
+    | {"seed", "stop", "stop_token_ids", "logprobs", "top_logprobs", "return_token_ids", "prompt_logprobs"}
+    | {"lora_name", "lora_path", "load_inplace"}
+)
 
 #: The values of ``FakeEngine(prompt_logprobs_defect=...)``.
 PROMPT_LOGPROBS_DEFECTS = (None, "mixed-adapters", "base-weights")
@@ -171,19 +201,18 @@ class FakeEngine:
         self._requested_port = port
         self._port: int | None = None
         self._started = False
-        self._lock = threading.Lock()  # the one lock: shared by the adapter table, the fault script and the stats
+        self._lock = threading.Lock()  # the one lock: shared by the adapter table, the faults, the hold and the log
         self._overhead_lock = threading.Lock()  # one request at a time pays its overhead
-        self._stats = EngineStats(self._lock)
-        self._lifecycle = Lifecycle(self._lock, self._stats)
-        self._faults = FaultScript()
+        self._lifecycle = Lifecycle(self._lock)
         self._adapters = AdapterTable(self, self._lifecycle, runtime_updating=runtime_lora_updating)
-        self._slots = AdapterSlots(self, self._lifecycle)
-        self._hold = Hold(self._lock)
-        #: Completions in flight: each one's model, and every model in flight at some time during it.
-        self._flights: dict[int, tuple[str, set[str]]] = {}
-        self._mixed_prompt_logprobs = 0
+        self._hold = Hold(self._lifecycle)
+        self._faults: list[Fault] = []
+        self._prompt_faults: list[tuple[str, int | str]] = []
+        self._records: list[RequestRecord] = []
+        self._aborted = self._mixed_prompt_logprobs = 0
+        #: Completions in flight: each one's model, every model in flight at some time during it, and its request.
+        self._flights: dict[int, tuple[str, set[str], CompletionRequest]] = {}
         self._prefixes = PrefixCache() if prompt_tokens_details else None
-        self._completing = [0, 0]  # completions in flight, and those asking for prompt logprobs
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
 
@@ -195,9 +224,7 @@ class FakeEngine:
             self._started = True
         if self.lora_dir is not None:
             os.makedirs(self.lora_dir, exist_ok=True)
-        server = Server((self.host, self._requested_port), self._lifecycle, self._serve)
-        self._port = int(server.server_address[1])
-        self._lifecycle.serve(server)
+        self._port = self._lifecycle.serve((self.host, self._requested_port), self._answer)
         return self
 
     def stop(self) -> None:
@@ -251,9 +278,9 @@ class FakeEngine:
         message: str | None = None,
     ) -> None:
         """Script the next ``count`` requests on ``path`` (for ``model``, None = any) to fail as ``kind``."""
-        fault = FaultScript.make(kind, model, path, count, status, seconds, message)
+        fault = Fault(kind, model, path, count, status, seconds, message)
         with self._lock:
-            self._faults.add(fault)
+            self._faults.append(fault)
 
     def inject_prompt_fault(self, kind: str, *, marker: int | str) -> None:
         """Make every completion request holding a prompt with ``marker`` go wrong for that prompt, until
@@ -267,12 +294,9 @@ class FakeEngine:
         Raises:
             ValueError: an unknown kind, or a marker that is neither an int nor a non-empty str.
         """
-        if kind not in PROMPT_FAULT_KINDS:
-            raise ValueError(f"kind must be one of {sorted(PROMPT_FAULT_KINDS)}, not {kind!r}")
-        if isinstance(marker, bool) or not isinstance(marker, (int, str)) or marker == "":
-            raise ValueError(f"marker must be a token id (int) or a non-empty str, not {marker!r}")
+        fault = prompt_fault(kind, marker)
         with self._lock:
-            self._faults.prompt_faults.append(PromptFault(kind, marker))
+            self._prompt_faults.append(fault)
 
     def hold(
         self,
@@ -314,67 +338,64 @@ class FakeEngine:
         """
         self._hold.wait_for_held(count, timeout)
 
-    def _wait_while_held(self, model: str) -> None:
-        connection = getattr(self._lifecycle.serving, "connection", None)
-
-        def gone() -> bool:
-            return connection is not None and client_gone(connection)
-
-        self._hold.wait(model, lambda: [flying for flying, _ in self._flights.values()], self._lifecycle.wake, gone)
-
     def clear_faults(self) -> None:
         """Drop every scripted fault."""
         with self._lock:
             self._faults.clear()
+            self._prompt_faults.clear()
 
     @property
     def requests(self) -> list[RequestRecord]:
         """A copy of the request log, in the order answers were decided."""
-        return self._stats.requests()
+        with self._lock:
+            return list(self._records)
 
     def calls(self, path: str, model: str | None = None) -> int:
         """Count logged requests on ``path`` (and for ``model``, when given)."""
-        return self._stats.calls(path, model)
+        with self._lock:
+            return sum(1 for r in self._records if r.path == path and (model is None or r.model == model))
 
     def reset_log(self) -> None:
-        """Clear the request log, the connection count, the load peaks and ``mixed_prompt_logprobs``."""
-        self._stats.reset()
+        """Clear the request log, the connection count, the load peaks, the swaps and ``mixed_prompt_logprobs``."""
         with self._lock:
-            self._mixed_prompt_logprobs = 0
+            self._records.clear()
+            self._lifecycle.opened = self._aborted = self._mixed_prompt_logprobs = 0
+            self._adapters.reset()
 
     @property
     def connections_opened(self) -> int:
         """TCP connections accepted (since start or ``reset_log``)."""
-        return self._stats.opened
+        return self._lifecycle.opened
 
     @property
     def loads_in_flight(self) -> int:
         """``/v1/load_lora_adapter`` requests being handled now."""
-        return self._stats.loads
+        return self._adapters.loads
 
     @property
     def max_loads_in_flight(self) -> int:
         """Peak of ``loads_in_flight`` over all names."""
-        return self._stats.max_loads
+        return self._adapters.max_loads
 
     def max_loads_in_flight_for(self, name: str) -> int:
         """Peak number of concurrent ``/v1/load_lora_adapter`` requests for ``name``."""
-        return self._stats.max_loads_for(name)
+        with self._lock:
+            return self._adapters.max_loads_by_name.get(name, 0)
 
     @property
     def resolver_loads(self) -> int:
         """Adapters loaded lazily by the filesystem resolver (failed resolutions are not counted)."""
-        return self._stats.lazy_loads
+        return self._adapters.lazy_loads
 
     @property
     def aborted_requests(self) -> int:
         """Completions aborted because their client hung up while they were generated (``latency``), as vLLM does."""
-        return self._stats.aborted
+        return self._aborted
 
     @property
     def requests_in_flight(self) -> int:
         """Requests read but not yet answered."""
-        return self._stats.in_flight
+        return self._lifecycle.in_flight
 
     @property
     def loaded_adapters(self) -> list[str]:
@@ -389,18 +410,18 @@ class FakeEngine:
     @property
     def adapter_swaps(self) -> int:
         """Swaps of an adapter into a slot (with ``lora_slots``; since start or ``reset_log``)."""
-        return self._stats.swaps
+        return len(self._adapters.swap_log)
 
     @property
     def swap_log(self) -> list[tuple[float, str]]:
         """``(time.monotonic(), adapter)`` of each swap into a slot, oldest first."""
         with self._lock:
-            return list(self._stats.swap_log)
+            return list(self._adapters.swap_log)
 
     @property
     def slotted_adapters(self) -> list[str]:
         """Adapters in slots now (with ``lora_slots``), least recently used first."""
-        return self._slots.held()
+        return self._adapters.slotted()
 
     @property
     def is_dead(self) -> bool:
@@ -409,10 +430,10 @@ class FakeEngine:
 
     # -- HTTP plumbing ---------------------------------------------------------------------------------------------
 
-    def _serve(self, handler: Handler) -> None:
+    def _answer(self, handler: Handler, path: str, raw: bytes) -> tuple[VllmBody | None, bool]:
+        """Answer one request (its scripted fault's answer, or the route's) and log it before the answer leaves;
+        return the answer (None: none) and whether the connection is reset."""
         started = time.monotonic()
-        path = handler.path.split("?", 1)[0]
-        raw = read_body(handler)
         payload: Any = None
         if raw:
             try:
@@ -424,61 +445,47 @@ class FakeEngine:
             value = payload.get("lora_name" if path in ADAPTER_COMMAND_PATHS else "model")
             model = value if isinstance(value, str) else None
         with self._lock:
-            self._stats.in_flight += 1
-            fault = self._faults.take(path, model)
-        self._lifecycle.serving.connection = handler.connection
-        self._lifecycle.serving.prompts = 0
+            fault = take(self._faults, path, model)
         kind = fault.kind if fault else None
         try:
-            try:
-                if fault is not None:
-                    answer = fault_answer(fault, old_shape=self.old_error_shape, sleep=self._lifecycle.sleep)
-                else:
-                    answer = self._route(handler, path, payload)
-            except ClientGone:  # aborted, as vLLM aborts a request whose client went away: nothing is sent
-                answer, kind = None, "aborted"
-                with self._lock:
-                    self._stats.aborted += 1
-            except Exception as exc:  # a bug in the fake: answer it like vLLM's generic handler, visibly
-                answer = bodies.error(500, f"FakeEngine internal error: {exc!r}", "InternalServerError")
-            status = answer.status if answer is not None else 0
-            self._log(handler, path, model, status, started, kind, payload)
-            if path in COMPLETION_PATHS and status:
-                self._adapters.completion_answered(model)  # before the answer leaves: the next request sees it
-            if answer is None:
-                hang_up(handler, reset=fault is not None and fault.kind == "refuse")
-            else:
-                send(handler, answer)
-        finally:
-            self._lifecycle.serving.connection = None
+            answer = fault.answer(self._lifecycle.sleep) if fault is not None else self._route(handler, path, payload)
+        except ClientGone:  # aborted, as vLLM aborts a request whose client went away: nothing is sent
+            answer, kind = None, "aborted"
             with self._lock:
-                self._stats.in_flight -= 1
-
-    def _log(
-        self,
-        handler: Handler,
-        path: str,
-        model: str | None,
-        status: int,
-        started: float,
-        fault: str | None,
-        payload: Any = None,
-    ) -> None:
-        """Append the request to the log; it decides nothing and changes no adapter."""
-        record = new_record(
-            handler, path, model, status, started, fault, payload, getattr(self._lifecycle.serving, "prompts", 0)
+                self._aborted += 1
+        except Exception as exc:  # a bug in the fake: answer it like vLLM's generic handler, visibly
+            answer = bodies.error(500, f"FakeEngine internal error: {exc!r}", "InternalServerError")
+        extra: tuple[tuple[str, Any], ...] = ()
+        if isinstance(payload, dict):
+            extra = tuple((key, value) for key, value in payload.items() if key not in USUAL_FIELDS)
+        record = RequestRecord(
+            method=handler.command,
+            path=path,
+            model=model,
+            status=answer.status if answer is not None else 0,
+            session_id=handler.headers.get(SESSION_HEADER),
+            has_auth="Authorization" in handler.headers,
+            started=started,
+            finished=time.monotonic(),
+            fault=kind,
+            extra_fields=extra,
+            prompts=self._lifecycle.serving.prompts,
         )
         with self._lock:  # logged before the answer leaves, so a client never sees it first
-            self._stats.records.append(record)
+            self._records.append(record)
+        if path in COMPLETION_PATHS and answer is not None:
+            self._adapters.completion_answered(model)  # before the answer leaves: the next request sees it
+        if answer is not None and self.old_error_shape:
+            answer = answer.older()
+        return answer, kind == "refuse"
 
     def _route(self, handler: Handler, path: str, payload: Any) -> VllmBody:
         if path in (HEALTH_PATH, PING_PATH):
             return VllmBody(503 if self._lifecycle.dead else 200, b"", None)
-        if self.api_key is not None and path.startswith(API_PREFIX):
-            expected = f"Bearer {self.api_key}"  # vLLM guards /v1 only, /health stays open
-            got = handler.headers.get("Authorization", "").encode("utf-8", "replace")
-            if not secrets.compare_digest(got, expected.encode("utf-8", "replace")):
-                return bodies.unauthorized()
+        expected = f"Bearer {self.api_key}".encode("utf-8", "replace")
+        got = handler.headers.get("Authorization", "").encode("utf-8", "replace")
+        if self.api_key is not None and path.startswith(API_PREFIX) and not secrets.compare_digest(got, expected):
+            return bodies.unauthorized()  # vLLM guards /v1 only, /health stays open
         routes = {
             MODELS_PATH: ("GET", self._adapters.models),
             COMPLETIONS_PATH: ("POST", self._complete),
@@ -488,103 +495,61 @@ class FakeEngine:
             LOAD_ADAPTER_PATH: ("POST", self._adapters.load),
             UNLOAD_ADAPTER_PATH: ("POST", self._adapters.unload),
         }
-        updating = self._adapters.runtime_updating
-        if path not in routes or (path in ADAPTER_COMMAND_PATHS and not updating):
+        if path not in routes or (path in ADAPTER_COMMAND_PATHS and not self._adapters.runtime_updating):
             return bodies.route_not_found()  # the load/unload routes are not registered
         method, serve = routes[path]
         if handler.command != method:
             return bodies.method_not_allowed()
         if self._lifecycle.dead:
-            return bodies.engine_dead(old_shape=self.old_error_shape)
-        if method == "POST" and not isinstance(payload, dict):
-            return self._bad("the request body must be a JSON object", "body")
-        return serve(payload if isinstance(payload, dict) else {})
-
-    def _bad(self, message: str, param: str | None = None) -> VllmBody:
-        return bodies.bad_request(message, param, old_shape=self.old_error_shape)
+            return bodies.engine_dead()
+        if method == "GET":
+            return serve({})
+        if not isinstance(payload, dict):
+            return bodies.bad_request("the request body must be a JSON object", "body")
+        if path in ADAPTER_COMMAND_PATHS:
+            return serve(payload)
+        self._pay_request_overhead()
+        name = payload.get("model") or self.model  # vLLM serves the base when model is omitted
+        if not isinstance(name, str):
+            return bodies.bad_request("model must be a string", "model")
+        return self._adapters.check_model(name) or serve(dict(payload, model=name))  # the 404 comes first
 
     # -- completions -------------------------------------------------------------------------------------------------
 
     def _complete(self, payload: dict[str, Any]) -> VllmBody:
-        """``/v1/completions``: one prompt, or a list of them answered as vLLM does (``n`` choices per prompt, indexed
-        prompt by prompt; ``usage`` summed over the prompts; one bad prompt refuses the whole request)."""
-        self._pay_request_overhead()
-        name = payload.get("model") or self.model  # vLLM serves the base when model is omitted
-        if not isinstance(name, str):
-            return self._bad("model must be a string", "model")
-        problem = self._adapters.check_model(name)  # before any length check
-        if problem is not None:
-            return problem
-        requests = parse_request(payload)
-        if isinstance(requests, str):
-            return self._bad(requests)
-        self._lifecycle.serving.prompts = len(requests)
-        limits = []
-        for request in requests:
-            problem, max_tokens = self._check_lengths(request)
-            if problem is not None:
-                return problem
-            limits.append(max_tokens)
-        problem = self._adapters.touch(name)
+        """``/v1/completions`` (model checked): one prompt, or a list of them answered as vLLM does (``n`` choices
+        per prompt, indexed prompt by prompt; ``usage`` summed over the prompts; one bad prompt refuses the whole
+        request)."""
+        answer = self._completion(payload)
+        return answer if isinstance(answer, VllmBody) else bodies.json_body(200, answer)
+
+    def _completion(self, payload: dict[str, Any]) -> dict[str, Any] | VllmBody:
+        """The completion body of ``payload`` (model checked) as data, or the answer refusing it."""
+        name = payload["model"]
+        request = parse_request(payload, self.max_model_len, self.vocab_size)
+        if isinstance(request, VllmBody):
+            return request
+        self._lifecycle.serving.prompts = len(request.prompts)
+        problem = request.refusal or self._adapters.touch(name)
         with self._lock:
-            spoiler = PromptSpoiler(self._faults.prompt_faults, payload.get("prompt"))
-        problem = problem or spoiler.refusal(self.old_error_shape)
+            spoiler = PromptSpoiler(self._prompt_faults, request)
+        problem = problem or spoiler.refusal()
         if problem is not None:
             return problem
-        prompt_model = self._generate(name, requests)
+        prompt_model = self._generate(name, request)
         if prompt_model is None:  # in-flight requests share the death, as vLLM's do
-            return bodies.engine_dead(old_shape=self.old_error_shape)
-        return self._completion_body(name, requests, limits, prompt_model, spoiler)
-
-    def _generate(self, name: str, requests: list[CompletionRequest]) -> str | None:
-        """Spend the generation's ``latency`` in flight (in a slot, beside the other completions); return the model
-        its prompt logprobs are computed under, or None when the engine died meanwhile."""
-        sequences = len(requests)  # the prompts of one request share an engine step
-        scoring = int(requests[0].prompt_logprobs is not None)
-        with self._lock:
-            self._completing[0] += sequences
-            self._completing[1] += scoring
-            batched = self._completing[0] >= 2 and self._completing[1] >= 1
-        try:
-            if batched and self.dies_on_batched_prompt_logprobs:
-                self._lifecycle.die()
-            with self._flying(name) as overlapping:
-                self._wait_while_held(name)
-                with self._slots.holding(name):
-                    self._lifecycle.pause(lambda: self.latency)
-                if self._lifecycle.dead:
-                    return None
-                return self._prompt_model(name, requests[0], overlapping)
-        finally:
-            with self._lock:
-                self._completing[0] -= sequences
-                self._completing[1] -= scoring
-
-    def _completion_body(
-        self,
-        name: str,
-        requests: list[CompletionRequest],
-        limits: list[int],
-        prompt_model: str,
-        spoiler: PromptSpoiler,
-    ) -> VllmBody:
-        """The answer to a completion: each prompt's ``n`` choices, numbered over the prompts (spoiled as the prompt
-        faults say), and the usage."""
+            return bodies.engine_dead()
         choices: list[dict[str, Any]] = []
-        prompt_tokens = generated = 0
-        cached: int | None = None
-        for request, max_tokens in zip(requests, limits):
-            sampler = Sampler(name, request, max_tokens, self.vocab_size, prompt_model)
+        generated = cached = 0
+        for position, prompt in enumerate(request.prompts):
+            sampler = Sampler(name, request, position, self.vocab_size, prompt_model)
             for index in range(request.n):
-                choice = sampler.choice(index)
-                choice["index"] = len(choices)  # running over the prompts, as vLLM numbers them
-                choices.append(choice)
-            generated += sum(len(sampler.token_ids[index]) for index in range(request.n))
-            prompt_tokens += len(request.prompt)
-            if self._prefixes is not None:
-                cached = (cached or 0) + self._prefixes.served(name, request.prompt)
-        spoiler.spoil(choices, requests[0].n)
-        return bodies.completion_response(
+                choices.append(dict(sampler.choice(index), index=len(choices)))  # numbered over the prompts
+                generated += len(sampler.token_ids[index])
+            cached += self._prefixes.served(name, prompt) if self._prefixes is not None else 0
+        spoiler.spoil(choices, request.n)
+        prompt_tokens = sum(len(prompt) for prompt in request.prompts)
+        return bodies.completion_data(
             f"cmpl-{uuid.uuid4().hex}",
             int(time.time()),
             name,
@@ -592,30 +557,37 @@ class FakeEngine:
             prompt_tokens,
             generated,
             self.system_fingerprint,
-            cached_tokens=cached,
+            cached_tokens=cached if self._prefixes is not None else None,
         )
+
+    def _generate(self, name: str, request: CompletionRequest) -> str | None:
+        """Spend the generation's ``latency`` in flight (in a slot, beside the other completions); return the model its
+        prompt logprobs are computed under, or None when the engine died meanwhile."""
+        key = object()
+        with self._lock:
+            overlapping = {name}
+            for other, seen, _ in self._flights.values():
+                seen.add(name)
+                overlapping.add(other)
+            self._flights[id(key)] = (name, overlapping, request)  # the prompts of one request share an engine step
+            flying = [flight for _, _, flight in self._flights.values()]
+            batched = sum(len(r.prompts) for r in flying) >= 2 and any(r.prompt_logprobs is not None for r in flying)
+        try:
+            if batched and self.dies_on_batched_prompt_logprobs:
+                self._lifecycle.die()
+            self._hold.wait(name, lambda: [model for model, _, _ in self._flights.values()])
+            with self._adapters.holding(name):
+                self._lifecycle.pause(lambda: self.latency)
+            return None if self._lifecycle.dead else self._prompt_model(name, request, overlapping)
+        finally:
+            with self._lock:
+                del self._flights[id(key)]
 
     def _pay_request_overhead(self) -> None:
         """Spend ``request_overhead`` seconds on this request, one request at a time (vLLM's one API-server process)."""
         if self.request_overhead > 0:
             with self._overhead_lock:
                 self._lifecycle.pause(lambda: self.request_overhead)
-
-    @contextlib.contextmanager
-    def _flying(self, model: str) -> Iterator[set[str]]:
-        """Hold one completion in flight; yield the models of every completion in flight with it so far."""
-        key = object()
-        with self._lock:
-            overlapping = {model}
-            for other, seen in self._flights.values():
-                seen.add(model)
-                overlapping.add(other)
-            self._flights[id(key)] = (model, overlapping)
-        try:
-            yield overlapping
-        finally:
-            with self._lock:
-                del self._flights[id(key)]
 
     def _prompt_model(self, model: str, request: CompletionRequest, overlapping: set[str]) -> str:
         """The model prompt logprobs are computed under: the request's own, unless a simulated defect says else."""
@@ -638,65 +610,39 @@ class FakeEngine:
 
     def _tokenize(self, payload: dict[str, Any]) -> VllmBody:
         """``/tokenize``: the sampler's tokenizer (no special tokens to add), in vLLM's ``TokenizeResponse`` shape."""
-        self._pay_request_overhead()
-        name = payload.get("model") or self.model
-        problem = self._adapters.check_model(name) if isinstance(name, str) else self._bad("model must be a string")
-        if problem is not None:
-            return problem
         prompt = payload.get("prompt")
         if "messages" in payload:  # vLLM's chat form: the messages rendered by the chat template
             if not self.chat_template:
-                return bodies.no_chat_template(old_shape=self.old_error_shape)
+                return bodies.no_chat_template()
             rendered = chat.rendered_prompt(payload)
             if isinstance(rendered, tuple):
-                return self._bad(rendered[0], "messages")
+                return bodies.bad_request(rendered[0], "messages")
             prompt = rendered
         if not isinstance(prompt, str):
-            return self._bad("prompt must be a string, or messages a list of chat messages", "prompt")
+            return bodies.bad_request("prompt must be a string, or messages a list of chat messages", "prompt")
         tokens = encode_text(prompt)
         answer = {"count": len(tokens), "max_model_len": self.max_model_len, "tokens": tokens, "token_strs": None}
         return bodies.json_body(200, answer)
 
     def _detokenize(self, payload: dict[str, Any]) -> VllmBody:
         """``/detokenize``: the text of token ids by the byte tokenizer (specials by name), as ``{"prompt": text}``."""
-        self._pay_request_overhead()
-        name = payload.get("model") or self.model
-        problem = self._adapters.check_model(name) if isinstance(name, str) else self._bad("model must be a string")
-        if problem is not None:
-            return problem
         tokens = payload.get("tokens")
         if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
-            return self._bad("tokens must be a list of token ids", "tokens")
+            return bodies.bad_request("tokens must be a list of token ids", "tokens")
         try:
             text = ByteTokenizer(self.vocab_size).decode(tokens)
         except ValueError as exc:
-            return self._bad(str(exc), "tokens")
+            return bodies.bad_request(str(exc), "tokens")
         return bodies.json_body(200, {"prompt": text})
 
-    def _check_lengths(self, request: CompletionRequest) -> tuple[VllmBody | None, int]:
-        """vLLM's checks of a parsed completion request, in its order; the refusal, or None and the clamped limit."""
-        if request.temperature < 1e-5 and request.n > 1:  # vLLM's _SAMPLING_EPS: greedy gives one sample
-            return bodies.greedy_needs_one_sample(request.n, old_shape=self.old_error_shape), 0
-        if request.max_tokens > self.max_model_len:
-            too_large = bodies.max_tokens_too_large(
-                request.max_tokens, self.max_model_len, old_shape=self.old_error_shape
-            )
-            return too_large, 0
-        if len(request.prompt) > self.max_model_len:
-            too_long = bodies.prompt_too_long(self.max_model_len, len(request.prompt), old_shape=self.old_error_shape)
-            return too_long, 0
-        max_tokens = min(request.max_tokens, self.max_model_len - len(request.prompt))  # clamped to the context
-        if max_tokens < 1:
-            return bodies.max_tokens_zero(old_shape=self.old_error_shape), 0
-        for token_id in request.prompt:
-            if not 0 <= token_id < self.vocab_size:
-                return bodies.token_out_of_vocab(token_id, old_shape=self.old_error_shape), 0
-        return None, max_tokens
-
     def _chat(self, payload: dict[str, Any]) -> VllmBody:
-        """``/v1/chat/completions``: the completion of the rendered prompt, in the chat shape (``_chat``)."""
-        model = payload.get("model") or self.model  # the same 404 as completions comes first (vLLM 0.32)
-        problem = self._adapters.check_model(model) if isinstance(model, str) else self._bad("model must be a string")
-        if problem is None and not self.chat_template:
-            problem = bodies.no_chat_template(old_shape=self.old_error_shape)
-        return problem or chat.answer(payload, self._complete, self._bad)
+        """``/v1/chat/completions`` (model checked): the completion of the rendered prompt, in the chat shape."""
+        if not self.chat_template:
+            return bodies.no_chat_template()
+        translated = chat.completion_payload(payload)
+        if isinstance(translated, str):
+            return bodies.bad_request(translated)
+        completion = self._completion(translated)
+        if isinstance(completion, VllmBody):
+            return completion
+        return bodies.json_body(200, chat.chat_body(completion, payload))

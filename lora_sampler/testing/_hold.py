@@ -2,8 +2,8 @@
 
 A test that interrupts, kills or overlaps needs the job to be mid-run, or the requests to overlap, whatever the
 machine's speed: it holds completions (``FakeEngine.hold``), waits until one is held (``wait_for_held``), acts, and
-releases them. Stdlib only; it shares the engine's lock, and a held request still sees stop, death and its client
-hanging up.
+releases them. Stdlib only; it shares the engine's lock and waits as its lifecycle does, so a held request still
+sees stop, death and its client hanging up.
 """
 
 from __future__ import annotations
@@ -12,16 +12,15 @@ import threading
 import time
 from typing import Callable
 
-from lora_sampler.testing._server import ClientGone
-
-_WAIT_STEP = 0.01  # how often a held request looks at the in-flight count, the engine's stop and its client
+from lora_sampler.testing._lifecycle import Lifecycle
 
 
 class Hold:
     """Which completions are held now, and how many are waiting. Every method takes the engine's lock itself."""
 
-    def __init__(self, lock: threading.Lock) -> None:
-        self._changed = threading.Condition(lock)
+    def __init__(self, lifecycle: Lifecycle) -> None:
+        self._lifecycle = lifecycle
+        self._changed = threading.Condition(lifecycle.lock)
         self._on = False
         self._model: str | None = None
         self._until: int | None = None
@@ -68,16 +67,13 @@ class Hold:
                     raise TimeoutError(f"{self._held} completions held after {timeout:g} s, waiting for {count}")
                 self._changed.wait(remaining)
 
-    def wait(
-        self, model: str, flying: Callable[[], list[str]], stopped: threading.Event, gone: Callable[[], bool]
-    ) -> None:
-        """Keep a completion for ``model`` here while the hold applies to it.
+    def wait(self, model: str, flying: Callable[[], list[str]]) -> None:
+        """Keep a completion for ``model`` here while the hold applies to it; stop and death let it go on (to its
+        503 or its end).
 
         Args:
             model: the completion's model.
             flying: the model of each completion in flight now, this one's too (called with the engine's lock held).
-            stopped: set when the engine stops or dies: the completion goes on (to its 503 or its end).
-            gone: whether the completion's client hung up.
 
         Raises:
             ClientGone: the client hung up while the completion was held (vLLM aborts it).
@@ -96,10 +92,7 @@ class Hold:
             wave = self._waves
             self._changed.notify_all()
             try:
-                while self._applies(model) and not stopped.is_set() and wave == self._waves:
-                    self._changed.wait(_WAIT_STEP)
-                    if gone():
-                        raise ClientGone()
+                self._lifecycle.wait_until(self._changed, lambda: not self._applies(model) or wave != self._waves)
             finally:
                 self._held -= 1
                 self._changed.notify_all()

@@ -12,9 +12,10 @@ import random
 import threading
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, List, Tuple
 
 from lora_sampler.testing import _bodies as bodies
+from lora_sampler.testing._bodies import VllmBody
 
 #: Ids 0-3 are the tiny tokenizer's specials; byte ``b`` of UTF-8 text is id ``4 + b``.
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")
@@ -76,9 +77,14 @@ class PrefixCache:
 
 @dataclass(frozen=True)
 class CompletionRequest:
-    prompt: list[int]
+    """A ``/v1/completions`` request as the fake honours it, checked: its prompts as token ids, each prompt's
+    ``max_tokens`` clamped to the context (``limits``), and the sampling parameters the prompts share."""
+
+    prompts: list[list[int]]
+    limits: list[int]
+    #: The prompts as sent when they were texts, else None (what a text marker of a prompt fault is looked for in).
+    texts: list[str] | None
     n: int
-    max_tokens: int
     temperature: float
     seed: int | None
     stop: tuple[str, ...]
@@ -88,6 +94,8 @@ class CompletionRequest:
     return_token_ids: bool
     #: vLLM's ``return_tokens_as_token_ids``: logprob tokens read ``token_id:<id>`` instead of their text.
     tokens_as_ids: bool = False
+    #: The 400 of vLLM's checks against the context and vocabulary, or None: the request is answered.
+    refusal: VllmBody | None = None
 
 
 def _is_int(value: Any) -> bool:
@@ -117,48 +125,97 @@ def parse_prompts(value: Any) -> list[list[int]] | str:
     return prompts
 
 
-def parse_request(payload: dict[str, Any]) -> list[CompletionRequest] | str:
-    """Return the completion parameters the fake honours, one request per prompt, or a 400 message."""
+def _parameters(payload: dict[str, Any]) -> dict[str, Any] | str:
+    """The sampling parameters of a completion body with vLLM's defaults, or the 400 message of the first bad one."""
+    stop = payload.get("stop") or []
+    temperature = payload.get("temperature")
+    fields = {
+        "n": payload.get("n", 1),
+        "max_tokens": 16 if payload.get("max_tokens") is None else payload["max_tokens"],  # vLLM 0.32: null is 16
+        "temperature": 1.0 if temperature is None else temperature,
+        "seed": payload.get("seed"),
+        "stop": [stop] if isinstance(stop, str) else stop,
+        "stop_token_ids": payload.get("stop_token_ids") or [],
+        "logprobs": payload.get("logprobs"),
+        "prompt_logprobs": payload.get("prompt_logprobs"),
+    }
+    stops, ids, n, max_tokens = fields["stop"], fields["stop_token_ids"], fields["n"], fields["max_tokens"]
+    checks = [
+        (
+            isinstance(stops, list) and all(isinstance(s, str) for s in stops),
+            "stop must be a string or a list of strings",
+        ),
+        (isinstance(ids, list) and all(_is_int(t) for t in ids), "stop_token_ids must be a list of integers"),
+        (
+            _is_int(n) and n >= 1 and _is_int(max_tokens) and max_tokens >= 0,
+            "n must be at least 1 and max_tokens at least 0",
+        ),
+        (
+            (fields["seed"] is None or _is_int(fields["seed"])) and isinstance(fields["temperature"], (int, float)),
+            "seed must be an integer and temperature a number",
+        ),
+    ]
+    for kind in ("sample", "prompt"):
+        value = fields["logprobs" if kind == "sample" else "prompt_logprobs"]
+        message = f"Requested {kind} logprobs of {value}, which is greater than max allowed: {MAX_LOGPROBS}"
+        checks.append((value is None or (_is_int(value) and 0 <= value <= MAX_LOGPROBS), message))
+    return next((message for ok, message in checks if not ok), fields)
+
+
+def parse_request(payload: dict[str, Any], max_model_len: int, vocab_size: int) -> CompletionRequest | VllmBody:
+    """vLLM's checks of a completion body, in its order: the 400 refusing its prompts or parameters, else the request
+    the fake honours (whose ``refusal`` is the 400 of vLLM's length and vocabulary checks, if any)."""
     prompts = parse_prompts(payload.get("prompt"))
     if isinstance(prompts, str):
-        return prompts
-    stop = payload.get("stop") or []
-    stop = [stop] if isinstance(stop, str) else stop
-    stop_ids = payload.get("stop_token_ids") or []
-    max_tokens = 16 if payload.get("max_tokens") is None else payload["max_tokens"]  # vLLM 0.32: null is 16 too
-    n, seed, temperature = payload.get("n", 1), payload.get("seed"), payload.get("temperature")
-    logprobs, prompt_logprobs = payload.get("logprobs"), payload.get("prompt_logprobs")
-    if not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
-        return "stop must be a string or a list of strings"
-    if not (isinstance(stop_ids, list) and all(_is_int(t) for t in stop_ids)):
-        return "stop_token_ids must be a list of integers"
-    if not (_is_int(n) and n >= 1) or not (_is_int(max_tokens) and max_tokens >= 0):
-        return "n must be at least 1 and max_tokens at least 0"
-    if not (seed is None or _is_int(seed)) or not (temperature is None or isinstance(temperature, (int, float))):
-        return "seed must be an integer and temperature a number"
-    for kind, value in (("sample", logprobs), ("prompt", prompt_logprobs)):
-        if value is not None and not (_is_int(value) and 0 <= value <= MAX_LOGPROBS):
-            return f"Requested {kind} logprobs of {value}, which is greater than max allowed: {MAX_LOGPROBS}"
-    return [
-        CompletionRequest(
-            prompt=prompt,
-            n=n,
-            max_tokens=max_tokens,
-            temperature=1.0 if temperature is None else float(temperature),
-            seed=seed,
-            stop=tuple(stop),
-            stop_token_ids=frozenset(stop_ids),
-            logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs,
-            return_token_ids=bool(payload.get("return_token_ids")),
-            tokens_as_ids=bool(payload.get("return_tokens_as_token_ids")),
-        )
-        for prompt in prompts
-    ]
+        return bodies.bad_request(prompts)
+    fields = _parameters(payload)
+    if isinstance(fields, str):
+        return bodies.bad_request(fields)
+    n, max_tokens, temperature = fields["n"], fields["max_tokens"], float(fields["temperature"])
+    text = payload["prompt"]
+    return CompletionRequest(
+        prompts=prompts,
+        limits=[min(max_tokens, max_model_len - len(prompt)) for prompt in prompts],
+        texts=[text] if isinstance(text, str) else text if isinstance(text[0], str) else None,
+        n=n,
+        temperature=temperature,
+        seed=fields["seed"],
+        stop=tuple(fields["stop"]),
+        stop_token_ids=frozenset(fields["stop_token_ids"]),
+        logprobs=fields["logprobs"],
+        prompt_logprobs=fields["prompt_logprobs"],
+        return_token_ids=bool(payload.get("return_token_ids")),
+        tokens_as_ids=bool(payload.get("return_tokens_as_token_ids")),
+        refusal=_refusal(prompts, n, max_tokens, temperature, max_model_len, vocab_size),
+    )
+
+
+def _refusal(
+    prompts: list[list[int]], n: int, max_tokens: int, temperature: float, max_model_len: int, vocab_size: int
+) -> VllmBody | None:
+    """vLLM's checks of a parsed request's sampling against its context and vocabulary, in its order."""
+    if temperature < 1e-5 and n > 1:  # vLLM's _SAMPLING_EPS: greedy gives one sample
+        return bodies.greedy_needs_one_sample(n)
+    if max_tokens > max_model_len:
+        return bodies.max_tokens_too_large(max_tokens, max_model_len)
+    for prompt in prompts:
+        if len(prompt) > max_model_len:
+            return bodies.prompt_too_long(max_model_len, len(prompt))
+        if min(max_tokens, max_model_len - len(prompt)) < 1:  # clamped to the context
+            return bodies.max_tokens_zero()
+        outside = [token for token in prompt if not 0 <= token < vocab_size]
+        if outside:
+            return bodies.token_out_of_vocab(outside[0])
+    return None
+
+
+#: A generation step's logprob and the ranked ``(token, logprob)`` alternatives reported beside it.
+Step = Tuple[float, List[Tuple[int, float]]]
 
 
 class Sampler:
-    """Pseudo-random generation, deterministic in (seed, model, prompt, choice index) when seeded or greedy.
+    """Pseudo-random generation of one prompt, deterministic in (seed, model, prompt, choice index) when seeded or
+    greedy.
 
     Greedy generation follows the same model as ``prompt_logprobs``: each step takes the model's most likely token
     and reports its logprob, so a token's generation logprob equals its prompt logprob after the same prefix, as on
@@ -166,11 +223,11 @@ class Sampler:
     """
 
     def __init__(
-        self, model: str, request: CompletionRequest, max_tokens: int, vocab_size: int, prompt_model: str | None = None
+        self, model: str, request: CompletionRequest, position: int, vocab_size: int, prompt_model: str | None = None
     ) -> None:
-        self.request, self.max_tokens, self.vocab_size = request, max_tokens, vocab_size
-        self.model = model
-        prompt_key = f"{model}|{','.join(map(str, request.prompt))}"
+        self.request, self.vocab_size, self.model = request, vocab_size, model
+        self.prompt, self.max_tokens = request.prompts[position], request.limits[position]
+        prompt_key = f"{model}|{','.join(map(str, self.prompt))}"
         self._greedy = request.temperature == 0  # greedy ignores the seed and gives n identical choices
         if self._greedy:
             self._material = f"greedy|{prompt_key}"
@@ -178,11 +235,12 @@ class Sampler:
             self._material = f"{request.seed}|{prompt_key}"
         else:
             self._material = uuid.uuid4().hex
+        #: The token ids generated for each choice index.
         self.token_ids: dict[int, list[int]] = {}
         self._prompt_logprobs: list[dict[str, Any] | None] | None = None
         if request.prompt_logprobs is not None:
             self._prompt_logprobs = prompt_logprobs(
-                prompt_model or model, request.prompt, request.prompt_logprobs, vocab_size
+                prompt_model or model, self.prompt, request.prompt_logprobs, vocab_size
             )
 
     def choice(self, index: int) -> dict[str, Any]:
@@ -192,16 +250,18 @@ class Sampler:
         ids: list[int] = []
         text, finish = "", "length"
         reason: int | str | None = None
-        model = _ModelSteps(self.model, self.request.prompt, self.vocab_size) if self._greedy else None
-        greedy: list[tuple[float, list[tuple[int, float]]]] = []
-        for _ in range(self.max_tokens):
+        model = _ModelSteps(self.model, self.prompt, self.vocab_size) if self._greedy else None
+        steps: list[Step] = []
+        k = self.request.logprobs or 0
+        for step in range(self.max_tokens):
             if model is not None:
-                step = model.next_step()
-                token = step[1][0][0]
-                greedy.append(step)
+                steps.append(model.next_step())
+                token = steps[-1][1][0][0]
                 model.advance(token)
             else:
                 token = rng.randrange(BYTE_OFFSET, self.vocab_size)  # never a special, so never EOS
+                if self.request.logprobs is not None:
+                    steps.append(self._random_step(f"{material}|lp|{step}", token, k))
             ids.append(token)
             if token in self.request.stop_token_ids:
                 finish, reason = "stop", token  # kept in token_ids, not detokenized
@@ -213,69 +273,48 @@ class Sampler:
                 text, finish, reason = text[:cut], "stop", stop
                 break
         self.token_ids[index] = ids
-        logprobs = None
-        if self.request.logprobs is not None:
-            k = self.request.logprobs
-            logprobs = self._greedy_logprobs(ids, greedy, k) if greedy else self._logprobs(material, ids, k)
         with_ids = self.request.return_token_ids
         return bodies.completion_choice(
             index,
             text,
-            logprobs=logprobs,
+            logprobs=None if self.request.logprobs is None else self._logprobs(ids, steps, k),
             finish_reason=finish,
             stop_reason=reason,
             token_ids=list(ids) if with_ids else None,
             prompt_logprobs=self._prompt_logprobs,
-            prompt_token_ids=list(self.request.prompt) if with_ids else None,
+            prompt_token_ids=list(self.prompt) if with_ids else None,
         )
 
-    def _logprobs(self, material: str, ids: list[int], k: int) -> dict[str, Any]:
-        """vLLM's completion logprobs; the sampled token is always rank 1, so each dict has max(k, 1) entries."""
-        offsets: list[int] = []
-        tokens: list[str] = []
-        values: list[float] = []
-        tops: list[dict[str, float]] = []
-        offset = 0
-        name = _token_id_name if self.request.tokens_as_ids else decode_token
-        for step, token in enumerate(ids):
-            rng = random.Random(f"{material}|lp|{step}")  # per step, so k does not change other values
-            value = -rng.uniform(0.01, 1.0)
-            top = {name(token): value}
-            alternative = value
-            while len(top) < k:
-                key = name(rng.randrange(BYTE_OFFSET, self.vocab_size))
-                if key not in top:
-                    alternative -= rng.uniform(0.05, 1.0)
-                    top[key] = alternative
-            offsets.append(offset)
-            offset += len(decode_token(token))
-            tokens.append(name(token))
-            values.append(value)
-            tops.append(top)
-        return {"text_offset": offsets, "token_logprobs": values, "tokens": tokens, "top_logprobs": tops}
+    def _random_step(self, material: str, token: int, k: int) -> Step:
+        """A sampled token's logprob and ``k - 1`` other tokens below it, drawn per step (so ``k`` changes no value)."""
+        rng = random.Random(material)
+        value = -rng.uniform(0.01, 1.0)
+        ranked, alternative = [(token, value)], value
+        while len(ranked) < k:
+            other = rng.randrange(BYTE_OFFSET, self.vocab_size)
+            if all(other != seen for seen, _ in ranked):
+                alternative -= rng.uniform(0.05, 1.0)
+                ranked.append((other, alternative))
+        return value, ranked
 
-    @staticmethod
-    def _greedy_logprobs(ids: list[int], steps: list[tuple[float, list[tuple[int, float]]]], k: int) -> dict[str, Any]:
-        """vLLM's completion logprobs of a greedy generation: the model's own values, best first."""
+    def _logprobs(self, ids: list[int], steps: list[Step], k: int) -> dict[str, Any]:
+        """vLLM's completion logprobs; the generated token is always in its top, so each has max(k, 1) entries."""
+        name = _token_id_name if self.request.tokens_as_ids else decode_token
         offsets: list[int] = []
         tops: list[dict[str, float]] = []
         offset = 0
         for token, (value, ranked) in zip(ids, steps):
-            top = {decode_token(token): value}
-            for other, other_value in ranked[: max(k, 1)]:
+            top = {name(token): value}
+            for other, other_value in ranked:
                 if len(top) >= max(k, 1):
                     break
-                top.setdefault(decode_token(other), other_value)
+                top.setdefault(name(other), other_value)
             offsets.append(offset)
             offset += len(decode_token(token))
             tops.append(top)
         values = [value for value, _ in steps[: len(ids)]]
-        return {
-            "text_offset": offsets,
-            "token_logprobs": values,
-            "tokens": [decode_token(token) for token in ids],
-            "top_logprobs": tops,
-        }
+        tokens = [name(token) for token in ids]
+        return {"text_offset": offsets, "token_logprobs": values, "tokens": tokens, "top_logprobs": tops}
 
 
 def _token_id_name(token_id: int) -> str:

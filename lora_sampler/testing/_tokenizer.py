@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
 
-from lora_sampler.testing._chat import GENERATION_PROMPT, render_chat
+from lora_sampler.testing._chat import render_chat
 from lora_sampler.testing._sampling import BYTE_OFFSET, SPECIAL_TOKENS, encode_text
 
 #: FakeEngine's default ``vocab_size``.
@@ -117,9 +117,7 @@ class ByteTokenizer:
         **_options: Any,
     ) -> list[int] | str:
         """Render ``conversation`` with FakeEngine's chat template (``lora_sampler.testing.CHAT_TEMPLATE``)."""
-        text = render_chat([dict(message) for message in conversation])
-        if not add_generation_prompt:  # the template always ends with the assistant's header
-            text = text[: -len(GENERATION_PROMPT)]
+        text = render_chat([dict(message) for message in conversation], add_generation_prompt=add_generation_prompt)
         return self.encode(text) if tokenize else text
 
     def _checked(self, token: object) -> int:

@@ -306,7 +306,7 @@ def test_completion_unknown_model_before_length(engine: FakeEngine) -> None:
 def test_completion_old_error_shape(make_engine: EngineFactory) -> None:
     """old_error_shape=True puts message/type/param/code at the top level."""
     engine = make_engine(old_error_shape=True)
-    assert_body(complete(engine, "ghost"), _bodies.model_not_found("ghost", BASE, old_shape=True))
+    assert_body(complete(engine, "ghost"), _bodies.model_not_found("ghost", BASE).older())
     assert complete(engine, "ghost").json()["message"].startswith("The model `ghost` does not exist.")
 
 

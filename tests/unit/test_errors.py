@@ -71,7 +71,7 @@ def test_errors_transport_classes_match_requests() -> None:
     ("body", "expected"),
     [
         (_bodies.model_not_found("a", "base"), errors.ModelNotFoundError),
-        (_bodies.model_not_found("a", "base", old_shape=True), errors.ModelNotFoundError),
+        (_bodies.model_not_found("a", "base").older(), errors.ModelNotFoundError),
         (_bodies.adapter_not_loadable("a"), errors.AdapterNotReadyError),
         (_bodies.adapter_config_json_error(""), errors.AdapterNotReadyError),
         (_bodies.adapter_config_json_error('{"a": "b'), errors.AdapterNotReadyError),

@@ -70,7 +70,7 @@ RETRIED_FOR_ADAPTERS = {
     "transport error": requests.ConnectionError("connection refused"),
     "read timeout": requests.ReadTimeout("read timed out"),
     "404 not visible yet": _bodies.model_not_found(ADAPTER, "tiny-base"),
-    "404 older shape": _bodies.model_not_found(ADAPTER, "tiny-base", old_shape=True),
+    "404 older shape": _bodies.model_not_found(ADAPTER, "tiny-base").older(),
     "400 does not exist": _bodies.bad_request(f"The model `{ADAPTER}` does not exist."),
     "400 not found": _bodies.bad_request(f"Model {ADAPTER} not found"),
     "400 found but not loaded": _bodies.adapter_not_loadable(ADAPTER),
