@@ -82,7 +82,7 @@ def json_object_line(raw: bytes) -> Optional[Dict[str, Any]]:
         return None
     try:
         entry = json.loads(raw.decode("utf-8"))
-    except ValueError:
+    except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested too deep to decode
         return None
     return entry if isinstance(entry, dict) else None
 

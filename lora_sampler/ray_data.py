@@ -194,36 +194,29 @@ class SampleBatches:
         )
 
     def sample_rows(self, prompts: List[Any], sessions: List[Optional[str]]) -> Dict[str, List[Any]]:
-        """Sample ``prompts`` (plain Python values) and return the result columns, one value per row."""
-        columns: Dict[str, List[Any]] = {name: [] for name in RESULT_COLUMNS}
-        outcomes: List[Any] = [None] * len(prompts)
-        requests: List[SampleRequest] = []
-        positions: List[int] = []
-        for position, (prompt, session) in enumerate(zip(prompts, sessions)):
-            try:
-                cell = _plain_prompt(prompt)
-                chat = isinstance(cell, list) and bool(cell) and all(isinstance(item, dict) for item in cell)
-                requests.append(
-                    SampleRequest(
-                        None if chat else cell,
-                        messages=cell if chat else None,
-                        adapter=self.adapter,
-                        base_model=self.base_model,
-                        num_samples=self.num_samples,
-                        sampling_params=self.sampling_params,
-                        session_id=None if session is None else str(session),
-                    )
-                )
-                positions.append(position)
-            except (TypeError, ValueError) as exc:
-                outcomes[position] = exc  # a bad row is that row's error, not the batch's
-        for position, outcome in zip(
-            positions, self.client.sample_many(requests, return_exceptions=True, max_outage=self.settings.max_outage)
-        ):
-            outcomes[position] = outcome
-        for outcome in outcomes:
-            _add_row(columns, outcome)
-        return columns
+        """Sample ``prompts`` (plain Python values) and return the result columns, one value per row.
+
+        Each row goes to the client as a mapping of request fields: one it cannot build a request of (a bad prompt)
+        is that row's own error, in its slot and never sent (``return_exceptions=True``), not the batch's.
+        """
+        requests = [self._request(prompt, session) for prompt, session in zip(prompts, sessions)]
+        outcomes = self.client.sample_many(requests, return_exceptions=True, max_outage=self.settings.max_outage)
+        rows = [_row(outcome) for outcome in outcomes]
+        return {name: [row[name] for row in rows] for name in RESULT_COLUMNS}
+
+    def _request(self, prompt: Any, session: Optional[str]) -> Dict[str, Any]:
+        """The request fields of one row: its prompt cell (text or token ids), or its chat messages."""
+        cell = _plain_prompt(prompt)
+        chat = isinstance(cell, list) and bool(cell) and all(isinstance(item, dict) for item in cell)
+        return {
+            "prompt": None if chat else cell,
+            "messages": cell if chat else None,
+            "adapter": self.adapter,
+            "base_model": self.base_model,
+            "num_samples": self.num_samples,
+            "sampling_params": self.sampling_params,
+            "session_id": None if session is None else str(session),
+        }
 
 
 def _plain_prompt(prompt: Any) -> Any:
@@ -237,23 +230,23 @@ def _plain_prompt(prompt: Any) -> Any:
     return prompt
 
 
-def _add_row(columns: Dict[str, List[Any]], outcome: Any) -> None:
-    if isinstance(outcome, SampleOutput):
-        columns["tokens"].append([list(s.tokens) for s in outcome.sequences])
-        columns["logprobs"].append([[None if lp != lp else lp for lp in s.logprobs] for s in outcome.sequences])
-        columns["text"].append([s.text for s in outcome.sequences])
-        columns["stop_reason"].append([s.stop_reason for s in outcome.sequences])
-        columns["error"].append(None)
-        columns["error_type"].append(None)
-        columns["error_status"].append(None)
-        return
-    columns["tokens"].append([])
-    columns["logprobs"].append([])
-    columns["text"].append([])
-    columns["stop_reason"].append([])
-    columns["error"].append(str(outcome) or repr(outcome))  # our messages are redacted; no response is kept
-    columns["error_type"].append(type(outcome).__name__)
-    columns["error_status"].append(outcome.status if isinstance(outcome, EngineStatusError) else None)
+def _row(outcome: Any) -> Dict[str, Any]:
+    """One row's result columns: one entry per sample in each sequence column, or its error and none."""
+    if not isinstance(outcome, SampleOutput):
+        status = outcome.status if isinstance(outcome, EngineStatusError) else None
+        error = str(outcome) or repr(outcome)  # our messages are redacted; no response is kept
+        empty: Dict[str, Any] = {name: [] for name in ("tokens", "logprobs", "text", "stop_reason")}
+        return {**empty, "error": error, "error_type": type(outcome).__name__, "error_status": status}
+    sequences = outcome.sequences
+    return {
+        "tokens": [list(s.tokens) for s in sequences],
+        "logprobs": [[None if lp != lp else lp for lp in s.logprobs] for s in sequences],
+        "text": [s.text for s in sequences],
+        "stop_reason": [s.stop_reason for s in sequences],
+        "error": None,
+        "error_type": None,
+        "error_status": None,
+    }
 
 
 def _result_types() -> Dict[str, Any]:

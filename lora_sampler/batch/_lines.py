@@ -8,26 +8,25 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import errno
 import json
 import logging
 import math
 import os
 import re
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
-from lora_sampler._files import HAS_FLOCK, TEMP_SUFFIX, replacing, temp_prefix, try_flock
+from lora_sampler._files import HAS_FLOCK, TEMP_SUFFIX, json_object_line, replacing, temp_prefix, try_flock
 from lora_sampler._wire.messages import SAMPLING_FIELDS
 from lora_sampler._wire.messages import text_problem as text_problem  # re-exported for the batch readers
-from lora_sampler.batch._memory import OutputMemory, job_settings, remembering
+from lora_sampler.batch._memory import OutputMemory, job_settings
+from lora_sampler.batch._memory import output_error as output_error  # re-exported: the records' writer's error
 from lora_sampler.errors import (
     BatchInputError,
     EngineStatusError,
     LoraSamplerError,
     OutputClosedError,
-    OutputWriteError,
 )
 from lora_sampler.types import AdapterSpec, SampleOutput, SampleRequest, SamplingParams, ScoreRequest
 
@@ -129,14 +128,8 @@ class InputLine:
 LineRequest = Callable[[Dict[str, Any], LineId, int, LineDefaults], InputLine]
 
 
-def parse_object_line(
-    raw: bytes, line_number: int, defaults: LineDefaults, request_of: LineRequest
-) -> Optional[InputLine]:
-    """Parse one line of a format of one JSON object a line with an ``id`` (prompt lines, scoring lines).
-
-    None for a blank line; a line that is not a JSON object, or whose id is not a string or an integer, is its
-    error; else ``request_of``'s line, carrying the object's ``metadata`` (copied to its output row) when it has one.
-    """
+def read_object(raw: bytes, line_number: int) -> Union[InputLine, Dict[str, Any], None]:
+    """Return a line's JSON object; None for a blank line, and the line's error when it holds no JSON object."""
     if is_blank(raw):
         return None
     try:
@@ -145,6 +138,20 @@ def parse_object_line(
         return InputLine(line_number, None, error=f"not valid JSON ({exc})")
     if not isinstance(obj, dict):
         return InputLine(line_number, None, error=f"a JSON object is needed, got a {type(obj).__name__}")
+    return obj
+
+
+def parse_object_line(
+    raw: bytes, line_number: int, defaults: LineDefaults, request_of: LineRequest
+) -> Optional[InputLine]:
+    """Parse one line of a format of one JSON object a line with an ``id`` (prompt lines, scoring lines).
+
+    None for a blank line; a line that is not a JSON object, or whose id is not a string or an integer, is its
+    error; else ``request_of``'s line, carrying the object's ``metadata`` (copied to its output row) when it has one.
+    """
+    obj = read_object(raw, line_number)
+    if not isinstance(obj, dict):
+        return obj
     line_id = obj.get("id", line_number)
     if isinstance(line_id, bool) or not isinstance(line_id, (str, int)):
         return InputLine(line_number, None, error=f"id must be a string or an integer, got {line_id!r}")
@@ -348,13 +355,8 @@ def _scan(
 ) -> Iterator[Tuple[bytes, bool]]:
     """Yield ``(line, keep)`` for each output line; fill ``state`` (the one decision both passes share)."""
     for raw in lines:
-        record: Any = None
-        if raw.endswith(b"\n"):  # a last line without its newline was torn by a kill
-            try:
-                record = loads_line(raw)
-            except ValueError:
-                record = None
-        read = key_of(record) if isinstance(record, dict) else None
+        record = json_object_line(raw)  # None: torn by a kill mid-write, or no record of ours
+        read = None if record is None else key_of(record)
         if read is None:
             state.dropped_torn += 1
             yield raw, False
@@ -391,36 +393,44 @@ def prepare_output(path: str, *, retry_failed: bool = True, key_of: RecordKey = 
     to a temporary file beside it (``.<name>.<8 random>.tmp``), fsynced, and moved over it with ``os.replace``, so a
     crash leaves the old file or the new one, never a mix. Duplicate ids keep their first line.
 
-    All of this runs under an exclusive lock on the output file (``flock``; another run preparing the same output
-    waits a moment), so the temporaries of that pattern found meanwhile belong to earlier runs that were killed
-    mid-rewrite: they are removed. Without ``fcntl`` (Windows) nothing is locked and no temporary is removed.
+    All of this runs under the output's one-writer lock (``one_writer``: another run writing the same output is
+    refused at once), so the temporaries of that pattern found meanwhile belong to earlier runs that were killed
+    mid-rewrite: they are removed. Where nothing can be locked (Windows) no temporary is removed.
 
     Args:
         path: The output file; a missing file gives an empty state.
         retry_failed: Drop error lines, so their ids run again.
         key_of: The output format's resume key (``record_key``; ``openai_batch.batch_record_key`` keys by custom_id).
+
+    Raises:
+        LoraSamplerError: another run writes this output.
     """
+    with one_writer(path) as held:
+        return _prepare(path, retry_failed, key_of, held)
+
+
+def _prepare(path: str, retry_failed: bool, key_of: RecordKey, held: bool) -> ResumeState:
+    """``prepare_output`` with the one-writer lock taken (``held``: False where nothing could be locked)."""
     state = ResumeState()
     if not os.path.exists(path):
         return state
-    with _hold_output(path) as held:
-        if held:
-            state.removed_temporaries = _remove_stale_temporaries(path)
-        with open(path, "rb") as f:
-            needs_rewrite = sum(not keep for _, keep in _scan(f, retry_failed, state, key_of)) > 0  # reads every line
-        if not needs_rewrite:
-            return state
-        with replacing(path) as out, open(path, "rb") as f:
-            for raw, keep in _scan(f, retry_failed, ResumeState(), key_of):
-                if keep:
-                    out.write(raw)
+    if held:
+        state.removed_temporaries = _remove_stale_temporaries(path)
+    with open(path, "rb") as f:
+        needs_rewrite = sum(not keep for _, keep in _scan(f, retry_failed, state, key_of)) > 0  # reads every line
+    if not needs_rewrite:
+        return state
+    with replacing(path) as out, open(path, "rb") as f:
+        for raw, keep in _scan(f, retry_failed, ResumeState(), key_of):
+            if keep:
+                out.write(raw)
     state.rewritten = True
     return state
 
 
 @contextmanager
-def one_writer(path: str) -> Iterator[None]:
-    """Hold the one-writer lock of the output at ``path`` for the block, or refuse at once.
+def one_writer(path: str) -> Iterator[bool]:
+    """Hold the one-writer lock of the output at ``path`` for the block, or refuse at once; yield whether it is held.
 
     The lock is an exclusive ``flock`` on ``.<name>.lock`` beside the output, held for the whole run (the output
     itself is replaced by a resume's rewrite, so it cannot carry the lock). Every command that writes an output
@@ -434,15 +444,16 @@ def one_writer(path: str) -> Iterator[None]:
     lock_path = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.lock")
     fd = _open_lock_file(lock_path)
     if fd is None:
-        yield
+        yield False
         return
     try:
-        if try_flock(fd, lock_path, unlocked=f"make sure no other run writes {path} meanwhile") is False:
+        held = try_flock(fd, lock_path, unlocked=f"make sure no other run writes {path} meanwhile")
+        if held is False:
             raise LoraSamplerError(
                 f"another run is writing {path} (it holds {lock_path}); two writers would duplicate or lose records. "
                 f"Wait for it to end, then run again with the same --output to resume, or pass another --output"
             )
-        yield
+        yield bool(held)
     finally:
         os.close(fd)
 
@@ -483,12 +494,13 @@ def open_output(
         OutputSettingsError: the output holds answers made with other settings (nothing was changed).
         LoraSamplerError: another run writes this output, or it cannot be written (its message names the path).
     """
-    with one_writer(path):
+    with one_writer(path) as held:
         if restart and os.path.exists(path):
             with replacing(path):
                 pass  # an empty file, whole or not at all
-        state = prepare_output(path, retry_failed=retry_failed, key_of=key_of)
-        with remembering(path, settings, state.done, restart=restart) as state.memory:
+        state = _prepare(path, retry_failed, key_of, held)
+        state.memory = None if settings is None else OutputMemory(path, settings, state.done, restart=restart)
+        with state.memory or nullcontext():
             try:
                 stream = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed below, its error translated
             except OSError as exc:
@@ -504,33 +516,6 @@ def open_output(
 
 # tempfile.mkstemp's random part: 8 characters of this alphabet (stable since Python 3.0).
 _TEMP_RANDOM = "[a-z0-9_]{8}"
-
-
-@contextmanager
-def _hold_output(path: str) -> Iterator[bool]:
-    """Hold an exclusive ``flock`` on the file at ``path``; yield whether it is held (False where locks fail).
-
-    A run that waited may find the file replaced by the run it waited for: it then locks the new file.
-    """
-    if not HAS_FLOCK:  # pragma: no cover - Windows
-        yield False
-        return
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR)  # NFS grants an exclusive lock only on a file open for writing
-        except PermissionError:
-            fd = os.open(path, os.O_RDONLY)
-        if try_flock(fd, path, wait=True, unlocked="stale temporaries are left alone") is None:
-            os.close(fd)  # a filesystem without locks: go on unlocked, remove nothing
-            yield False
-            return
-        if os.path.samestat(os.fstat(fd), os.stat(path)):
-            break
-        os.close(fd)
-    try:
-        yield True
-    finally:
-        os.close(fd)
 
 
 def _remove_stale_temporaries(path: str) -> List[str]:
@@ -586,13 +571,17 @@ def add_metadata(record: Dict[str, Any], line: InputLine) -> Dict[str, Any]:
     return record
 
 
+def error_text(line: InputLine, error: Union[BaseException, str]) -> Tuple[str, str]:
+    """Return the type and the message of a failed line's error (a bad line's reason, or an exception)."""
+    if isinstance(error, str):
+        return "BatchInputError", f"line {line.line_number}: {error}"
+    return type(error).__name__, str(error) or repr(error)
+
+
 def error_record(line: InputLine, error: Union[BaseException, str], model: Optional[str] = None) -> Dict[str, Any]:
     """Return the output record of a failed line: the status (None without one), the error type and its message."""
-    if isinstance(error, str):
-        status, kind, message = None, "BatchInputError", f"line {line.line_number}: {error}"
-    else:
-        status = error.status if isinstance(error, EngineStatusError) else None
-        kind, message = type(error).__name__, str(error) or repr(error)
+    status = error.status if isinstance(error, EngineStatusError) else None
+    kind, message = error_text(line, error)
     body: Dict[str, Any] = {"status": status, "type": kind, "message": message, "line": line.line_number}
     record: Dict[str, Any] = {"id": line.id}
     if model:
@@ -699,19 +688,3 @@ def write_record(stream: IO[str], record: Dict[str, Any]) -> None:
         raise OutputClosedError(f"the reader of {getattr(stream, 'name', 'the output')} closed it") from None
     except OSError as exc:
         raise output_error(getattr(stream, "name", "the output"), exc) from None
-
-
-def output_error(path: Any, error: OSError) -> OutputWriteError:
-    """Return the error of an output that cannot be written, naming it and saying that it resumes."""
-    reason = error.strerror or str(error)
-    fix = "free some space" if error.errno in _FULL else "fix the cause"
-    return OutputWriteError(
-        f"cannot write the output {path}: {reason}. Every record written before is kept and the output is resumable: "
-        f"{fix} and run again with the same --output {path}",
-        path=str(path),
-        reason=reason,
-    )
-
-
-#: The errors of a full disk or quota: the fix is to free some space.
-_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)

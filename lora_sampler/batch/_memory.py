@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import logging
 import os
-from typing import IO, Any, Dict, Iterable, Iterator, Mapping, Optional, Protocol, Set, Tuple, Union
+from typing import IO, Any, Dict, Iterable, Mapping, Optional, Protocol, Set, Tuple, Union
 
 from lora_sampler._files import json_object_line, replacing
 from lora_sampler.errors import OutputSettingsError, OutputWriteError
@@ -133,6 +134,15 @@ def check_remembered(output: str, settings: Mapping[str, Any], lines: Iterable[A
         OutputSettingsError: it does (the message names the setting or the line, and the way out).
     """
     remembered, digests = _read_file(settings_path(output))
+    _refuse_changes(output, remembered, settings)
+    for line in lines if digests else ():
+        refusal = _changed_line(output, digests, line)
+        if refusal is not None:
+            raise refusal
+
+
+def _refuse_changes(output: str, remembered: Optional[Mapping[str, Any]], settings: Mapping[str, Any]) -> None:
+    """Raise the refusal of an output remembering other settings than ``settings`` (nothing remembered: none)."""
     changes = "" if remembered is None else settings_changes(remembered, settings)
     if changes:
         raise OutputSettingsError(
@@ -140,10 +150,6 @@ def check_remembered(output: str, settings: Mapping[str, Any], lines: Iterable[A
             path=output,
             setting=changes.split(" ", 1)[0],
         )
-    for line in lines if digests else ():
-        refusal = _changed_line(output, digests, line)
-        if refusal is not None:
-            raise refusal
 
 
 def _changed_line(output: str, digests: Mapping[str, str], line: AnsweredLine) -> Optional[OutputSettingsError]:
@@ -161,7 +167,8 @@ def _changed_line(output: str, digests: Mapping[str, str], line: AnsweredLine) -
 
 
 class OutputMemory:
-    """The remembered settings of one output, open for the run that writes it (the output's one-writer lock held).
+    """The remembered settings of one output, open for the run that writes it (the output's one-writer lock held);
+    a context manager that closes its file.
 
     Args:
         output: The output file.
@@ -176,9 +183,9 @@ class OutputMemory:
     def __init__(self, output: str, settings: Mapping[str, Any], done: Set[str], *, restart: bool = False):
         self.output, self.path = output, settings_path(output)
         remembered, self._digests = (None, {}) if restart else _read_file(self.path)
-        if remembered is not None and done:
-            check_remembered(output, settings)
-        elif done and not restart:
+        if done:
+            _refuse_changes(output, remembered, settings)
+        if remembered is None and done and not restart:
             logger.warning("%s remembers no settings (written by an older version); taking them as today's", output)
         self._digests = {key: digest for key, digest in self._digests.items() if key in done}
         self._stream = self._rewrite(settings)
@@ -192,7 +199,7 @@ class OutputMemory:
                     out.write(_line({"id": key, "line": digest}).encode("ascii"))
             return open(self.path, "a", encoding="utf-8")
         except OSError as error:
-            raise _write_error(self.path, error) from None
+            raise output_error(self.path, error, of=self.output) from None
 
     def refusal(self, line: AnsweredLine) -> Optional[OutputSettingsError]:
         """Return the refusal of an answered line that now asks something else (its prompt or own settings changed);
@@ -213,27 +220,14 @@ class OutputMemory:
             self._stream.write(_line({"id": key, "line": digest}))
             self._stream.flush()
         except OSError as error:
-            raise _write_error(self.path, error) from None
+            raise output_error(self.path, error, of=self.output) from None
 
-    def close(self) -> None:
-        """Close the file. Idempotent."""
+    def __enter__(self) -> OutputMemory:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
         with contextlib.suppress(OSError):
             self._stream.close()
-
-
-@contextlib.contextmanager
-def remembering(
-    output: str, settings: Optional[Mapping[str, Any]], done: Set[str], *, restart: bool = False
-) -> Iterator[Optional[OutputMemory]]:
-    """Hold an output's ``OutputMemory`` for the block (None without settings: nothing is remembered)."""
-    if settings is None:
-        yield None
-        return
-    memory = OutputMemory(output, settings, done, restart=restart)
-    try:
-        yield memory
-    finally:
-        memory.close()
 
 
 def _read_file(path: str) -> Tuple[Optional[Dict[str, Any]], Dict[str, str]]:
@@ -260,11 +254,24 @@ def _line(entry: Dict[str, Any]) -> str:
     return json.dumps(entry, ensure_ascii=True, sort_keys=True, separators=(",", ":")) + "\n"
 
 
-def _write_error(path: str, error: OSError) -> OutputWriteError:
+def output_error(path: Any, error: OSError, *, of: str = "") -> OutputWriteError:
+    """Return the error of an output that cannot be written, naming it and saying that it resumes.
+
+    Args:
+        path: The file that cannot be written.
+        error: Why.
+        of: The output whose settings ``path`` remembers, when it is that file ("": ``path`` is the output).
+    """
     reason = error.strerror or str(error)
+    fix = "free some space" if error.errno in _FULL else "fix the cause"
+    what = f"{path} (what {of} remembers of its settings)" if of else f"the output {path}"
     return OutputWriteError(
-        f"cannot write {path} (what the output beside it remembers of its settings): {reason}. Fix the cause and run "
-        "again with the same output to resume",
-        path=path,
+        f"cannot write {what}: {reason}. Every record written before is kept and the output is resumable: "
+        f"{fix} and run again with the same --output {of or path}",
+        path=str(path),
         reason=reason,
     )
+
+
+#: The errors of a full disk or quota: the fix is to free some space.
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)

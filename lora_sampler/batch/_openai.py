@@ -31,9 +31,11 @@ from lora_sampler.batch._lines import (
     InputLine,
     LineDefaults,
     RecordFormat,
+    error_text,
     id_key,
     is_blank,
     loads_line,
+    read_object,
     text_problem,
     unknown_key,
 )
@@ -112,23 +114,18 @@ def parse_batch_line(
         base_models: Names the engine serves as base models (a ``body.model`` among them samples the base model).
 
     Returns:
-        The line; its id is the ``custom_id`` (the line number when the custom_id is missing: the line is bad).
+        The line; its id is the ``custom_id`` (None when it has none that can be one: the line is bad).
     """
-    if is_blank(raw):
-        return None
-    try:
-        obj = loads_line(raw)
-    except ValueError as exc:
-        return InputLine(line_number, line_number, error=f"not valid JSON ({exc})")
+    obj = read_object(raw, line_number)
     if not isinstance(obj, dict):
-        return InputLine(line_number, line_number, error=f"a JSON object is needed, got a {type(obj).__name__}")
+        return obj
     custom_id = obj.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         problem = "has no custom_id" if custom_id is None else f"has custom_id {custom_id!r}"
-        return InputLine(line_number, line_number, error=f"the line {problem}; give every line a unique string id")
+        return InputLine(line_number, None, error=f"the line {problem}; give every line a unique string id")
     if text_problem(custom_id):
         error = f"the custom_id {text_problem(custom_id)}; give the line a text custom_id"
-        return InputLine(line_number, line_number, error=error)
+        return InputLine(line_number, None, error=error)
     try:
         request = _request(obj, defaults, base_models)
     except (TypeError, ValueError) as exc:
@@ -212,28 +209,30 @@ def _num_samples(value: Any, default: int) -> int:
 
 def _sampling_params(rest: Dict[str, Any], defaults: SamplingParams, chat: bool) -> SamplingParams:
     """Pop the sampling fields off ``rest`` into ``SamplingParams`` (a null field keeps the default)."""
-    values: Dict[str, Any] = dataclasses.asdict(defaults)
-    limit = rest.pop("max_completion_tokens", None)
+    given = {name: rest.pop(name, None) for name in (*SAMPLING_FIELDS, "max_completion_tokens")}
+    limit = given.pop("max_completion_tokens")
     if limit is not None and not chat:
         raise _Refused("body.max_completion_tokens belongs to chat lines; use body.max_tokens in a completions line")
-    for name in SAMPLING_FIELDS:
-        value = rest.pop(name, None)
-        if value is not None:
-            values[name] = value
     if limit is not None:  # vLLM's chat takes max_completion_tokens over max_tokens
-        values["max_tokens"] = limit
+        given["max_tokens"] = limit
+    values = {**dataclasses.asdict(defaults), **{name: value for name, value in given.items() if value is not None}}
     stop, stop_ids = rest.pop("stop", None), rest.pop("stop_token_ids", None)
     if stop is not None or stop_ids is not None:
-        strings = [stop] if isinstance(stop, str) else stop or []
-        if not isinstance(strings, list) or not all(isinstance(s, str) for s in strings):
-            raise _Refused(f"body.stop must be a string or a list of strings, got {stop!r}")
-        if not isinstance(stop_ids or [], list):
-            raise _Refused(f"body.stop_token_ids must be a list of token ids, got {stop_ids!r}")
-        values["stop"] = [*strings, *(stop_ids or [])] or None
+        values["stop"] = _stop(stop, stop_ids)
     try:
         return SamplingParams(**values)
     except (TypeError, ValueError) as exc:
         raise _Refused(f"body: {exc}") from None
+
+
+def _stop(stop: Any, stop_ids: Any) -> Optional[List[Union[str, int]]]:
+    """Return body.stop (a string or strings) and body.stop_token_ids as one ``stop`` list (None when empty)."""
+    strings = [stop] if isinstance(stop, str) else stop or []
+    if not isinstance(strings, list) or not all(isinstance(s, str) for s in strings):
+        raise _Refused(f"body.stop must be a string or a list of strings, got {stop!r}")
+    if not isinstance(stop_ids or [], list):
+        raise _Refused(f"body.stop_token_ids must be a list of token ids, got {stop_ids!r}")
+    return [*strings, *(stop_ids or [])] or None
 
 
 def _refuse_unsendable(rest: Dict[str, Any], chat: bool) -> Optional[int]:
@@ -291,10 +290,7 @@ def batch_error_record(
             "response": {"status_code": error.status, "request_id": request_id, "body": None},
             "error": _engine_error_body(error),
         }
-    if isinstance(error, str):
-        kind, message = "BatchInputError", f"line {line.line_number}: {error}"
-    else:
-        kind, message = type(error).__name__, str(error) or repr(error)
+    kind, message = error_text(line, error)
     return {
         "id": _output_id(),
         "custom_id": custom_id,

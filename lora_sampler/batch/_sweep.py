@@ -170,7 +170,7 @@ class Sweep:
         requests: The lines run on each checkpoint (``SweepInput``); None with ``evaluator``.
         settings: ``SweepSettings``.
         evaluator: Run on each checkpoint instead of lines (see ``lora_sampler.sweep``).
-        on_row: Called for every row, from the checkpoint's thread (progress bars).
+        on_row: Called for every row, from the checkpoint's job thread (progress bars).
         on_outage: Called with each ``OutageEvent``, from worker threads.
         on_state: Called (in the sweep's thread) with what the sweep waits for whenever that changes, and with why
             it ended: ``"waiting for a new checkpoint; the watch ends after 3600 s ..."``, ``"done: ..."``.

@@ -169,7 +169,7 @@ def test_prepare_output_drops_error_lines_atomically(tmp_path: Path) -> None:
     assert [r["id"] for r in read_records(path)] == ["a", "c"]
     assert os.stat(path).st_ino != inode  # replaced, not truncated in place
     assert os.stat(path).st_mode & 0o777 == 0o640
-    assert sorted(os.listdir(tmp_path)) == ["out.jsonl"]  # no temporary file left behind
+    assert sorted(os.listdir(tmp_path)) == [".out.jsonl.lock", "out.jsonl"]  # no temporary left; the lock file stays
 
 
 def test_prepare_output_keeps_error_lines_without_retry(tmp_path: Path) -> None:

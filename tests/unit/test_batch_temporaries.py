@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import List
 
-from lora_sampler.batch import prepare_output
+import pytest
+
+from lora_sampler.batch import one_writer, prepare_output
+from lora_sampler.errors import LoraSamplerError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -73,27 +74,22 @@ def test_only_the_outputs_own_temporaries_are_removed(tmp_path: Path) -> None:
     assert state.removed_temporaries == [str(ours)]
     assert not state.rewritten
     remaining = set(os.listdir(tmp_path))
-    assert remaining == {"out.jsonl", ".out.jsonl.folder00.tmp", ".out.jsonl.link0000.tmp", *kept}
+    assert remaining == {"out.jsonl", ".out.jsonl.lock", ".out.jsonl.folder00.tmp", ".out.jsonl.link0000.tmp", *kept}
 
 
 def test_temporary_of_a_run_holding_the_output_is_left_alone(tmp_path: Path) -> None:
-    """While another run holds the output (mid-rewrite), a new run waits; its temporary is never removed."""
+    """While another run holds the output (mid-rewrite), a new run is refused at once (two writers, the contract);
+    the other run's temporary is never removed."""
     output = tmp_path / "out.jsonl"
     write_output(output, 5)
-    holder = os.open(output, os.O_RDWR)
-    fcntl.flock(holder, fcntl.LOCK_EX)  # the other run, rewriting
     in_progress = tmp_path / ".out.jsonl.live0001.tmp"
     write_output(in_progress, 5, torn=False)
-    states: List[object] = []
-    waiter = threading.Thread(target=lambda: states.append(prepare_output(str(output))))
-    waiter.start()
-    waiter.join(timeout=0.5)
-    assert waiter.is_alive() and in_progress.exists()  # waiting, nothing removed
-    os.replace(in_progress, output)  # the other run finishes its rewrite, then lets go
-    os.close(holder)
-    waiter.join(timeout=30)
-    assert not waiter.is_alive()
-    (state,) = states
+    with one_writer(str(output)):  # the other run, rewriting
+        with pytest.raises(LoraSamplerError, match="another run is writing"):
+            prepare_output(str(output))
+        assert in_progress.exists()  # nothing removed
+        os.replace(in_progress, output)  # the other run finishes its rewrite, then lets go
+    state = prepare_output(str(output))
     assert state.removed_temporaries == []
     assert not state.rewritten and len(state.done) == 5
     assert temporaries(tmp_path) == []
