@@ -1,12 +1,18 @@
-"""One ``sample`` or ``chat`` call through the retry table: adapter resolution, the attempt and the proactive load.
+"""Single calls through the retry table: ``sample`` or ``chat`` (adapter resolution, the attempt and the proactive
+load), and the engine's own tokenizer.
 
 ``SampleCalls.run`` turns a ``SampleRequest`` into a ``SampleOutput`` (or the engine's error once the retry table ran
-its course). The pieces the retry wrapper calls back into (``_Attempts``) hold no reference to what holds the
+its course). ``tokenize``, ``tokenize_chat`` and ``detokenize`` ask the engine's tokenizer (``POST /tokenize``, a text
+or chat messages; ``POST /detokenize``): a harness that counts tokens needs the tokenizer the engine scores with, and
+asking the engine needs no tokenizer download. Each goes through the same retry table as a base-model request (there
+is no adapter to load before a retry: the tokenizer does not depend on the adapter), never through scoring isolation.
+The pieces the retry wrapper calls back into (``_Attempts``) hold no reference to what holds the
 wrapper, so a client dropped without ``close()`` is freed by reference counting, not by a garbage-cycle collection.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -20,16 +26,18 @@ from lora_sampler._adapters.registry import AdapterRegistry
 from lora_sampler._client.isolation import ModelIsolation
 from lora_sampler._client.outage import PromptLogprobFailures, is_outage
 from lora_sampler._client.progress import RetryCounter
-from lora_sampler._transport.cancel import is_cancelled
+from lora_sampler._transport.connections import is_cancelled
 from lora_sampler._transport.http import EngineTransport, Timeout, new_id
 from lora_sampler._wire.messages import PROMPT_LOGPROBS_FIELD, load_adapter_body
 from lora_sampler._wire.refusals import is_router_serving_around
 from lora_sampler._wire.routes import (
     CHAT_COMPLETIONS_PATH,
     COMPLETIONS_PATH,
+    DETOKENIZE_PATH,
     HEALTH_PATH,
     LOAD_ADAPTER_PATH,
     MODELS_PATH,
+    TOKENIZE_PATH,
 )
 from lora_sampler.errors import (
     EngineError,
@@ -39,7 +47,7 @@ from lora_sampler.errors import (
     RequestCancelledError,
 )
 from lora_sampler.retry import RetryHook, RetryPolicy, is_adapter_race, make_retrying
-from lora_sampler.types import Adapter, SampleOutput, SampleRequest, outputs_from_batch, prompt_list
+from lora_sampler.types import Adapter, Message, SampleOutput, SampleRequest, outputs_from_batch, prompt_list
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +57,8 @@ Outcome = Union[SampleOutput, EngineError]
 
 @dataclass
 class _Call:
-    """One ``sample`` call as the retry glue sees it (no prompt text is logged from here)."""
+    """One call as the retry glue sees it (no prompt text is logged from here): a completion, or a tokenizer request
+    (``path``; scoring isolation admits completions only)."""
 
     model: str
     is_adapter: bool
@@ -58,7 +67,7 @@ class _Call:
     started: float
     load_path: Optional[str]
     parse: Callable[[Any], Any]
-    is_chat: bool = False
+    path: str = COMPLETIONS_PATH
     timeout: Optional[Timeout] = None
     prompts: int = 1
 
@@ -96,17 +105,20 @@ class _Attempts:
             raise
 
     def _send(self, call: _Call) -> Any:
-        """Send the one completion POST of ``call``: one prompt, or a prompt list (``prompts`` of them) for a batch.
+        """Send the one POST of ``call``: one prompt, or a prompt list (``prompts`` of them) for a batch.
 
-        A batched scoring request is a scoring request: it is admitted as one (``ModelIsolation``).
+        A completion is admitted by scoring isolation; a batched scoring request is a scoring request: it is admitted
+        as one (``ModelIsolation``). A tokenizer request is not.
         """
         if is_cancelled():
             raise RequestCancelledError(
                 "not sent: its fan-out was cancelled", model=call.model, adapter=call.is_adapter
             )
-        with self._isolation.admit(call.model, PROMPT_LOGPROBS_FIELD in call.payload):
+        completion = call.path in (COMPLETIONS_PATH, CHAT_COMPLETIONS_PATH)
+        admission = self._isolation.admit(call.model, PROMPT_LOGPROBS_FIELD in call.payload) if completion else None
+        with admission or contextlib.nullcontext():
             return self._transport.post_json(
-                CHAT_COMPLETIONS_PATH if call.is_chat else COMPLETIONS_PATH,
+                call.path,
                 call.payload,
                 model=call.model,
                 adapter=call.is_adapter,
@@ -182,20 +194,25 @@ class SampleCalls:
 
     def run(self, request: SampleRequest) -> SampleOutput:
         """Run one ``SampleRequest`` through the retry table and return its output."""
-        model, load_path = self._model_of(request)
-        call = _Call(
-            model=model,
-            is_adapter=request.adapter is not None,
-            session_id=request.session_id or new_id(),
-            payload=self._payload(request, model),
-            started=time.monotonic(),
-            load_path=load_path,
-            parse=lambda body: SampleOutput.from_json(body, request, model=model),
-            is_chat=request.is_chat,
-            timeout=request.timeout,
-        )
-        output: SampleOutput = self._counted(call, request)
+        output: SampleOutput = self._counted(self._call_of([request]), request)
         return output
+
+    def _call_of(self, requests: Sequence[SampleRequest]) -> _Call:
+        """The call that sends ``requests``: one, or several differing only in their prompt, as a prompt list."""
+        first = requests[0]
+        model, load_path = self._model_of(first)
+        payload = self._payload(first, model)
+        parse: Callable[[Any], Any]
+        if len(requests) == 1:
+            parse = lambda body: SampleOutput.from_json(body, first, model=model)  # noqa: E731
+        else:
+            payload["prompt"] = prompt_list(requests)
+            parse = lambda body: outputs_from_batch(body, requests, model=model)  # noqa: E731
+        path = CHAT_COMPLETIONS_PATH if first.is_chat else COMPLETIONS_PATH
+        adapter, session = first.adapter is not None, first.session_id or new_id()
+        return _Call(
+            model, adapter, session, payload, time.monotonic(), load_path, parse, path, first.timeout, len(requests)
+        )
 
     def run_many(self, requests: Sequence[SampleRequest]) -> List[Outcome]:
         """Run requests that differ only in their prompt as one ``/v1/completions`` with a prompt list.
@@ -230,22 +247,8 @@ class SampleCalls:
 
     def _together(self, requests: Sequence[SampleRequest]) -> List[Outcome]:
         """Send several prompts as one request through the retry table; per prompt, its output or its part's error."""
-        first = requests[0]
-        model, load_path = self._model_of(first)
-        payload = self._payload(first, model)
-        payload["prompt"] = prompt_list(requests)
-        call = _Call(
-            model=model,
-            is_adapter=first.adapter is not None,
-            session_id=first.session_id or new_id(),
-            payload=payload,
-            started=time.monotonic(),
-            load_path=load_path,
-            parse=lambda body: outputs_from_batch(body, requests, model=model),
-            timeout=first.timeout,
-            prompts=len(requests),
-        )
-        parts: List[Union[SampleOutput, ValueError]] = self._counted(call, first)
+        call = self._call_of(requests)
+        parts: List[Union[SampleOutput, ValueError]] = self._counted(call, requests[0])
         return [self._part_error(part, call) if isinstance(part, ValueError) else part for part in parts]
 
     def _confined(self, requests: Sequence[SampleRequest], error: EngineError) -> List[Outcome]:
@@ -357,6 +360,36 @@ class SampleCalls:
             error.message = error.message.replace(ModelNotFoundError.hint(True), fix)
             error.args = (error.message,)
 
+    def tokenize(
+        self, text: str, model: str, *, add_special_tokens: bool, session_id: Optional[str] = None
+    ) -> Tuple[int, ...]:
+        """Return the engine's token ids of ``text`` (with the specials its tokenizer adds, if asked)."""
+        payload = {"model": model, "prompt": text, "add_special_tokens": add_special_tokens}
+        return cast(Tuple[int, ...], self._tokenizer_call(TOKENIZE_PATH, model, payload, _tokens_of, session_id))
+
+    def tokenize_chat(
+        self, messages: Sequence[Message], model: str, *, add_generation_prompt: bool, continue_final_message: bool
+    ) -> Tuple[int, ...]:
+        """Return the token ids of ``messages`` rendered by the engine's chat template (vLLM's chat ``/tokenize``)."""
+        payload = {
+            "model": model,
+            "messages": [dict(message) for message in messages],
+            "add_generation_prompt": add_generation_prompt,
+            "continue_final_message": continue_final_message,
+        }
+        return cast(Tuple[int, ...], self._tokenizer_call(TOKENIZE_PATH, model, payload, _tokens_of, None))
+
+    def detokenize(self, tokens: Sequence[int], model: str) -> str:
+        """Return the text of ``tokens`` as the engine's tokenizer decodes them (special tokens kept as text)."""
+        payload = {"model": model, "tokens": list(tokens)}
+        return cast(str, self._tokenizer_call(DETOKENIZE_PATH, model, payload, _text_of, None))
+
+    def _tokenizer_call(
+        self, path: str, model: str, payload: Dict[str, Any], parse: Callable[[Any], Any], session: Optional[str]
+    ) -> Any:
+        """One tokenizer request through the retry table, as a base-model request."""
+        return self._retrying(_Call(model, False, session or new_id(), payload, time.monotonic(), None, parse, path))
+
     def preload(self, adapter: Adapter) -> None:
         """Send one load request for ``adapter`` (best-effort, never admitted by the isolation; a fleet has it)."""
         path = self._registry.engine_path(adapter)
@@ -405,3 +438,19 @@ def _words(error: EngineError) -> Tuple[str, Optional[int], str]:
         return type(error).__name__, error.status, error.engine_message
     protocol = cast(EngineProtocolError, error)  # the only other confinable kind
     return type(error).__name__, protocol.status, protocol.message.replace(f"body starts {protocol.body_excerpt!r}", "")
+
+
+def _tokens_of(body: Any) -> Tuple[int, ...]:
+    """Read vLLM's ``/tokenize`` answer ``{"count", "max_model_len", "tokens", "token_strs"}``."""
+    tokens = body.get("tokens") if isinstance(body, dict) else None
+    if not isinstance(tokens, list) or not set(map(type, tokens)) <= {int}:
+        raise ValueError("it has no 'tokens' list of ints; is base_url a vLLM server?")
+    return tuple(tokens)
+
+
+def _text_of(body: Any) -> str:
+    """Read vLLM's ``/detokenize`` answer ``{"prompt": str}``."""
+    text = body.get("prompt") if isinstance(body, dict) else None
+    if not isinstance(text, str):
+        raise ValueError("it has no 'prompt' string; is base_url a vLLM server?")
+    return text

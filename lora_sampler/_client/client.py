@@ -42,7 +42,6 @@ from lora_sampler._client.outage import OutageGate, OutageHook, checked_seconds,
 from lora_sampler._client.progress import ProgressBar, check_total
 from lora_sampler._client.scoring import Scorer
 from lora_sampler._client.selfcheck import DEFAULT_SCORING_TOLERANCE, ScoringCheck, ScoringSelfCheck
-from lora_sampler._client.tokens import EngineTokenizer
 from lora_sampler._defaults import (
     API_KEY_ENV,
     DEFAULT_MAX_WORKERS,
@@ -173,14 +172,7 @@ class SamplerClient:
         #: Keeps scoring requests apart from other models' requests (``mix_adapters`` turns it off).
         self.isolation = ModelIsolation(mix_adapters=mix_adapters)
         self._calls = SampleCalls(self._transport, self._registry, self._fleet, retry, self.isolation)
-        self._tokenizer = EngineTokenizer(self._transport, retry)
-        self._scorer = Scorer(
-            self._transport.base_url,
-            self._tokenizer,
-            self._calls.run,
-            self._registry.served_base_models,
-            self._calls.run_many,
-        )
+        self._scorer = Scorer(self._transport.base_url, self._calls, self._registry.served_base_models)
         self._fanout = FanOut(max_workers)
         #: The ``SamplingInterruptedError`` of the last ``sample_many`` stopped by Ctrl-C (its ``.results``), or None.
         self.last_interrupt: Optional[SamplingInterruptedError] = None
@@ -790,7 +782,7 @@ class SamplerClient:
         """
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
-        return self._tokenizer.tokenize(text, base_model or self._base_name(), add_special_tokens=add_special_tokens)
+        return self._calls.tokenize(text, base_model or self._base_name(), add_special_tokens=add_special_tokens)
 
     def tokenize_many(
         self,
@@ -819,7 +811,7 @@ class SamplerClient:
         """
         self._check_open()
         gate = self._outage_gate(max_outage, on_outage)
-        model, tokenizer = base_model or self._base_name(), self._tokenizer  # not self: a worker holds no client
+        model, tokenizer = base_model or self._base_name(), self._calls  # not self: a worker holds no client
 
         def tokens_of(text: str) -> Tuple[int, ...]:
             return tokenizer.tokenize(text, model, add_special_tokens=add_special_tokens)
@@ -862,10 +854,10 @@ class SamplerClient:
             )
         checked = validated_messages(messages)
         model = base_model or self._base_name()
-        tokens = self._tokenizer.tokenize_chat(
+        tokens = self._calls.tokenize_chat(
             checked, model, add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message
         )
-        return self._tokenizer.detokenize(tokens, model)
+        return self._calls.detokenize(tokens, model)
 
     def _base_name(self) -> str:
         """The name the engine serves its base model under (the first base card's id)."""

@@ -40,7 +40,6 @@ from typing import (
     List,
     Mapping,
     Optional,
-    Protocol,
     Sequence,
     Tuple,
     Union,
@@ -53,7 +52,7 @@ from lora_sampler._defaults import (
     GENERATED_TOKENS_PER_REQUEST,
     MAX_PROMPTS_PER_REQUEST,
 )
-from lora_sampler._transport.cancel import CancelScope
+from lora_sampler._transport.connections import CancelScope
 from lora_sampler.errors import LoraSamplerError, RequestCancelledError, SamplingInterruptedError
 from lora_sampler.types import DEFAULT_SAMPLING_PARAMS, SampleRequest, ScoreRequest, build_request
 
@@ -66,34 +65,6 @@ Runner = Callable[[Any], Any]
 #: Runs the requests of one batch: per request its outcome (an output or its own error); raises a shared failure.
 BatchRunner = Callable[[Sequence[Any]], Sequence[Any]]
 Future = concurrent.futures.Future
-
-
-class _Cancellable(Protocol):
-    def cancel(self) -> bool: ...
-
-
-class _Work:
-    """The requests of one fan-out (or of a client's ``submit`` calls): their cancel scope and what to cancel.
-
-    It holds futures, or the batches of a batched fan-out (each cancels its prompts' futures).
-    """
-
-    def __init__(self) -> None:
-        self.scope = CancelScope()
-        self._pending: weakref.WeakSet[_Cancellable] = weakref.WeakSet()
-        self._lock = threading.Lock()
-
-    def add(self, item: _Cancellable) -> None:
-        with self._lock:
-            self._pending.add(item)
-
-    def cancel(self) -> None:
-        """Cancel the futures not started and shut down the connections of those running; returns at once."""
-        with self._lock:
-            items = list(self._pending)
-        for item in items:  # first, so a worker freed by a shut connection does not start one of them
-            item.cancel()
-        self.scope.cancel()
 
 
 class SampleFuture(Future):  # type: ignore[type-arg]
@@ -260,7 +231,7 @@ class _Gatherer:
     def __init__(
         self,
         start: Callable[..., Any],
-        work: _Work,
+        work: CancelScope,
         batching: Batching,
         run: Runner,
         gate: Optional[OutageGate],
@@ -313,7 +284,7 @@ class _Gatherer:
             return
         requests = [request for request, _ in live]
         try:
-            outcomes = self._work.scope.run(self._send, requests)
+            outcomes = self._work.run(self._send, requests)
             if len(outcomes) != len(requests):  # a bug, never the engine: say so on every prompt
                 raise RuntimeError(f"a batch of {len(requests)} requests gave {len(outcomes)} outcomes")
         except BaseException as error:  # the whole request failed: each prompt gets the error
@@ -350,7 +321,7 @@ class FanOut:
         self._pid = os.getpid()  # the process whose threads the executor's are
         self._lock = threading.Lock()
         self._closed = False
-        self._works: weakref.WeakSet[_Work] = weakref.WeakSet()
+        self._works: weakref.WeakSet[CancelScope] = weakref.WeakSet()
         self._submits = self._new_work()
 
     def close(self, *, wait: bool = True) -> None:
@@ -368,8 +339,8 @@ class FanOut:
         if executor is not None:
             executor.shutdown(wait=wait, cancel_futures=not wait)
 
-    def _new_work(self) -> _Work:
-        work = _Work()
+    def _new_work(self) -> CancelScope:
+        work = CancelScope()
         with self._lock:
             self._works.add(work)
         return work
@@ -388,11 +359,11 @@ class FanOut:
         work = self._submits
         future = SampleFuture(self._interrupt_submits)
         work.add(future)
-        self._start(settle, future, functools.partial(work.scope.run, run), request)
+        self._start(settle, future, functools.partial(work.run, run), request)
         return future
 
-    def _submit(self, work: _Work, run: Runner, request: Any) -> Future[Any]:
-        return self._start(work.scope.run, run, request)
+    def _submit(self, work: CancelScope, run: Runner, request: Any) -> Future[Any]:
+        return self._start(work.run, run, request)
 
     def _start(self, function: Callable[..., Any], *arguments: Any) -> Future[Any]:
         """Run ``function(*arguments)`` on the pool (started on first use).
@@ -411,7 +382,7 @@ class FanOut:
             return self._executor.submit(contextvars.copy_context().run, function, *arguments)
 
     def _sender(
-        self, work: _Work, run: Runner, gate: Optional[OutageGate], batching: Optional[Batching]
+        self, work: CancelScope, run: Runner, gate: Optional[OutageGate], batching: Optional[Batching]
     ) -> Tuple[Callable[[Request], Future[Any]], int]:
         """Return how one fan-out sends a request (alone, or into a batch) and its read-ahead in prompts."""
         limit = IN_FLIGHT_PER_WORKER * self.max_workers
@@ -527,7 +498,7 @@ def _as_finished(
     send: Callable[[Request], Future[Any]],
     limit: int,
     return_exceptions: bool,
-    work: _Work,
+    work: CancelScope,
     gate: Optional[OutageGate],
 ) -> Generator[Tuple[int, Any], None, None]:
     """Keep at most ``limit`` prompts in flight through ``send``; yield ``(index, outcome)`` as each finishes."""
@@ -563,7 +534,7 @@ def _take(window: Deque[Future[Any]], return_exceptions: bool) -> Any:
     return value
 
 
-def _end(work: _Work, gate: Optional[OutageGate], unfinished: Iterable[Future[Any]], finished: bool) -> None:
+def _end(work: CancelScope, gate: Optional[OutageGate], unfinished: Iterable[Future[Any]], finished: bool) -> None:
     """Wind a fan-out down: cancel what never started, release held requests, and cancel the rest if it stopped early.
 
     A fan-out that stopped early (Ctrl-C, an error raised to the caller, or its iterator closed) has its requests in

@@ -25,7 +25,7 @@ import threading
 from dataclasses import dataclass
 from typing import Deque, Dict, Iterator, List, Tuple
 
-from lora_sampler._transport.cancel import is_cancelled
+from lora_sampler._transport.connections import is_cancelled
 from lora_sampler.errors import RequestCancelledError
 
 logger = logging.getLogger(__name__)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union, cast
 
+from lora_sampler._client.calls import SampleCalls
 from lora_sampler._client.outage import is_outage
-from lora_sampler._client.tokens import EngineTokenizer
 from lora_sampler._transport.http import new_id
 from lora_sampler.errors import EngineError, EngineProtocolError
 from lora_sampler.types import Prompt, SampleOutput, SampleRequest, SamplingParams, ScoreOutput, ScoreRequest
@@ -39,27 +39,17 @@ class Scorer:
 
     Args:
         base_url: The engine root (for messages).
-        tokenizer: The engine's tokenizer (``/tokenize`` under the retry policy).
-        run: Sends one ``SampleRequest`` through the retry contract (the client's sampling path).
-        run_many: Sends ``SampleRequest`` values differing only in their prompt as one request (``SampleCalls``).
+        calls: The client's single calls: ``run`` (one ``SampleRequest`` through the retry contract), ``run_many``
+            (requests differing only in their prompt as one request) and ``tokenize`` (``/tokenize``, retried too).
         base_models: Returns the names the engine serves its base model under (the tokenizer's model).
     """
 
-    def __init__(
-        self,
-        base_url: str,
-        tokenizer: EngineTokenizer,
-        run: Callable[[SampleRequest], SampleOutput],
-        base_models: Callable[[], Tuple[str, ...]],
-        run_many: Callable[[Sequence[SampleRequest]], Sequence[Any]],
-    ):
-        self._base_url, self._run, self._base_models = base_url, run, base_models
-        self._run_many = run_many
-        self._tokenizer = tokenizer
+    def __init__(self, base_url: str, calls: SampleCalls, base_models: Callable[[], Tuple[str, ...]]):
+        self._base_url, self._calls, self._base_models = base_url, calls, base_models
 
     def run_any(self, request: Union[SampleRequest, ScoreRequest]) -> Any:
         """Run one request of a fan-out: score a ``ScoreRequest``, sample anything else."""
-        return self.score(request) if isinstance(request, ScoreRequest) else self._run(request)
+        return self.score(request) if isinstance(request, ScoreRequest) else self._calls.run(request)
 
     def run_many_any(self, requests: Sequence[Union[SampleRequest, ScoreRequest]]) -> List[Any]:
         """Run requests of one batch (all ``ScoreRequest`` or all ``SampleRequest``, sharing their settings).
@@ -72,7 +62,7 @@ class Scorer:
         """
         if isinstance(requests[0], ScoreRequest):
             return self.score_many(cast(Sequence[ScoreRequest], requests))
-        return list(self._run_many(cast(Sequence[SampleRequest], requests)))
+        return list(self._calls.run_many(cast(Sequence[SampleRequest], requests)))
 
     def score(self, request: ScoreRequest) -> ScoreOutput:
         """Score one request: tokenize what must be split, then one completion with the prompt tokens' logprobs.
@@ -81,8 +71,10 @@ class Scorer:
             ValueError: the prompt holds no token once tokenized (nothing to condition on).
             EngineError: the engine's answer after the retry table ran its course.
         """
-        prepared = self._prepare(request, request.session_id or new_id())
-        return self._finish(request, prepared, self._run(prepared.sample))
+        outcome = self.score_many([request])[0]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return cast(ScoreOutput, outcome)
 
     def score_many(self, requests: Sequence[ScoreRequest]) -> List[Any]:
         """Score requests sharing a model and a session as one completion request with their sequences as a list.
@@ -110,7 +102,7 @@ class Scorer:
             outcomes.append(None)
             ready.append((position, prepared))
         if ready:
-            answers = self._run_many([prepared.sample for _, prepared in ready])
+            answers = self._calls.run_many([prepared.sample for _, prepared in ready])
             for (position, prepared), answer in zip(ready, answers):
                 if isinstance(answer, BaseException):
                     outcomes[position] = answer
@@ -163,7 +155,7 @@ class Scorer:
     def _tokens(self, part: Prompt, model: str, special_tokens: bool, session: str) -> Tuple[int, ...]:
         if not isinstance(part, str):
             return tuple(part)
-        return self._tokenizer.tokenize(part, model, add_special_tokens=special_tokens, session_id=session)
+        return self._calls.tokenize(part, model, add_special_tokens=special_tokens, session_id=session)
 
 
 def _prompt_tokens(output: SampleOutput, sent: Prompt) -> Optional[Tuple[int, ...]]:

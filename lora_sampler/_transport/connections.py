@@ -1,35 +1,45 @@
-"""Which pooled connection each thread's exchange is on, and cutting it: the handle for deadlines and Ctrl-C.
+"""Which pooled connection each thread's exchange is on, and cutting it: by its deadline, or when its work is cancelled.
 
 urllib3 builds a pool's connections from the pool class's ``ConnectionCls``, a documented attribute of
 ``urllib3.HTTPConnectionPool`` (https://urllib3.readthedocs.io/en/stable/reference/urllib3.connectionpool.html).
 The pools here use connection subclasses that, when a request is sent on them, record themselves in the sending
 thread's ``Slot``. Cutting a slot shuts down the socket of the connection it records, so a read blocked in the
-standard library returns at once; the deadline watchdog and a cancelled fan-out both cut slots. Nothing here reads
-an answer or knows a URL.
+standard library returns at once, and the engine sees its client go away (vLLM aborts such a request). Two things
+cut slots:
+
+- the ``Watchdog``: a per-read socket timeout never trips on a server that drips its status line, its headers or its
+  body one byte at a time. Each exchange is armed with its deadline: the earlier of ``connect + read`` seconds after
+  it started and ``read`` seconds after its request was sent (``Slot.sent``). One daemon thread sleeps until the
+  earliest deadline and cuts what is due. Arming and disarming are a dictionary update under a lock; the thread
+  wakes only when some deadline is due.
+- a ``CancelScope``: the requests of one fan-out (or of a client's ``submit`` calls). A worker runs a request through
+  ``scope.run``; ``scope.cancel()`` cancels what the scope holds that has not started, cuts each of its threads'
+  exchanges, and refuses every request of the scope that tries to start or send afterwards.
+
+Nothing here reads an answer or knows a URL.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import socket
 import threading
 import time
-from typing import Any, Optional, Protocol
+import weakref
+from typing import Any, Callable, Dict, Optional, Protocol, Set, Tuple, TypeVar
 
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
+from lora_sampler.errors import RequestCancelledError
+
+T = TypeVar("T")
+
 #: Why a slot was cut: its answer's deadline passed, or its fan-out was cancelled.
 CUT_DEADLINE = "deadline"
 CUT_CANCELLED = "cancelled"
-
-
-class Cancellable(Protocol):
-    """What a slot reads of the cancel scope its thread's requests run in (``cancel.CancelScope``)."""
-
-    @property
-    def cancelled(self) -> bool: ...
 
 
 class Slot:
@@ -45,8 +55,8 @@ class Slot:
         self.connection: Optional[HTTPConnection] = None
         self.cut: Optional[str] = None
         self.sent = 0.0
-        #: The cancel scope the thread's requests run in (set by ``CancelScope``), or None.
-        self.scope: Optional[Cancellable] = None
+        #: The cancel scope the thread's requests run in (set by ``CancelScope.run``), or None.
+        self.scope: Optional[CancelScope] = None
 
     def begin(self) -> None:
         """Start an exchange on this thread: no connection yet, not sent, not cut."""
@@ -94,16 +104,6 @@ def current_slot() -> Slot:
     return slot
 
 
-def _after_fork_in_child() -> None:
-    """A forked child starts with fresh slots: a parent's thread may have held one's lock at the fork."""
-    global _local
-    _local = threading.local()
-
-
-if hasattr(os, "register_at_fork"):  # POSIX only
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
 class _Recording:
     """Mixed into urllib3's connection classes: each request records its connection in the thread's slot."""
 
@@ -136,11 +136,133 @@ class RecordingHTTPSConnectionPool(HTTPSConnectionPool):
     ConnectionCls = RecordingHTTPSConnection
 
 
-__all__ = [
-    "CUT_CANCELLED",
-    "CUT_DEADLINE",
-    "RecordingHTTPConnectionPool",
-    "RecordingHTTPSConnectionPool",
-    "Slot",
-    "current_slot",
-]
+def is_cancelled() -> bool:
+    """Tell whether the calling thread's request belongs to a cancelled scope (it must not send again)."""
+    scope = current_slot().scope
+    return scope is not None and scope.cancelled
+
+
+class _Cancellable(Protocol):
+    def cancel(self) -> bool: ...
+
+
+class CancelScope:
+    """The requests of one fan-out (or of a client's ``submit`` calls): what waits to start, and the threads running
+    them right now.
+
+    It holds what cancels a request not started yet (a future, or a batch of them) weakly, and each thread's slot while
+    the thread runs one of its requests.
+    """
+
+    def __init__(self) -> None:
+        self.cancelled = False
+        self._lock = threading.Lock()
+        self._slots: Set[Slot] = set()
+        self._pending: weakref.WeakSet[_Cancellable] = weakref.WeakSet()
+
+    def add(self, item: _Cancellable) -> None:
+        """Hold ``item`` (a future or a batch not started yet): ``cancel`` cancels it."""
+        with self._lock:
+            self._pending.add(item)
+
+    def run(self, call: Callable[[Any], T], argument: Any) -> T:
+        """Return ``call(argument)`` run as one request of this scope (what a worker thread runs).
+
+        Raises:
+            RequestCancelledError: the scope was cancelled before the request started.
+        """
+        slot = current_slot()
+        with self._lock:
+            if self.cancelled:
+                raise RequestCancelledError("not sent: the requests it was submitted with were cancelled")
+            self._slots.add(slot)
+        previous, slot.scope = slot.scope, self
+        try:
+            return call(argument)
+        finally:
+            slot.scope = previous
+            with self._lock:
+                self._slots.discard(slot)
+
+    def cancel(self) -> None:
+        """Cancel what has not started, refuse the scope's later requests and shut down the sockets of those in
+        flight. Idempotent, quick."""
+        with self._lock:
+            self.cancelled = True
+            slots, pending = list(self._slots), list(self._pending)
+        for item in pending:  # first, so a worker freed by a shut connection does not start one of them
+            item.cancel()
+        for slot in slots:
+            slot.cut_now(CUT_CANCELLED)
+
+
+def answer_deadline(slot: Slot, overall: float, read: float) -> float:
+    """Return when the exchange in ``slot`` must be over: by ``overall``, and ``read`` after its request was sent."""
+    return min(overall, slot.sent + read) if slot.sent else overall
+
+
+class Watchdog:
+    """Cuts each armed exchange once its deadline passes; one daemon thread, started on first use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._wakeup = threading.Condition(self._lock)
+        self._armed: Dict[Slot, Tuple[float, float]] = {}
+        self._next = math.inf
+        self._thread: Optional[threading.Thread] = None
+
+    def arm(self, slot: Slot, started: float, overall: float, read: float) -> None:
+        """Watch the exchange in ``slot``, started at ``started``: cut it at ``answer_deadline``."""
+        with self._lock:
+            self._armed[slot] = (overall, read)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="lora-sampler-deadline-watchdog", daemon=True)
+                self._thread.start()
+            # The deadline is at least started + read; wake the thread only if that is before its next wake-up
+            # (rare: most exchanges share one timeout, so each new deadline is later than those armed before).
+            if min(overall, started + read) < self._next:
+                self._wakeup.notify()
+
+    def disarm(self, slot: Slot) -> None:
+        """Stop watching ``slot`` (its exchange is over)."""
+        with self._lock:
+            self._armed.pop(slot, None)
+
+    def _run(self) -> None:
+        with self._lock:
+            while True:
+                now = time.monotonic()
+                soonest = math.inf
+                for slot, (overall, read) in list(self._armed.items()):
+                    deadline = answer_deadline(slot, overall, read)
+                    if deadline <= now:
+                        del self._armed[slot]
+                        slot.cut_now(CUT_DEADLINE)
+                    elif slot.sent:
+                        soonest = min(soonest, deadline)
+                    else:
+                        # Not sent yet: once it is, its deadline is ``read`` after that, so no earlier than now + read.
+                        # Look again then (or at ``overall``), when it is known.
+                        soonest = min(soonest, deadline, now + read)
+                self._next = soonest
+                self._wakeup.wait(None if soonest == math.inf else soonest - now)
+
+
+_WATCHDOG = Watchdog()
+
+
+def watchdog() -> Watchdog:
+    """Return this process's watchdog."""
+    return _WATCHDOG
+
+
+def _after_fork_in_child() -> None:
+    """A forked child starts with fresh slots (a parent's thread may have held one's lock at the fork) and a watchdog
+    of its own, started on first use (it has none of its parent's threads)."""
+    global _local, _WATCHDOG
+    _local = threading.local()
+    _WATCHDOG = Watchdog()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX only; a process that cannot fork needs no reset
+    os.register_at_fork(after_in_child=_after_fork_in_child)

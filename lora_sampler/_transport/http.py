@@ -1,11 +1,11 @@
 """The transport: every request to one engine, as calls that return a parsed value or raise an ``EngineError``.
 
-A facade over one module per job: ``session`` (the ``requests.Session`` every request goes through),
-``adapter`` and ``connections`` (pooled connections a deadline or Ctrl-C can cut), ``watchdog`` (the whole answer,
-headers included, bounded by cutting its connection), ``reader`` (the body, whole and size-limited) and
-``translate`` (the one table from exceptions, statuses and bodies to lora_sampler's errors). No retries (the
-adapter's own are off, so retries happen in ``retry.py`` only); the transport starts no thread of its own beyond
-the process's one deadline watchdog.
+A facade over four modules: ``session`` (the ``requests.Session`` every request goes through, and its adapter),
+``connections`` (pooled connections a deadline or Ctrl-C can cut: the watchdog bounds the whole answer, headers
+included, by cutting its connection), ``exchange`` (the request and answer values, the URL, the secrets, the body
+read whole and size-limited) and ``translate`` (the one table from exceptions, statuses and bodies to
+lora_sampler's errors). No retries (the adapter's own are off, so retries happen in ``retry.py`` only); the
+transport starts no thread of its own beyond the process's one deadline watchdog.
 """
 
 from __future__ import annotations
@@ -18,15 +18,20 @@ from typing import Any, Callable, Dict, Mapping, Optional, TypeVar, Union
 import requests
 
 from lora_sampler._defaults import DEFAULT_MAX_WORKERS, DEFAULT_TIMEOUT
-from lora_sampler._transport.connections import CUT_DEADLINE, current_slot
-from lora_sampler._transport.exchange import Answer, Exchange, new_id
-from lora_sampler._transport.reader import read_whole
-from lora_sampler._transport.secrets import Secrets, redact
+from lora_sampler._transport.connections import CUT_DEADLINE, answer_deadline, current_slot, watchdog
+from lora_sampler._transport.exchange import (
+    Answer,
+    Exchange,
+    Secrets,
+    new_id,
+    normalise_base_url,
+    read_whole,
+    redact,
+    split_base_url,
+    without_userinfo,
+)
 from lora_sampler._transport.session import POOL_HEADROOM, EngineSession
 from lora_sampler._transport.translate import CAUGHT, Translator
-from lora_sampler._transport.urls import normalise_base_url, split_base_url, without_userinfo
-from lora_sampler._transport.watchdog import answer_deadline, watchdog
-from lora_sampler._wire.routes import CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH
 from lora_sampler.types import Timeout, split_timeout
 
 __all__ = [
@@ -138,23 +143,6 @@ class EngineTransport:
         self._pid = os.getpid()
 
     # -- the calls the package makes ------------------------------------------------------------------------
-
-    def complete(
-        self,
-        payload: Mapping[str, Any],
-        *,
-        model: str,
-        adapter: bool,
-        session_id: Optional[str],
-        parse: Callable[[Any], T],
-        chat: bool = False,
-    ) -> T:
-        """Send one ``POST /v1/completions`` (``/v1/chat/completions`` with ``chat``); return ``parse(body)``.
-
-        See ``post_json`` for the errors.
-        """
-        path = CHAT_COMPLETIONS_PATH if chat else COMPLETIONS_PATH
-        return self.post_json(path, payload, model=model, adapter=adapter, session_id=session_id, parse=parse)
 
     def post_json(
         self,

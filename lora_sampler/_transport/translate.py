@@ -29,10 +29,7 @@ from urllib3.exceptions import (
 )
 
 from lora_sampler._json import loads
-from lora_sampler._transport.exchange import Answer, Exchange
-from lora_sampler._transport.reader import TooLargeError
-from lora_sampler._transport.secrets import Secrets
-from lora_sampler._transport.urls import without_userinfo
+from lora_sampler._transport.exchange import Answer, Exchange, Secrets, TooLargeError, without_userinfo
 from lora_sampler.errors import (
     EngineConnectionError,
     EngineConnectTimeoutError,

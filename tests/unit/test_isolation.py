@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from lora_sampler._client.isolation import Admissions, ModelIsolation, Ticket
-from lora_sampler._transport.cancel import CancelScope
+from lora_sampler._transport.connections import CancelScope
 from lora_sampler.errors import RequestCancelledError
 
 MODELS = st.sampled_from(["base", "a", "b", "c"])
@@ -123,15 +123,15 @@ def test_model_isolation_waiting_request_honours_cancellation() -> None:
     scope = CancelScope()
     outcome: List[BaseException] = []
 
+    def admit_b(_: object) -> None:
+        with isolation.admit("b", False):
+            pass
+
     def waiter() -> None:
-        entered = scope.enter()
         try:
-            with isolation.admit("b", False):
-                pass
+            scope.run(admit_b, None)
         except RequestCancelledError as error:
             outcome.append(error)
-        finally:
-            scope.leave(entered)
 
     with isolation.admit("a", True):
         thread = threading.Thread(target=waiter)

@@ -14,8 +14,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from lora_sampler._transport.connections import CUT_DEADLINE, Slot
-from lora_sampler._transport.watchdog import Watchdog, answer_deadline
+from lora_sampler._transport.connections import CUT_DEADLINE, Slot, Watchdog, answer_deadline
 
 #: How long the end of a run waits, at most, for the watchdog to cut what is due (a loaded machine is slow, not wrong).
 SETTLE_SECONDS = DEADLINE
