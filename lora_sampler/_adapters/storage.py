@@ -1,13 +1,13 @@
 """Checkpoints in object storage (``s3://``, ``gs://``) through fsspec: probe, list, glob, stream, settle signature.
 
 Every request to a store has a deadline that a slow, silent or dripping store cannot extend (``Deadlines``): a
-metadata request (HEAD, one listing page) ends within the connect plus read timeout, an object's download within
-that plus its size over ``DEFAULT_STORAGE_MIN_RATE``. On S3 the requests are made here, through the aiobotocore
-client that s3fs hands out (``S3FileSystem.set_session``, s3fs's documented async entry point); other stores go
-through fsspec's documented async methods (``_info``, ``_find``, ``_glob``, ``_exists``, ``_cat_file``). Either runs
-on the filesystem's event loop with fsspec's ``sync`` (fsspec's async guide), so a deadline cancels the request
-itself. An object is read as the extraction asks for it, one chunk at a time, each read within what is left of its
-deadline: no thread of ours waits on a store.
+look-up or one listing page ends within the connect plus read timeout, an object's download within that plus its
+size over ``DEFAULT_STORAGE_MIN_RATE``. Requests go through fsspec's documented async methods (``_info``,
+``_exists``, ``_find``, ``_cat_file``: fsspec's async guide), each run on the filesystem's event loop with fsspec's
+``sync(..., timeout=)``, so a deadline cancels the request itself. Two S3 requests are made here, over the client
+s3fs hands out, because fsspec's calls cannot keep their bounds: a listing, one page at a time (``_s3_listing``),
+and a download, one streamed GET (``_pieces``). An object is read as the extraction asks for it, one chunk at a
+time: no thread of ours waits on a store.
 
 One translation point turns whatever the storage library raises into a ``PublishError`` naming the URL and the cause,
 secrets blanked. Nothing here writes to disk: ``extract`` and ``publish`` write from the streams handed out here.
@@ -15,7 +15,6 @@ secrets blanked. Nothing here writes to disk: ``extract`` and ``publish`` write 
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import importlib
 import io
@@ -23,7 +22,7 @@ import logging
 import os
 import re
 import time
-from contextlib import contextmanager, suppress
+from contextlib import closing, contextmanager, suppress
 from dataclasses import dataclass
 from functools import partial
 from typing import (
@@ -32,6 +31,7 @@ from typing import (
     Callable,
     ContextManager,
     Dict,
+    Generator,
     Iterator,
     List,
     Mapping,
@@ -237,7 +237,7 @@ class StoredFile:
 
 
 def probe(url: str, options: Optional[Mapping[str, Any]] = None, *, timeout: Optional[Timeout] = None) -> StoredObject:
-    """Ask the store about ``url`` with one metadata request (a HEAD for an object; a listing for a prefix).
+    """Ask the store about ``url`` with one look-up (fsspec's ``_info``: a HEAD; a one-key listing for a prefix).
 
     Raises:
         PublishError: the extra is not installed, or the object/bucket is missing, access is denied, the store is
@@ -245,14 +245,11 @@ def probe(url: str, options: Optional[Mapping[str, Any]] = None, *, timeout: Opt
     """
     fs, path, limits = _filesystem(url, options, timeout)
     with translated(url, options, "look up"):
-        if _is_s3(fs):
-            return _S3(fs, limits, options).probe(url, path)
         info = _bounded(fs, fs._info(path), limits.request, "the look-up")
     if info.get("type") == "directory":
         return StoredObject(url, 0, None, None, True)
-    etag = info.get("ETag") or info.get("etag")
     version = info.get("VersionId") or info.get("generation")
-    return StoredObject(url, int(info.get("size") or 0), _text(etag), _text(version), False, _modified(info))
+    return StoredObject(url, int(info.get("size") or 0), _etag(info), _text(version), False, _modified(info))
 
 
 def list_folder(
@@ -260,25 +257,22 @@ def list_folder(
 ) -> List[StoredFile]:
     """List every object below the prefix ``url`` (recursively), sorted by path below it.
 
-    Zero-byte ``folder/`` placeholder objects that consoles create are skipped. Each listing page has the deadline
-    of ``LIST_PAGE_BYTES``; a listing that does not end (a continuation token seen twice) is refused.
+    Zero-byte ``folder/`` placeholder objects that consoles create are skipped. A key is taken as it is: the file
+    ``x`` of ``step-7//x`` is fetched by its own URL; two keys that would be one file are refused.
     """
     fs, path, limits = _filesystem(url, options, timeout)
+    root = path.rstrip("/") + "/"
+    files: Dict[str, StoredFile] = {}
     with translated(url, options, "list"):
-        if _is_s3(fs):
-            return _S3(fs, limits, options).list_folder(url, path)
-        root = path.rstrip("/")
-        found = _bounded(fs, fs._find(root, detail=True), limits.listing, "the listing")
-        if len(found) > limits.max_listed_keys:
-            raise ListingTooLongError(root, limits)
-    files = []
-    for name, info in found.items():
-        rel = name[len(root) :].lstrip("/")
-        if not rel or name.endswith("/") or info.get("type") == "directory":
-            continue
-        etag = _text(info.get("ETag") or info.get("etag"))
-        files.append(StoredFile(rel, _join(url, rel), int(info.get("size") or 0), etag, _modified(info)))
-    return sorted(files, key=lambda file: file.rel)
+        for name, info in _listing(fs, root, limits, options, one_level=False).items():
+            rel = name[len(root) :].lstrip("/")
+            if not rel or name.endswith("/") or info.get("type") == "directory":
+                continue  # the prefix itself, or a console's folder placeholder
+            file_url = f"{url.rstrip('/')}/{name[len(root):]}"  # the object's own URL, double slashes kept
+            if rel in files:
+                raise OSError(f"two objects would be the adapter's file {rel!r}: {files[rel].url} and {file_url}")
+            files[rel] = StoredFile(rel, file_url, int(info.get("size") or 0), _etag(info), _modified(info))
+    return sorted(files.values(), key=lambda file: file.rel)
 
 
 def expand(
@@ -287,22 +281,30 @@ def expand(
     """Return the checkpoints a storage URL or glob names now: archive objects and prefixes.
 
     A URL without glob characters that names nothing (yet) gives an empty list, so a watch can wait for it. In a
-    glob, ``*`` and ``?`` stay within one path segment, ``**`` crosses them, ``[...]`` is a set of characters.
+    glob, ``*`` and ``?`` stay within one path segment, ``**`` crosses them, ``[...]`` is a set of characters; a
+    glob whose wildcards are in its last segment lists that level only.
     """
     fs, path, limits = _filesystem(pattern, options, timeout)
-    scheme = pattern.split("://", 1)[0]
+    wildcard = _GLOB_CHARS.search(path)
     with translated(pattern, options, "list"):
-        if _is_s3(fs):
-            return _S3(fs, limits, options).expand(pattern, path)
-        if not _GLOB_CHARS.search(path):
+        if wildcard is None:
             return [pattern] if _bounded(fs, fs._exists(path), limits.request, "the look-up") else []
-        matches = _bounded(fs, fs._glob(path, detail=True), limits.listing, "the listing")
-        if len(matches) > limits.max_listed_keys:
-            raise ListingTooLongError(path, limits)
+        root = path[: path.rfind("/", 0, wildcard.start()) + 1]
+        one_level = "/" not in path[len(root) :] and "**" not in path
+        listed = _listing(fs, root, limits, options, one_level=one_level)
+    folders: Dict[str, bool] = {}  # name -> is a folder
+    for name, info in listed.items():
+        bare = name.rstrip("/")
+        folders[bare] = folders.get(bare, False) or name.endswith("/") or info.get("type") == "directory"
+        parts = name[len(root) :].split("/")
+        for depth in range(1, len(parts)):  # the folders a key implies below the root
+            folders[root + "/".join(parts[:depth])] = True
+    scheme = pattern.split("://", 1)[0]
+    matcher = _glob_regex(path)
     return [
         f"{scheme}://{name}"
-        for name, info in matches.items()
-        if info.get("type") == "directory" or has_archive_suffix(name)
+        for name, is_folder in folders.items()
+        if matcher.fullmatch(name) and (is_folder or has_archive_suffix(name))
     ]
 
 
@@ -313,7 +315,7 @@ def settle_signature(
 
     An object is written whole (a store never shows half an upload), so it has no problem; its signature is its
     ETag, version and size. A prefix's signature is its objects' paths, ETags and sizes; until one of them is
-    ``adapter_config.json`` it is not complete. One request for an object, a listing for a prefix.
+    ``adapter_config.json`` it is not complete. One look-up for an object, and a listing for a prefix.
 
     Raises:
         FileNotFoundError: nothing is at ``url`` (yet).
@@ -331,7 +333,7 @@ def settle_signature(
 
 
 def read_bytes(url: str, options: Optional[Mapping[str, Any]] = None, *, timeout: Optional[Timeout] = None) -> bytes:
-    """Return a small object's bytes (a training run's manifest) from one GET, within its transfer deadline.
+    """Return a small object's bytes (a training run's manifest): a look-up, then one read within its deadline.
 
     Raises:
         FileNotFoundError: there is no such object (yet).
@@ -339,8 +341,6 @@ def read_bytes(url: str, options: Optional[Mapping[str, Any]] = None, *, timeout
     """
     fs, path, limits = _filesystem(url, options, timeout)
     with _absent_as_not_found(url), translated(url, options, "read"):
-        if _is_s3(fs):
-            return _S3(fs, limits, options).read_bytes(path)
         size = int(_bounded(fs, fs._info(path), limits.request, "the look-up").get("size") or 0)
         return bytes(_bounded(fs, fs._cat_file(path), limits.transfer(size), "the download"))
 
@@ -368,7 +368,6 @@ def open_object(
     stored: StoredObject,
     options: Optional[Mapping[str, Any]] = None,
     *,
-    expected_size: Optional[int] = None,
     timeout: Optional[Timeout] = None,
 ) -> Iterator[io.RawIOBase]:
     """Open one object as a raw stream, read as the caller asks for it (one chunk in memory at a time).
@@ -383,241 +382,166 @@ def open_object(
             store did not send it within its deadline.
     """
     fs, path, limits = _filesystem(stored.url, options, timeout)
-    size = stored.size if expected_size is None else expected_size
-    budget = limits.transfer(size)
-    with translated(stored.url, options, "download"):
-        s3 = _S3(fs, limits, options) if _is_s3(fs) else None
-        chunks = s3.chunks(path, stored, budget) if s3 is not None else _ranged_chunks(fs, path, size, budget)
-        reader = _Stream(chunks, stored.url, size, options)
+    reader = _Stream(_chunks(fs, path, stored, limits, options), stored.url, stored.size, options)
     try:
         yield reader
     finally:
         reader.close()
 
 
-class _S3:
-    """S3 requests made here, each under its deadline, through the aiobotocore client s3fs hands out.
-
-    ``await fs.set_session()`` returns s3fs's client (s3fs's documented way to use it from a coroutine); every call
-    below is one of botocore's documented S3 operations (``head_object``, ``list_objects_v2``, ``get_object``), run
-    on s3fs's loop (``fs.loop``) by fsspec's ``sync``. A deadline is ``asyncio.wait_for`` around the request: when
-    it passes, the request is cancelled and its connection closed, whatever the store is doing.
-    """
-
-    def __init__(self, fs: Any, limits: Deadlines, options: Optional[Mapping[str, Any]]) -> None:
-        self.fs = fs
-        self.limits = limits
-        extra = dict((options or {}).get("s3_additional_kwargs") or {})
-        self.extra = {key: extra[key] for key in _S3_READ_KEYS if key in extra}
-        if (options or {}).get("requester_pays"):
-            self.extra["RequestPayer"] = "requester"
-
-    def run(self, call: Callable[[Any], Awaitable[T]], seconds: float, what: str) -> T:
-        """Run ``call(client)`` on s3fs's loop; raise ``StoreTimeoutError`` when it has not ended in ``seconds``."""
-        from fsspec.asyn import sync
-
-        async def bounded() -> T:
-            started = time.monotonic()
-            client = await self.fs.set_session()
+def _chunks(
+    fs: Any, path: str, stored: StoredObject, limits: Deadlines, options: Optional[Mapping[str, Any]]
+) -> Iterator[bytes]:
+    """Yield the object's bytes piece by piece, each read within what is left of its transfer deadline."""
+    budget = limits.transfer(stored.size)
+    spent = 0.0
+    with closing(_pieces(fs, path, stored, limits, options)) as pieces:
+        for piece in pieces:
+            began = time.monotonic()
             try:
-                return await asyncio.wait_for(call(client), timeout=max(seconds, 0.001))
-            except asyncio.TimeoutError:
-                if time.monotonic() - started < seconds:
-                    raise  # botocore's own timeout of one socket read (its ReadTimeoutError is a TimeoutError too)
-                raise StoreTimeoutError(what, seconds) from None
-
-        try:
-            return sync(self.fs.loop, bounded)  # type: ignore[no-any-return]
-        except Exception as error:
-            meaning = _s3_error(error)
-            if meaning is error:
-                raise
-            raise meaning from error
-
-    def probe(self, url: str, path: str) -> StoredObject:
-        bucket, key, version = self.fs.split_path(path)
-        if key and not key.endswith("/"):
-            request = dict(self.extra, Bucket=bucket, Key=key, **({"VersionId": version} if version else {}))
-            try:
-                head = self.run(lambda client: client.head_object(**request), self.limits.request, "the HEAD request")
-            except FileNotFoundError:
-                pass  # not an object: maybe a prefix
-            else:
-                return StoredObject(
-                    url,
-                    int(head.get("ContentLength") or 0),
-                    _text(head.get("ETag")),
-                    _text(head.get("VersionId")),
-                    False,
-                    _modified({"LastModified": head.get("LastModified")}),
-                )
-        prefix = key.rstrip("/") + "/" if key.rstrip("/") else ""
-        page = self.page(bucket, prefix, None, delimiter="/", max_keys=1)
-        if page.get("KeyCount") or page.get("Contents") or page.get("CommonPrefixes"):
-            return StoredObject(url, 0, None, None, True)
-        raise FileNotFoundError(f"no object or prefix {key!r} in bucket {bucket!r}")
-
-    def page(
-        self, bucket: str, prefix: str, token: Optional[str], *, delimiter: str = "", max_keys: int = 1000
-    ) -> Dict[str, Any]:
-        """One ``ListObjectsV2`` page, within the deadline of ``LIST_PAGE_BYTES``."""
-        request: Dict[str, Any] = dict(self.extra, Bucket=bucket, Prefix=prefix, MaxKeys=max_keys)
-        for key in _S3_READ_KEYS[2:]:  # the customer key headers belong to objects, not to listings
-            request.pop(key, None)
-        if delimiter:
-            request["Delimiter"] = delimiter
-        if token:
-            request["ContinuationToken"] = token
-        seconds = self.limits.transfer(LIST_PAGE_BYTES)
-        return self.run(lambda client: client.list_objects_v2(**request), seconds, "a listing page")
-
-    def listing(self, bucket: str, prefix: str, *, delimiter: str = "") -> Iterator[Dict[str, Any]]:
-        """Yield every page below ``prefix``; refuse a listing whose continuation token comes back (it never ends),
-        or that goes on past ``max_listed_keys`` at 1,000 keys a page (new tokens for ever, or far too wide a prefix).
-        """
-        seen: Set[str] = set()
-        token: Optional[str] = None
-        while True:
-            if len(seen) >= self.limits.listing_pages:
-                raise ListingTooLongError(prefix, self.limits)
-            page = self.page(bucket, prefix, token, delimiter=delimiter)
-            more = bool(page.get("IsTruncated"))
-            token = page.get("NextContinuationToken") if more else None
-            if more and (not token or token in seen):
-                raise OSError(f"the store's listing of {prefix!r} does not end (its continuation token repeats)")
-            yield page
-            if not more:
-                return
-            seen.add(str(token))
-
-    def list_folder(self, url: str, path: str) -> List[StoredFile]:
-        bucket, key, _ = self.fs.split_path(path)
-        prefix = key.rstrip("/") + "/" if key.rstrip("/") else ""
-        base = url.rstrip("/")
-        files: Dict[str, StoredFile] = {}
-        for page in self.listing(bucket, prefix):
-            for entry in page.get("Contents") or ():
-                name = str(entry["Key"])
-                rel = name[len(prefix) :].lstrip("/")  # "step-7//x" is the file x of step-7, fetched by its own key
-                if not rel or name.endswith("/"):
-                    continue  # the prefix itself, or a console's folder placeholder
-                url = f"{base}/{name[len(prefix):]}"  # the object's own URL, double slashes kept
-                if rel in files and files[rel].url == url:
-                    raise OSError(f"the store's listing of {prefix!r} names {name!r} twice (it does not end)")
-                if rel in files:
-                    raise OSError(f"two objects would be the adapter's file {rel!r}: {files[rel].url} and {url}")
-                etag = _text(entry.get("ETag"))
-                modified = _modified({"LastModified": entry.get("LastModified")})
-                files[rel] = StoredFile(rel, url, int(entry.get("Size") or 0), etag, modified)
-        return sorted(files.values(), key=lambda file: file.rel)
-
-    def expand(self, pattern: str, path: str) -> List[str]:
-        bucket, key, _ = self.fs.split_path(path)
-        scheme = pattern.split("://", 1)[0]
-        if not _GLOB_CHARS.search(key):
-            try:
-                self.probe(pattern, path)
-            except FileNotFoundError:
-                return []
-            return [pattern]
-        literal = key[: _GLOB_CHARS.search(key).start()]  # type: ignore[union-attr]
-        root = literal[: literal.rfind("/") + 1]
-        matcher = _glob_regex(key)
-        # A glob in the last segment only needs that level (one request per 1,000 entries, not per object below).
-        delimiter = "" if "/" in key[len(root) :] or "**" in key else "/"
-        names: Dict[str, bool] = {}  # name -> is a folder
-        for page in self.listing(bucket, root, delimiter=delimiter):
-            for common in page.get("CommonPrefixes") or ():
-                names[str(common["Prefix"]).rstrip("/")] = True
-            for entry in page.get("Contents") or ():
-                name = str(entry["Key"])
-                if name.endswith("/"):
-                    names.setdefault(name.rstrip("/"), True)
-                    continue
-                names.setdefault(name, False)
-                parts = name[len(root) :].split("/")
-                for depth in range(1, len(parts)):  # the folders a key implies below the root
-                    names[root + "/".join(parts[:depth])] = True
-        return [
-            f"{scheme}://{bucket}/{name}"
-            for name, is_folder in names.items()
-            if matcher.fullmatch(name) and (is_folder or has_archive_suffix(name))
-        ]
-
-    def get(self, path: str, stored: Optional[StoredObject]) -> Any:
-        """Send one GET (``If-Match`` the probed ETag, or the pinned version); return the streaming body."""
-        bucket, key, version = self.fs.split_path(path)
-        request: Dict[str, Any] = dict(self.extra, Bucket=bucket, Key=key)
-        if version or (stored is not None and stored.version):
-            request["VersionId"] = version or (stored.version if stored is not None else None)
-        elif stored is not None and stored.etag:
-            request["IfMatch"] = stored.etag
-        answer = self.run(lambda client: client.get_object(**request), self.limits.request, "the GET request")
-        return answer
-
-    def read_bytes(self, path: str) -> bytes:
-        started = time.monotonic()
-        answer = self.get(path, None)
-        body = answer["Body"]
-        budget = self.limits.transfer(int(answer.get("ContentLength") or 0))
-        try:
-            remaining = budget - (time.monotonic() - started)
-            try:
-                return self.run(lambda _: _read_up_to(body, None), remaining, "download")
+                block = _bounded(fs, piece(), budget - spent, "download")
             except StoreTimeoutError:
-                raise StoreTimeoutError(f"the download of {answer.get('ContentLength')} bytes", budget) from None
-        finally:
-            self.close(body)
-
-    def chunks(self, path: str, stored: StoredObject, budget: float) -> Iterator[bytes]:
-        """Yield the object's bytes from one streamed GET; the store's time in all stays within ``budget``."""
-        started = time.monotonic()
-        body = self.get(path, stored)["Body"]
-        spent = time.monotonic() - started
-        try:
-            while True:
-                began = time.monotonic()
-                try:
-                    chunk = self.run(lambda _: _read_up_to(body, DOWNLOAD_CHUNK_SIZE), budget - spent, "download")
-                except StoreTimeoutError:
-                    raise StoreTimeoutError(f"the download of {stored.size} bytes", budget) from None
-                spent += time.monotonic() - began  # the time the reader held us up is not the store's
-                if not chunk:
-                    return
-                yield chunk
-        finally:
-            self.close(body)
-
-    def close(self, body: Any) -> None:
-        """Release the GET's connection (on s3fs's loop, where it lives)."""
-        from fsspec.asyn import sync
-
-        async def release() -> None:
-            closing = getattr(body, "aclose", None)  # aiobotocore's async close; older releases close in sync
-            if closing is not None:
-                await closing()
-            else:
-                body.close()
-
-        with suppress(Exception):
-            sync(self.fs.loop, release)
+                raise StoreTimeoutError(f"the download of {stored.size} bytes", budget) from None
+            spent += time.monotonic() - began  # the time the reader held us up is not the store's
+            if not block:
+                return
+            yield bytes(block)
 
 
-async def _read_up_to(body: Any, size: Optional[int]) -> bytes:
-    """Read ``size`` bytes (fewer only at the end; all when None) in the event loop: one hand-off per chunk.
+def _pieces(
+    fs: Any, path: str, stored: StoredObject, limits: Deadlines, options: Optional[Mapping[str, Any]]
+) -> Generator[Callable[[], Awaitable[bytes]], None, None]:
+    """The reads that fetch an object in order: on S3 the chunks of one streamed GET, elsewhere its ranges.
 
-    The response body hands out what the socket has (typically 512 KiB pieces); gathering a whole chunk inside the
-    loop halves the hand-offs between the loop's thread and the download thread.
+    fsspec reads a range whole per request (``_cat_file``; gcsfs has nothing else), and s3fs's ``open_async``
+    neither sends ``If-Match`` nor releases its connection when a reader stops early. So on S3 the GET is made here,
+    with botocore's documented ``get_object`` on s3fs's client: ``If-Match`` the looked-up ETag (or the version),
+    its body released when the reading ends, however it ends. A loopback 200 MiB object took 0.27 s so, 1.7 s in
+    16 MiB ranges (moto reads the whole object for each range; ``benchmarks/bench_storage_read.py``).
+    """
+    if not _is_s3(fs):
+        for start in range(0, stored.size, RANGED_BLOCK_SIZE):
+            yield partial(fs._cat_file, path, start=start, end=min(start + RANGED_BLOCK_SIZE, stored.size))
+        return
+    bucket, key, version = fs.split_path(path)
+    request = dict(_s3_extra(options, listing=False), Bucket=bucket, Key=key)
+    if version or stored.version:
+        request["VersionId"] = version or stored.version
+    elif stored.etag:
+        request["IfMatch"] = stored.etag
+    bodies: List[Any] = []
+
+    async def chunk() -> bytes:
+        if not bodies:
+            bodies.append((await _s3(fs, lambda client: client.get_object(**request)))["Body"])
+        return await _read_up_to(bodies[0], DOWNLOAD_CHUNK_SIZE)
+
+    async def release() -> None:
+        closing = getattr(bodies[0], "aclose", None)  # aiobotocore's async close; older releases close in sync
+        await closing() if closing is not None else bodies[0].close()
+
+    try:
+        while True:
+            yield chunk
+    finally:
+        if bodies:
+            with suppress(Exception):
+                _bounded(fs, release(), limits.request, "closing the download")
+
+
+async def _read_up_to(body: Any, size: int) -> bytes:
+    """Read ``size`` bytes (fewer only at the end) inside the event loop: one hand-off per chunk.
+
+    The response body hands out what the socket has (typically 64-512 KiB pieces); gathering a whole chunk inside the
+    loop keeps the hand-offs between the loop's thread and the reading thread few.
     """
     parts: List[bytes] = []
     received = 0
-    while size is None or received < size:
-        part = await body.read(DOWNLOAD_CHUNK_SIZE if size is None else size - received)
+    while received < size:
+        part = await body.read(size - received)
         if not part:
             break
         parts.append(part)
         received += len(part)
     return b"".join(parts)
+
+
+def _listing(
+    fs: Any, root: str, limits: Deadlines, options: Optional[Mapping[str, Any]], *, one_level: bool
+) -> Dict[str, Dict[str, Any]]:
+    """Every object below ``root`` (only its first level's objects and folders, ``one_level``): name -> info.
+
+    On S3, page by page (``_s3_listing``); elsewhere fsspec's ``_find`` under the whole listing's deadline.
+
+    Raises:
+        ListingTooLongError: the listing holds more than ``max_listed_keys`` keys.
+    """
+    if _is_s3(fs):
+        return _s3_listing(fs, root, limits, options, "/" if one_level else "")
+    listing = fs._find(root, maxdepth=1 if one_level else None, withdirs=True, detail=True)
+    found: Dict[str, Dict[str, Any]] = _bounded(fs, listing, limits.listing, "the listing")
+    if len(found) > limits.max_listed_keys:
+        raise ListingTooLongError(root, limits)
+    return found
+
+
+def _s3_listing(
+    fs: Any, root: str, limits: Deadlines, options: Optional[Mapping[str, Any]], delimiter: str
+) -> Dict[str, Dict[str, Any]]:
+    """List ``root`` on S3 one ``ListObjectsV2`` page at a time, each page within its own deadline.
+
+    fsspec's listing calls (``_find``, ``_ls``) fetch every page in one call, so they can keep neither a page's
+    deadline (a dripping store would hold the whole listing's) nor the count of pages (s3fs follows the
+    continuation tokens itself, a repeated one too): the pages are asked for here, with botocore's documented
+    ``list_objects_v2`` on the client s3fs hands out (``set_session``). A listing is cut after
+    ``limits.listing_pages`` pages, and one whose continuation token or key comes back is refused (it never ends).
+    """
+    bucket, prefix, _ = fs.split_path(root)
+    request = dict(_s3_extra(options, listing=True), Bucket=bucket, Prefix=prefix, Delimiter=delimiter)
+    found: Dict[str, Dict[str, Any]] = {}
+    tokens: Set[str] = set()
+    for _ in range(limits.listing_pages):
+        listing = _s3(fs, lambda client: client.list_objects_v2(**request))
+        page = _bounded(fs, listing, limits.transfer(LIST_PAGE_BYTES), "a listing page")
+        for common in page.get("CommonPrefixes") or ():
+            found.setdefault(f"{bucket}/{common['Prefix']}", {"type": "directory"})
+        for entry in page.get("Contents") or ():
+            name = f"{bucket}/{entry['Key']}"
+            if name in found:
+                raise OSError(f"the store's listing of {prefix!r} names {entry['Key']!r} twice (it does not end)")
+            found[name] = {**entry, "type": "file", "size": entry.get("Size")}
+        token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
+        if not token:
+            return found
+        if token in tokens:
+            raise OSError(f"the store's listing of {prefix!r} does not end (its continuation token repeats)")
+        tokens.add(token)
+        request["ContinuationToken"] = token
+    raise ListingTooLongError(prefix, limits)
+
+
+async def _s3(fs: Any, call: Callable[[Any], Awaitable[Dict[str, Any]]]) -> Dict[str, Any]:
+    """Make one of botocore's documented S3 requests on the client s3fs hands out (``set_session``, documented).
+
+    A missing object or bucket, a refusal and a failed ``If-Match`` are raised as what they mean here.
+    """
+    client = await fs.set_session()
+    try:
+        return await call(client)
+    except Exception as error:
+        meaning = _s3_error(error)
+        if meaning is error:
+            raise
+        raise meaning from error
+
+
+def _s3_extra(options: Optional[Mapping[str, Any]], *, listing: bool) -> Dict[str, Any]:
+    """The storage options s3fs adds to its own requests that the requests made here need too."""
+    extra = dict((options or {}).get("s3_additional_kwargs") or {})
+    if (options or {}).get("requester_pays"):
+        extra["RequestPayer"] = "requester"
+    keys = _S3_READ_KEYS[:2] if listing else _S3_READ_KEYS  # the customer key headers belong to objects
+    return {key: extra[key] for key in keys if key in extra}
 
 
 def _glob_regex(pattern: str) -> re.Pattern[str]:
@@ -647,25 +571,11 @@ def _glob_regex(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(out), re.DOTALL)
 
 
-def _ranged_chunks(fs: Any, path: str, size: int, budget: float) -> Iterator[bytes]:
-    """Yield an object's bytes in ``RANGED_BLOCK_SIZE`` ranges; the store's time in all stays within ``budget``."""
-    spent = 0.0
-    for start in range(0, size, RANGED_BLOCK_SIZE):
-        began = time.monotonic()
-        end = min(start + RANGED_BLOCK_SIZE, size)
-        try:
-            block = _bounded(fs, fs._cat_file(path, start=start, end=end), budget - spent, "download")
-        except StoreTimeoutError:
-            raise StoreTimeoutError(f"the download of {size} bytes", budget) from None
-        spent += time.monotonic() - began  # the time the reader held us up is not the store's
-        yield bytes(block)
-
-
 def _bounded(fs: Any, coroutine: Awaitable[T], seconds: float, what: str) -> T:
     """Run one of fsspec's documented async methods on the filesystem's loop; cancel it after ``seconds``.
 
     fsspec's ``sync(loop, ..., timeout=)`` wraps the coroutine in ``asyncio.wait_for``: when the deadline passes,
-    the request itself is cancelled and ``StoreTimeoutError`` raised.
+    the request itself is cancelled (its connection closed) and ``StoreTimeoutError`` raised.
     """
     from fsspec.asyn import sync
     from fsspec.exceptions import FSTimeoutError
@@ -878,8 +788,9 @@ def _is_s3(fs: Any) -> bool:
     return "s3" in getattr(fs, "protocol", ())
 
 
-def _join(url: str, rel: str) -> str:
-    return url.rstrip("/") + "/" + rel
+def _etag(info: Mapping[str, Any]) -> Optional[str]:
+    """An object's ETag as s3fs (``ETag``) or gcsfs (``etag``) reports it, or None."""
+    return _text(info.get("ETag") or info.get("etag"))
 
 
 def _text(value: Any) -> Optional[str]:
