@@ -10,17 +10,12 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from typing import Callable, List
 
 from lora_sampler._adapters.publish import default_adapter_name
-from lora_sampler._client.client import SamplerClient
 from lora_sampler._wire.routes import COMPLETIONS_PATH, LOAD_ADAPTER_PATH
-from lora_sampler.batch._lines import LineDefaults
-from lora_sampler.cli._runner import BatchRun, run_batch
 from lora_sampler.testing import FakeEngine, write_adapter_archive
-from lora_sampler.types import SamplingParams
 
-#: The archive writer under the name tests imported it by before it became public in ``lora_sampler.testing``.
-build_adapter_archive = write_adapter_archive
 #: Completions for the adapter the engine answers 404 before it sees the published folder.
 DEMO_LAG_REQUESTS = 3
 DEMO_PROMPTS = [
@@ -33,8 +28,12 @@ DEMO_PROMPTS = [
 ]
 
 
-def run_demo() -> int:
-    """Run the demo; return the exit status of the batch."""
+def run_demo(sample: Callable[[List[str]], int]) -> int:
+    """Run the demo; return the exit status of the batch.
+
+    Args:
+        sample: Runs ``lora-sampler sample`` with these arguments and returns its exit status.
+    """
     with tempfile.TemporaryDirectory(prefix="lora-sampler-demo-") as root:
         lora_dir = os.path.join(root, "loras")
         os.mkdir(lora_dir)
@@ -49,11 +48,8 @@ def run_demo() -> int:
             engine.set_visibility_delay(name, requests=DEMO_LAG_REQUESTS)
             print(f"demo: test engine serving {engine.model!r} at {engine.url}")
             print(f"demo: adapter {name}, hidden from the engine for its first {DEMO_LAG_REQUESTS} requests")
-            with SamplerClient(engine.url, lora_base_dir=lora_dir, max_workers=4) as client:
-                adapter = client.publish(archive)
-                defaults = LineDefaults(adapter=adapter, sampling_params=SamplingParams(max_tokens=8, seed=0))
-                run = BatchRun(prompts, results, adapter.name, ordered=True)
-                status = run_batch(client, run, defaults)
+            flags = ["--base-url", engine.url, "--lora-base-dir", lora_dir, "--adapter", archive, "--concurrency", "4"]
+            status = sample([*flags, "-i", prompts, "-o", results, "--ordered", "--max-tokens", "8", "--seed", "0"])
             failed_attempts = sum(
                 1 for r in engine.requests if r.path == COMPLETIONS_PATH and r.model == name and r.status != 200
             )

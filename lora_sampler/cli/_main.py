@@ -27,17 +27,10 @@ from lora_sampler._version import __version__
 from lora_sampler.batch._evaluator import CheckpointEvaluator, EvaluatorError, load_factory
 from lora_sampler.batch._lines import LineDefaults
 from lora_sampler.batch._openai import OPENAI_BATCH_FORMAT, PROMPT_FORMAT, file_format, first_line
+from lora_sampler.batch._score import SCORE_FORMAT, scoring_notes
 from lora_sampler.batch._settings import CLI_MAX_OUTAGE
 from lora_sampler.cli._parser import CommandParser, UsageError
-from lora_sampler.cli._runner import (
-    EXIT_ERROR,
-    EXIT_FAILED,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    BatchAbandoned,
-    BatchRun,
-    run_batch,
-)
+from lora_sampler.cli._runner import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, BatchAbandoned, run_batch
 from lora_sampler.cli._settings_flags import (
     PACE_FIELDS,
     SAMPLING_FIELDS,
@@ -48,6 +41,7 @@ from lora_sampler.cli._settings_flags import (
 )
 from lora_sampler.cli._sweep_runner import check_plot_dependency, run_sweep
 from lora_sampler.cli._terminal import LOG_FORMAT
+from lora_sampler.doctor import CONCURRENT_WARNING, run_checks
 from lora_sampler.errors import AdapterConfigError, LoraSamplerError, OutputClosedError
 from lora_sampler.names import validate_adapter_name
 from lora_sampler.types import Adapter, SamplingParams, is_checkpoint_path, is_storage_url
@@ -104,9 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
             sampling,
         )
     )
-    from lora_sampler.cli._score import add_score_arguments  # its module needs this one's helpers
-
-    add_score_arguments(
+    _add_score_arguments(
         add("score", "score the tokens of every line of a JSONL file (resumable)", engine, publishing, job)
     )
 
@@ -256,6 +248,21 @@ def _add_sample_arguments(sample: argparse.ArgumentParser, epilog: str) -> None:
         help="let OpenAI batch lines name a local checkpoint in body.model (it is published into --lora-base-dir); "
         "by default body.model must be an adapter or model name",
     )
+
+
+def _add_score_arguments(score: argparse.ArgumentParser) -> None:
+    """Add ``score``'s own flags: under which model, the input (its lines and records: ``batch._score``)."""
+    score.epilog = (
+        'Input lines: {"id": str|int (default: the line number), "prompt": [token ids] or "text", "completion": '
+        '[token ids] or "text" (optional)}. With a completion, its tokens are scored given the prompt (texts are '
+        "tokenized by the engine's /tokenize); without, the prompt's tokens after the first. Output lines: "
+        '{"id", "model", "tokens", "logprobs", "sum"} or {"id", "error"}. Exit status: 0 every line scored, 1 some '
+        "failed, 2 usage, input or engine error, 130 interrupted."
+    )
+    which = score.add_mutually_exclusive_group(required=True)
+    which.add_argument("--adapter", help="checkpoint (archive or folder; published first) or adapter name")
+    which.add_argument("--base-model", help="score under the engine's base model, by this name")
+    score.add_argument("-i", "--input", required=True, help="JSONL lines to score, one object a line; - reads stdin")
 
 
 def add_timeout_flag(parser: argparse.ArgumentParser) -> None:
@@ -434,32 +441,22 @@ def cmd_unload(args: argparse.Namespace) -> int:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Run the doctor's checks and print each as ok, or as a problem with its fix."""
-    from lora_sampler.cli._doctor import CONCURRENT_WARNING, run_checks, run_scoring_check
-
     if (args.concurrent or args.other_adapter) and not args.scoring:
         raise UsageError("--concurrent and --other-adapter go with --scoring")
     if args.scoring and not args.adapter:
         raise UsageError("--scoring needs --adapter CKPT (the checkpoint whose scores to check)")
     if args.concurrent:
         print(f"warning: {CONCURRENT_WARNING}", file=sys.stderr, flush=True)
-
     findings = run_checks(
         args.base_url,
         api_key=args.api_key,
         lora_base_dir=args.lora_base_dir,
         adapter=args.adapter,
         replicas=args.replicas,
+        scoring=args.scoring,
+        concurrent=args.concurrent,
+        other_adapter=args.other_adapter,
     )
-    if args.scoring and all(f.ok for f in findings):
-        findings += run_scoring_check(
-            args.base_url,
-            api_key=args.api_key,
-            lora_base_dir=args.lora_base_dir,
-            adapter=args.adapter,
-            concurrent=args.concurrent,
-            other=args.other_adapter,
-            replicas=args.replicas,
-        )
     for finding in findings:
         print(f"{'ok' if finding.ok else 'PROBLEM':8} {finding.check}: {finding.detail}")
         if not finding.ok:
@@ -468,11 +465,23 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_score(args: argparse.Namespace) -> int:
-    """Score every input line under the adapter or the base model."""
-    from lora_sampler.cli._score import score_lines
+    """Score every input line under the adapter or the base model.
 
+    An adapter that targets ``lm_head`` gets a note before the job and after its summary (``scoring_notes``).
+    """
     check_job_flags(args)
-    return run_job(args, lambda client, model: score_lines(client, model, args))
+
+    def job(client: SamplerClient, model: Union[Adapter, str, None]) -> int:
+        notes, name = (scoring_notes(model), model.name) if isinstance(model, Adapter) else ([], "")
+        for note in notes:
+            print(f"lora-sampler: note: {note}", file=sys.stderr)
+        defaults = LineDefaults(adapter=model if args.adapter else None, base_model=args.base_model)
+        status = run_batch(client, args, defaults, SCORE_FORMAT)
+        for note in notes:
+            print(f"lora-sampler: note: {name}: {note}", file=sys.stderr)
+        return status
+
+    return run_job(args, job)
 
 
 def cmd_serve_test_engine(args: argparse.Namespace) -> int:
@@ -483,10 +492,10 @@ def cmd_serve_test_engine(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Run the demo on the built-in test engine."""
+    """Run the demo on the built-in test engine: ``sample`` with the flags it names."""
     from lora_sampler.cli._demo import run_demo
 
-    return run_demo()
+    return run_demo(lambda argv: cmd_sample(build_parser().parse_args(["sample", *argv])))
 
 
 def parse_timeout(text: str) -> Tuple[float, float]:
@@ -583,20 +592,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
             allow_model_paths=args.allow_model_paths,
             extra_body=args.extra_body,
         )
-        run = BatchRun(
-            args.input,
-            args.output,
-            model.name if isinstance(model, Adapter) else model,
-            input_format=args.format,
-            ordered=args.ordered,
-            retry_failed=not args.no_retry_failed,
-            quiet=args.quiet,
-            max_outage=args.max_outage,
-            limit=args.limit,
-            prompts_per_request=args.prompts_per_request,
-            restart=args.restart,
-        )
-        return run_batch(client, run, defaults)
+        return run_batch(client, args, defaults)
 
     return run_job(args, job)
 

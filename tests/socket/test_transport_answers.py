@@ -400,8 +400,8 @@ def test_answers_cli_and_doctor_refuse_a_dot_dot_adapter_before_reading_its_conf
     tmp_path: Any, monkeypatch: Any, capsys: Any
 ) -> None:
     """`sample --adapter ..` exits 2 naming the rule, and doctor reports it, without reading lora_base_dir/../."""
+    from lora_sampler import doctor
     from lora_sampler._adapters import publish
-    from lora_sampler.cli import _doctor as doctor
     from lora_sampler.cli import _main as cli
 
     loras = tmp_path / "loras"
