@@ -11,8 +11,7 @@ from lora_sampler.testing._adapters import write_adapter, write_adapter_archive
 from lora_sampler.testing._bodies import VLLM_BODIES, VllmBody
 from lora_sampler.testing._chat import CHAT_TEMPLATE, render_chat
 from lora_sampler.testing._engine import FAULT_KINDS, FakeEngine, RequestRecord
-from lora_sampler.testing._sampling import decode_token, encode_text
-from lora_sampler.testing._tokenizer import ByteTokenizer
+from lora_sampler.testing._tokenizer import ByteTokenizer, decode_token, encode_text
 
 __all__ = [
     "ByteTokenizer",

@@ -381,7 +381,7 @@ def completion_data(
         "prompt_tokens_details": None if cached_tokens is None else {"cached_tokens": cached_tokens},
         "completion_tokens_details": None,
     }
-    payload = {
+    return {
         "id": request_id,
         "object": "text_completion",
         "created": created,
@@ -394,7 +394,6 @@ def completion_data(
         "ec_transfer_params": None,
         "metrics": None,
     }
-    return payload
 
 
 def completion_response(*args: Any, **kwargs: Any) -> VllmBody:

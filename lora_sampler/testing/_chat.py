@@ -58,8 +58,10 @@ def render_chat(
     return text[:-1] if continue_final_message else text
 
 
-def _messages_problem(messages: Any) -> str | None:
-    """The 400 message for chat messages that are not a non-empty list of ``{role, content}``, or None."""
+def _messages(payload: dict[str, Any]) -> list[dict[str, Any]] | str:
+    """A chat request's messages, checked, or the 400 message for messages that are not a non-empty list of
+    ``{role, content}``."""
+    messages = payload.get("messages")
     if not isinstance(messages, list) or not messages:
         return "messages must be a non-empty list of {role, content} objects"
     for position, message in enumerate(messages):
@@ -67,16 +69,15 @@ def _messages_problem(messages: Any) -> str | None:
             return f"messages[{position}] needs a role, one of {', '.join(CHAT_ROLES)}"
         if _content_text(message.get("content")) is None:
             return f"messages[{position}].content must be a string or a list of text parts"
-    return None
+    return messages
 
 
 def rendered_prompt(payload: dict[str, Any]) -> str | tuple[str]:
     """The text vLLM's chat ``/tokenize`` tokenizes for ``payload``, or ``(message,)`` for its 400 (vLLM refuses
     ``add_generation_prompt`` and ``continue_final_message`` both true)."""
-    messages = payload.get("messages")
-    problem = _messages_problem(messages)
-    if problem is not None or not isinstance(messages, list):
-        return (problem or "messages must be a list",)
+    messages = _messages(payload)
+    if isinstance(messages, str):
+        return (messages,)
     generation, continuation = payload.get("add_generation_prompt", True), payload.get("continue_final_message", False)
     if generation and continuation:
         return ("Cannot set both `continue_final_message` and `add_generation_prompt` to True.",)
@@ -85,10 +86,9 @@ def rendered_prompt(payload: dict[str, Any]) -> str | tuple[str]:
 
 def completion_payload(payload: dict[str, Any]) -> dict[str, Any] | str:
     """Translate a chat request into the ``/v1/completions`` request of its rendered prompt, or a 400 message."""
-    messages = payload.get("messages")
-    problem = _messages_problem(messages)
-    if problem is not None or not isinstance(messages, list):
-        return problem or "messages must be a list"
+    messages = _messages(payload)
+    if isinstance(messages, str):
+        return messages
     logprobs, top = payload.get("logprobs"), payload.get("top_logprobs")
     if top is not None and not (isinstance(top, int) and not isinstance(top, bool) and top >= 0):
         return "top_logprobs must be a non-negative integer"

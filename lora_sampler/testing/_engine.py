@@ -39,15 +39,8 @@ from lora_sampler.testing._faults import FAULT_KINDS as FAULT_KINDS  # re-export
 from lora_sampler.testing._faults import Fault, PromptSpoiler, prompt_fault, take
 from lora_sampler.testing._hold import Hold
 from lora_sampler.testing._lifecycle import ClientGone, Handler, Lifecycle
-from lora_sampler.testing._sampling import (
-    BYTE_OFFSET,
-    CompletionRequest,
-    PrefixCache,
-    Sampler,
-    encode_text,
-    parse_request,
-)
-from lora_sampler.testing._tokenizer import ByteTokenizer
+from lora_sampler.testing._sampling import CompletionRequest, PrefixCache, Sampler, parse_request
+from lora_sampler.testing._tokenizer import BYTE_OFFSET, ByteTokenizer, encode_text
 
 
 @dataclass(frozen=True)
@@ -133,7 +126,7 @@ class FakeEngine:
             400 (``no_chat_template``). The template is fixed and documented in ``_chat`` (and docs/guides/testing.md).
         lora_slots: adapters a running batch may hold at once (vLLM's ``--max-loras`` as its scheduler applies it);
             None (default): no limit. A completion for an adapter in no slot waits for an idle slot, then swaps it
-            in for ``swap_latency`` seconds; ``adapter_swaps`` counts the swaps (``_slots``).
+            in for ``swap_latency`` seconds; ``adapter_swaps`` counts the swaps (``_adapters``).
         swap_latency: seconds per swap into a slot (read live, like ``latency``).
         prompt_logprobs_defect: None (a healthy engine), or a known engine defect in prompt logprobs to simulate:
             ``"mixed-adapters"`` (vLLM issue #53842): while requests of two or more models are in flight, a request
@@ -448,7 +441,7 @@ class FakeEngine:
             fault = take(self._faults, path, model)
         kind = fault.kind if fault else None
         try:
-            answer = fault.answer(self._lifecycle.sleep) if fault is not None else self._route(handler, path, payload)
+            answer = fault.answer(self._lifecycle.wake) if fault is not None else self._route(handler, path, payload)
         except ClientGone:  # aborted, as vLLM aborts a request whose client went away: nothing is sent
             answer, kind = None, "aborted"
             with self._lock:

@@ -7,8 +7,9 @@ is handed. Stdlib only.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from lora_sampler.testing import _bodies as bodies
 from lora_sampler.testing._bodies import VllmBody
@@ -42,14 +43,15 @@ class Fault:
         if self.remaining < 1:
             raise ValueError("count must be at least 1")
 
-    def answer(self, sleep: Callable[[float], None]) -> VllmBody | None:
-        """The body this fault answers with; None for refuse, drop and hang (after sleeping ``seconds``)."""
+    def answer(self, wake: threading.Event) -> VllmBody | None:
+        """The body this fault answers with; None for refuse, drop and hang (after ``seconds``, unless ``wake``
+        is set first: the engine stopped or died)."""
         if self.kind == "status":
             return bodies.status_error(self.status, self.message or f"scripted {self.status}")
         if self.kind == "503":
             return bodies.retry_later()
         if self.kind == "hang":
-            sleep(self.seconds)
+            wake.wait(self.seconds)
         return None  # refuse, drop, hang: no answer
 
 

@@ -16,7 +16,7 @@ import struct
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from lora_sampler.testing._bodies import VllmBody
 
@@ -97,7 +97,7 @@ class Lifecycle:
         thread.start()
 
     @contextlib.contextmanager
-    def request(self, connection: socket.socket) -> Any:
+    def request(self, connection: socket.socket) -> Iterator[None]:
         """Count one request in flight on ``connection`` for the block (its client is watched while it is served)."""
         with self.lock:
             self.in_flight += 1
@@ -108,11 +108,6 @@ class Lifecycle:
             self.serving.connection = None
             with self.lock:
                 self.in_flight -= 1
-
-    def sleep(self, seconds: float) -> None:
-        """Sleep ``seconds``; stop and death end it."""
-        if seconds > 0:
-            self.wake.wait(seconds)
 
     def pause(self, seconds: Callable[[], float]) -> None:
         """Sleep ``seconds()``, re-read while sleeping so a test may cut it; stop and death end it.

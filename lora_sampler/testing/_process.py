@@ -92,9 +92,10 @@ class EngineProcess:
         hidden: Optional[Dict[str, int]] = None,
         resolver: bool = True,
     ):
-        self.lora_dir, self.model, self.latency, self.load_latency = lora_dir, model, latency, load_latency
-        self.resolver = resolver
-        self._env, self._api_key_env = env, api_key_env
+        self.lora_dir, self.model = lora_dir, model
+        #: What a restart passes on (all but the port and the hidden names).
+        self._options: Dict[str, Any] = dict(model=model, latency=latency, load_latency=load_latency, env=env)
+        self._options.update(api_key_env=api_key_env, resolver=resolver)
         engine: Dict[str, Any] = {"model": model, "lora_dir": lora_dir if resolver else None, "port": port}
         engine.update(latency=latency, load_latency=load_latency)
         spec = {"engine": engine, "api_key_env": api_key_env, "hidden": hidden or {}}
@@ -122,17 +123,7 @@ class EngineProcess:
 
     def restart(self, *, hidden: Optional[Dict[str, int]] = None) -> EngineProcess:
         """Start a fresh engine on this one's port (a restarted server: same URL, empty adapter table)."""
-        return EngineProcess(
-            self.lora_dir,
-            port=self.port,
-            model=self.model,
-            latency=self.latency,
-            load_latency=self.load_latency,
-            env=self._env,
-            api_key_env=self._api_key_env,
-            hidden=hidden,
-            resolver=self.resolver,
-        )
+        return EngineProcess(self.lora_dir, port=self.port, hidden=hidden, **self._options)
 
     def _read_line(self, timeout: float) -> str:
         stdout: Optional[IO[str]] = self.process.stdout

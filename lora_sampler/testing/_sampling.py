@@ -1,7 +1,8 @@
-"""Tokenization and generation for FakeEngine: the byte tokenizer, completion-parameter parsing and the sampler.
+"""Generation for FakeEngine: the one parse and check of a completion request, the sampler, the fake's model of
+prompt logprobs, and its prefix cache.
 
-Owns token ids, stop handling and logprobs; it does no HTTP, keeps no engine state and never touches adapters.
-Stdlib only.
+Owns stop handling and logprobs (the vocabulary is ``_tokenizer``'s); it does no HTTP, keeps no engine state and
+never touches adapters. Stdlib only.
 """
 
 from __future__ import annotations
@@ -16,31 +17,14 @@ from typing import Any, List, Tuple
 
 from lora_sampler.testing import _bodies as bodies
 from lora_sampler.testing._bodies import VllmBody
+from lora_sampler.testing._tokenizer import BYTE_OFFSET, decode_token, encode_text
 
-#: Ids 0-3 are the tiny tokenizer's specials; byte ``b`` of UTF-8 text is id ``4 + b``.
-SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")
-BYTE_OFFSET = len(SPECIAL_TOKENS)
 #: vLLM's default ``--max-logprobs`` (the limit message is vLLM's wording, not read off an engine).
 MAX_LOGPROBS = 20
 #: Tokens per block of the fake's prefix cache (``FakeEngine(prompt_tokens_details=True)``).
 PREFIX_BLOCK = 16
 #: Block-aligned prefixes the fake's prefix cache remembers (the oldest are forgotten first).
 PREFIX_CACHE_ENTRIES = 4096
-
-
-def encode_text(text: str) -> list[int]:
-    """Tokenize ``text`` the fake's way: each UTF-8 byte ``b`` becomes token id ``4 + b`` (no BOS)."""
-    return [BYTE_OFFSET + b for b in text.encode("utf-8")]
-
-
-def decode_token(token_id: int) -> str:
-    """Return the text of one token: a special, a printable byte, ``<0xHH>``, or `` t<id>`` above the bytes."""
-    if token_id < BYTE_OFFSET:
-        return SPECIAL_TOKENS[token_id]
-    byte = token_id - BYTE_OFFSET
-    if byte < 256:
-        return chr(byte) if 32 <= byte < 127 else f"<0x{byte:02X}>"
-    return f" t{token_id}"
 
 
 class PrefixCache:
@@ -127,39 +111,31 @@ def parse_prompts(value: Any) -> list[list[int]] | str:
 
 def _parameters(payload: dict[str, Any]) -> dict[str, Any] | str:
     """The sampling parameters of a completion body with vLLM's defaults, or the 400 message of the first bad one."""
-    stop = payload.get("stop") or []
-    temperature = payload.get("temperature")
-    fields = {
-        "n": payload.get("n", 1),
-        "max_tokens": 16 if payload.get("max_tokens") is None else payload["max_tokens"],  # vLLM 0.32: null is 16
-        "temperature": 1.0 if temperature is None else temperature,
-        "seed": payload.get("seed"),
-        "stop": [stop] if isinstance(stop, str) else stop,
-        "stop_token_ids": payload.get("stop_token_ids") or [],
-        "logprobs": payload.get("logprobs"),
-        "prompt_logprobs": payload.get("prompt_logprobs"),
+    stop, temperature = payload.get("stop") or [], payload.get("temperature")
+    stop = [stop] if isinstance(stop, str) else stop
+    stop_ids, n, seed = payload.get("stop_token_ids") or [], payload.get("n", 1), payload.get("seed")
+    max_tokens = 16 if payload.get("max_tokens") is None else payload["max_tokens"]  # vLLM 0.32: null is 16 too
+    if not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+        return "stop must be a string or a list of strings"
+    if not (isinstance(stop_ids, list) and all(_is_int(t) for t in stop_ids)):
+        return "stop_token_ids must be a list of integers"
+    if not (_is_int(n) and n >= 1) or not (_is_int(max_tokens) and max_tokens >= 0):
+        return "n must be at least 1 and max_tokens at least 0"
+    if not (seed is None or _is_int(seed)) or not (temperature is None or isinstance(temperature, (int, float))):
+        return "seed must be an integer and temperature a number"
+    for kind, field in (("sample", "logprobs"), ("prompt", "prompt_logprobs")):
+        value = payload.get(field)
+        if value is not None and not (_is_int(value) and 0 <= value <= MAX_LOGPROBS):
+            return f"Requested {kind} logprobs of {value}, which is greater than max allowed: {MAX_LOGPROBS}"
+    temperature = 1.0 if temperature is None else float(temperature)
+    return {
+        "stop": stop,
+        "stop_token_ids": stop_ids,
+        "n": n,
+        "seed": seed,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
     }
-    stops, ids, n, max_tokens = fields["stop"], fields["stop_token_ids"], fields["n"], fields["max_tokens"]
-    checks = [
-        (
-            isinstance(stops, list) and all(isinstance(s, str) for s in stops),
-            "stop must be a string or a list of strings",
-        ),
-        (isinstance(ids, list) and all(_is_int(t) for t in ids), "stop_token_ids must be a list of integers"),
-        (
-            _is_int(n) and n >= 1 and _is_int(max_tokens) and max_tokens >= 0,
-            "n must be at least 1 and max_tokens at least 0",
-        ),
-        (
-            (fields["seed"] is None or _is_int(fields["seed"])) and isinstance(fields["temperature"], (int, float)),
-            "seed must be an integer and temperature a number",
-        ),
-    ]
-    for kind in ("sample", "prompt"):
-        value = fields["logprobs" if kind == "sample" else "prompt_logprobs"]
-        message = f"Requested {kind} logprobs of {value}, which is greater than max allowed: {MAX_LOGPROBS}"
-        checks.append((value is None or (_is_int(value) and 0 <= value <= MAX_LOGPROBS), message))
-    return next((message for ok, message in checks if not ok), fields)
 
 
 def parse_request(payload: dict[str, Any], max_model_len: int, vocab_size: int) -> CompletionRequest | VllmBody:
@@ -171,7 +147,7 @@ def parse_request(payload: dict[str, Any], max_model_len: int, vocab_size: int) 
     fields = _parameters(payload)
     if isinstance(fields, str):
         return bodies.bad_request(fields)
-    n, max_tokens, temperature = fields["n"], fields["max_tokens"], float(fields["temperature"])
+    n, max_tokens, temperature = fields["n"], fields["max_tokens"], fields["temperature"]
     text = payload["prompt"]
     return CompletionRequest(
         prompts=prompts,
@@ -182,8 +158,8 @@ def parse_request(payload: dict[str, Any], max_model_len: int, vocab_size: int) 
         seed=fields["seed"],
         stop=tuple(fields["stop"]),
         stop_token_ids=frozenset(fields["stop_token_ids"]),
-        logprobs=fields["logprobs"],
-        prompt_logprobs=fields["prompt_logprobs"],
+        logprobs=payload.get("logprobs"),
+        prompt_logprobs=payload.get("prompt_logprobs"),
         return_token_ids=bool(payload.get("return_token_ids")),
         tokens_as_ids=bool(payload.get("return_tokens_as_token_ids")),
         refusal=_refusal(prompts, n, max_tokens, temperature, max_model_len, vocab_size),

@@ -92,7 +92,15 @@ def serve(args: argparse.Namespace, *, ready: Optional[threading.Event] = None) 
         )
 
         def say_ready() -> None:
-            _say_ready(engine, lora_dir, temporary is not None, args.require_api_key)
+            lines = [
+                f"serve-test-engine: a FakeEngine serving {engine.model!r} at {engine.url} (Ctrl-C stops it)",
+                f"  resolver folder: {lora_dir}{' (temporary: removed on exit)' if temporary else ''}",
+                f"  try: lora-sampler doctor --base-url {engine.url} --lora-base-dir {lora_dir}",
+            ]
+            if args.require_api_key:
+                lines.append("  the engine wants the API key of the environment variable it was read from")
+            print("\n".join(lines), file=sys.stderr, flush=True)
+            print(engine.url, flush=True)  # stdout: the URL alone, for scripts
             if ready is not None:
                 ready.set()
 
@@ -123,18 +131,6 @@ def serve_until_stopped(engine: FakeEngine, stop: threading.Event, ready: Callab
         if in_main:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-
-
-def _say_ready(engine: FakeEngine, lora_dir: str, temporary: bool, keyed: bool) -> None:
-    lines: List[str] = [
-        f"serve-test-engine: a FakeEngine serving {engine.model!r} at {engine.url} (Ctrl-C stops it)",
-        f"  resolver folder: {lora_dir}{' (temporary: removed on exit)' if temporary else ''}",
-        f"  try: lora-sampler doctor --base-url {engine.url} --lora-base-dir {lora_dir}",
-    ]
-    if keyed:
-        lines.append("  the engine wants the API key of the environment variable it was read from")
-    print("\n".join(lines), file=sys.stderr, flush=True)
-    print(engine.url, flush=True)  # stdout: the URL alone, for scripts
 
 
 def main(argv: Optional[List[str]] = None) -> int:

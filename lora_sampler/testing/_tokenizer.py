@@ -1,4 +1,5 @@
-"""``ByteTokenizer``: the tokenizer of FakeEngine's vocabulary, for tests that need one without the Hugging Face Hub.
+"""FakeEngine's vocabulary (``encode_text``, ``decode_token``) and ``ByteTokenizer``, its tokenizer for tests that need
+one without the Hugging Face Hub.
 
 FakeEngine tokenizes text one UTF-8 byte per token (byte ``b`` is id ``4 + b``) after four specials; ids above the
 bytes exist in its vocabulary but stand for no text. This class is that tokenizer with the methods Tinker code and
@@ -11,10 +12,27 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Sequence
 
 from lora_sampler.testing._chat import render_chat
-from lora_sampler.testing._sampling import BYTE_OFFSET, SPECIAL_TOKENS, encode_text
 
+#: Ids 0-3 are the tiny tokenizer's specials; byte ``b`` of UTF-8 text is id ``4 + b``.
+SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")
+BYTE_OFFSET = len(SPECIAL_TOKENS)
 #: FakeEngine's default ``vocab_size``.
 DEFAULT_VOCAB_SIZE = 1024
+
+
+def encode_text(text: str) -> list[int]:
+    """Tokenize ``text`` the fake's way: each UTF-8 byte ``b`` becomes token id ``4 + b`` (no BOS)."""
+    return [BYTE_OFFSET + b for b in text.encode("utf-8")]
+
+
+def decode_token(token_id: int) -> str:
+    """Return the text of one token: a special, a printable byte, ``<0xHH>``, or `` t<id>`` above the bytes."""
+    if token_id < BYTE_OFFSET:
+        return SPECIAL_TOKENS[token_id]
+    byte = token_id - BYTE_OFFSET
+    if byte < 256:
+        return chr(byte) if 32 <= byte < 127 else f"<0x{byte:02X}>"
+    return f" t{token_id}"
 
 
 class ByteTokenizer:
@@ -80,10 +98,8 @@ class ByteTokenizer:
             if run:
                 parts.append(run.decode("utf-8", errors="replace"))
                 run.clear()
-            if token >= BYTE_OFFSET + 256:
-                parts.append(f" t{token}")
-            elif not skip_special_tokens:
-                parts.append(SPECIAL_TOKENS[token])
+            if token >= BYTE_OFFSET + 256 or not skip_special_tokens:
+                parts.append(decode_token(token))
         if run:
             parts.append(run.decode("utf-8", errors="replace"))
         return "".join(parts)
@@ -127,8 +143,4 @@ class ByteTokenizer:
 
     @staticmethod
     def _token(token: int) -> str:
-        if token < BYTE_OFFSET:
-            return SPECIAL_TOKENS[token]
-        if token < BYTE_OFFSET + 256:
-            return f"<0x{token - BYTE_OFFSET:02X}>"
-        return f" t{token}"
+        return f"<0x{token - BYTE_OFFSET:02X}>" if BYTE_OFFSET <= token < BYTE_OFFSET + 256 else decode_token(token)
