@@ -168,8 +168,12 @@ class EvaluatorRun:
                 task.cancel()
         return await task
 
-    def stop(self) -> None:
-        """Cancel an async evaluator's task (its requests not yet started are cancelled); a plain one runs on."""
+    def stop(self, grace: float = 0.0) -> None:
+        """Cancel an async evaluator's task (its requests not yet started are cancelled); a plain one runs on.
+
+        Args:
+            grace: Ignored: the task is cancelled at once (``BatchJob.stop``'s signature, so a sweep stops either).
+        """
         with self._lock:
             self._stopped = True
             loop, task = self._loop, self._task

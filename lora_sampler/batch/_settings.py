@@ -13,7 +13,7 @@ import dataclasses
 import difflib
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from lora_sampler._client.fanout import checked_prompts_per_request
 from lora_sampler._client.outage import checked_seconds
@@ -66,9 +66,9 @@ class Setting:
         return None if self.flag is None else self.flag or "--" + name.replace("_", "-")
 
 
-def _about(**about: Any) -> Dict[str, Setting]:
-    """A ``SweepSettings`` field's metadata: its ``Setting``."""
-    return {SETTING_KEY: Setting(**about)}
+def _setting(default: Any, **about: Any) -> Any:
+    """A ``SweepSettings`` field with its default and its ``Setting`` (``about``) as its metadata."""
+    return field(default=default, metadata={SETTING_KEY: Setting(**about)})
 
 
 def setting_of(item: dataclasses.Field[Any]) -> Setting:
@@ -82,206 +82,160 @@ def setting_of(item: dataclasses.Field[Any]) -> Setting:
 class SweepSettings:
     """Every setting of a checkpoint sweep (the flags of ``lora-sampler sweep``; see docs/guides/sweeps.md).
 
-    Only ``output_dir`` has no default. Each field's help is in ``settings_help()`` and the guide's table; a bad
+    Only ``output_dir`` has no default. Each field's help is in its ``Setting`` and the guide's table; a bad
     value raises ``ValueError`` or ``TypeError`` naming the field, before any request.
     """
 
     output_dir: str = field(
-        metadata=_about(metavar="DIR", help="where DIR/<adapter>.jsonl per checkpoint and DIR/sweep.jsonl go")
+        metadata={
+            SETTING_KEY: Setting(metavar="DIR", help="where DIR/<adapter>.jsonl per checkpoint and DIR/sweep.jsonl go")
+        }
     )
     # -- what runs on each checkpoint
-    score: bool = field(
-        default=False,
-        metadata=_about(
-            help="score every line under each checkpoint instead of sampling it (lines {id, prompt, completion?}, as "
-            "score takes them); the reports then give mean_logprob per scored token and mean_sum per line"
-        ),
+    score: bool = _setting(
+        False,
+        help="score every line under each checkpoint instead of sampling it (lines {id, prompt, completion?}, as "
+        "score takes them); the reports then give mean_logprob per scored token and mean_sum per line",
     )
-    num_samples: int = field(
-        default=1, metadata=_about(value=int, metavar="N", help="completions per prompt (default: 1)")
+    num_samples: int = _setting(1, value=int, metavar="N", help="completions per prompt (default: 1)")
+    max_tokens: Optional[int] = _setting(
+        None, value=int, metavar="N", help=f"tokens per completion (default: {_SAMPLING.max_tokens})"
     )
-    max_tokens: Optional[int] = field(
-        default=None,
-        metadata=_about(value=int, metavar="N", help=f"tokens per completion (default: {_SAMPLING.max_tokens})"),
+    temperature: Optional[float] = _setting(
+        None, value=float, metavar="T", help=f"sampling temperature (default: {_SAMPLING.temperature:g})"
     )
-    temperature: Optional[float] = field(
-        default=None,
-        metadata=_about(value=float, metavar="T", help=f"sampling temperature (default: {_SAMPLING.temperature:g})"),
+    top_p: Optional[float] = _setting(
+        None, value=float, metavar="P", help=f"nucleus mass in (0, 1] (default: {_SAMPLING.top_p:g})"
     )
-    top_p: Optional[float] = field(
-        default=None,
-        metadata=_about(value=float, metavar="P", help=f"nucleus mass in (0, 1] (default: {_SAMPLING.top_p:g})"),
+    top_k: Optional[int] = _setting(
+        None, value=int, metavar="K", help=f"top-k cut-off; -1 disables it (default: {_SAMPLING.top_k})"
     )
-    top_k: Optional[int] = field(
-        default=None,
-        metadata=_about(value=int, metavar="K", help=f"top-k cut-off; -1 disables it (default: {_SAMPLING.top_k})"),
+    seed: Optional[int] = _setting(None, value=int, metavar="N", help="sampling seed (default: none)")
+    stop: StopSpec = _setting(
+        None,
+        value=list,
+        metavar="TEXT",
+        help="a stop string (repeat the flag for several; a line's own stop may also hold token ids)",
     )
-    seed: Optional[int] = field(
-        default=None, metadata=_about(value=int, metavar="N", help="sampling seed (default: none)")
+    prompt_logprobs: bool = _setting(False, help="also return the prompt's logprobs")
+    extra_body: Optional[Mapping[str, Any]] = _setting(
+        None,
+        value=dict,
+        metavar="JSON",
+        help='further fields of every request body, as vLLM takes them, e.g. {"repetition_penalty": 1.1, '
+        '"min_tokens": 4}; a line\'s own "extra_body" object overrides its keys',
     )
-    stop: StopSpec = field(
-        default=None,
-        metadata=_about(
-            value=list,
-            metavar="TEXT",
-            help="a stop string (repeat the flag for several; a line's own stop may also hold token ids)",
-        ),
-    )
-    prompt_logprobs: bool = field(default=False, metadata=_about(help="also return the prompt's logprobs"))
-    extra_body: Optional[Mapping[str, Any]] = field(
-        default=None,
-        metadata=_about(
-            value=dict,
-            metavar="JSON",
-            help='further fields of every request body, as vLLM takes them, e.g. {"repetition_penalty": 1.1, '
-            '"min_tokens": 4}; a line\'s own "extra_body" object overrides its keys',
-        ),
-    )
-    sampling_params: Optional[SamplingParams] = field(
-        default=None,
-        metadata=_about(
-            flag=None, help="the sampling fields as one SamplingParams, instead of max_tokens, temperature, ..."
-        ),
+    sampling_params: Optional[SamplingParams] = _setting(
+        None, flag=None, help="the sampling fields as one SamplingParams, instead of max_tokens, temperature, ..."
     )
     # -- lm-evaluation-harness tasks on each checkpoint (the [lm-eval] extra)
-    lm_eval_tasks: Optional[Sequence[str]] = field(
-        default=None,
-        metadata=_about(
-            metavar="T1,T2",
-            help="run these lm-eval tasks on each checkpoint instead of lines (comma-separated): lm-eval's results "
-            "JSON per checkpoint under output_dir/lm-eval/, every number it reports as <task>/<key> in sweep.jsonl, "
-            "the table and the plot (needs lora_sampler[lm-eval])",
-        ),
+    lm_eval_tasks: Optional[Sequence[str]] = _setting(
+        None,
+        metavar="T1,T2",
+        help="run these lm-eval tasks on each checkpoint instead of lines (comma-separated): lm-eval's results "
+        "JSON per checkpoint under output_dir/lm-eval/, every number it reports as <task>/<key> in sweep.jsonl, "
+        "the table and the plot (needs lora_sampler[lm-eval])",
     )
-    lm_eval_include_path: Optional[str] = field(
-        default=None, metadata=_about(metavar="DIR", help="a folder of lm-eval task YAMLs of your own")
+    lm_eval_include_path: Optional[str] = _setting(
+        None, metavar="DIR", help="a folder of lm-eval task YAMLs of your own"
     )
-    lm_eval_limit: Optional[float] = field(
-        default=None,
-        metadata=_about(
-            value=float, metavar="N", help="lm-eval's --limit: the first N documents of each task (below 1: a fraction)"
-        ),
+    lm_eval_limit: Optional[float] = _setting(
+        None,
+        value=float,
+        metavar="N",
+        help="lm-eval's --limit: the first N documents of each task (below 1: a fraction)",
     )
-    lm_eval_num_fewshot: Optional[int] = field(
-        default=None, metadata=_about(value=int, metavar="K", help="lm-eval's --num_fewshot: K examples per prompt")
+    lm_eval_num_fewshot: Optional[int] = _setting(
+        None, value=int, metavar="K", help="lm-eval's --num_fewshot: K examples per prompt"
     )
-    lm_eval_args: Optional[Mapping[str, Any]] = field(
-        default=None,
-        metadata=_about(
-            value=collections.abc.Mapping,
-            metavar="JSON",
-            help='what else lm-eval\'s simple_evaluate takes, as a JSON object, e.g. {"gen_kwargs": "temperature=0", '
-            '"apply_chat_template": true, "log_samples": true}',
-        ),
+    lm_eval_args: Optional[Mapping[str, Any]] = _setting(
+        None,
+        value=collections.abc.Mapping,
+        metavar="JSON",
+        help='what else lm-eval\'s simple_evaluate takes, as a JSON object, e.g. {"gen_kwargs": "temperature=0", '
+        '"apply_chat_template": true, "log_samples": true}',
     )
     # -- which checkpoints, when
-    window: int = field(
-        default=DEFAULT_WINDOW,
-        metadata=_about(
-            value=int,
-            metavar="N",
-            help="checkpoints with requests in flight at once: the next checkpoint is published and loaded while the "
-            f"last rows of the one before run, so the engine does not idle between them (default: {DEFAULT_WINDOW}; "
-            "1 runs them strictly one after the other)",
-        ),
+    window: int = _setting(
+        DEFAULT_WINDOW,
+        value=int,
+        metavar="N",
+        help="checkpoints with requests in flight at once: the next checkpoint is published and loaded while the "
+        f"last rows of the one before run, so the engine does not idle between them (default: {DEFAULT_WINDOW}; "
+        "1 runs them strictly one after the other)",
     )
-    watch: bool = field(
-        default=False,
-        metadata=_about(
-            help="follow a run that is still training: look again for new checkpoints until idle_timeout passes with "
-            'nothing new, or the manifest\'s "final": true checkpoint is done'
-        ),
+    watch: bool = _setting(
+        False,
+        help="follow a run that is still training: look again for new checkpoints until idle_timeout passes with "
+        'nothing new, or the manifest\'s "final": true checkpoint is done',
     )
-    idle_timeout: float = field(
-        default=DEFAULT_IDLE_TIMEOUT,
-        metadata=_about(
-            value=float,
-            metavar="SECONDS",
-            help=f"a watch ends after this long with nothing new (default: {DEFAULT_IDLE_TIMEOUT:g})",
-        ),
+    idle_timeout: float = _setting(
+        DEFAULT_IDLE_TIMEOUT,
+        value=float,
+        metavar="SECONDS",
+        help=f"a watch ends after this long with nothing new (default: {DEFAULT_IDLE_TIMEOUT:g})",
     )
-    settle: float = field(
-        default=DEFAULT_SETTLE,
-        metadata=_about(
-            value=float,
-            metavar="SECONDS",
-            help=f"a checkpoint is taken once unchanged this long and complete (default: {DEFAULT_SETTLE:g})",
-        ),
+    settle: float = _setting(
+        DEFAULT_SETTLE,
+        value=float,
+        metavar="SECONDS",
+        help=f"a checkpoint is taken once unchanged this long and complete (default: {DEFAULT_SETTLE:g})",
     )
-    checkpoint_timeout: float = field(
-        default=DEFAULT_CHECKPOINT_TIMEOUT,
-        metadata=_about(
-            value=float,
-            metavar="SECONDS",
-            help="wait at most this long for one checkpoint (absent, or still being written) from when it was first "
-            f"seen, then record it as missing or incomplete and go on (default: {DEFAULT_CHECKPOINT_TIMEOUT:g})",
-        ),
+    checkpoint_timeout: float = _setting(
+        DEFAULT_CHECKPOINT_TIMEOUT,
+        value=float,
+        metavar="SECONDS",
+        help="wait at most this long for one checkpoint (absent, or still being written) from when it was first "
+        f"seen, then record it as missing or incomplete and go on (default: {DEFAULT_CHECKPOINT_TIMEOUT:g})",
     )
-    allow_outside_paths: bool = field(
-        default=False,
-        metadata=_about(
-            help="take manifest sampler paths outside the manifest's folder (absolute paths elsewhere, ..)"
-        ),
+    allow_outside_paths: bool = _setting(
+        False, help="take manifest sampler paths outside the manifest's folder (absolute paths elsewhere, ..)"
     )
-    restart: bool = field(
-        default=False,
-        metadata=_about(
-            help="drop what output_dir holds (the ledger and every checkpoint's answers) and evaluate every checkpoint "
-            "again; needed to sweep into a folder with other settings (sampling, scoring, prompts) than it remembers"
-        ),
+    restart: bool = _setting(
+        False,
+        help="drop what output_dir holds (the ledger and every checkpoint's answers) and evaluate every checkpoint "
+        "again; needed to sweep into a folder with other settings (sampling, scoring, prompts) than it remembers",
     )
-    keep_loaded: bool = field(default=False, metadata=_about(help="leave finished adapters loaded on the engine"))
-    delete_retired: bool = field(
-        default=False,
-        metadata=_about(
-            help="delete a finished adapter's folder once its unload is confirmed (unless another run holds a lease on "
-            "it); cannot go with keep_loaded"
-        ),
+    keep_loaded: bool = _setting(False, help="leave finished adapters loaded on the engine")
+    delete_retired: bool = _setting(
+        False,
+        help="delete a finished adapter's folder once its unload is confirmed (unless another run holds a lease on "
+        "it); cannot go with keep_loaded",
     )
     # -- how the client and the store are used
-    max_outage: float = field(
-        default=0.0,
-        metadata=_about(
-            value=float,
-            metavar="SECONDS",
-            cli_default=CLI_MAX_OUTAGE,
-            help="wait this long for an engine that went away (crash, restart, no router worker) before stopping; "
-            f"0 stops at once (default: 0 in Python, {CLI_MAX_OUTAGE:g} on the command line)",
-        ),
+    max_outage: float = _setting(
+        0.0,
+        value=float,
+        metavar="SECONDS",
+        cli_default=CLI_MAX_OUTAGE,
+        help="wait this long for an engine that went away (crash, restart, no router worker) before stopping; "
+        f"0 stops at once (default: 0 in Python, {CLI_MAX_OUTAGE:g} on the command line)",
     )
-    fail_fast: int = field(
-        default=DEFAULT_FAIL_FAST,
-        metadata=_about(
-            value=int,
-            metavar="N",
-            help="stop a checkpoint's job after this many failures in a row that are not a line's own "
-            f"(default: {DEFAULT_FAIL_FAST})",
-        ),
+    fail_fast: int = _setting(
+        DEFAULT_FAIL_FAST,
+        value=int,
+        metavar="N",
+        help="stop a checkpoint's job after this many failures in a row that are not a line's own "
+        f"(default: {DEFAULT_FAIL_FAST})",
     )
-    prompts_per_request: Optional[int] = field(
-        default=None,
-        metadata=_about(
-            value=int,
-            metavar="N",
-            help="lines of one model and settings sent together in one completion request (chat lines always alone); "
-            f"1 sends each alone, at most {MAX_PROMPTS_PER_REQUEST} (default: measured, "
-            f"{DEFAULT_SCORING_PROMPTS_PER_REQUEST} for scoring and for short generations, fewer for long ones)",
-        ),
+    prompts_per_request: Optional[int] = _setting(
+        None,
+        value=int,
+        metavar="N",
+        help="lines of one model and settings sent together in one completion request (chat lines always alone); "
+        f"1 sends each alone, at most {MAX_PROMPTS_PER_REQUEST} (default: measured, "
+        f"{DEFAULT_SCORING_PROMPTS_PER_REQUEST} for scoring and for short generations, fewer for long ones)",
     )
-    mix_adapters: bool = field(
-        default=False,
-        metadata=_about(
-            help="let scoring requests (prompt logprobs) share the engine with other models' requests; by default they "
-            "are kept apart, as some engines score with the wrong adapter in mixed batches (doctor --scoring tells)"
-        ),
+    mix_adapters: bool = _setting(
+        False,
+        help="let scoring requests (prompt logprobs) share the engine with other models' requests; by default they "
+        "are kept apart, as some engines score with the wrong adapter in mixed batches (doctor --scoring tells)",
     )
-    storage_options: Optional[Mapping[str, Any]] = field(
-        default=None,
-        metadata=_about(
-            flag=None,
-            help="options of the storage library (fsspec) for checkpoint URLs, for the sweep's listings and "
-            "publishing, held to the client's timeout (default: the client's storage_options)",
-        ),
+    storage_options: Optional[Mapping[str, Any]] = _setting(
+        None,
+        flag=None,
+        help="options of the storage library (fsspec) for checkpoint URLs, for the sweep's listings and "
+        "publishing, held to the client's timeout (default: the client's storage_options)",
     )
 
     def __post_init__(self) -> None:
@@ -375,8 +329,3 @@ class SweepSettings:
             extra_body=self.extra_body,
         )
         return SampleStep(requests, defaults)
-
-
-def settings_help() -> Dict[str, str]:
-    """Each setting's name and help text, in field order (the guide's table and the docstrings use it)."""
-    return {item.name: setting_of(item).help for item in dataclasses.fields(SweepSettings)}

@@ -66,22 +66,6 @@ def step_of(path: str) -> Optional[int]:
 ADAPTER_FILES = ADAPTER_FILE_NAMES
 
 
-@dataclass(frozen=True)
-class Listed:
-    """One entry a pattern matched now.
-
-    Attributes:
-        path: The match as named (absolute): the ``checkpoint`` of its ``sweep.jsonl`` line.
-        real: Its real path (symlinks resolved): a checkpoint is counted once per real path.
-        adapter: Whether it holds an adapter file at all (an archive, or a folder with its config or weights);
-            ``logs/`` or ``notes.txt`` matched by ``run/*`` do not, and are noted once and skipped.
-    """
-
-    path: str
-    real: str
-    adapter: bool
-
-
 def _holds_adapter(path: str, real: str) -> bool:
     """An archive (by its name or its target's), or a folder with an adapter config or weights file."""
     if os.path.isdir(real):
@@ -93,24 +77,22 @@ def _holds_adapter(path: str, real: str) -> bool:
     return path.lower().endswith(ARCHIVE_SUFFIXES) or real.lower().endswith(ARCHIVE_SUFFIXES)
 
 
-def scan_pattern(pattern: str) -> List[Listed]:
-    """Return what a local path or glob matches now, in natural order, each real path once (the first name kept).
+def _local_matches(pattern: str) -> Dict[str, str]:
+    """What a local path or glob matches now, by real path, in natural order: each real path once, under its own name
+    if matched, else the first name.
 
     ``**`` matches folders recursively and follows symlinked folders, but each real folder is entered once per
     place in the pattern, so a symlink loop (``run/a -> .``) ends the walk instead of repeating it. A plain path
-    that does not exist (yet) gives an empty list, so a watch can wait for it.
+    that does not exist (yet) matches nothing, so a watch can wait for it.
     """
     local = os.path.abspath(os.path.expanduser(pattern))
     matches = _glob(local) if _GLOB_CHARS.search(local) else ([local] if os.path.lexists(local) else [])
     names: Dict[str, str] = {}  # real path -> the name it is listed under
     for match in sorted(set(matches), key=natural_key):
         real = os.path.realpath(match)
-        if not os.path.exists(real):
-            continue  # a dangling link
-        if real not in names or match == real:  # each real path once: its own name if matched, else the first
+        if os.path.exists(real) and (real not in names or match == real):  # a dangling link matches nothing
             names[real] = match
-    found = [Listed(match, real, _holds_adapter(match, real)) for real, match in names.items()]
-    return sorted(found, key=lambda listed: natural_key(listed.path))
+    return names
 
 
 def _glob(pattern: str) -> List[str]:
@@ -173,15 +155,15 @@ def _names(folder: str) -> List[str]:
 
 
 def expand_pattern(pattern: str, storage_options: Optional[Mapping[str, Any]] = None) -> List[str]:
-    """Return the checkpoints (archives or adapter folders) a path or glob names now, in natural order.
+    """Return the checkpoints (archives or adapter folders) a path or glob names now, in natural order, as a sweep
+    lists them.
 
-    A plain path that does not exist (yet) gives an empty list, so a watch can wait for it. ``**`` matches folders
-    recursively. Local paths come back absolute, each real path once. A storage URL's pattern globs the store's
-    listing (archive objects and prefixes), with ``storage_options``.
+    A plain path that does not exist (yet) gives an empty list, so a watch can wait for it; one that exists is its
+    checkpoint, whatever it holds (publishing it says what is wrong). ``**`` matches folders recursively. Local paths
+    come back absolute, each real path once. A storage URL's pattern globs the store's listing (archive objects and
+    prefixes), with ``storage_options``.
     """
-    if is_storage_url(pattern):
-        return sorted(set(storage.expand(pattern, storage_options)), key=natural_key)
-    return [listed.path for listed in scan_pattern(pattern) if listed.adapter]
+    return [item.path for item in _expand([pattern], storage_options) if isinstance(item, Checkpoint)]
 
 
 # -- the settle/complete probe -----------------------------------------------------------------------------------
@@ -520,20 +502,20 @@ def _manifest_listing(manifest: Manifest, storage_options: Optional[Mapping[str,
 
 
 def _expand(patterns: List[str], storage_options: Optional[Mapping[str, Any]]) -> List[Union[Checkpoint, NotAnAdapter]]:
-    """Every pattern's matches now, each real path once, in natural order."""
+    """Every pattern's matches now, each real path once, in natural order; a glob's match without an adapter file
+    is a ``NotAnAdapter`` (a plain path names its checkpoint, whatever it holds)."""
     found: Dict[str, Union[Checkpoint, NotAnAdapter]] = {}
     for pattern in patterns:
         if is_storage_url(pattern):
             for url in storage.expand(pattern, storage_options):
                 found.setdefault(url, Checkpoint(url, step=step_of(url)))
             continue
-        named = not _GLOB_CHARS.search(pattern)  # a plain path names its checkpoint, whatever it holds
-        for listed in scan_pattern(pattern):
-            if listed.adapter or named:
-                real = listed.real if listed.real != listed.path else None
-                found.setdefault(listed.real, Checkpoint(listed.path, step=step_of(listed.path), real=real))
+        named = not _GLOB_CHARS.search(pattern)
+        for real, path in _local_matches(pattern).items():
+            if named or _holds_adapter(path, real):
+                found.setdefault(real, Checkpoint(path, step=step_of(path), real=real if real != path else None))
             else:
-                found.setdefault(listed.real, NotAnAdapter(listed.path, listed.real))
+                found.setdefault(real, NotAnAdapter(path, real))
     return sorted(found.values(), key=lambda item: natural_key(item.path))
 
 

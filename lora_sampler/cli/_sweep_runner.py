@@ -128,25 +128,29 @@ def summary_table(entries: Sequence[Dict[str, Any]]) -> str:
     names = metric_names(entries)
     if names:
         columns = [("checkpoint", "checkpoint"), *((name, name) for name in names), ("seconds", "seconds")]
-        entries = [dict(e, **_with_stderr(e.get("metrics") or {}, names)) if "error" not in e else e for e in entries]
+        shown = [dict(entry, **_with_stderr(entry.get("metrics") or {}, names)) for entry in entries]
     else:
         columns = [c for c in COLUMNS if c[1] != "mean_sum" or any(e.get("mean_sum") is not None for e in entries)]
+        shown = [dict(entry, rows_per_second=_rate(entry)) for entry in entries]
     table = [[title for title, _ in columns]]
     errors: Dict[int, str] = {}
-    for entry in entries:
+    for entry in shown:
         if "error" in entry:
             errors[len(table)] = printable(f"{entry['error'].get('type')}: {entry['error'].get('message')}")
-            table.append([_short(entry["checkpoint"])])
-            continue
-        seconds = entry.get("seconds") or 0.0
-        values = dict(entry, rows_per_second=entry.get("rows", 0) / seconds if seconds else None)
-        table.append([_short(entry["checkpoint"])] + [_cell(values.get(key)) for _, key in columns[1:]])
+        cells = [] if "error" in entry else [_cell(entry.get(key)) for _, key in columns[1:]]
+        table.append([_short(entry["checkpoint"]), *cells])
     widths = [max(len(row[i]) for row in table if i < len(row)) for i in range(len(columns))]
     lines = []
     for number, row in enumerate(table):
         cells = [cell.ljust(widths[0]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)]
         lines.append(("  ".join(cells) + ("  error: " + errors[number] if number in errors else "")).rstrip())
     return "\n".join(lines)
+
+
+def _rate(entry: Dict[str, Any]) -> Optional[float]:
+    """Rows per second of a ledger line (None without its seconds)."""
+    seconds = entry.get("seconds") or 0.0
+    return entry.get("rows", 0) / seconds if seconds else None
 
 
 def metric_names(entries: Sequence[Dict[str, Any]]) -> List[str]:
@@ -160,23 +164,14 @@ def metric_names(entries: Sequence[Dict[str, Any]]) -> List[str]:
         metrics = entry.get("metrics")
         if isinstance(metrics, dict):
             names.update(dict.fromkeys(str(name) for name in metrics))
-    return [name for name in names if not (_is_stderr(name) and _base_of(name) in names)]
+    errors = {stderr_of(name) for name in names}
+    return [name for name in names if name not in errors]
 
 
 def stderr_of(name: str) -> str:
     """The key of a metric's standard error in lm-eval's words: ``task/acc,none`` -> ``task/acc_stderr,none``."""
     head, comma, filter_name = name.partition(",")
     return f"{head}_stderr{comma}{filter_name}"
-
-
-def _is_stderr(name: str) -> bool:
-    return name.partition(",")[0].endswith("_stderr")
-
-
-def _base_of(name: str) -> str:
-    """The metric a standard error belongs to (``task/acc_stderr,none`` -> ``task/acc,none``); else ``name``."""
-    head, comma, filter_name = name.partition(",")
-    return f"{head[: -len('_stderr')]}{comma}{filter_name}" if _is_stderr(name) else name
 
 
 def _short(checkpoint: str) -> str:
@@ -196,7 +191,7 @@ def _with_stderr(metrics: Dict[str, Any], names: Sequence[str]) -> Dict[str, Any
     shown: Dict[str, Any] = {}
     for name in names:
         value, error = metrics.get(name), metrics.get(stderr_of(name))
-        both = isinstance(value, float) and isinstance(error, float) and not _is_stderr(name)
+        both = isinstance(value, float) and isinstance(error, float)
         shown[name] = f"{_cell(value)}±{_cell(error)}" if both else value
     return shown
 

@@ -15,9 +15,9 @@ import json
 import math
 import numbers
 import os
-import tempfile
 from typing import Any, Dict, Mapping, Optional, Sequence
 
+from lora_sampler._files import replacing
 from lora_sampler.batch._evaluator import CheckpointEvaluator, EvaluatedCheckpoint
 from lora_sampler.lm_eval._model import LoraSamplerLM
 from lora_sampler.lm_eval._tokens import TokenCache, local_tokenizer
@@ -158,11 +158,5 @@ def _write_results(path: str, results: Mapping[str, Any]) -> None:
 
     os.makedirs(os.path.dirname(path), exist_ok=True)
     text = json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False)
-    handle, temporary = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".results-", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            file.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
+    with replacing(path) as file:
+        file.write(text.encode("utf-8"))
