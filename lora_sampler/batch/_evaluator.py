@@ -13,8 +13,6 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-import importlib
-import importlib.metadata
 import inspect
 import math
 import numbers
@@ -82,31 +80,6 @@ def checked_evaluator(evaluator: object) -> CheckpointEvaluator:
         f"evaluator must be a CheckpointEvaluator (or, wrapped in lora_sampler.tinker.TinkerEvaluator, a callable "
         f"taking a sampling client), got {type(evaluator).__name__}"
     )
-
-
-def load_factory(spec: str) -> Any:
-    """Import ``module:factory`` and call the factory with no argument; return the evaluator it makes (a
-    ``CheckpointEvaluator``, or a callable the caller wraps).
-
-    Raises:
-        ValueError: ``spec`` is not ``module:attribute``.
-        ImportError, AttributeError: the module or the factory cannot be found (the message names it).
-        EvaluatorError: the factory is not callable, or does not return a callable.
-    """
-    module_name, colon, attribute = spec.partition(":")
-    if not colon or not module_name or not attribute:
-        raise ValueError(f"--evaluator takes module:factory (e.g. my_evals:make_evaluator), got {spec!r}")
-    importlib.import_module(module_name)  # its own ImportError names the module
-    try:  # the object reference of an entry point (``module:attr.path``), resolved as importlib.metadata does
-        factory: Any = importlib.metadata.EntryPoint(spec, spec, "lora_sampler.evaluator").load()
-    except AttributeError:
-        raise AttributeError(f"module {module_name!r} has no {attribute!r} (from --evaluator {spec})") from None
-    if not callable(factory):
-        raise EvaluatorError(f"{spec} is a {type(factory).__name__}, not a factory to call")
-    made = factory()
-    if not callable(made):
-        raise EvaluatorError(f"{spec}() returned a {type(made).__name__}; it must return an evaluator to call")
-    return made
 
 
 def checked_metrics(answer: object) -> Metrics:

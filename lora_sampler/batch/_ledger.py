@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Set, Tuple
 
 from lora_sampler._files import HAS_FLOCK, json_object_line, replacing, try_flock
 from lora_sampler.batch._lines import to_json_line
@@ -47,7 +47,7 @@ class Ledger:
             self.finished: Dict[str, Dict[str, Any]] = {}
             #: Checkpoints recorded as failed by earlier runs (they run again).
             self.retried: List[str] = []
-            self._lines_of: Dict[Tuple[str, Any], int] = {}  # (checkpoint, adapter) -> 1 once it has a line
+            self._lined: Set[Tuple[str, Any]] = set()  # (checkpoint, adapter) of every line
             if restart and os.path.exists(self.path):
                 _replace(self.path, [])
             self._repair()
@@ -99,13 +99,13 @@ class Ledger:
     def _dedupe(self, entry: Dict[str, Any]) -> None:
         """After a checkpoint with the same content was evaluated again (a touched file), keep its newer line only."""
         key = (ledger_key(entry), entry.get("adapter"))
-        if self._lines_of.get(key, 0) == 0:
-            self._lines_of[key] = 1
+        if key not in self._lined:
+            self._lined.add(key)
             return
         fd, self._fd = self._fd, -1
         os.close(fd)
         self.finished.clear()
-        self._lines_of.clear()
+        self._lined.clear()
         self._repair()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
@@ -128,7 +128,7 @@ class Ledger:
                     key = (ledger_key(entry), entry.get("adapter"))
                     dropped += key in kept  # the same content again (a touched file): its newer line replaces it
                     kept[key] = raw
-                    self._lines_of[key] = 1
+                    self._lined.add(key)
                     self.finished[key[0]] = entry  # the latest evaluation of a checkpoint whose content changed
         if dropped:
             _replace(self.path, list(kept.values()))

@@ -254,30 +254,35 @@ class SweepSettings:
         if self.extra_body is not None:
             validated_extra_body(self.extra_body)
         self._check_lm_eval()
-        params = self.sampling()  # checks the sampling fields
-        if self.score:
-            sampled = {"num_samples": self.num_samples != 1, "sampling settings": params != _SAMPLING}
-            sampled.update(extra_body=self.extra_body is not None, prompt_logprobs=self.prompt_logprobs)
-            given = [name for name, is_set in sampled.items() if is_set]
-            if given:
-                raise TypeError(f"score scores each line; {', '.join(given)} apply to sampling only")
+        self._check_score()
 
     def _check_lm_eval(self) -> None:
         """``lm_eval_tasks`` as a tuple of names ("T1,T2" is two); the other lm_eval_ settings need it."""
         tasks = self.lm_eval_tasks
-        if isinstance(tasks, str):
-            tasks = [name.strip() for name in tasks.split(",")]
-        if tasks is not None:
-            if not tasks or not all(isinstance(name, str) and name for name in tasks):
-                raise ValueError(f"lm_eval_tasks must name tasks (T1,T2), got {self.lm_eval_tasks!r}")
-            object.__setattr__(self, "lm_eval_tasks", tuple(tasks))
-        given = [name for name in _LM_EVAL_EXTRAS if getattr(self, name) is not None]
-        if given and tasks is None:
-            raise TypeError(f"{', '.join(given)} apply to lm_eval_tasks; name the tasks to run with lm_eval_tasks")
-        if tasks is not None and self.score:
-            raise TypeError("score scores lines; lm_eval_tasks runs lm-eval's tasks instead of lines")
+        if tasks is None:
+            given = [name for name in _LM_EVAL_EXTRAS if getattr(self, name) is not None]
+            if given:
+                raise TypeError(f"{', '.join(given)} apply to lm_eval_tasks; name the tasks to run with lm_eval_tasks")
+            return
+        names = tuple(name.strip() for name in tasks.split(",")) if isinstance(tasks, str) else tuple(tasks)
+        if not names or not all(isinstance(name, str) and name for name in names):
+            raise ValueError(f"lm_eval_tasks must name tasks (T1,T2), got {tasks!r}")
+        object.__setattr__(self, "lm_eval_tasks", names)
         if self.lm_eval_args is not None and not isinstance(self.lm_eval_args, Mapping):
             raise TypeError(f"lm_eval_args must be a mapping of simple_evaluate's arguments, got {self.lm_eval_args!r}")
+
+    def _check_score(self) -> None:
+        """The sampling fields make one ``SamplingParams``; ``score`` goes with none of them, nor with lm-eval."""
+        params = self.sampling()  # checks the sampling fields
+        if not self.score:
+            return
+        if self.lm_eval_tasks is not None:
+            raise TypeError("score scores lines; lm_eval_tasks runs lm-eval's tasks instead of lines")
+        sampled = {"num_samples": self.num_samples != 1, "sampling settings": params != _SAMPLING}
+        sampled.update(extra_body=self.extra_body is not None, prompt_logprobs=self.prompt_logprobs)
+        given = [name for name, is_set in sampled.items() if is_set]
+        if given:
+            raise TypeError(f"score scores each line; {', '.join(given)} apply to sampling only")
 
     @classmethod
     def of(cls, settings: Optional[SweepSettings] = None, **overrides: Any) -> SweepSettings:

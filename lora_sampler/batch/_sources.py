@@ -410,18 +410,7 @@ def _manifest_entry(entry: Any, folder: str, path: str, number: int, allow_outsi
         return None  # a state-only save: nothing to sample
     if not isinstance(location, str):
         return _bad_line(path, number, "has a sampler_path that is not a string")
-    outside = False
-    if is_storage_url(location):
-        outside = not location.startswith(folder.rstrip("/") + "/")
-    elif "://" in location:
-        pass  # a training service's own (tinker://), kept as written: nothing is copied from it here
-    elif is_storage_url(folder):
-        relative = posixpath.normpath(location)
-        outside = relative.startswith("../") or relative == ".." or location.startswith("/")
-        location = f"{folder}/{relative.lstrip('/')}"
-    else:
-        location = os.path.abspath(os.path.join(folder, os.path.expanduser(location)))
-        outside = not _inside(location, folder)
+    location, outside = _located(location, folder)
     step = entry.get("batch", entry.get("step"))
     name = entry.get("name")
     problem = None
@@ -438,6 +427,21 @@ def _manifest_entry(entry: Any, folder: str, path: str, number: int, allow_outsi
         final=entry.get("final") is True,
         problem=problem,
     )
+
+
+def _located(location: str, folder: str) -> Tuple[str, bool]:
+    """A manifest's sampler path as the sweep reads it (a relative one beside the manifest), and whether it lies
+    outside the manifest's folder (or store prefix)."""
+    if is_storage_url(location):
+        return location, not location.startswith(folder.rstrip("/") + "/")
+    if "://" in location:
+        return location, False  # a training service's own (tinker://), kept as written: nothing is copied from it here
+    if is_storage_url(folder):
+        relative = posixpath.normpath(location)
+        outside = relative.startswith("../") or relative == ".." or location.startswith("/")
+        return f"{folder}/{relative.lstrip('/')}", outside
+    location = os.path.abspath(os.path.join(folder, os.path.expanduser(location)))
+    return location, not _inside(location, folder)
 
 
 def _inside(location: str, folder: str) -> bool:
@@ -632,29 +636,24 @@ class CheckpointSource:
         if self.ended:
             return None
         now = self._clock()
-        if self._listed_at is None:
-            self._relist(now)
-        item = self._next(now)
-        if item is None and self._listing_due(now):
-            self._relist(now)
-            item = self._next(now)
+        item = self._take(now)
         if item is not None:
             return item
         final_done = self._final is not None and self._final in self._done
-        if self._pending:
-            if not final_done:
-                return None  # each pending checkpoint is bounded by checkpoint_timeout
-            return self._give_up(next(iter(self._pending)), now, "the run's final checkpoint is done")
-        if self._watch and not final_done and now - self._last_news < self._idle:
-            return None
-        if self._watch:
-            self.end_reason = (
-                f"the manifest's final checkpoint ({printable(self._final or '')}) is done"
+        if self._pending:  # each pending checkpoint is bounded by checkpoint_timeout
+            return (
+                self._give_up(next(iter(self._pending)), now, "the run's final checkpoint is done")
                 if final_done
-                else f"--watch saw nothing new for {self._idle:g} s (--idle-timeout)"
+                else None
             )
-        else:
+        if not self._watch:
             self.end_reason = "every checkpoint listed was taken (pass --watch to follow a run still training)"
+        elif final_done:
+            self.end_reason = f"the manifest's final checkpoint ({printable(self._final or '')}) is done"
+        elif now - self._last_news < self._idle:
+            return None
+        else:
+            self.end_reason = f"--watch saw nothing new for {self._idle:g} s (--idle-timeout)"
         self.ended = True
         return None
 
@@ -751,6 +750,16 @@ class CheckpointSource:
 
     # -- handing out --------------------------------------------------------------------------------------------
 
+    def _take(self, now: float) -> Union[Checkpoint, Unusable, None]:
+        """The next checkpoint ready (or given up on) among those listed, listing again first when a listing is due."""
+        if self._listed_at is None:
+            self._relist(now)
+        item = self._next(now)
+        if item is None and self._listing_due(now):
+            self._relist(now)
+            item = self._next(now)
+        return item
+
     def _next(self, now: float) -> Union[Checkpoint, Unusable, None]:
         """The first pending checkpoint that is ready, or the first one due to be given up on."""
         for key, pending in self._pending.items():  # returns right after changing it
@@ -787,9 +796,7 @@ class CheckpointSource:
         return fingerprint[0] != "absent" and fingerprint[1] is None and self._settled(fingerprint, pending.since, now)
 
     def _settled(self, fingerprint: Tuple[Any, ...], since: float, now: float) -> bool:
-        """Unchanged for ``settle`` seconds, as we watched it or by its modification time (never when absent)."""
-        if fingerprint[0] == "absent":
-            return False
+        """Unchanged for ``settle`` seconds, as we watched it or by its modification time (not absent: the callers')."""
         return now - since >= self._settle or time.time() - float(fingerprint[0]) >= self._settle
 
     def _hopeless(self, pending: _Pending, now: float) -> Optional[str]:

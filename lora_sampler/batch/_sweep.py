@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Union
 
 from lora_sampler._adapters.lease import remove_if_unleased
 from lora_sampler._client.client import SamplerClient
@@ -187,12 +187,11 @@ class Sweep:
         on_outage: Optional[OutageHook] = None,
         on_state: Optional[Callable[[str], None]] = None,
     ):
-        _check_work(requests, evaluator, settings)
+        #: Run on each checkpoint instead of the step's lines (lm-eval's tasks with ``lm_eval_tasks``).
+        self.evaluator = _evaluator_of(requests, evaluator, settings)
         self.client, self.step, self.settings = client, settings.step(requests), settings
         self.on_state = on_state
         self._told = ""
-        #: Run on each checkpoint instead of the step's lines (lm-eval's tasks with ``lm_eval_tasks``).
-        self.evaluator = _evaluator_of(evaluator, settings)
         self.on_row, self.on_outage = on_row, on_outage
         if isinstance(checkpoints, Manifest) and settings.allow_outside_paths:
             checkpoints = dataclasses.replace(checkpoints, allow_outside_paths=True)
@@ -248,9 +247,7 @@ class Sweep:
             )
             if not settings.watch and not ledger.finished and not source.listed():
                 raise ValueError(f"{_describe(self._checkpoints)} names no checkpoint archive or adapter folder")
-            for line in ledger.finished.values():
-                if isinstance(line.get("adapter"), str):
-                    self._adapters.remember(line["adapter"])
+            self._adapters.remember(ledger.finished.values())
             for line in list(done.values()):  # an earlier run's: a re-run cell draws the same curve
                 yield CheckpointReport.from_ledger(line, resumed=True)
             mixing = self.client.isolation.mixing() if settings.mix_adapters else contextlib.nullcontext()
@@ -358,10 +355,13 @@ class _SharedAdapters:
         self._in_use: Set[str] = set()
         self._by_content: Dict[str, str] = {}  # the digest part of an adapter name -> the first adapter of it
 
-    def remember(self, name: str) -> None:
-        """An adapter an earlier run published: later checkpoints with its content share it."""
+    def remember(self, lines: Iterable[Mapping[str, Any]]) -> None:
+        """The adapters an earlier run published (its ledger lines): later checkpoints with their content share them."""
         with self._changed:
-            self._by_content.setdefault(name.rsplit("-", 1)[-1], name)
+            for line in lines:
+                name = line.get("adapter")
+                if isinstance(name, str):
+                    self._by_content.setdefault(name.rsplit("-", 1)[-1], name)
 
     def same_content(self, adapter: Adapter, checkpoint: Checkpoint) -> Adapter:
         """Two checkpoints with the same bytes share one adapter (and output file), whatever their names: a later one
@@ -490,13 +490,30 @@ class _CheckpointRun(threading.Thread):
             return None
         with self.adapters.using(adapter.name, self.claimed):
             if sweep.evaluator is not None:
-                return self._run_evaluator(sweep.evaluator, adapter, started)
-            return self._sample(adapter, started)
+                fields = self._run_evaluator(sweep.evaluator, adapter)
+            else:
+                fields = self._sample(adapter)
+        if fields is None:
+            return None  # stopped, or abandoned: not finished, so the next run resumes it
+        checkpoint, notes = self.checkpoint, fields.pop("notes")
+        replaces = checkpoint.replaces if checkpoint.replaces not in (None, adapter.name) else None
+        if replaces is not None:
+            notes.insert(0, f"content changed since it was evaluated as {replaces}; evaluated again as {adapter.name}")
+        return CheckpointReport(
+            checkpoint.path,
+            checkpoint.step,
+            adapter.name,
+            seconds=time.monotonic() - started,
+            path=checkpoint.key,
+            replaces=replaces,
+            notes=notes,
+            signature=checkpoint.signature,
+            **fields,
+        )
 
-    def _run_evaluator(
-        self, evaluator: CheckpointEvaluator, adapter: Adapter, started: float
-    ) -> Optional[CheckpointReport]:
-        """Warm the adapter, wait for the previous checkpoint's evaluator, run this one's, retire the adapter.
+    def _run_evaluator(self, evaluator: CheckpointEvaluator, adapter: Adapter) -> Optional[Dict[str, Any]]:
+        """Warm the adapter, wait for the previous checkpoint's evaluator, run this one's, retire the adapter; return
+        the report's ``metrics`` and ``notes``.
 
         The previous checkpoint's evaluation (and its unload) must end first: its requests would otherwise
         interleave with these and swap adapters in the engine. With ``window`` > 1 the publish and the warm-up of the
@@ -525,17 +542,12 @@ class _CheckpointRun(threading.Thread):
             warm.join()
         if sweep.stopped:
             return None
-        self._retire(adapter)  # before the next evaluator starts (run() sets inputs_done): reports come in order
-        return CheckpointReport(
-            self.checkpoint.path,
-            self.checkpoint.step,
-            adapter.name,
-            seconds=time.monotonic() - started,
-            metrics=metrics,
-        )
+        # Retired before the next evaluator starts (run() sets inputs_done): the reports come in order.
+        return {"metrics": metrics, "notes": self._retire(adapter)}
 
-    def _sample(self, adapter: Adapter, started: float) -> Optional[CheckpointReport]:
-        """Run the step's lines for a published adapter, retire it, and read its output into the report."""
+    def _sample(self, adapter: Adapter) -> Optional[Dict[str, Any]]:
+        """Run the step's lines for a published adapter, retire it; return the report's fields read from its output
+        (and its ``notes``)."""
         sweep = self.sweep
         client, step, settings = sweep.client, sweep.step, sweep.settings
         output = os.path.join(settings.output_dir, f"{adapter.name}.jsonl")
@@ -565,32 +577,15 @@ class _CheckpointRun(threading.Thread):
             finally:
                 if warm is not None:
                     warm.join()
-        if job.abandoned:
-            sweep.abandoned = True
+        sweep.abandoned = sweep.abandoned or job.abandoned
         if job.abandoned or sweep.stopped:
-            return None  # not finished: the next run resumes its output
-        notes = self._retire(adapter)
+            return None
+        notes = self._retire(adapter) + (scoring_notes(adapter) if isinstance(step, ScoreStep) else [])
         if job.fatal is not None:
             self._judge(job.fatal)
         summary = step.summary(output)
         known = {name: summary.pop(name) for name in _SUMMARY_FIELDS if name in summary}
-        checkpoint = self.checkpoint
-        replaces = checkpoint.replaces if checkpoint.replaces not in (None, adapter.name) else None
-        if replaces is not None:
-            notes.insert(0, f"content changed since it was evaluated as {replaces}; evaluated again as {adapter.name}")
-        return CheckpointReport(
-            checkpoint.path,
-            checkpoint.step,
-            adapter.name,
-            os.path.basename(output),
-            seconds=time.monotonic() - started,
-            extra=summary,
-            path=checkpoint.key,
-            replaces=replaces,
-            notes=notes + (scoring_notes(adapter) if isinstance(step, ScoreStep) else []),
-            signature=checkpoint.signature,
-            **known,
-        )
+        return {"output": os.path.basename(output), "extra": summary, "notes": notes, **known}
 
     def _gated(self, lines: Iterator[InputLine]) -> Iterator[InputLine]:
         """The lines, once the previous checkpoint's have all been handed out (or the sweep stops)."""
@@ -730,11 +725,27 @@ def _describe(checkpoints: Checkpoints) -> str:
     return "the pattern " + " ".join(patterns)
 
 
-def _evaluator_of(evaluator: Optional[CheckpointEvaluator], settings: SweepSettings) -> Optional[CheckpointEvaluator]:
+def _evaluator_of(
+    requests: Optional[SweepInput], evaluator: Optional[CheckpointEvaluator], settings: SweepSettings
+) -> Optional[CheckpointEvaluator]:
     """The evaluator of each checkpoint: lm-eval's tasks (``lm_eval_tasks``, the [lm-eval] extra, imported here so
-    that a missing one fails before any checkpoint), the one given, or none (lines)."""
+    that a missing one fails before any checkpoint), the one given, or none (lines). Both lines and an evaluator, or
+    neither, is refused before any request."""
     if settings.lm_eval_tasks is None:
+        if evaluator is None and requests is None:
+            raise TypeError(
+                "sweep() needs requests (a JSONL path or a sequence of lines, or SampleRequest values) or evaluator= "
+                "(a CheckpointEvaluator returning metrics, e.g. lora_sampler.tinker.TinkerEvaluator(fn) for a callable "
+                "taking a Tinker-compatible sampling client)"
+            )
+        if evaluator is not None and (requests is not None or settings.score):
+            raise TypeError(
+                "pass requests= (to sample, or with score=True to score) or evaluator= (metrics per checkpoint), not "
+                "both"
+            )
         return None if evaluator is None else checked_evaluator(evaluator)
+    if requests is not None or evaluator is not None:
+        raise TypeError("lm_eval_tasks runs lm-eval's tasks on each checkpoint: pass no requests and no evaluator")
     from lora_sampler.lm_eval import LmEvalTasks  # the one import up: the settings name lm-eval's tasks
 
     return LmEvalTasks(
@@ -746,26 +757,6 @@ def _evaluator_of(evaluator: Optional[CheckpointEvaluator], settings: SweepSetti
         arguments=settings.lm_eval_args,
         prompts_per_request=settings.prompts_per_request,
     )
-
-
-def _check_work(
-    requests: Optional[SweepInput], evaluator: Optional[CheckpointEvaluator], settings: SweepSettings
-) -> None:
-    """Refuse a sweep with both lines and an evaluator, or neither, before any request."""
-    if settings.lm_eval_tasks is not None:
-        if requests is not None or evaluator is not None:
-            raise TypeError("lm_eval_tasks runs lm-eval's tasks on each checkpoint: pass no requests and no evaluator")
-        return
-    if evaluator is None and requests is None:
-        raise TypeError(
-            "sweep() needs requests (a JSONL path or a sequence of lines, or SampleRequest values) or evaluator= "
-            "(a CheckpointEvaluator returning metrics, e.g. lora_sampler.tinker.TinkerEvaluator(fn) for a callable "
-            "taking a Tinker-compatible sampling client)"
-        )
-    if evaluator is not None and (requests is not None or settings.score):
-        raise TypeError(
-            "pass requests= (to sample, or with score=True to score) or evaluator= (metrics per checkpoint), not both"
-        )
 
 
 def sweep(

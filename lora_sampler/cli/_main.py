@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
+import importlib.metadata
 import logging
 import os
 import signal
@@ -24,7 +26,7 @@ from lora_sampler._client.client import SamplerClient
 from lora_sampler._defaults import API_KEY_ENV, MAX_PROMPTS_PER_REQUEST, VLLM_API_KEY_ENV
 from lora_sampler._testmode import set_testing
 from lora_sampler._version import __version__
-from lora_sampler.batch._evaluator import CheckpointEvaluator, EvaluatorError, load_factory
+from lora_sampler.batch._evaluator import CheckpointEvaluator
 from lora_sampler.batch._lines import LineDefaults
 from lora_sampler.batch._openai import OPENAI_BATCH_FORMAT, PROMPT_FORMAT, file_format, first_line
 from lora_sampler.batch._score import SCORE_FORMAT, scoring_notes
@@ -662,16 +664,33 @@ def _load_evaluator(spec: str) -> CheckpointEvaluator:
 
 
 def _made_by_factory(spec: str) -> Any:
-    """What ``module:factory`` makes, ``module`` looked up from the working directory first."""
-    sys.path.insert(0, os.getcwd())  # module:factory names a module of the working directory, as python -m does
+    """Import ``module:factory`` (``module`` looked up from the working directory first, as ``python -m`` does) and
+    return what the factory, called with no argument, makes: a ``CheckpointEvaluator``, or a callable to wrap. Every
+    failure is a usage error naming it, without a traceback."""
+    module_name, colon, attribute = spec.partition(":")
+    if not colon or not module_name or not attribute:
+        raise UsageError(f"--evaluator takes module:factory (e.g. my_evals:make_evaluator), got {spec!r}")
+    sys.path.insert(0, os.getcwd())
     try:
-        return load_factory(spec)
-    except (ImportError, AttributeError, ValueError, EvaluatorError) as error:
+        importlib.import_module(module_name)  # its own ImportError names the module
+        try:  # the object reference of an entry point (``module:attr.path``), resolved as importlib.metadata does
+            factory: Any = importlib.metadata.EntryPoint(spec, spec, "lora_sampler.evaluator").load()
+        except AttributeError:
+            raise UsageError(f"--evaluator {spec}: module {module_name!r} has no {attribute!r}") from None
+        if not callable(factory):
+            raise UsageError(f"--evaluator {spec} is a {type(factory).__name__}, not a factory to call")
+        made = factory()
+    except ImportError as error:
         raise UsageError(f"--evaluator {spec}: {error}") from None
+    except UsageError:
+        raise
     except Exception as error:  # the module or the factory itself failed: say so, without a traceback
         raise UsageError(f"--evaluator {spec}: {type(error).__name__}: {error}") from None
     finally:
         sys.path.remove(os.getcwd())
+    if not callable(made):
+        raise UsageError(f"--evaluator {spec}() returned a {type(made).__name__}; it must return an evaluator to call")
+    return made
 
 
 def _check_sweep_input(path: str) -> None:
