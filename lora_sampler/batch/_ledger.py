@@ -73,8 +73,8 @@ class Ledger:
         """Append one line durably (one ``write``, then ``fsync``); a finished one joins ``finished``.
 
         Raises:
-            OutputWriteError: the line cannot be written (a full disk); a part written is cut off again, so the
-                ledger stays whole lines and the sweep resumes.
+            OutputWriteError: the line cannot be written (a full disk; the sweep says how to resume); a part written
+                is cut off again, so the ledger stays whole lines.
         """
         data = (to_json_line(entry) + "\n").encode("utf-8")
         view = memoryview(data)
@@ -87,10 +87,7 @@ class Ledger:
             with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, size)
             raise OutputWriteError(
-                f"cannot write {self.path}: {error.strerror or error}. Every checkpoint recorded before is kept and "
-                f"the sweep resumes: free some space, then run again with the same --output-dir "
-                f"{os.path.dirname(self.path)}",
-                path=self.path,
+                f"cannot write {self.path}", path=self.path, reason=error.strerror or str(error)
             ) from None
         if "error" not in entry:
             self.finished[ledger_key(entry)] = entry

@@ -341,7 +341,10 @@ class Sweep:
             self.on_state(state)
 
     def _record(self, report: CheckpointReport, source: CheckpointSource, ledger: Ledger) -> CheckpointReport:
-        ledger.append(report.ledger_line())
+        try:
+            ledger.append(report.ledger_line())
+        except OutputWriteError as error:
+            raise _resumable(error, self.settings.output_dir) from None
         source.finished(report.path or report.checkpoint, signature=report.signature, adapter=report.adapter)
         return report
 

@@ -68,10 +68,10 @@ class LmEvalTasks(CheckpointEvaluator):
         self.num_fewshot, self.prompts_per_request = num_fewshot, prompts_per_request
         self.arguments: Dict[str, Any] = {"log_samples": False, **(arguments or {})}
         self.model_args = _model_args(self.arguments.pop("model_args", None))
-        #: The token cache's tokenizer (one cache serves every checkpoint), not each checkpoint model's setting.
-        self.tokenizer = self.model_args.pop("tokenizer", None)
-        if self.tokenizer is not None:
-            local_tokenizer(self.tokenizer)  # a bad path fails the sweep now, not every checkpoint
+        #: The token cache's tokenizer (one cache serves every checkpoint), not each checkpoint model's setting: read
+        #: once, now, so a bad path fails the sweep before any checkpoint.
+        tokenizer = self.model_args.pop("tokenizer", None)
+        self.tokenizer = None if tokenizer is None else local_tokenizer(tokenizer)
         self.tokens: Optional[TokenCache] = None
         self._task_manager: Any = None
 

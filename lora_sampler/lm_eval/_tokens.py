@@ -160,8 +160,8 @@ def local_tokenizer(tokenizer: Any) -> LocalTokenizer:
 
     Args:
         tokenizer: The model's folder or its ``tokenizer.json`` (read with the ``tokenizers`` package, which the
-            ``[lm-eval]`` extra installs), or an object with a Hugging Face tokenizer's ``encode(text,
-            add_special_tokens=False)``.
+            ``[lm-eval]`` extra installs), an object with a Hugging Face tokenizer's ``encode(text,
+            add_special_tokens=False)``, or a ``LocalTokenizer`` this function made (returned as it is).
 
     Raises:
         ValueError: no ``tokenizer.json`` at the path, or one the ``tokenizers`` package cannot read.
@@ -170,6 +170,9 @@ def local_tokenizer(tokenizer: Any) -> LocalTokenizer:
     """
     if isinstance(tokenizer, (str, os.PathLike)):
         return _tokenizer_file(os.fspath(tokenizer))
+    if callable(tokenizer) and not hasattr(tokenizer, "encode"):
+        read: LocalTokenizer = tokenizer  # this function's answer already: a sweep reads its file once
+        return read
     if not callable(getattr(tokenizer, "encode", None)):
         raise TypeError(
             f"tokenizer must be the base model's folder, its tokenizer.json, or a tokenizer with encode(); "
