@@ -50,11 +50,6 @@ def checkpoint_digest(path: StrPath) -> str:
     return _sha256_folder(list_folder_files(real)) if os.path.isdir(real) else _sha256_file(real)
 
 
-def folder_digest(root: str) -> str:
-    """Return the ``checkpoint_digest`` of a folder, uncached (for a freshly downloaded copy of one)."""
-    return _sha256_folder(list_folder_files(root))
-
-
 def file_signature(path: str) -> Signature:
     """Return what tells a file's content changed without reading it: size, mtime_ns, ctime_ns and inode.
 

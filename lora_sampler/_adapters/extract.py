@@ -24,7 +24,7 @@ import zlib
 from contextlib import nullcontext, suppress
 from dataclasses import dataclass
 from functools import partial
-from typing import IO, Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple, Union, cast
+from typing import IO, Any, Callable, ContextManager, Dict, Optional, Sequence, Tuple, Union, cast
 
 from lora_sampler._adapters.archive import (
     ARCHIVE_FIX,
@@ -32,7 +32,6 @@ from lora_sampler._adapters.archive import (
     check_layout,
     check_member,
     fsync_folders,
-    list_folder_files,
     run_data_filter,
 )
 from lora_sampler.errors import PublishError, UnsafeArchiveError
@@ -98,22 +97,6 @@ _O_BINARY = getattr(os, "O_BINARY", 0)
 
 #: Opens one file of a folder checkpoint for reading (a local file, or an object in storage).
 FileOpener = Callable[[], ContextManager[Union[IO[bytes], io.RawIOBase]]]
-
-
-def copy_folder(source: str, dest: str, *, limits: PublishLimits = DEFAULT_LIMITS, durable: bool = True) -> None:
-    """Copy a checkpoint folder's files into the existing, empty folder ``dest``, as plain files.
-
-    Raises:
-        PublishError: the folder is larger than ``limits.max_total_bytes``, or there is not enough free space.
-    """
-    files: List[Tuple[str, int, FileOpener]] = [
-        (rel, os.path.getsize(full), partial(_open_binary, full)) for rel, full in list_folder_files(source)
-    ]
-    copy_files(source, files, dest, limits=limits, durable=durable)
-
-
-def _open_binary(path: str) -> IO[bytes]:
-    return open(path, "rb")
 
 
 def copy_files(

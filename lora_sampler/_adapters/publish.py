@@ -15,6 +15,7 @@ here; the client reads the engine's model and calls ``check_adapter_config`` its
 from __future__ import annotations
 
 import errno
+import io
 import json
 import logging
 import os
@@ -22,7 +23,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, ContextManager, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from lora_sampler._adapters import storage
 from lora_sampler._adapters.archive import (
@@ -32,7 +33,6 @@ from lora_sampler._adapters.archive import (
     checkpoint_digest,
     clean_stale_temporaries,
     file_signature,
-    folder_digest,
     fsync_folders,
     list_folder_files,
     make_temp_folder,
@@ -42,7 +42,6 @@ from lora_sampler._adapters.extract import (
     FileOpener,
     PublishLimits,
     copy_files,
-    copy_folder,
     extract_archive,
 )
 from lora_sampler._files import replacing
@@ -195,35 +194,31 @@ def _checked_arguments(lora_base_dir: StrPath, name: Optional[str], limits: Publ
 
 
 def _local_checkpoint(source: str, limits: PublishLimits) -> _Checkpoint:
-    """A local archive (signed by its stat) or folder (by its adapter files' stats)."""
+    """A local archive (signed by its stat) or folder (by its files' stats), refused if it changes while it is read."""
     if not os.path.exists(source):
         raise PublishError(f"checkpoint {source} does not exist; pass an adapter archive or folder")
+    signature = _local_signature(source)  # before the files are listed: a file added after it is a change
+    folder = os.path.isdir(source)
+    if folder:
+        files = [(rel, os.path.getsize(full), partial(io.FileIO, full)) for rel, full in list_folder_files(source)]
+        fill: Callable[[str], str] = partial(_copy, source, files, limits, False)
+    else:
+        fill = partial(_extract, source, partial(io.FileIO, source), limits)
+    return _Checkpoint(source, _name_stem(source, folder), signature, partial(_unchanged, source, signature, fill))
+
+
+def _local_signature(source: str) -> List[Any]:
     if os.path.isdir(source):
-        signature = _folder_signature(source)
-        fill = partial(_copy_local_folder, source, limits, signature)
-        return _Checkpoint(source, _name_stem(source, True), signature, fill)
-    signature = list(file_signature(source))
-    return _Checkpoint(source, _name_stem(source, False), signature, partial(_extract_file, source, limits, signature))
+        return [[rel, *file_signature(full)] for rel, full in list_folder_files(source)]
+    return list(file_signature(source))
 
 
-def _folder_signature(folder: str) -> List[Any]:
-    return [[rel, *file_signature(full)] for rel, full in list_folder_files(folder)]
-
-
-def _extract_file(source: str, limits: PublishLimits, signature: List[Any], temp: str) -> str:
-    """Extract a local archive into ``temp`` in one pass; return its digest (refused if the file changed meanwhile)."""
-    digest = extract_archive(source, temp, limits=limits, durable=DEFAULT_DURABLE)
-    if list(file_signature(source)) != signature:
+def _unchanged(source: str, signature: List[Any], fill: Callable[[str], str], temp: str) -> str:
+    """Fill ``temp`` from a local checkpoint and return its digest; refused if its signature changed meanwhile."""
+    digest = fill(temp)
+    if _local_signature(source) != signature:
         raise PublishError(f"checkpoint {source} changed while it was being published; publish it again")
     return digest
-
-
-def _copy_local_folder(source: str, limits: PublishLimits, signature: List[Any], temp: str) -> str:
-    """Copy a folder's adapter files into ``temp``; return the copy's digest (refused if they changed meanwhile)."""
-    copy_folder(source, temp, limits=limits, durable=DEFAULT_DURABLE)
-    if _folder_signature(source) != signature:
-        raise PublishError(f"checkpoint {source} changed while it was being published; publish it again")
-    return folder_digest(temp)
 
 
 def _stored_checkpoint(url: str, limits: PublishLimits, options: Optional[Mapping[str, Any]]) -> _Checkpoint:
@@ -231,31 +226,28 @@ def _stored_checkpoint(url: str, limits: PublishLimits, options: Optional[Mappin
     # A trailing slash names a prefix: its listing is the one request (a probe would add a HEAD and a listing).
     stored = storage.StoredObject(url, 0, None, None, True) if url.endswith("/") else storage.probe(url, options)
     if not stored.is_folder:
-        signature = [stored.etag, stored.version, stored.size]
-        return _Checkpoint(url, _name_stem(url, False), signature, partial(_extract_stored, stored, limits, options))
+        fill = partial(_extract, url, partial(storage.open_object, stored, options), limits)
+        return _Checkpoint(url, _name_stem(url, False), [stored.etag, stored.version, stored.size], fill)
     files = [f for f in storage.list_folder(url, options) if f.rel != MARKER_FILE]
     if not files:
         raise PublishError(f"cannot publish {url}: the prefix holds no files; pass an adapter folder or archive URL")
     source = url.rstrip("/")  # prefix and prefix/ are one checkpoint
-    opened = [(f.rel, f.size, storage.opener(f, options)) for f in files]
-    fill = partial(_copy_stored_folder, source, opened, limits)
+    fill = partial(_copy, source, [(f.rel, f.size, storage.opener(f, options)) for f in files], limits, True)
     return _Checkpoint(source, _name_stem(url, True), [[f.rel, f.etag, f.size] for f in files], fill)
 
 
-def _extract_stored(
-    stored: storage.StoredObject, limits: PublishLimits, options: Optional[Mapping[str, Any]], temp: str
-) -> str:
-    """Stream one object through the one-pass extraction into ``temp``; return its digest."""
-    with storage.open_object(stored, options) as stream:
-        return extract_archive(stored.url, temp, limits=limits, durable=DEFAULT_DURABLE, reader=stream)
+def _extract(where: str, opener: Callable[[], ContextManager[io.RawIOBase]], limits: PublishLimits, temp: str) -> str:
+    """Extract an archive (a local file, or a stored object streamed) into ``temp`` in one pass; return its digest."""
+    with opener() as reader:
+        return extract_archive(where, temp, limits=limits, durable=DEFAULT_DURABLE, reader=reader)
 
 
-def _copy_stored_folder(
-    url: str, files: Sequence[Tuple[str, int, FileOpener]], limits: PublishLimits, temp: str
+def _copy(
+    where: str, files: Sequence[Tuple[str, int, FileOpener]], limits: PublishLimits, stored: bool, temp: str
 ) -> str:
-    """Download a folder's objects into ``temp`` (paths held to the archive rules); return its folder digest."""
-    copy_files(url, files, temp, limits=limits, durable=DEFAULT_DURABLE, untrusted=True)
-    return folder_digest(temp)
+    """Copy a folder's files into ``temp`` (object keys held to the archive members' rules); return its digest."""
+    copy_files(where, files, temp, limits=limits, durable=DEFAULT_DURABLE, untrusted=stored)
+    return checkpoint_digest(temp)
 
 
 # -- published before? else extract and rename ------------------------------------------------------------------
