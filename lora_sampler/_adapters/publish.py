@@ -232,7 +232,9 @@ def _stored_checkpoint(url: str, limits: PublishLimits, options: Optional[Mappin
     if not files:
         raise PublishError(f"cannot publish {url}: the prefix holds no files; pass an adapter folder or archive URL")
     source = url.rstrip("/")  # prefix and prefix/ are one checkpoint
-    fill = partial(_copy, source, [(f.rel, f.size, storage.opener(f, options)) for f in files], limits, True)
+    fill = partial(
+        _copy, source, [(f.rel, f.size, partial(storage.open_object, f, options)) for f in files], limits, True
+    )
     return _Checkpoint(source, _name_stem(url, True), [[f.rel, f.etag, f.size] for f in files], fill)
 
 

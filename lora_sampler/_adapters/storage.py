@@ -29,7 +29,6 @@ from typing import (
     Any,
     Awaitable,
     Callable,
-    ContextManager,
     Dict,
     Generator,
     Iterator,
@@ -51,14 +50,12 @@ __all__ = [
     "DOWNLOAD_CHUNK_SIZE",
     "Deadlines",
     "StorageOptions",
-    "StoredFile",
     "StoredObject",
     "deadlines",
     "expand",
     "is_storage_url",
     "list_folder",
     "open_object",
-    "opener",
     "probe",
     "read_bytes",
     "settle_signature",
@@ -206,15 +203,16 @@ def deadlines(options: Optional[Mapping[str, Any]] = None, timeout: Optional[Tim
 
 @dataclass(frozen=True)
 class StoredObject:
-    """What one metadata request says about a checkpoint URL.
+    """What the store says of a checkpoint URL (one look-up), or of one object of a stored folder (its listing).
 
     Attributes:
-        url: The URL as given (``s3://bucket/key``).
+        url: The URL as given (``s3://bucket/key``), or the object's own URL in a folder.
         size: The object's size in bytes (0 for a folder).
         etag: The store's ETag, or None.
         version: The object's version (S3 ``VersionId``, GCS generation), or None.
         is_folder: The URL is a prefix (an adapter folder), not an object.
         modified: When the object was last written (seconds since the epoch), or None when the store does not say.
+        rel: An object's path below the folder it was listed in (``list_folder``); "" otherwise.
     """
 
     url: str
@@ -223,17 +221,7 @@ class StoredObject:
     version: Optional[str]
     is_folder: bool
     modified: Optional[float] = None
-
-
-@dataclass(frozen=True)
-class StoredFile:
-    """One object of an adapter folder in storage: its path below the folder, URL, size, ETag and write time."""
-
-    rel: str
-    url: str
-    size: int
-    etag: Optional[str]
-    modified: Optional[float] = None
+    rel: str = ""
 
 
 def probe(url: str, options: Optional[Mapping[str, Any]] = None, *, timeout: Optional[Timeout] = None) -> StoredObject:
@@ -254,7 +242,7 @@ def probe(url: str, options: Optional[Mapping[str, Any]] = None, *, timeout: Opt
 
 def list_folder(
     url: str, options: Optional[Mapping[str, Any]] = None, *, timeout: Optional[Timeout] = None
-) -> List[StoredFile]:
+) -> List[StoredObject]:
     """List every object below the prefix ``url`` (recursively), sorted by path below it.
 
     Zero-byte ``folder/`` placeholder objects that consoles create are skipped. A key is taken as it is: the file
@@ -262,7 +250,7 @@ def list_folder(
     """
     fs, path, limits = _filesystem(url, options, timeout)
     root = path.rstrip("/") + "/"
-    files: Dict[str, StoredFile] = {}
+    files: Dict[str, StoredObject] = {}
     with translated(url, options, "list"):
         for name, info in _listing(fs, root, limits, options, one_level=False).items():
             rel = name[len(root) :].lstrip("/")
@@ -271,7 +259,8 @@ def list_folder(
             file_url = f"{url.rstrip('/')}/{name[len(root):]}"  # the object's own URL, double slashes kept
             if rel in files:
                 raise OSError(f"two objects would be the adapter's file {rel!r}: {files[rel].url} and {file_url}")
-            files[rel] = StoredFile(rel, file_url, int(info.get("size") or 0), _etag(info), _modified(info))
+            size = int(info.get("size") or 0)
+            files[rel] = StoredObject(file_url, size, _etag(info), None, False, _modified(info), rel)
     return sorted(files.values(), key=lambda file: file.rel)
 
 
@@ -335,6 +324,8 @@ def settle_signature(
 def read_bytes(url: str, options: Optional[Mapping[str, Any]] = None, *, timeout: Optional[Timeout] = None) -> bytes:
     """Return a small object's bytes (a training run's manifest): a look-up, then one read within its deadline.
 
+    The read is not tied to the looked-up ETag: a manifest rewritten meanwhile is read as it is now.
+
     Raises:
         FileNotFoundError: there is no such object (yet).
         PublishError: the store refused, could not be reached, or did not send it in time.
@@ -354,13 +345,6 @@ def _absent_as_not_found(url: str) -> Iterator[None]:
         if isinstance(error.__cause__, FileNotFoundError):
             raise FileNotFoundError(url) from error
         raise
-
-
-def opener(
-    file: StoredFile, options: Optional[Mapping[str, Any]] = None, *, timeout: Optional[Timeout] = None
-) -> Callable[[], ContextManager[io.RawIOBase]]:
-    """Return a callable opening one file of a stored folder with ``open_object`` (for ``extract.copy_files``)."""
-    return partial(open_object, StoredObject(file.url, file.size, file.etag, None, False), options, timeout=timeout)
 
 
 @contextmanager
