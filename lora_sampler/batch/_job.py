@@ -1,26 +1,25 @@
 """``BatchJob``: stream parsed input lines through ``SamplerClient.imap``/``imap_unordered`` into the output.
 
-The client bounds the requests in flight; one worker thread drives it and writes the records, while the calling
-thread waits. The worker is what lets a stop abandon requests still hung after its grace: the client's iterators
-wait on their requests without a bound, so the calling thread returns at the deadline instead, and a lock the
-worker writes under keeps any record from being torn or written after that. It stops on errors the whole job
-shares (an unusable engine, an outage too long).
+The client bounds the requests in flight; one pump thread drives it, and the calling thread alone writes records,
+so a stop never tears a line. The pump is what lets a stop abandon requests still hung after its grace: the
+client's iterators wait on their requests without a bound, so the calling thread returns at the deadline instead;
+and it takes outcomes as fast as they come, so the client's window refills (and its batches fill) while records
+are written. It stops on errors the whole job shares (an unusable engine, an outage too long).
 It parses nothing and shows nothing: lines come in parsed, and progress leaves through ``on_event``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable, Dict, Generator, Iterable, Iterator, Optional, Set, Tuple, Type, Union
+from typing import IO, Any, Callable, Dict, Iterable, Iterator, Optional, Set, Tuple, Type, Union
 
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._client.outage import OutageEvent, OutageHook, is_outage
-from lora_sampler.batch._lines import PROMPT_RECORDS, InputLine, RecordFormat, write_record
-from lora_sampler.batch._memory import OutputMemory
+from lora_sampler.batch._lines import PROMPT_RECORDS, InputLine, OutputMemory, RecordFormat, write_record
 from lora_sampler.errors import (
     AdapterNotReadyError,
     AuthenticationError,
@@ -54,15 +53,21 @@ class BatchStats:
     started: float = field(default_factory=time.monotonic)
 
 
+_END = object()
+
+
+class _Abandoned(Exception):
+    """The calling thread stopped reading outcomes."""
+
+
 Event = Callable[[str, InputLine, Optional[Dict[str, Any]]], None]
 
 
 class BatchJob:
     """Stream input lines through a client and write one record per line, as results arrive.
 
-    The client's ``imap``/``imap_unordered`` bound the requests in flight; a worker thread runs them and writes each
-    outcome's record, under a lock that abandoning the job takes too, so a stop never tears a line and no record
-    follows ``run``'s return. The calling thread waits for the worker, and returns at a stop's deadline.
+    The client's ``imap``/``imap_unordered`` bound the requests in flight; a pump thread runs them and hands each
+    outcome to the calling thread, which alone writes the output (so a stop never tears a line).
 
     Args:
         client: The client (its ``max_workers`` is the concurrency).
@@ -71,7 +76,7 @@ class BatchJob:
         done: Resume-set keys to skip.
         ordered: Write records in input order (bad lines then wait for the requests before them).
         model: The adapter or base-model name, for error records.
-        on_event: Called from the worker thread with ``("done"|"failed"|"skipped", line, record)``.
+        on_event: Called in the calling thread with ``("done"|"failed"|"skipped", line, record)``.
         fail_fast: Consecutive prompt-independent failures after which the job stops.
         max_outage: Seconds to hold requests while the engine is away (0: outages count towards ``fail_fast``);
             past it the job stops, saying how long it waited.
@@ -108,9 +113,8 @@ class BatchJob:
         self._gave_up: Optional[OutageEvent] = None  # set (from a worker thread) once the outage outlasted the limit
         self._records, self._unusable_errors = records, unusable_errors
         self._prompts_per_request, self._memory = prompts_per_request, memory
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=64)
         self._stopping = threading.Event()
-        self._writing = threading.Lock()  # held by each record's write, and to abandon the job
-        self._error: Optional[Exception] = None  # raised by run(): the output cannot be written
         self._deadline: Optional[float] = None
         self.stats = BatchStats()
         self.abandoned = False
@@ -125,57 +129,34 @@ class BatchJob:
         self._deadline = deadline if self._deadline is None else min(self._deadline, deadline)
 
     def run(self) -> BatchStats:
-        """Run to the end of the input, or to a stop; return the counts (see ``abandoned`` and ``fatal``).
-
-        Raises:
-            LoraSamplerError: the output cannot be written (a full disk): nothing more can be kept, so it stops.
-        """
-        # In this thread's context: a sweep's mixing() (mix_adapters) covers the requests the worker hands the client.
-        worker = threading.Thread(target=contextvars.copy_context().run, args=(self._work,), name="lora_sampler-batch")
-        worker.daemon = True
-        worker.start()
-        try:
-            while worker.is_alive() and (self._deadline is None or time.monotonic() < self._deadline):
-                worker.join(timeout=0.1)
-        finally:
-            with self._writing:
-                if worker.is_alive():  # past the deadline, or interrupted: in flight is dropped, to run on resume
-                    self.abandoned = True
-                    self._stopping.set()
-        if self._error is not None:
-            raise self._error
-        return self.stats
-
-    def _work(self) -> None:
-        """Write the outcome of each line (runs in the worker thread)."""
-        try:
-            with contextlib.closing(self._outcomes()) as outcomes:
-                for line, outcome in outcomes:
-                    if not self._take("result", line, outcome):
-                        return  # closing the client's iterator cancels what it has in flight
-        except Exception as exc:  # a bug must surface in the calling thread, not die with this one
-            self._stop_on(exc if isinstance(exc, LoraSamplerError) else LoraSamplerError(f"batch job failed: {exc!r}"))
-
-    def _take(self, kind: str, line: InputLine, outcome: Any) -> bool:
-        """Count and write one line's outcome; False once the job is abandoned (nothing is written any more)."""
-        with self._writing:
-            if self.abandoned:
-                return False
+        """Run to the end of the input, or to a stop; return the counts (see ``abandoned`` and ``fatal``)."""
+        # In this thread's context: a sweep's mixing() (mix_adapters) covers the requests the pump hands the client.
+        pump = threading.Thread(target=contextvars.copy_context().run, args=(self._pump,), name="lora_sampler-batch")
+        pump.daemon = True
+        pump.start()
+        while True:
             try:
-                self._handle(kind, line, outcome)
-            except Exception as error:  # the output cannot be written: the calling thread raises it
-                self._error, self.abandoned = error, True
+                item = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                if self._deadline is not None and time.monotonic() >= self._deadline:
+                    self.abandoned = True  # in-flight requests are dropped; their ids run again on resume
+                    return self.stats
+                continue
+            if item is _END:
+                pump.join()
+                return self.stats
+            try:
+                self._handle(*item)
+            except LoraSamplerError:  # the output cannot be written: nothing more can be kept, so stop at once
+                self.abandoned = True
                 self._stopping.set()
-                return False
-            return True
-
-    def _stop_on(self, error: LoraSamplerError) -> None:
-        """Stop taking lines for ``error`` (what is in flight finishes and is written); the first one is ``fatal``."""
-        self.fatal = self.fatal or error
-        self._stopping.set()
+                raise
 
     def _handle(self, kind: str, line: InputLine, outcome: Any) -> None:
         record: Optional[Dict[str, Any]] = None
+        if kind == "fatal":
+            self.fatal = self.fatal or outcome
+            return
         if kind == "skipped":
             self.stats.skipped += 1
         elif not isinstance(outcome, (BaseException, str)):  # a SampleOutput, or a ScoreOutput
@@ -219,8 +200,31 @@ class BatchJob:
             )
             self._stopping.set()  # no deadline: what is in flight fails or succeeds quickly, and is written
 
-    def _outcomes(self) -> Generator[Tuple[InputLine, Any], None, None]:
-        """Yield each sent line with its outcome, in input order when ``ordered`` (runs in the worker thread).
+    def _put(self, item: Any) -> None:
+        while True:  # never block forever: the calling thread may have abandoned the job
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                if self.abandoned:
+                    raise _Abandoned from None
+
+    def _pump(self) -> None:
+        try:
+            try:
+                for line, outcome in self._outcomes():
+                    self._put(("result", line, outcome))
+            except _Abandoned:
+                raise
+            except Exception as exc:  # a bug must surface in the calling thread, not die with this one
+                fatal = exc if isinstance(exc, LoraSamplerError) else LoraSamplerError(f"batch job failed: {exc!r}")
+                self._put(("fatal", None, fatal))
+            self._put(_END)
+        except _Abandoned:
+            return  # nobody is reading any more: end this daemon thread quietly
+
+    def _outcomes(self) -> Iterator[Tuple[InputLine, Any]]:
+        """Yield each sent line with its outcome, in input order when ``ordered`` (runs in the pump thread).
 
         A bad line takes its slot in the client's fan-out as an item it refuses (never sent), so it comes out in
         its place, after the requests before it, with its own error as its outcome.
@@ -246,13 +250,14 @@ class BatchJob:
 
     def _requests(self, sent: Dict[int, InputLine]) -> Iterator[Any]:
         """Yield the requests to send, and None for a bad line (an item the client refuses, never sending it),
-        keeping each line by its index in ``sent``; count skipped lines on the way (runs in the worker thread)."""
+        keeping each line by its index in ``sent``; report skipped lines on the way (runs in the pump thread)."""
         count = 0
         while not self._stopping.is_set():
             try:
                 line = next(self._lines, None)
             except BatchInputError as exc:
-                self._stop_on(exc)
+                self._put(("fatal", None, exc))
+                self._stopping.set()  # no deadline: what is in flight finishes and is written
                 return
             if line is None:
                 return
@@ -263,6 +268,7 @@ class BatchJob:
                 continue
             refusal = None if self._memory is None else self._memory.refusal(line)
             if refusal is not None:
-                self._stop_on(refusal)
+                self._put(("fatal", None, refusal))
+                self._stopping.set()  # what is in flight finishes and is written
                 return
-            self._take("skipped", line, None)
+            self._put(("skipped", line, None))

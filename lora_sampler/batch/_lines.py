@@ -1,34 +1,37 @@
 """Batch evaluation: JSONL in, JSONL out, resumable, with memory flat whatever the input size.
 
 Owns input parsing (one ``InputLine`` per line), the resume set (ids only), torn-line repair and the atomic
-rewrite of the output, and result records. No HTTP, no threads, no argparse, tqdm or signals.
+rewrite of the output, what an output remembers of how its answers were made (``<output>.settings``), and result
+records. No HTTP, no threads, no argparse, tqdm or signals.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
+import errno
+import hashlib
 import json
 import logging
-import math
 import os
 import re
-from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from lora_sampler._files import HAS_FLOCK, TEMP_SUFFIX, json_object_line, replacing, temp_prefix, try_flock
+from lora_sampler._views import json_number
 from lora_sampler._wire.messages import SAMPLING_FIELDS
 from lora_sampler._wire.messages import text_problem as text_problem  # re-exported for the batch readers
-from lora_sampler.batch._memory import OutputMemory, job_settings
-from lora_sampler.batch._memory import output_error as output_error  # re-exported: the records' writer's error
 from lora_sampler.errors import (
     BatchInputError,
     EngineStatusError,
     LoraSamplerError,
     OutputClosedError,
+    OutputSettingsError,
+    OutputWriteError,
 )
-from lora_sampler.types import AdapterSpec, SampleOutput, SampleRequest, SamplingParams, ScoreRequest
+from lora_sampler.types import Adapter, AdapterSpec, SampleOutput, SampleRequest, SamplingParams, ScoreRequest
 
 logger = logging.getLogger(__name__)
 
@@ -206,7 +209,7 @@ def _line_request(obj: Dict[str, Any], line_id: LineId, line_number: int, defaul
         overrides = {key: obj[key] for key in SAMPLING_KEYS if key in obj}
         params = defaults.sampling_params
         if overrides:
-            params = SamplingParams(**{**_fields(params), **overrides})
+            params = SamplingParams(**{**dataclasses.asdict(params), **overrides})  # its fields are SAMPLING_KEYS
         request = SampleRequest(
             obj.get("prompt"),
             messages=obj.get("messages"),
@@ -231,10 +234,6 @@ def _extra_body(defaults: Optional[Mapping[str, Any]], own: object) -> Optional[
     if not isinstance(own, Mapping):
         raise TypeError(f"extra_body must be an object of body fields, got {own!r}")
     return {**(defaults or {}), **own}
-
-
-def _fields(params: SamplingParams) -> Dict[str, Any]:
-    return dataclasses.asdict(params)  # its fields are SAMPLING_KEYS
 
 
 #: Parses one raw input line (``parse_line``'s signature): the plain format, or ``openai_batch.parse_batch_line``.
@@ -428,7 +427,7 @@ def _prepare(path: str, retry_failed: bool, key_of: RecordKey, held: bool) -> Re
     return state
 
 
-@contextmanager
+@contextlib.contextmanager
 def one_writer(path: str) -> Iterator[bool]:
     """Hold the one-writer lock of the output at ``path`` for the block, or refuse at once; yield whether it is held.
 
@@ -468,7 +467,7 @@ def _open_lock_file(lock_path: str) -> Optional[int]:
         return None
 
 
-@contextmanager
+@contextlib.contextmanager
 def open_output(
     path: str,
     *,
@@ -500,7 +499,7 @@ def open_output(
                 pass  # an empty file, whole or not at all
         state = _prepare(path, retry_failed, key_of, held)
         state.memory = None if settings is None else OutputMemory(path, settings, state.done, restart=restart)
-        with state.memory or nullcontext():
+        with state.memory or contextlib.nullcontext():
             try:
                 stream = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed below, its error translated
             except OSError as exc:
@@ -536,12 +535,261 @@ def _remove_stale_temporaries(path: str) -> List[str]:
     return removed
 
 
+# -- what the output remembers ------------------------------------------------------------------------------------
+#
+# In a file beside it (``<output>.settings``): the job's settings that change answers (the records' kind, the model
+# or adapter, sampling and scoring settings, the extra body fields that carry chat and template settings) and one
+# digest per answered id of its line's request (prompt, messages, completion and the line's own settings). A re-run
+# that changes one is refused, naming it and the way out (a new output, or starting over); what does not change
+# answers (concurrency, prompts per request, timeouts, retry-failed, the session id) is not remembered, so it
+# changes freely.
+
+
+#: The remembered settings' file: the output's path with this suffix (a name no ``*.jsonl`` glob matches).
+SETTINGS_SUFFIX = ".settings"
+#: The way out, in every refusal: Python spells the start-over flag ``restart=True``, the command line
+#: ``--restart``.
+WAY_OUT = "write to a new output, or pass --restart (Python: restart=True) to drop its answers and start over"
+
+
+def settings_path(output: str) -> str:
+    """Return the path of the file that remembers ``output``'s settings."""
+    return output + SETTINGS_SUFFIX
+
+
+def model_name(model: Union[AdapterSpec, None]) -> Optional[str]:
+    """The name a model goes by in the settings: a published adapter's (content-derived) name, else as given."""
+    if model is None:
+        return None
+    return model.name if isinstance(model, Adapter) else os.fspath(model)
+
+
+def job_settings(
+    kind: str,
+    model: Union[AdapterSpec, None],
+    *,
+    num_samples: int = 1,
+    sampling_params: Optional[SamplingParams] = None,
+    prompt_logprobs: bool = False,
+    extra_body: Optional[Mapping[str, Any]] = None,
+) -> Dict[str, Any]:
+    """Return the named settings of a job that change its answers (what every line gets unless it says otherwise).
+
+    Args:
+        kind: The records' kind (``sample``, ``score``, ``openai-batch``).
+        model: The adapter or base model every line asks (None: each line names its own).
+        num_samples: Completions per line.
+        sampling_params: The sampling defaults.
+        prompt_logprobs: Whether prompt lines also return the prompt's logprobs.
+        extra_body: Further body fields of every request (chat and template settings among them).
+    """
+    params = sampling_params or SamplingParams()
+    return {
+        "kind": kind,
+        "model": model_name(model),
+        "num_samples": num_samples,
+        **_plain(dataclasses.asdict(params)),
+        "prompt_logprobs": prompt_logprobs,
+        "extra_body": _plain(extra_body),
+    }
+
+
+def request_digest(request: Union[SampleRequest, ScoreRequest]) -> str:
+    """Return a short digest of what in ``request`` changes its answer (its prompt, model and own settings)."""
+    fields: Dict[str, Any] = {"prompt": request.prompt, "model": model_name(request.adapter) or request.base_model}
+    if isinstance(request, ScoreRequest):
+        fields["completion"] = request.completion
+    else:
+        fields.update(
+            messages=request.messages,
+            num_samples=request.num_samples,
+            prompt_logprobs=request.prompt_logprobs,
+            topk_prompt_logprobs=request.topk_prompt_logprobs,
+            topk_sample_logprobs=request.topk_sample_logprobs,
+            extra_body=request.extra_body,
+            **dataclasses.asdict(request.sampling_params or SamplingParams()),
+        )
+    fields = {name: value for name, value in fields.items() if value not in (None, False)}  # unset: as if absent
+    text = json.dumps(_plain(fields), sort_keys=True, ensure_ascii=True, separators=(",", ":"))
+    return hashlib.blake2b(text.encode("ascii", "backslashreplace"), digest_size=8).hexdigest()
+
+
+def _plain(value: Any) -> Any:
+    """Return ``value`` as plain JSON values (tuples as lists, mappings as dicts), for comparing and writing."""
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
+
+
+def settings_changes(before: Mapping[str, Any], now: Mapping[str, Any]) -> str:
+    """Say which remembered settings ``now`` changes (``temperature 0.7 -> 1.0``); "" when none.
+
+    A setting remembered by an older version but not named now (or the other way round) is not compared.
+    """
+    changed = [
+        f"{name} {before[name]!r} -> {now[name]!r}" for name in now if name in before and before[name] != now[name]
+    ]
+    return ", ".join(changed)
+
+
+def check_remembered(output: str, settings: Mapping[str, Any], lines: Iterable[InputLine] = ()) -> None:
+    """Refuse to take ``output`` as finished when it remembers other settings than ``settings``, or another request
+    for the id of one of ``lines`` (a sweep's finished checkpoint is not opened again, so it is checked here).
+
+    Raises:
+        OutputSettingsError: it does (the message names the setting or the line, and the way out).
+    """
+    remembered, digests = _read_file(settings_path(output))
+    _refuse_changes(output, remembered, settings)
+    for line in lines if digests else ():
+        refusal = _changed_line(output, digests, line)
+        if refusal is not None:
+            raise refusal
+
+
+def _refuse_changes(output: str, remembered: Optional[Mapping[str, Any]], settings: Mapping[str, Any]) -> None:
+    """Raise the refusal of an output remembering other settings than ``settings`` (nothing remembered: none)."""
+    changes = "" if remembered is None else settings_changes(remembered, settings)
+    if changes:
+        raise OutputSettingsError(
+            f"{output} holds answers made with other settings ({changes}); {WAY_OUT}",
+            path=output,
+            setting=changes.split(" ", 1)[0],
+        )
+
+
+def _changed_line(output: str, digests: Mapping[str, str], line: InputLine) -> Optional[OutputSettingsError]:
+    """The refusal of an answered line that now asks something else (its prompt or own settings changed); None when
+    it asks the same, or when nothing is remembered of it."""
+    remembered = digests.get(line.key)
+    if remembered is None or line.request is None or remembered == request_digest(line.request):
+        return None
+    return OutputSettingsError(
+        f"line {line.line_number} (id {line.id!r}) asks something else than the answer {output} holds for it (its "
+        f"prompt, messages or own settings changed); {WAY_OUT}, or give the changed line a new id",
+        path=output,
+        setting=f"line {line.line_number}",
+    )
+
+
+class OutputMemory:
+    """The remembered settings of one output, open for the run that writes it (the output's one-writer lock held);
+    a context manager that closes its file.
+
+    Args:
+        output: The output file.
+        settings: The job's settings that change answers (``job_settings``).
+        done: The resume set (the ids the output already holds); the others' digests are dropped.
+        restart: Forget what the output remembers (the caller empties the output too).
+
+    Raises:
+        OutputSettingsError: the output was written with other settings (the message names them and the way out).
+    """
+
+    def __init__(self, output: str, settings: Mapping[str, Any], done: Set[str], *, restart: bool = False):
+        self.output, self.path = output, settings_path(output)
+        remembered, self._digests = (None, {}) if restart else _read_file(self.path)
+        if done:
+            _refuse_changes(output, remembered, settings)
+        if remembered is None and done and not restart:
+            logger.warning("%s remembers no settings (written by an older version); taking them as today's", output)
+        self._digests = {key: digest for key, digest in self._digests.items() if key in done}
+        self._stream = self._rewrite(settings)
+
+    def _rewrite(self, settings: Mapping[str, Any]) -> IO[str]:
+        """Write the file afresh (the settings, then the digests of the ids still answered); open it to append."""
+        try:
+            with replacing(self.path) as out:
+                out.write(_line({"settings": dict(settings)}).encode("ascii"))
+                for key, digest in self._digests.items():
+                    out.write(_line({"id": key, "line": digest}).encode("ascii"))
+            return open(self.path, "a", encoding="utf-8")
+        except OSError as error:
+            raise output_error(self.path, error, of=self.output) from None
+
+    def refusal(self, line: InputLine) -> Optional[OutputSettingsError]:
+        """Return the refusal of an answered line that now asks something else (its prompt or own settings changed);
+        None when it asks the same, or when nothing is remembered of it."""
+        return _changed_line(self.output, self._digests, line)
+
+    def remember(self, key: str, request: Union[SampleRequest, ScoreRequest, None]) -> None:
+        """Remember the request of an id whose record is about to be written (a line without a request: nothing).
+
+        Raises:
+            OutputWriteError: the file cannot be written (a full disk).
+        """
+        if request is None:
+            return
+        digest = request_digest(request)
+        self._digests[key] = digest
+        try:
+            self._stream.write(_line({"id": key, "line": digest}))
+            self._stream.flush()
+        except OSError as error:
+            raise output_error(self.path, error, of=self.output) from None
+
+    def __enter__(self) -> OutputMemory:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        with contextlib.suppress(OSError):
+            self._stream.close()
+
+
+def _read_file(path: str) -> Tuple[Optional[Dict[str, Any]], Dict[str, str]]:
+    """Read remembered settings and digests (a torn last line from a kill is skipped); ``(None, {})``: no file."""
+    settings: Optional[Dict[str, Any]] = None
+    digests: Dict[str, str] = {}
+    try:
+        handle = open(path, "rb")  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        return settings, digests
+    with handle:
+        for raw in handle:
+            entry = json_object_line(raw)
+            if entry is None:
+                continue
+            if isinstance(entry.get("settings"), dict):
+                settings = entry["settings"]
+            elif isinstance(entry.get("id"), str) and isinstance(entry.get("line"), str):
+                digests[entry["id"]] = entry["line"]
+    return settings, digests
+
+
+def _line(entry: Dict[str, Any]) -> str:
+    return json.dumps(entry, ensure_ascii=True, sort_keys=True, separators=(",", ":")) + "\n"
+
+
+def output_error(path: Any, error: OSError, *, of: str = "") -> OutputWriteError:
+    """Return the error of an output that cannot be written, naming it and saying that it resumes.
+
+    Args:
+        path: The file that cannot be written.
+        error: Why.
+        of: The output whose settings ``path`` remembers, when it is that file ("": ``path`` is the output).
+    """
+    reason = error.strerror or str(error)
+    fix = "free some space" if error.errno in _FULL else "fix the cause"
+    what = f"{path} (what {of} remembers of its settings)" if of else f"the output {path}"
+    return OutputWriteError(
+        f"cannot write {what}: {reason}. Every record written before is kept and the output is resumable: "
+        f"{fix} and run again with the same --output {of or path}",
+        path=str(path),
+        reason=reason,
+    )
+
+
+#: The errors of a full disk or quota: the fix is to free some space.
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
 # -- records -----------------------------------------------------------------------------------------------------
 
 
-def number_or_none(value: Optional[float]) -> Optional[float]:
-    """Return ``value``, or None for NaN and infinities (which JSON cannot hold)."""
-    return value if value is not None and math.isfinite(value) else None
+#: ``value``, or None for NaN and infinities (which JSON cannot hold): the rule the result views show numbers by.
+number_or_none = json_number
 
 
 def result_record(line: InputLine, output: SampleOutput) -> Dict[str, Any]:
@@ -666,7 +914,7 @@ def to_json_line(record: Dict[str, Any], default: Optional[Callable[[Any], Any]]
 def _finite(value: Any) -> Any:
     """Return ``value`` with every non-finite float replaced by None (JSON has no NaN or Infinity)."""
     if isinstance(value, float):
-        return value if math.isfinite(value) else None
+        return json_number(value)
     if isinstance(value, dict):
         return {key: _finite(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):

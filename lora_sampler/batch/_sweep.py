@@ -36,8 +36,7 @@ from lora_sampler.batch._evaluator import (
 )
 from lora_sampler.batch._job import DEFAULT_DRAIN_SECONDS, BatchJob
 from lora_sampler.batch._ledger import Ledger
-from lora_sampler.batch._lines import InputLine, answered_keys, open_output
-from lora_sampler.batch._memory import check_remembered
+from lora_sampler.batch._lines import InputLine, answered_keys, check_remembered, open_output
 from lora_sampler.batch._score import ScoreStep, scoring_notes
 from lora_sampler.batch._settings import SweepSettings
 from lora_sampler.batch._sources import (
@@ -166,7 +165,7 @@ class Sweep:
         requests: The lines run on each checkpoint (``SweepInput``); None with ``evaluator``.
         settings: ``SweepSettings``.
         evaluator: Run on each checkpoint instead of lines (see ``lora_sampler.sweep``).
-        on_row: Called for every row, from the checkpoint's job thread (progress bars).
+        on_row: Called for every row, from the checkpoint's thread (progress bars).
         on_outage: Called with each ``OutageEvent``, from worker threads.
         on_state: Called (in the sweep's thread) with what the sweep waits for whenever that changes, and with why
             it ended: ``"waiting for a new checkpoint; the watch ends after 3600 s ..."``, ``"done: ..."``.

@@ -28,7 +28,6 @@ from lora_sampler._testmode import set_testing
 from lora_sampler._version import __version__
 from lora_sampler.batch._evaluator import CheckpointEvaluator
 from lora_sampler.batch._lines import LineDefaults
-from lora_sampler.batch._openai import OPENAI_BATCH_FORMAT, PROMPT_FORMAT, file_format, first_line
 from lora_sampler.batch._score import SCORE_FORMAT, scoring_notes
 from lora_sampler.batch._settings import CLI_MAX_OUTAGE
 from lora_sampler.cli._parser import CommandParser, UsageError
@@ -46,6 +45,7 @@ from lora_sampler.cli._terminal import LOG_FORMAT
 from lora_sampler.doctor import CONCURRENT_WARNING, run_checks
 from lora_sampler.errors import AdapterConfigError, LoraSamplerError, OutputClosedError
 from lora_sampler.names import validate_adapter_name
+from lora_sampler.openai_batch import OPENAI_BATCH_FORMAT, PROMPT_FORMAT, file_format, first_line
 from lora_sampler.types import Adapter, SamplingParams, is_checkpoint_path, is_storage_url
 
 logger = logging.getLogger(__name__)

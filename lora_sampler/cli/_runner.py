@@ -31,15 +31,15 @@ from lora_sampler.batch._lines import (
     parse_line,
     read_input,
 )
-from lora_sampler.batch._openai import (
+from lora_sampler.cli._terminal import counting_rows, interrupts_stop, logs_above
+from lora_sampler.errors import BatchInputError
+from lora_sampler.openai_batch import (
     OPENAI_BATCH_RECORDS,
     PROMPT_FORMAT,
     detect_format,
     first_line,
     parse_batch_line,
 )
-from lora_sampler.cli._terminal import counting_rows, interrupts_stop, logs_above
-from lora_sampler.errors import BatchInputError
 from lora_sampler.types import Adapter
 
 logger = logging.getLogger(__name__)

@@ -21,8 +21,8 @@ from lora_sampler._adapters.archive import check_member
 from lora_sampler._adapters.extract import extract_archive
 from lora_sampler._transport.translate import loads_strict
 from lora_sampler.batch import LineDefaults, parse_line, to_json_line
-from lora_sampler.batch._openai import parse_batch_line
 from lora_sampler.errors import PublishError
+from lora_sampler.openai_batch import parse_batch_line
 from lora_sampler.types import SampleOutput, SampleRequest
 
 #: Few examples each: these run in every default test env; a failure shrinks to its smallest input.

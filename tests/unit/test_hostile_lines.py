@@ -14,8 +14,8 @@ from typing import Any, List
 import pytest
 
 from lora_sampler.batch import LineDefaults, parse_line, read_input, to_json_line, write_record
-from lora_sampler.batch._openai import detect_format, parse_batch_line
 from lora_sampler.errors import BatchInputError, LoraSamplerError
+from lora_sampler.openai_batch import detect_format, parse_batch_line
 
 DEFAULTS = LineDefaults(base_model="m")
 #: What the batch format needs besides the model: the defaults name none, so body.model does.
