@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from lora_sampler._adapters.lease import remove_if_unleased
 from lora_sampler._client.client import SamplerClient
@@ -285,9 +285,9 @@ class Sweep:
         return unanswered
 
     def _schedule(self, source: CheckpointSource, ledger: Ledger) -> Iterator[CheckpointReport]:
-        after, claimed = threading.Event(), threading.Event()
-        after.set()
-        claimed.set()
+        before = (threading.Event(), threading.Event())  # what the first checkpoint waits for: nothing
+        for event in before:
+            event.set()
         while True:
             while not self.stopped and len(self._active) < self.settings.window:
                 item = source.poll()
@@ -295,12 +295,8 @@ class Sweep:
                     break
                 if isinstance(item, Unusable):
                     yield self._record(CheckpointReport.failure(item.checkpoint, item.error), source, ledger)
-                    continue
-                run = _CheckpointRun(self, item, after, claimed, self._adapters, self._finished)
-                after, claimed = run.inputs_done, run.claimed
-                with self._lock:
-                    self._active.append(run)
-                run.start()
+                else:
+                    before = self._start(item, *before)
             if not self._active:
                 if source.ended or self.stopped:
                     self._tell("stopped" if self.stopped and not source.ended else f"done: {source.end_reason}")
@@ -308,18 +304,37 @@ class Sweep:
                 self._tell(source.waiting_for())
                 self._stopping.wait(POLL_SECONDS)
                 continue
-            try:
-                run = self._finished.get(timeout=POLL_SECONDS)
-            except queue.Empty:
-                continue
-            run.join()
-            with self._lock:
-                self._active.remove(run)
-            if run.fatal is not None:
-                self.stop(0.0)
-                raise run.fatal
-            if run.report is not None:
-                yield self._record(run.report, source, ledger)
+            report = self._next_finished()
+            if report is not None:
+                yield self._record(report, source, ledger)
+
+    def _start(
+        self, checkpoint: Checkpoint, after: threading.Event, claimed: threading.Event
+    ) -> Tuple[threading.Event, threading.Event]:
+        """Start a checkpoint's run behind the one before (its ``inputs_done`` and ``claimed``); return its own."""
+        run = _CheckpointRun(self, checkpoint, after, claimed, self._adapters, self._finished)
+        with self._lock:
+            self._active.append(run)
+        run.start()
+        return run.inputs_done, run.claimed
+
+    def _next_finished(self) -> Optional[CheckpointReport]:
+        """The report of the next checkpoint run to end (None: none ended within ``POLL_SECONDS``, or it stopped).
+
+        Raises:
+            BaseException: the run found the engine or the input unusable (the sweep stops).
+        """
+        try:
+            run = self._finished.get(timeout=POLL_SECONDS)
+        except queue.Empty:
+            return None
+        run.join()
+        with self._lock:
+            self._active.remove(run)
+        if run.fatal is not None:
+            self.stop(0.0)
+            raise run.fatal
+        return run.report
 
     @property
     def idle(self) -> bool:

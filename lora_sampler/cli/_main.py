@@ -617,6 +617,19 @@ def _check_sweep_args(args: argparse.Namespace) -> None:
     """Refuse sweep flags that cannot work, before any request."""
     if not args.lora_base_dir:
         raise UsageError("sweep needs --lora-base-dir (the engine's resolver folder) to publish each checkpoint into")
+    _check_sweep_work(args)
+    if args.manifest and not args.watch and not is_storage_url(args.manifest) and not os.path.isfile(args.manifest):
+        raise UsageError(f"--manifest {args.manifest} is not a file (pass --watch to wait for it)")
+    if args.plot:
+        try:
+            check_plot_dependency()
+        except ImportError as error:
+            raise UsageError(str(error)) from None
+
+
+def _check_sweep_work(args: argparse.Namespace) -> None:
+    """Exactly one of --input, --evaluator and --lm-eval-tasks, and that one usable (an --evaluator is loaded into
+    ``args.evaluator_object``)."""
     works = {"--input": args.input, "--evaluator": args.evaluator, "--lm-eval-tasks": args.lm_eval_tasks}
     given = [flag for flag, value in works.items() if value is not None]
     if len(given) != 1:
@@ -633,13 +646,6 @@ def _check_sweep_args(args: argparse.Namespace) -> None:
         args.evaluator_object = _load_evaluator(args.evaluator)
     else:
         _check_sweep_input(args.input)
-    if args.manifest and not args.watch and not is_storage_url(args.manifest) and not os.path.isfile(args.manifest):
-        raise UsageError(f"--manifest {args.manifest} is not a file (pass --watch to wait for it)")
-    if args.plot:
-        try:
-            check_plot_dependency()
-        except ImportError as error:
-            raise UsageError(str(error)) from None
 
 
 def _check_lm_eval_extra() -> None:

@@ -125,26 +125,33 @@ def summary_table(entries: Sequence[Dict[str, Any]]) -> str:
     The ``mean sum`` column (the mean log-likelihood per line) shows only for a scoring sweep; an evaluator sweep
     shows one column per metric instead of the row columns.
     """
-    names = metric_names(entries)
-    if names:
-        columns = [("checkpoint", "checkpoint"), *((name, name) for name in names), ("seconds", "seconds")]
-        shown = [dict(entry, **_with_stderr(entry.get("metrics") or {}, names)) for entry in entries]
-    else:
-        columns = [c for c in COLUMNS if c[1] != "mean_sum" or any(e.get("mean_sum") is not None for e in entries)]
-        shown = [dict(entry, rows_per_second=_rate(entry)) for entry in entries]
+    columns, shown = _columns(entries)
     table = [[title for title, _ in columns]]
     errors: Dict[int, str] = {}
     for entry in shown:
         if "error" in entry:
             errors[len(table)] = printable(f"{entry['error'].get('type')}: {entry['error'].get('message')}")
-        cells = [] if "error" in entry else [_cell(entry.get(key)) for _, key in columns[1:]]
-        table.append([_short(entry["checkpoint"]), *cells])
+            table.append([_short(entry["checkpoint"])])
+        else:
+            table.append([_short(entry["checkpoint"])] + [_cell(entry.get(key)) for _, key in columns[1:]])
     widths = [max(len(row[i]) for row in table if i < len(row)) for i in range(len(columns))]
     lines = []
     for number, row in enumerate(table):
         cells = [cell.ljust(widths[0]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)]
         lines.append(("  ".join(cells) + ("  error: " + errors[number] if number in errors else "")).rstrip())
     return "\n".join(lines)
+
+
+def _columns(entries: Sequence[Dict[str, Any]]) -> Tuple[List[Tuple[str, str]], List[Dict[str, Any]]]:
+    """The table's columns (title, ledger key) and the ledger lines as it shows them: an evaluator sweep's metrics
+    (each with its standard error), else the row columns with rows/s (and mean sum when scoring)."""
+    names = metric_names(entries)
+    if names:
+        columns = [("checkpoint", "checkpoint"), *((name, name) for name in names), ("seconds", "seconds")]
+        return columns, [dict(entry, **_with_stderr(entry.get("metrics") or {}, names)) for entry in entries]
+    scoring = any(entry.get("mean_sum") is not None for entry in entries)
+    columns = [column for column in COLUMNS if column[1] != "mean_sum" or scoring]
+    return columns, [dict(entry, rows_per_second=_rate(entry)) for entry in entries]
 
 
 def _rate(entry: Dict[str, Any]) -> Optional[float]:
@@ -220,11 +227,7 @@ def draw_plot(entries: Sequence[Dict[str, Any]], path: str) -> None:
     matplotlib.use("Agg")  # files only: no display needed
     from matplotlib import pyplot
 
-    done = [entry for entry in entries if "error" not in entry]
-    steps = [entry.get("step") if entry.get("step") is not None else index for index, entry in enumerate(done)]
-    names = metric_names(done)
-    if names:
-        done = [dict(entry, **(entry.get("metrics") or {})) for entry in done]
+    steps, done = _plotted(entries)
     panels = plot_panels(done)
     shown = panels[:MAX_PLOT_PANELS]
     columns = 1 if len(shown) <= 6 else 3
@@ -237,13 +240,22 @@ def draw_plot(entries: Sequence[Dict[str, Any]], path: str) -> None:
             axis.set_visible(False)
     for axis in axes[-1]:
         axis.set_xlabel("step")
-    title = "per-checkpoint metrics" if names else "per-checkpoint means"
+    title = "per-checkpoint metrics" if metric_names(done) else "per-checkpoint means"
     if len(shown) < len(panels):
         title += f": the first {len(shown)} of {len(panels)} (every number is in sweep.jsonl)"
     figure.suptitle(title)
     figure.tight_layout()
     figure.savefig(path)
     pyplot.close(figure)
+
+
+def _plotted(entries: Sequence[Dict[str, Any]]) -> Tuple[List[Any], List[Dict[str, Any]]]:
+    """The finished checkpoints' steps (their place without one) and ledger lines, an evaluator's metrics spread in."""
+    done = [entry for entry in entries if "error" not in entry]
+    steps = [entry.get("step") if entry.get("step") is not None else index for index, entry in enumerate(done)]
+    if metric_names(done):
+        done = [dict(entry, **(entry.get("metrics") or {})) for entry in done]
+    return steps, done
 
 
 def _draw_panel(axis: Any, steps: Sequence[Any], done: Sequence[Dict[str, Any]], key: str, label: str) -> None:
