@@ -155,12 +155,7 @@ def _request(obj: Dict[str, Any], defaults: LineDefaults, base_models: Collectio
     url, rest = _envelope(obj)
     adapter, base_model = _target(rest.pop("model", None), defaults, base_models)
     chat = url == CHAT_URL
-    text_field, other_field = ("messages", "prompt") if chat else ("prompt", "messages")
-    if other_field in rest:
-        raise _Refused(f"body.{other_field} does not belong in a {url} line; use body.{text_field}")
-    if text_field not in rest:
-        raise _Refused(f"body.{text_field} is missing")
-    text = rest.pop(text_field)
+    text_field, text = _text(rest, url, chat)
     num_samples = _num_samples(rest.pop("n", None), defaults.num_samples)
     params = _sampling_params(rest, defaults.sampling_params, chat)
     prompt_logprobs = _refuse_unsendable(rest, chat)
@@ -178,6 +173,16 @@ def _request(obj: Dict[str, Any], defaults: LineDefaults, base_models: Collectio
         )
     except (TypeError, ValueError) as exc:  # the prompt or the messages: SampleRequest names them
         raise _Refused(f"body.{exc}" if str(exc).startswith(text_field) else str(exc)) from None
+
+
+def _text(rest: Dict[str, Any], url: str, chat: bool) -> Tuple[str, Any]:
+    """Pop the line's text (body.messages in a chat line, body.prompt in a completions line): its field and it."""
+    text_field, other_field = ("messages", "prompt") if chat else ("prompt", "messages")
+    if other_field in rest:
+        raise _Refused(f"body.{other_field} does not belong in a {url} line; use body.{text_field}")
+    if text_field not in rest:
+        raise _Refused(f"body.{text_field} is missing")
+    return text_field, rest.pop(text_field)
 
 
 def _envelope(obj: Dict[str, Any]) -> Tuple[str, Dict[str, Any]]:
@@ -259,14 +264,7 @@ def _refuse_unsendable(rest: Dict[str, Any], chat: bool) -> Optional[int]:
         raise _Refused("body.stream=true is not supported: batch answers are read whole; remove it")
     if rest.pop("return_token_ids", True) is False:
         raise _Refused("body.return_token_ids=false is not supported: token ids are always returned; remove it")
-    logprobs = rest.pop("logprobs", None)
-    if chat and logprobs not in (None, True, False):
-        raise _Refused(f"body.logprobs must be true or false in a chat line, got {logprobs!r}")
-    if not chat and logprobs not in (None, 0, 1):
-        raise _Refused(
-            f"body.logprobs={logprobs!r} is not supported in a completions line: the sampled token's logprob "
-            "(logprobs=1) is always returned; remove it or set it to 1"
-        )
+    _check_logprobs(rest.pop("logprobs", None), chat)
     prompt_logprobs = rest.pop("prompt_logprobs", None)
     if prompt_logprobs is not None and (
         chat or isinstance(prompt_logprobs, bool) or not isinstance(prompt_logprobs, int)
@@ -274,6 +272,17 @@ def _refuse_unsendable(rest: Dict[str, Any], chat: bool) -> Optional[int]:
         where = "a chat line" if chat else "a completions line (an integer >= 0 is)"
         raise _Refused(f"body.prompt_logprobs={prompt_logprobs!r} is not supported in {where}")
     return prompt_logprobs
+
+
+def _check_logprobs(logprobs: Any, chat: bool) -> None:
+    """Refuse a body.logprobs that asks for other logprobs than the sampled token's (always returned)."""
+    if chat and logprobs not in (None, True, False):
+        raise _Refused(f"body.logprobs must be true or false in a chat line, got {logprobs!r}")
+    if not chat and logprobs not in (None, 0, 1):
+        raise _Refused(
+            f"body.logprobs={logprobs!r} is not supported in a completions line: the sampled token's logprob "
+            "(logprobs=1) is always returned; remove it or set it to 1"
+        )
 
 
 # -- output --------------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass, field, fields
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._client.outage import checked_seconds
@@ -22,7 +22,7 @@ from lora_sampler._defaults import API_KEY_ENV, DEFAULT_MAX_WORKERS, DEFAULT_TIM
 from lora_sampler._transport.http import without_userinfo
 from lora_sampler.errors import EngineStatusError
 from lora_sampler.retry import DEFAULT_RETRY_POLICY, RetryPolicy
-from lora_sampler.types import SampleOutput, SampleRequest, SamplingParams
+from lora_sampler.types import GeneratedSequence, SampleOutput, SampleRequest, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -232,20 +232,21 @@ def _plain_prompt(prompt: Any) -> Any:
 
 def _row(outcome: Any) -> Dict[str, Any]:
     """One row's result columns: one entry per sample in each sequence column, or its error and none."""
-    if not isinstance(outcome, SampleOutput):
-        status = outcome.status if isinstance(outcome, EngineStatusError) else None
-        error = str(outcome) or repr(outcome)  # our messages are redacted; no response is kept
-        empty: Dict[str, Any] = {name: [] for name in ("tokens", "logprobs", "text", "stop_reason")}
-        return {**empty, "error": error, "error_type": type(outcome).__name__, "error_status": status}
-    sequences = outcome.sequences
+    if isinstance(outcome, SampleOutput):
+        return {**_sequence_columns(outcome.sequences), "error": None, "error_type": None, "error_status": None}
+    status = outcome.status if isinstance(outcome, EngineStatusError) else None
+    error = str(outcome) or repr(outcome)  # our messages are redacted; no response is kept
+    empty: Dict[str, Any] = {name: [] for name in ("tokens", "logprobs", "text", "stop_reason")}
+    return {**empty, "error": error, "error_type": type(outcome).__name__, "error_status": status}
+
+
+def _sequence_columns(sequences: Sequence[GeneratedSequence]) -> Dict[str, List[Any]]:
+    """The sequence columns of an answered row (a NaN logprob as None)."""
     return {
         "tokens": [list(s.tokens) for s in sequences],
         "logprobs": [[None if lp != lp else lp for lp in s.logprobs] for s in sequences],
         "text": [s.text for s in sequences],
         "stop_reason": [s.stop_reason for s in sequences],
-        "error": None,
-        "error_type": None,
-        "error_status": None,
     }
 
 
