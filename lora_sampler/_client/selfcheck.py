@@ -222,24 +222,24 @@ class ScoringSelfCheck:
         differences = [d for gen, pro in zip(generated, scored[model]) for d in _differences(gen, pro)]
         if not self._measure(check, differences):
             return
-        defect = ""
-        if not is_base:
-            # The same tokens scored under the base model: equal to the adapter's prompt logprobs means the delta
-            # was left out (vLLM #51594, adapters on lm_head).
-            base_scores = self._score(self.base, probes[model])
-            as_base = [d for ad, ba in zip(scored[model], base_scores) for d in _differences(ad, ba)]
-            if as_base and max(as_base) <= self.tolerance:
-                defect = DEFECT_LM_HEAD
-        what = "the adapter's" if not is_base else "the base model's"
-        note = ""
-        if defect == DEFECT_LM_HEAD:
-            note = "; its prompt logprobs equal the base model's"
-        elif not is_base and self.lm_head:
-            note = "; the adapter targets lm_head"
+        defect, note = ("", "") if is_base else self._adapter_defect(probes[model], scored[model])
+        what = "the base model's" if is_base else "the adapter's"
         sentence = (
             f"{what} prompt logprobs differ from its generation logprobs of the same tokens after the same prefix"
         )
         self._find(check, model, differences, defect, sentence, note)
+
+    def _adapter_defect(self, probes: List[_Probe], scored: List[Tuple[float, ...]]) -> Tuple[str, str]:
+        """The defect the adapter's difference matches, and a note for its finding.
+
+        The same tokens scored under the base model: equal to the adapter's prompt logprobs means the delta was left
+        out (vLLM #51594, adapters on lm_head).
+        """
+        base_scores = self._score(self.base, probes)
+        as_base = [d for ad, ba in zip(scored, base_scores) for d in _differences(ad, ba)]
+        if as_base and max(as_base) <= self.tolerance:
+            return DEFECT_LM_HEAD, "; its prompt logprobs equal the base model's"
+        return "", "; the adapter targets lm_head" if self.lm_head else ""
 
     def _compare_concurrent(self, probes: List[_Probe], alone: List[Tuple[float, ...]]) -> None:
         """The adapter's scores while another model's scoring requests run, against its scores alone."""

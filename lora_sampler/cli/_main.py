@@ -20,16 +20,17 @@ from types import FrameType
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from lora_sampler._adapters.extract import DEFAULT_LIMITS, PublishLimits
-from lora_sampler._adapters.publish import default_adapter_name, remove_adapter_dir
 from lora_sampler._adapters.storage import DEFAULT_MAX_LISTED_KEYS, MAX_LISTED_KEYS_OPTION
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._defaults import API_KEY_ENV, MAX_PROMPTS_PER_REQUEST, VLLM_API_KEY_ENV
+from lora_sampler._defaults import DEFAULT_TIMEOUT as CLIENT_TIMEOUT
 from lora_sampler._testmode import set_testing
 from lora_sampler._version import __version__
 from lora_sampler.batch._evaluator import CheckpointEvaluator
 from lora_sampler.batch._lines import LineDefaults
 from lora_sampler.batch._score import SCORE_FORMAT, scoring_notes
 from lora_sampler.batch._settings import CLI_MAX_OUTAGE
+from lora_sampler.cli._adapters import add_adapters_arguments, run_adapters
 from lora_sampler.cli._parser import CommandParser, UsageError
 from lora_sampler.cli._runner import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, BatchAbandoned, run_batch
 from lora_sampler.cli._settings_flags import (
@@ -41,9 +42,9 @@ from lora_sampler.cli._settings_flags import (
     settings_from,
 )
 from lora_sampler.cli._sweep_runner import check_plot_dependency, run_sweep
-from lora_sampler.cli._terminal import LOG_FORMAT
+from lora_sampler.cli._terminal import logs_to_stderr
 from lora_sampler.doctor import CONCURRENT_WARNING, run_checks
-from lora_sampler.errors import AdapterConfigError, LoraSamplerError, OutputClosedError
+from lora_sampler.errors import LoraSamplerError, OutputClosedError
 from lora_sampler.names import validate_adapter_name
 from lora_sampler.openai_batch import OPENAI_BATCH_FORMAT, PROMPT_FORMAT, file_format, first_line
 from lora_sampler.types import Adapter, SamplingParams, is_checkpoint_path, is_storage_url
@@ -55,7 +56,7 @@ TESTING_ENV = "LORA_SAMPLER_TESTING"
 #: ``--max-outage`` default, in seconds: an unattended job waits out a restart or redeploy of the engine.
 DEFAULT_MAX_OUTAGE = CLI_MAX_OUTAGE
 #: ``--timeout`` default: ``CONNECT,READ`` seconds per request (the client's default).
-DEFAULT_TIMEOUT = "10,300"
+DEFAULT_TIMEOUT = ",".join(f"{seconds:g}" for seconds in CLIENT_TIMEOUT)
 #: Bytes in a GiB (``--max-adapter-gib``).
 GIB = 1 << 30
 
@@ -79,7 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog="lora-sampler", description="Sample LoRA adapters from a vLLM engine.", epilog=epilog)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     common = CommandParser(add_help=False)
-    common.add_argument("--log-level", help="DEBUG, INFO (shows every retry), WARNING (default; demo: INFO), ERROR")
+    common.add_argument(
+        "--log-level", type=_log_level, help="DEBUG, INFO (shows every retry), WARNING (default; demo: INFO), ERROR"
+    )
     engine, pace, sampling, publishing = _engine_flags(), _pace_flags(), _sampling_flags(), _publishing_flags()
     job = _job_flags(pace)
     sub = parser.commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -111,8 +114,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_publish_arguments(
         add("publish", "publish a checkpoint into --lora-base-dir; print the adapter name", engine, publishing)
     )
-    from lora_sampler.cli._adapters import add_adapters_arguments
-
     add_adapters_arguments(
         add(
             "adapters",
@@ -375,6 +376,13 @@ def _positive_int(value: str) -> int:
     return number
 
 
+def _log_level(value: str) -> str:
+    """Parse ``--log-level``: a level name of ``logging`` (DEBUG, INFO, WARNING, ERROR, ...), in any case."""
+    if not isinstance(logging.getLevelName(value.upper()), int):
+        raise argparse.ArgumentTypeError(f"takes DEBUG, INFO, WARNING or ERROR, got {value!r}")
+    return value.upper()
+
+
 def _replicas(value: str) -> Union[str, List[str]]:
     """Parse ``--replicas``: ``router``, or comma-separated replica root URLs."""
     if value == "router":
@@ -415,8 +423,6 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 def cmd_adapters(args: argparse.Namespace) -> int:
     """List the published adapters; remove old ones nothing uses."""
-    from lora_sampler.cli._adapters import run_adapters
-
     if not args.lora_base_dir:
         raise UsageError("adapters needs --lora-base-dir (the engine's resolver folder)")
     if not os.path.isdir(args.lora_base_dir):
@@ -727,32 +733,14 @@ def _preflight(client: SamplerClient, args: argparse.Namespace) -> Union[Adapter
                 f"{', '.join(map(repr, served))}. Pass one of those, or --adapter for a LoRA adapter"
             )
         return str(args.base_model)
-    if is_checkpoint_path(args.adapter):
-        if not args.lora_base_dir:
-            raise UsageError("--adapter CKPT needs --lora-base-dir (the engine's resolver folder) to publish into")
-        return _publish_for_this_run(client, args.adapter, args.lora_base_dir)
-    validate_adapter_name(args.adapter, argument="--adapter")  # before it becomes a path under --lora-base-dir
-    # In --lora-base-dir (its adapter_config.json checked) or on the engine, else one error naming the closest names.
+    if not is_checkpoint_path(args.adapter):
+        validate_adapter_name(args.adapter, argument="--adapter")  # before it becomes a path under --lora-base-dir
+    elif not args.lora_base_dir:
+        raise UsageError("--adapter CKPT needs --lora-base-dir (the engine's resolver folder) to publish into")
+    # A checkpoint is published (a folder the engine's model refuses is removed again, unless another run holds a
+    # lease on it); a name is found in --lora-base-dir (its adapter_config.json checked) or on the engine, else one
+    # error naming the closest names.
     return client.resolve_adapter(args.adapter)
-
-
-def _publish_for_this_run(client: SamplerClient, checkpoint: str, lora_base_dir: str) -> Adapter:
-    """Publish ``checkpoint``; if the engine's model refuses it, remove the folder this run put there.
-
-    The adapter was never requested, so the engine cannot hold it and deleting its folder is safe; a folder that was
-    there before the run (another run's) is left alone.
-    """
-    folder: Optional[str] = None
-    if not is_storage_url(checkpoint):
-        with contextlib.suppress(OSError, ValueError):  # a path the publish below reports itself
-            folder = os.path.join(lora_base_dir, default_adapter_name(checkpoint))
-    existed = folder is not None and os.path.isdir(folder)
-    try:
-        return client.publish(checkpoint)  # checks adapter_config.json against the engine's model
-    except AdapterConfigError as exc:
-        if folder is not None and not existed and remove_adapter_dir(lora_base_dir, os.path.basename(folder)):
-            raise AdapterConfigError(f"{exc}; the adapter folder this run published was removed again") from exc
-        raise
 
 
 # -- main --------------------------------------------------------------------------------------------------------
@@ -788,12 +776,9 @@ def run_lm_eval(arguments: Sequence[str]) -> int:
     """``lora-sampler lm-eval ARGS...``: lm-eval's command line (lm-eval is imported here, and only here)."""
     try:
         from lora_sampler.lm_eval import main as lm_eval_main
-    except ImportError as exc:
-        print(f"lora-sampler: error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    try:
+
         return lm_eval_main(arguments)
-    except LoraSamplerError as exc:  # the engine's refusal or an outage: said in one line, as every command says it
+    except (ImportError, LoraSamplerError) as exc:  # no extra; the engine's refusal or an outage: said in one line
         print(f"lora-sampler: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
 
@@ -832,39 +817,19 @@ def _exit_interrupted(signum: int, frame: Optional[FrameType]) -> None:
     os._exit(EXIT_INTERRUPTED)
 
 
-def _parse(arguments: List[str]) -> Union[argparse.Namespace, int]:
-    """Parse the command line; an exit status instead when it says to stop (``--help``, a usage mistake)."""
-    try:
-        return build_parser().parse_args(arguments)
-    except SystemExit as exc:  # argparse: --help and --version are 0
-        return exc.code if isinstance(exc.code, int) else EXIT_ERROR
-    except UsageError as exc:  # one line naming the flag (CommandParser)
-        print(f"lora-sampler: error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-
-
 def _run_command(argv: Optional[Sequence[str]]) -> int:
     """Parse ``argv``, run its command, and map its failures to exit statuses (``main``)."""
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == [LM_EVAL_COMMAND]:  # lm-eval's own command line: its arguments are not ours to parse
         return run_lm_eval(arguments[1:])
-    args = _parse(arguments)
-    if isinstance(args, int):
-        return args
-    if os.environ.get(TESTING_ENV) == "1":
-        set_testing(True)
-    package = logging.getLogger("lora_sampler")
-    previous_level = package.level
     try:
-        package.setLevel((args.log_level or ("INFO" if args.command == "demo" else "WARNING")).upper())
-    except ValueError:
-        print(f"lora-sampler: error: unknown --log-level {args.log_level!r}", file=sys.stderr)
-        return EXIT_ERROR
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
-    package.addHandler(handler)
-    try:
-        return COMMANDS[args.command](args)
+        args = build_parser().parse_args(arguments)  # a usage mistake is a UsageError naming the flag, in one line
+        if os.environ.get(TESTING_ENV) == "1":
+            set_testing(True)
+        with logs_to_stderr(args.log_level or ("INFO" if args.command == "demo" else "WARNING")):
+            return COMMANDS[args.command](args)
+    except SystemExit as exc:  # argparse: --help and --version are 0
+        return exc.code if isinstance(exc.code, int) else EXIT_ERROR
     except BatchAbandoned:
         print(
             "lora-sampler: stopped with requests in flight; run again with the same --output to resume", file=sys.stderr
@@ -883,6 +848,3 @@ def _run_command(argv: Optional[Sequence[str]]) -> int:
     except (LoraSamplerError, ValueError, TypeError, OSError) as exc:  # the message says what to fix
         print(f"lora-sampler: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    finally:
-        package.removeHandler(handler)
-        package.setLevel(previous_level)

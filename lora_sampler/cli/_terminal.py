@@ -46,6 +46,23 @@ def error_key(message: str, record: Dict[str, Any]) -> str:
     return _NUMBERS.sub("N", message)
 
 
+@contextlib.contextmanager
+def logs_to_stderr(level: str) -> Iterator[None]:
+    """Print lora_sampler's log lines of ``level`` and above on stderr for the block (``logs_above`` moves them above
+    a progress bar while it is shown)."""
+    package = logging.getLogger("lora_sampler")
+    previous = package.level
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    package.setLevel(level)
+    package.addHandler(handler)
+    try:
+        yield
+    finally:
+        package.removeHandler(handler)
+        package.setLevel(previous)
+
+
 class _BarHandler(logging.Handler):
     def __init__(self, bar: ProgressBar) -> None:
         super().__init__()
