@@ -319,9 +319,14 @@ HABIT_HINTS = {
 def habit_error(function: str, unknown: Iterable[str]) -> TypeError:
     """Return the ``TypeError`` of a call with keyword arguments ``function`` does not take, with the hint for each
     one another library spells that way (``n=`` is ``num_samples=``, ``model=`` is ``adapter=``/``base_model=``)."""
-    parts = [f"{name!r}" + (f": use {HABIT_HINTS[name]}" if name in HABIT_HINTS else "") for name in sorted(unknown)]
-    plural = "an unexpected keyword argument" if len(parts) == 1 else "unexpected keyword arguments"
-    return TypeError(f"{function}() got {plural} {'; '.join(parts)}")
+    names = sorted(unknown)
+    plural = "an unexpected keyword argument" if len(names) == 1 else "unexpected keyword arguments"
+    return TypeError(f"{function}() got {plural} {_hinted(names)}")
+
+
+def _hinted(names: Sequence[str]) -> str:
+    """Name each unknown keyword, with the hint for it when another library spells it that way (``HABIT_HINTS``)."""
+    return "; ".join(f"{name!r}" + (f": use {HABIT_HINTS[name]}" if name in HABIT_HINTS else "") for name in names)
 
 
 def sampling_params_from(sampling_params: Optional[SamplingParams], **keywords: Any) -> Optional[SamplingParams]:
@@ -357,11 +362,8 @@ def build_request(prompt: Optional[Prompt] = None, **fields: Any) -> SampleReque
         fields["sampling_params"] = sampling_params_from(fields.get("sampling_params"), **given)
     unknown = sorted(set(fields) - _REQUEST_FIELDS)
     if unknown:
-        hints = [f"{name!r}: use {HABIT_HINTS[name]}" for name in unknown if name in HABIT_HINTS]
-        if hints:
-            raise TypeError(f"unknown request field(s) {'; '.join(hints)}")
         raise TypeError(
-            f"unknown request field(s) {', '.join(map(repr, unknown))}; a request takes "
+            f"unknown request field(s) {_hinted(unknown)}; a request takes "
             f"{', '.join(sorted(_REQUEST_FIELDS))} and the sampling fields {', '.join(SAMPLING_KEYWORDS)} (vLLM's "
             "other body fields go in extra_body=)"
         )

@@ -24,7 +24,7 @@ from lora_sampler._adapters.fleet import Fleet
 from lora_sampler._adapters.loads import AdapterLoadCoordinator
 from lora_sampler._adapters.registry import AdapterRegistry
 from lora_sampler._client.isolation import ModelIsolation
-from lora_sampler._client.outage import PromptLogprobFailures, is_outage
+from lora_sampler._client.outage import PromptLogprobFailures, is_outage, probe_timeout
 from lora_sampler._client.progress import RetryCounter
 from lora_sampler._transport.connections import is_cancelled
 from lora_sampler._transport.http import EngineTransport, Timeout, new_id
@@ -135,24 +135,19 @@ class _Attempts:
             self._fleet.reconcile(call.model, call.load_path)
         else:
             path = call.load_path
-            self._loads.load_if_due(call.model, attempt, lambda: self.send_load(call, path))
+            self._loads.load_if_due(call.model, attempt, lambda: self.send_load(call.model, path, call.session_id))
 
-    def send_load(self, call: _Call, path: str) -> None:
+    def send_load(self, name: str, path: str, session_id: str) -> None:
         """Ask the engine to load the adapter from ``path``; best-effort, so every answer and failure is only logged."""
-        payload = load_adapter_body(call.model, path)
         try:
             self._transport.post_adapter_command(
-                LOAD_ADAPTER_PATH, call.model, payload, call.session_id, self._load_timeout
+                LOAD_ADAPTER_PATH, name, load_adapter_body(name, path), session_id, self._load_timeout
             )
         except EngineError as exc:
             # 400 "already been loaded"; 404 runtime updating off or not visible yet; no answer.
-            logger.debug("Proactive load of %r did not load it: %s", call.model, exc)
+            logger.debug("Proactive load of %r did not load it: %s", name, exc)
             return
-        logger.debug("Proactive load of %r succeeded", call.model)
-
-
-def _no_parse(body: Any) -> SampleOutput:
-    raise AssertionError("a load request's answer is plain text, never parsed as a completion")  # pragma: no cover
+        logger.debug("Proactive load of %r succeeded", name)
 
 
 class SampleCalls:
@@ -395,14 +390,15 @@ class SampleCalls:
         path = self._registry.engine_path(adapter)
         if self._fleet is not None or path is None:
             return
-        self._attempts.send_load(_Call(adapter.name, True, new_id(), {}, time.monotonic(), path, _no_parse), path)
+        self._attempts.send_load(adapter.name, path, new_id())
 
-    def probe(self, timeout: Tuple[float, float]) -> None:
-        """One readiness probe: ``GET /health``, then ``GET /v1/models``.
+    def probe(self) -> None:
+        """One readiness probe with a probe's timeout (``probe_timeout``): ``GET /health``, then ``GET /v1/models``.
 
         A server without ``/health`` (404), and a router whose ``/health`` says some workers are down (it routes
         around them), go on to ``/v1/models``: that a replica of a fleet is away is no outage of the fleet.
         """
+        timeout = probe_timeout(self._transport.timeout)
         try:
             self._transport.get_text(HEALTH_PATH, timeout=timeout)
         except EngineStatusError as exc:

@@ -38,7 +38,7 @@ from lora_sampler._adapters.registry import AdapterRegistry
 from lora_sampler._client.calls import SampleCalls
 from lora_sampler._client.fanout import IN_FLIGHT_PER_WORKER, Batching, FanOut, RequestLike, Runner
 from lora_sampler._client.isolation import ModelIsolation
-from lora_sampler._client.outage import OutageGate, OutageHook, checked_seconds, probe_timeout, probe_until
+from lora_sampler._client.outage import OutageGate, OutageHook, checked_seconds, probe_until
 from lora_sampler._client.progress import ProgressBar, check_total
 from lora_sampler._client.scoring import Scorer
 from lora_sampler._client.selfcheck import DEFAULT_SCORING_TOLERANCE, ScoringCheck, ScoringSelfCheck
@@ -209,8 +209,9 @@ class SamplerClient:
         """As ``__copy__``: deep-copying an object that holds a client shares the client, key included."""
         return self
 
-    def __reduce__(self) -> Tuple[Any, Tuple[Dict[str, Any]]]:
-        """Pickle the constructor options, never the API key or a password in the URL.
+    def __reduce__(self) -> Tuple[Any, Tuple[()]]:
+        """Pickle the constructor options, never the API key or a password in the URL (the unpickled client reads the
+        key from its own process's environment).
 
         Raises:
             TypeError: the client sends through a user's ``session=``, which cannot be pickled.
@@ -220,7 +221,7 @@ class SamplerClient:
                 "a SamplerClient made with session= cannot be pickled (a requests.Session holds open connections and "
                 "whatever auth it carries); make the client and its session in the worker process instead"
             )
-        return (_unpickle_client, (dict(self._options),))
+        return (functools.partial(SamplerClient, **self._options), ())
 
     def __enter__(self) -> SamplerClient:
         return self
@@ -461,11 +462,7 @@ class SamplerClient:
         if not isinstance(request, (SampleRequest, ScoreRequest)):
             raise TypeError(f"request must be a SampleRequest or a ScoreRequest, got {type(request).__name__}")
         self._transport.check_process()  # a forked child: fail at once here with a user's session
-        gate = self._outage_gate(max_outage, on_outage)
-        run = self._scorer.run_any
-        if gate is None:
-            return self._fanout.submit(run, request)
-        return self._fanout.submit(lambda held: _run_held(gate, run, held), request)
+        return self._fanout.submit(self._scorer.run_any, request, self._outage_gate(max_outage, on_outage))
 
     def run(self, request: SampleRequest) -> SampleOutput:
         """Run one ``SampleRequest`` (``sample`` or ``chat`` with its arguments held in a value)."""
@@ -577,11 +574,10 @@ class SamplerClient:
         """Return the outage gate of one fan-out, or None for ``max_outage=0`` (fail at once)."""
         if checked_seconds(max_outage, "max_outage") == 0:
             return None
-        timeout = probe_timeout(self._transport.timeout)
         calls = self._calls  # not self: the gate must not keep the client alive
         return OutageGate(
             float(max_outage),
-            lambda: calls.probe(timeout),
+            calls.probe,
             base_url=self.base_url,
             on_outage=on_outage,
             on_back=calls.loads.forget_all,  # a restarted engine forgot its adapters; loads sent before are void
@@ -599,8 +595,7 @@ class SamplerClient:
             EngineError: the engine answered with a refusal that waiting does not fix (e.g. 401 for the API key).
         """
         checked_seconds(timeout, "timeout")
-        probe = probe_timeout(self._transport.timeout)
-        last = probe_until(lambda: self._calls.probe(probe), time.monotonic() + timeout)
+        last = probe_until(self._calls.probe, time.monotonic() + timeout)
         if last is not None:
             within = f" within {timeout:g} s" if timeout > 0 else ""
             raise EngineConnectionError(f"the engine at {self.base_url} did not answer{within}: {last}") from last
@@ -871,14 +866,6 @@ def _checked_text(text: object) -> str:
     return text
 
 
-def _run_held(gate: OutageGate, run: Runner, request: Any) -> Any:
-    """Run one request through its own outage gate, then close the gate (no thread is left waiting on it)."""
-    try:
-        return gate.run(lambda: run(request))
-    finally:
-        gate.close()
-
-
 #: Constructor arguments a pickled client leaves out: secrets, and what cannot cross processes.
 _NOT_PICKLED = ("self", "api_key", "session")
 
@@ -889,11 +876,6 @@ def _constructor_options(names: Dict[str, Any]) -> Dict[str, Any]:
     if isinstance(options.get("base_url"), str):
         options["base_url"] = without_userinfo(options["base_url"])
     return options
-
-
-def _unpickle_client(options: Dict[str, Any]) -> SamplerClient:
-    """Rebuild a pickled client from its options; the API key comes from this process's environment."""
-    return SamplerClient(**options)
 
 
 def _arguments(names: Dict[str, Any]) -> Dict[str, Any]:

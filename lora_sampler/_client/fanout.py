@@ -18,7 +18,6 @@ them.
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import contextlib
 import contextvars
@@ -31,7 +30,6 @@ import weakref
 from typing import (
     Any,
     Callable,
-    Deque,
     Dict,
     Generator,
     Hashable,
@@ -43,6 +41,7 @@ from typing import (
     Sequence,
     Tuple,
     Union,
+    cast,
 )
 
 from lora_sampler._client.outage import OutageGate
@@ -82,16 +81,15 @@ class SampleFuture(Future):  # type: ignore[type-arg]
 
     def result(self, timeout: Optional[float] = None) -> Any:
         """As ``Future.result``; Ctrl-C while waiting cancels the submitted requests, then propagates."""
-        try:
-            return super().result(timeout)
-        except KeyboardInterrupt:
-            self._on_interrupt()
-            raise
+        return self._interruptible(super().result, timeout)
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
         """As ``Future.exception``; Ctrl-C while waiting cancels the submitted requests, then propagates."""
+        return cast(Optional[BaseException], self._interruptible(super().exception, timeout))
+
+    def _interruptible(self, wait: Callable[[Optional[float]], Any], timeout: Optional[float]) -> Any:
         try:
-            return super().exception(timeout)
+            return wait(timeout)
         except KeyboardInterrupt:
             self._on_interrupt()
             raise
@@ -350,8 +348,8 @@ class FanOut:
         work, self._submits = self._submits, self._new_work()
         work.cancel()
 
-    def submit(self, run: Runner, request: Request) -> Future[Any]:
-        """Run ``run(request)`` on the pool and return its future.
+    def submit(self, run: Runner, request: Request, gate: Optional[OutageGate] = None) -> Future[Any]:
+        """Run ``run(request)`` on the pool, held through outages by its own ``gate`` if any; return its future.
 
         Raises:
             RuntimeError: the client is closed.
@@ -359,11 +357,10 @@ class FanOut:
         work = self._submits
         future = SampleFuture(self._interrupt_submits)
         work.add(future)
-        self._start(settle, future, functools.partial(work.run, run), request)
+        if gate is not None:  # the request's own gate: once it ends, no thread is left waiting on it
+            future.add_done_callback(lambda _: gate.close())
+        self._start(settle, future, functools.partial(work.run, _through(gate, run)), request)
         return future
-
-    def _submit(self, work: CancelScope, run: Runner, request: Any) -> Future[Any]:
-        return self._start(work.run, run, request)
 
     def _start(self, function: Callable[..., Any], *arguments: Any) -> Future[Any]:
         """Run ``function(*arguments)`` on the pool (started on first use).
@@ -388,7 +385,7 @@ class FanOut:
         limit = IN_FLIGHT_PER_WORKER * self.max_workers
         if batching is None or batching.is_off:
             run = _through(gate, run)
-            return lambda request: self._submit(work, run, request), limit
+            return lambda request: self._start(work.run, run, request), limit
         gatherer = _Gatherer(self._start, work, batching, run, gate)
         return gatherer.add, limit * batching.largest
 
@@ -407,7 +404,7 @@ class FanOut:
         ``checked`` turns an item into what ``run`` takes (None: ``as_request``); an item it refuses (``TypeError``,
         ``ValueError``) is its slot's error, never sent.
         """
-        return self._stream(requests, run, return_exceptions, gate, collections.deque(), batching, checked)
+        return self._stream(requests, run, return_exceptions, gate, batching, checked)
 
     def collect(
         self,
@@ -426,8 +423,8 @@ class FanOut:
             Exception: the first failure (without ``return_exceptions``), its ``results`` set to the answers received.
         """
         results: List[Any] = []
-        window: Deque[Future[Any]] = collections.deque()
-        stream = self._stream(requests, run, return_exceptions, gate, window, batching)
+        window: Dict[Future[Any], int] = {}
+        stream = self._stream(requests, run, return_exceptions, gate, batching, window=window)
         try:
             for result in stream:
                 results.append(result)
@@ -443,7 +440,7 @@ class FanOut:
             )
             raise SamplingInterruptedError(message, results=partial) from stop
         except Exception as error:  # the first failure, raised: it carries every answer received
-            kept = results + [_answered(future) for future in window]
+            kept = results + [_finished(future, errors=False) for future in window]
             keep_results(error, kept)
             if isinstance(error, LoraSamplerError) and _failed_first(window, error):
                 _say_where(error, len(results), kept)
@@ -458,21 +455,33 @@ class FanOut:
         run: Runner,
         return_exceptions: bool,
         gate: Optional[OutageGate],
-        window: Deque[Future[Any]],
         batching: Optional[Batching],
         checked: Optional[Callable[[Any], Any]] = None,
+        window: Optional[Dict[Future[Any], int]] = None,
+        ordered: bool = True,
     ) -> Generator[Any, None, None]:
+        """Send ``requests`` with a bounded window in flight; yield each outcome in input order, or (not ``ordered``)
+        each ``(index, outcome)`` as it finishes.
+
+        ``window`` holds each request in flight and its input index, in input order: a caller that stops the stream
+        early reads the partial results from it.
+        """
         work = self._new_work()
         send, limit = self._sender(work, run, gate, batching)
         source = _Source(requests)
+        window = {} if window is None else window
+        done: Optional[queue.SimpleQueue[Future[Any]]] = None if ordered else queue.SimpleQueue()  # as they finish
         finished = False
         try:
-            for item in source:
-                window.append(_sent(send, item, checked or as_request))
-                while window and (len(window) >= limit or window[0].done()):
-                    yield _take(window, return_exceptions)
+            for index, item in enumerate(source):
+                future = _sent(send, item, checked or as_request)
+                window[future] = index
+                if done is not None:
+                    future.add_done_callback(done.put)
+                while window and (len(window) >= limit or _ready(window, done)):
+                    yield _take(window, done, return_exceptions)
             while window:
-                yield _take(window, return_exceptions)
+                yield _take(window, done, return_exceptions)
             finished = True
         finally:
             _end(work, gate, window, finished)
@@ -488,50 +497,23 @@ class FanOut:
         batching: Optional[Batching] = None,
     ) -> Iterator[Tuple[int, Any]]:
         """Yield ``(index, outcome)`` pairs as requests finish, with a bounded window in flight."""
-        work = self._new_work()
-        send, limit = self._sender(work, run, gate, batching)
-        return _as_finished(requests, send, limit, return_exceptions, work, gate)
+        return self._stream(requests, run, return_exceptions, gate, batching, ordered=False)
 
 
-def _as_finished(
-    requests: Iterable[RequestLike],
-    send: Callable[[Request], Future[Any]],
-    limit: int,
-    return_exceptions: bool,
-    work: CancelScope,
-    gate: Optional[OutageGate],
-) -> Generator[Tuple[int, Any], None, None]:
-    """Keep at most ``limit`` prompts in flight through ``send``; yield ``(index, outcome)`` as each finishes."""
-    finished_futures: queue.SimpleQueue[Future[Any]] = queue.SimpleQueue()
-    pending: Dict[Future[Any], int] = {}
-    inputs = _Source(requests)
-    source = enumerate(inputs)
-    exhausted = finished = False
-    try:
-        while True:
-            while not exhausted and len(pending) < limit:
-                nxt = next(source, None)
-                if nxt is None:
-                    exhausted = True
-                    break
-                future = _sent(send, nxt[1], as_request)
-                pending[future] = nxt[0]
-                future.add_done_callback(finished_futures.put)
-            if not pending:
-                finished = True
-                break
-            future = finished_futures.get()
-            yield pending.pop(future), outcome(future, return_exceptions)
-    finally:
-        _end(work, gate, pending, finished)
-    inputs.check()
+def _ready(window: Dict[Future[Any], int], done: Optional[queue.SimpleQueue[Future[Any]]]) -> bool:
+    """Tell whether a request can be taken out of the window without waiting (see ``_take``)."""
+    return next(iter(window)).done() if done is None else not done.empty()
 
 
-def _take(window: Deque[Future[Any]], return_exceptions: bool) -> Any:
-    """Wait for the oldest request and take it out of the window (left in place while waiting, for a partial result)."""
-    value = outcome(window[0], return_exceptions)
-    window.popleft()
-    return value
+def _take(
+    window: Dict[Future[Any], int], done: Optional[queue.SimpleQueue[Future[Any]]], return_exceptions: bool
+) -> Any:
+    """Wait for the oldest request, or (with ``done``) the next to finish, and take it out of the window (left in place
+    while waiting, for a partial result): its outcome, or with ``done`` ``(index, outcome)``."""
+    future = next(iter(window)) if done is None else done.get()
+    value = outcome(future, return_exceptions)
+    index = window.pop(future)
+    return value if done is None else (index, value)
 
 
 def _end(work: CancelScope, gate: Optional[OutageGate], unfinished: Iterable[Future[Any]], finished: bool) -> None:
@@ -548,26 +530,20 @@ def _end(work: CancelScope, gate: Optional[OutageGate], unfinished: Iterable[Fut
         work.cancel()
 
 
-def _finished(future: Future[Any]) -> Any:
-    """The outcome of a finished request for a partial result (its output or its error); None if it did not finish."""
+def _finished(future: Future[Any], errors: bool = True) -> Any:
+    """A finished request's outcome for a partial result: its output, or with ``errors`` its error (not a
+    cancellation); None for a request that did not finish (cancelled, still running) or, without ``errors``, failed."""
     if not future.done() or future.cancelled():
         return None
     error = future.exception()
-    if isinstance(error, RequestCancelledError):
-        return None
-    return error if error is not None else future.result()
+    if error is None:
+        return future.result()
+    return error if errors and not isinstance(error, RequestCancelledError) else None
 
 
-def _answered(future: Future[Any]) -> Any:
-    """The output of a request that finished with one, else None (failed, cancelled or still running)."""
-    if not future.done() or future.cancelled() or future.exception() is not None:
-        return None
-    return future.result()
-
-
-def _failed_first(window: Deque[Future[Any]], error: BaseException) -> bool:
+def _failed_first(window: Dict[Future[Any], int], error: BaseException) -> bool:
     """Tell whether ``error`` is the failure of the oldest request in the window (a slot's, not the iterable's)."""
-    oldest = window[0] if window else None
+    oldest = next(iter(window), None)
     return oldest is not None and oldest.done() and not oldest.cancelled() and oldest.exception() is error
 
 

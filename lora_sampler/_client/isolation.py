@@ -58,21 +58,25 @@ class Admissions:
     """
 
     def __init__(self) -> None:
-        self.in_flight: Dict[str, int] = {}
-        self.scoring: Dict[str, int] = {}
-        #: The same counts of the requests that are not mixing (the rule holds for them against everyone).
-        self.isolated: Dict[str, int] = {}
-        self.isolated_scoring: Dict[str, int] = {}
+        #: The requests in flight by kind: ``(model, scoring, mixing)``.
+        self.kinds: Dict[Tuple[str, bool, bool], int] = {}
         #: Waiting tickets by model, the models in order of their group's first arrival.
         self.groups: Dict[str, Deque[Ticket]] = collections.OrderedDict()
 
+    @property
+    def in_flight(self) -> Dict[str, int]:
+        """The requests in flight by model."""
+        counts: Dict[str, int] = {}
+        for (model, _, _), count in self.kinds.items():
+            counts[model] = counts.get(model, 0) + count
+        return counts
+
     def fits(self, ticket: Ticket) -> bool:
         """Tell whether a request may be in flight together with those in flight now."""
-        if ticket.mixing:
-            busy = self.isolated if ticket.scoring else self.isolated_scoring
-        else:
-            busy = self.in_flight if ticket.scoring else self.scoring
-        return not busy or (len(busy) == 1 and ticket.model in busy)
+        return all(
+            model == ticket.model or not (scoring or ticket.scoring) or (mixing and ticket.mixing)
+            for model, scoring, mixing in self.kinds
+        )
 
     def arrive(self, ticket: Ticket) -> bool:
         """Admit ``ticket`` now, or queue it; return whether it was admitted."""
@@ -85,10 +89,7 @@ class Admissions:
 
     def finish(self, ticket: Ticket) -> List[Ticket]:
         """Take an admitted ticket out of flight; return the tickets this admitted."""
-        for counts in self._counts_of(ticket):
-            counts[ticket.model] -= 1
-            if not counts[ticket.model]:
-                del counts[ticket.model]
+        self._count(ticket, -1)
         return self.admit_waiting()
 
     def withdraw(self, ticket: Ticket) -> List[Ticket]:
@@ -117,15 +118,14 @@ class Admissions:
 
     def _start(self, ticket: Ticket) -> None:
         ticket.admitted = True
-        for counts in self._counts_of(ticket):
-            counts[ticket.model] = counts.get(ticket.model, 0) + 1
+        self._count(ticket, 1)
 
-    def _counts_of(self, ticket: Ticket) -> List[Dict[str, int]]:
-        """The counts a ticket in flight is in."""
-        counts = [self.in_flight, self.scoring] if ticket.scoring else [self.in_flight]
-        if not ticket.mixing:
-            counts += [self.isolated, self.isolated_scoring] if ticket.scoring else [self.isolated]
-        return counts
+    def _count(self, ticket: Ticket, change: int) -> None:
+        """Count ``ticket`` into (1) or out of (-1) flight."""
+        kind = (ticket.model, ticket.scoring, ticket.mixing)
+        self.kinds[kind] = self.kinds.get(kind, 0) + change
+        if not self.kinds[kind]:
+            del self.kinds[kind]
 
 
 class ModelIsolation:

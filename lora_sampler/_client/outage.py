@@ -50,18 +50,16 @@ class PromptLogprobFailures:
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._last: Optional[Tuple[float, float, str]] = None  # monotonic, wall clock, the engine's message
+        #: Monotonic time, wall clock and the engine's message; one tuple replaced whole, so read without a lock.
+        self._last: Optional[Tuple[float, float, str]] = None
 
     def note(self, error: EngineStatusError) -> None:
         """Record a 5xx answer to a prompt-logprobs request."""
-        with self._lock:
-            self._last = (time.monotonic(), time.time(), short_cause(error))
+        self._last = (time.monotonic(), time.time(), short_cause(error))
 
     def likely_cause(self, since: float) -> Optional[str]:
         """Name the recorded 500 when it came within ``LIKELY_CAUSE_WINDOW`` s before ``since`` (monotonic)."""
-        with self._lock:
-            last = self._last
+        last = self._last
         if last is None or not since - LIKELY_CAUSE_WINDOW <= last[0] <= since + 1.0:
             return None
         return (
@@ -135,7 +133,7 @@ def probe_until(
     Raises:
         Exception: a probe failure that is not "not ready" (a refused API key), as raised by ``probe``.
     """
-    delay = PROBE_BASE_DELAY
+    delay, stop = PROBE_BASE_DELAY, stop or threading.Event()
     while True:
         try:
             probe()
@@ -145,16 +143,12 @@ def probe_until(
                 raise
             last: BaseException = exc
         remaining = deadline - time.monotonic()
-        if remaining <= 0 or (stop is not None and stop.is_set()):
+        if remaining <= 0 or stop.is_set():
             return last
         if on_failure is not None:
             on_failure(last)
-        pause = min(delay, remaining)
-        if stop is not None:
-            if stop.wait(pause):
-                return last
-        else:
-            time.sleep(pause)
+        if stop.wait(min(delay, remaining)):
+            return last
         delay = min(delay * 2, PROBE_MAX_DELAY)
 
 

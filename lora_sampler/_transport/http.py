@@ -10,10 +10,11 @@ transport starts no thread of its own beyond the process's one deadline watchdog
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
-from typing import Any, Callable, Dict, Mapping, Optional, TypeVar, Union
+from typing import Any, Callable, Mapping, Optional, TypeVar, Union
 
 import requests
 
@@ -93,9 +94,11 @@ class EngineTransport:
         self.timeout = timeout
         self.max_response_bytes = max_response_bytes
         self._api_key = api_key
-        self._userinfo = userinfo
-        self._settings: Dict[str, Any] = {"max_workers": max_workers, "verify": verify, "session": session}
-        self._engine_session = EngineSession(self.base_url, api_key=api_key, basic=userinfo, **self._settings)
+        #: Makes the engine session (again in a forked child).
+        self._new_session = functools.partial(
+            EngineSession, self.base_url, api_key=api_key, basic=userinfo, max_workers=max_workers, verify=verify
+        )
+        self._engine_session = self._new_session(session=session)
         secrets = Secrets(api_key, self._engine_session.basic or userinfo)
         self._translator = Translator(self.base_url, secrets, max_response_bytes, self._engine_session.proxy)
         self._pid = os.getpid()
@@ -137,9 +140,7 @@ class EngineTransport:
                 "its session) in the child, or start children with multiprocessing's 'spawn' or 'forkserver' method"
             )
         # The parent's session is dropped without closing it: closing would shut sockets the parent still uses.
-        self._engine_session = EngineSession(
-            self.base_url, api_key=self._api_key, basic=self._userinfo, **self._settings
-        )
+        self._engine_session = self._new_session()
         self._pid = os.getpid()
 
     # -- the calls the package makes ------------------------------------------------------------------------
@@ -189,10 +190,7 @@ class EngineTransport:
         Raises:
             EngineError: a transport failure, or an error status or redirect.
         """
-        exchange = Exchange.get(path, timeout or self.timeout)
-        answer = self._send(exchange)
-        self._translator.check_status(exchange, answer)
-        return answer.text
+        return self._text(Exchange.get(path, timeout or self.timeout))
 
     def post_adapter_command(
         self, path: str, adapter: str, payload: Mapping[str, Any], session_id: Optional[str], timeout: Timeout
@@ -202,7 +200,10 @@ class EngineTransport:
         Raises:
             EngineError: a transport failure, or an error status or redirect; errors name ``adapter``.
         """
-        exchange = Exchange.post(path, payload, session_id, timeout, adapter, True)
+        return self._text(Exchange.post(path, payload, session_id, timeout, adapter, True))
+
+    def _text(self, exchange: Exchange) -> str:
+        """Send ``exchange`` and return the text of its 2xx answer (raise the error of any other)."""
         answer = self._send(exchange)
         self._translator.check_status(exchange, answer)
         return answer.text
