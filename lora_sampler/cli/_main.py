@@ -284,7 +284,7 @@ def _pace_flags() -> CommandParser:
     """Return the flags of every command that runs many requests (``sample``, ``score``, ``sweep``)."""
     pace = CommandParser(add_help=False)
     add_timeout_flag(pace)
-    pace.add_argument("--concurrency", type=int, default=16, help="requests in flight (default: 16)")
+    pace.add_argument("--concurrency", type=_positive_int, default=16, help="requests in flight (default: 16)")
     pace.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
     add_flags(pace, PACE_FIELDS)
     return pace
@@ -366,7 +366,7 @@ def _positive_gib(value: str) -> float:
 
 
 def _positive_int(value: str) -> int:
-    """Parse a count >= 1 (``--limit``)."""
+    """Parse a count >= 1 (``--limit``, ``--concurrency``, ``--max-listed-keys``)."""
     try:
         number = int(value)
     except ValueError:
@@ -528,8 +528,6 @@ def check_job_flags(args: argparse.Namespace) -> None:
 
 
 def _check_pace_flags(args: argparse.Namespace) -> None:
-    if args.concurrency < 1:
-        raise UsageError(f"--concurrency must be >= 1, got {args.concurrency}")
     if not 0 <= args.max_outage < float("inf"):
         raise UsageError(f"--max-outage takes seconds >= 0 (0 stops at once), got {args.max_outage:g}")
     if args.prompts_per_request is not None and not 1 <= args.prompts_per_request <= MAX_PROMPTS_PER_REQUEST:

@@ -23,9 +23,6 @@ FLAG_HABITS = {
     "--url": "--base-url",
 }
 
-#: The ``nargs`` of a positional argument that may be left out (argparse's ``required`` of one differs by version).
-_OPTIONAL_POSITIONAL = (argparse.OPTIONAL, argparse.ZERO_OR_MORE, argparse.REMAINDER)
-
 
 class UsageError(LoraSamplerError):
     """A flag combination or a path that cannot work; exit status 2."""
@@ -43,14 +40,15 @@ class CommandParser(argparse.ArgumentParser):
             if isinstance(parent, CommandParser)
             for action in parent.arguments
         ]
-        #: The mutually exclusive groups among ``arguments``: whether one is required, and its arguments.
+        #: The mutually exclusive groups among ``arguments``: whether one is required, and its arguments (the
+        #: reference's defaults, ``tools/cli_reference.py``).
         self.exclusive: List[Tuple[bool, List[argparse.Action]]] = [
             group
             for parent in kwargs.get("parents", ())
             if isinstance(parent, CommandParser)
             for group in parent.exclusive
         ]
-        #: The subcommands (what ``add_subparsers`` returned), for ``command_table``.
+        #: The subcommands (what ``add_subparsers`` returned), for the reference (``tools/cli_reference.py``).
         self.commands: Any = None
         super().__init__(*args, **kwargs)
 
@@ -58,38 +56,6 @@ class CommandParser(argparse.ArgumentParser):
     def flags(self) -> List[str]:
         """Every option string this parser takes (its parents' and its groups' included), for the "did you mean"."""
         return [flag for action in self.arguments for flag in action.option_strings]
-
-    def command_table(self) -> str:
-        """The subcommands as a Markdown table (the CLI guide's, checked by a test so it cannot drift)."""
-        rows = ["| command | what it does |", "| --- | --- |"]
-        for name, command in self.commands.choices.items():
-            rows.append(f"| `{self.prog} {name}` | {command.description} |")
-        return "\n".join(rows)
-
-    def flag_table(self) -> str:
-        """Every argument but ``--help`` as a Markdown table: how it is written, its default, its help (the command
-        line reference's, checked by a test so it cannot drift)."""
-        rows = ["| argument | default | what it does |", "| --- | --- | --- |"]
-        for action in sorted(self.arguments, key=lambda action: bool(action.option_strings)):  # positionals first
-            if action.dest != "help":
-                cells = (f"`{_spelling(action)}`", self._default_of(action), action.help or "")
-                rows.append("| " + " | ".join(_table_cell(cell) for cell in cells) + " |")
-        return "\n".join(rows)
-
-    def _default_of(self, action: argparse.Action) -> str:
-        """``action``'s default as the reference shows it: required, a switch's off, a value, or one of a group."""
-        for required, group in self.exclusive:
-            if action in group:
-                others = ", ".join(f"`{other.option_strings[-1]}`" for other in group if other is not action)
-                return f"required, or {others}" if required else f"not with {others}"
-        if action.required if action.option_strings else action.nargs not in _OPTIONAL_POSITIONAL:
-            return "required"
-        if action.nargs == 0:
-            return "off"
-        if action.default is None or action.default == argparse.SUPPRESS:
-            return ""
-        values = action.default if isinstance(action.default, (list, tuple)) else [action.default]
-        return f"`{' '.join(str(value) for value in values)}`"
 
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
         """Add an argument as argparse does, remembering it."""
@@ -145,25 +111,3 @@ class ExclusiveGroup:
         self.arguments.append(action)
         self._parser_arguments.append(action)
         return action
-
-
-def _table_cell(text: str) -> str:
-    """``text`` as one Markdown table cell: on one line, its pipes escaped, and no ``<name>`` taken for an HTML tag."""
-    return " ".join(text.split()).replace("|", "\\|").replace("<", "&lt;")
-
-
-def _spelling(action: argparse.Action) -> str:
-    """How ``action`` is written on the command line, as argparse's help shows it: ``-i, --input INPUT``,
-    ``--checkpoints PATTERN [PATTERN ...]``, ``--format {auto,prompts}``, ``checkpoint``."""
-    if not action.option_strings:
-        return str(action.metavar or action.dest) + (" ..." if action.nargs == argparse.REMAINDER else "")
-    flags = ", ".join(action.option_strings)
-    if action.nargs == 0:
-        return flags
-    if action.metavar is not None:
-        value = str(action.metavar)
-    elif action.choices is not None:
-        value = "{" + ",".join(str(choice) for choice in action.choices) + "}"
-    else:
-        value = action.dest.upper()
-    return f"{flags} {value} [{value} ...]" if action.nargs == "+" else f"{flags} {value}"

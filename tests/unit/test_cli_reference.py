@@ -40,12 +40,12 @@ def test_cli_docs_are_what_the_parser_says(path: Path) -> None:
 def test_cli_guide_holds_the_command_table_between_its_markers() -> None:
     """The guide's markers are there (without them the rewrite would have nothing to replace, and pass)."""
     found = tool.GUIDE_TABLE.search(tool.GUIDE.read_text(encoding="utf-8"))
-    assert found and found["table"] == build_parser().command_table()
+    assert found and found["table"] == tool.command_table(build_parser())
 
 
 def test_command_table_names_every_command() -> None:
     """Every command main runs is a row (serve-test-engine and adapters included)."""
-    table = build_parser().command_table()
+    table = tool.command_table(build_parser())
     assert all(f"`lora-sampler {name}`" in table for name in COMMANDS)
 
 
@@ -58,7 +58,7 @@ def test_reference_lists_every_flag_the_usage_shows(name: str) -> None:
     shown = set(re.findall(r"(?<![\w-])--?[a-zA-Z][\w-]*", command.format_usage()))
     known = {action.option_strings[0] for action in command.arguments if action.option_strings}
     assert shown == known
-    rows = command.flag_table().splitlines()
+    rows = tool.flag_table(command).splitlines()
     assert all(any(f"`{flag}" in row for row in rows) for flag in known - {"-h"})
 
 
@@ -68,5 +68,5 @@ def test_a_help_with_a_pipe_a_newline_or_a_tag_stays_one_table_cell() -> None:
 
     parser = CommandParser(prog="x", add_help=False)
     parser.add_argument("--out", default="a|b", help="writes DIR/<adapter>.jsonl |\n  one per checkpoint")
-    row = parser.flag_table().splitlines()[-1]
+    row = tool.flag_table(parser).splitlines()[-1]
     assert row == r"| `--out OUT` | `a\|b` | writes DIR/&lt;adapter>.jsonl \| one per checkpoint |"
