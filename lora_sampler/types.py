@@ -2,11 +2,16 @@
 
 Frozen dataclasses with validation in ``__post_init__`` (bad arguments raise ``ValueError``/``TypeError``
 naming the argument, before any request). No I/O here.
+
+How results show is theirs too: a repr stays one short line whatever the answer holds (a list of 2,000 results stays
+readable), numbers are rounded for reading only, and the plain-dict form (``to_dict``) holds every value exactly, in
+JSON types (non-finite logprobs become None).
 """
 
 from __future__ import annotations
 
 import functools
+import html
 import json
 import math
 import os
@@ -14,7 +19,7 @@ from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union, cast, overload
 
-from lora_sampler import _views
+from lora_sampler._views import json_number
 from lora_sampler._wire import answers
 from lora_sampler._wire.answers import MAX_LOGPROB as MAX_LOGPROB  # re-exported: a public name here
 from lora_sampler._wire.answers import model_cards as model_cards  # re-exported: a public name here
@@ -33,6 +38,9 @@ StopSpec = Union[None, str, int, Sequence[Union[str, int]]]
 TopK = Tuple[Tuple[int, float], ...]
 #: A request timeout: ``(connect, read)`` seconds, or one number for both.
 Timeout = Union[float, Tuple[float, float]]
+#: Characters of generated text a repr shows, and of each sequence's text the notebook table shows.
+REPR_TEXT_CHARS = 24
+HTML_TEXT_CHARS = 200
 
 
 def split_timeout(timeout: Timeout) -> Tuple[float, float]:
@@ -500,11 +508,25 @@ class GeneratedSequence:
     topk_logprobs: Optional[Tuple[TopK, ...]] = None
 
     def __repr__(self) -> str:
-        return _views.sequence_repr(self)
+        """One line: token count, stop reason, summed logprob (2 decimals) and the start of the text."""
+        return (
+            f"GeneratedSequence(tokens={len(self.tokens)}, stop_reason={self.stop_reason!r}, "
+            f"logprob={_summed(self.logprobs):.2f}, text={_short(self.text, REPR_TEXT_CHARS)!r})"
+        )
 
     def to_dict(self) -> Dict[str, Any]:
-        """Return the plain-dict form (JSON types; a non-finite logprob becomes None)."""
-        return _views.sequence_dict(self)
+        """Return the plain-dict form (JSON types; a non-finite logprob becomes None): every token id and logprob, the
+        text and why it stopped."""
+        shown = {
+            "tokens": list(self.tokens),
+            "logprobs": _numbers(self.logprobs),
+            "text": self.text,
+            "stop_reason": self.stop_reason,
+            "matched_stop": self.matched_stop,
+        }
+        if self.topk_logprobs is not None:
+            shown["topk_logprobs"] = [_pairs(entry) for entry in self.topk_logprobs]
+        return shown
 
 
 @dataclass(frozen=True)
@@ -569,11 +591,31 @@ class SampleOutput:
     body: Optional[Dict[str, Any]] = field(default=None, repr=False, compare=False)
 
     def __repr__(self) -> str:
-        return _views.output_repr(self)
+        """One line: model, number of sequences, their token counts and stop reasons, the start of the first text."""
+        sequences = self.sequences
+        stops = "/".join(sorted({s.stop_reason for s in sequences})) or "-"
+        text = _short(sequences[0].text, REPR_TEXT_CHARS) if sequences else ""
+        extra = ", prompt_logprobs" if self.prompt_logprobs is not None else ""
+        return (
+            f"SampleOutput(model={self.model!r}, n={len(sequences)}, tokens={_span(len(s.tokens) for s in sequences)}, "
+            f"stop={stops}{extra}, text={text!r})"
+        )
 
     def _repr_html_(self) -> str:
-        """The notebook display: one table row per sequence."""
-        return _views.output_html(self)
+        """The notebook display: one table row per sequence (tokens, stop reason, summed logprob, text)."""
+        usage = self.usage
+        counts = f"; {usage.prompt_tokens} prompt + {usage.completion_tokens} completion tokens" if usage else ""
+        rows = "".join(
+            f"<tr><td>{i}</td><td>{len(s.tokens)}</td><td>{html.escape(s.stop_reason)}</td>"
+            f"<td>{_summed(s.logprobs):.2f}</td>"
+            f"<td style='text-align:left'>{html.escape(_short(s.text, HTML_TEXT_CHARS))}</td></tr>"
+            for i, s in enumerate(self.sequences)
+        )
+        return (
+            f"<div><b>SampleOutput</b> from <code>{html.escape(self.model)}</code>: {len(self.sequences)} "
+            f"sequence(s){html.escape(counts)}<table><tr><th>#</th><th>tokens</th><th>stop</th><th>logprob</th>"
+            f"<th>text</th></tr>{rows}</table></div>"
+        )
 
     @property
     def usage(self) -> Optional[Usage]:
@@ -582,7 +624,14 @@ class SampleOutput:
 
     def to_dict(self) -> Dict[str, Any]:
         """Return every value in plain JSON types: model, sequences, prompt logprobs, top-k and usage (not ``body``)."""
-        return _views.output_dict(self)
+        usage, topk = self.usage, self.topk_prompt_logprobs
+        return {
+            "model": self.model,
+            "sequences": [sequence.to_dict() for sequence in self.sequences],
+            "prompt_logprobs": None if self.prompt_logprobs is None else _numbers(self.prompt_logprobs),
+            "topk_prompt_logprobs": None if topk is None else [None if e is None else _pairs(e) for e in topk],
+            "usage": None if usage is None else usage.to_dict(),
+        }
 
     def to_json(self, **dumps_options: Any) -> str:
         """Return ``to_dict()`` as strict JSON (``json.dumps`` options, e.g. ``indent=2``, pass through)."""
@@ -610,6 +659,32 @@ class SampleOutput:
             prompt_lp, raw = answers.prompt_logprobs_of(choices[0], request.prompt, request.prompt_logprobs)
             topk = PromptTopK(raw, request.topk_prompt_logprobs) if request.topk_prompt_logprobs else None
         return cls(sequences, prompt_lp, topk, str(body.get("model") or ""), body)
+
+
+def _summed(logprobs: Sequence[float]) -> float:
+    """The sum of a sequence's token logprobs, for reading (NaN entries, sent as null, left out)."""
+    return math.fsum(lp for lp in logprobs if not math.isnan(lp))
+
+
+def _numbers(values: Sequence[Optional[float]]) -> List[Optional[float]]:
+    return [json_number(value) for value in values]
+
+
+def _pairs(entry: Sequence[Tuple[int, float]]) -> List[List[Any]]:
+    """Top-k ``(token_id, logprob)`` pairs in JSON types."""
+    return [[token_id, json_number(logprob)] for token_id, logprob in entry]
+
+
+def _short(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _span(values: Iterable[int]) -> str:
+    """``16`` when all equal, else ``12-16``."""
+    found = sorted(set(values))
+    if not found:
+        return "0"
+    return str(found[0]) if len(found) == 1 else f"{found[0]}-{found[-1]}"
 
 
 def batch_payload(requests: Sequence[SampleRequest], model: str) -> Dict[str, Any]:

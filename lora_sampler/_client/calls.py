@@ -28,6 +28,7 @@ from lora_sampler._client.outage import PromptLogprobFailures, is_outage, probe_
 from lora_sampler._client.progress import RetryCounter
 from lora_sampler._transport.connections import is_cancelled
 from lora_sampler._transport.http import EngineTransport, Timeout, new_id
+from lora_sampler._wire.answers import text_of, tokens_of
 from lora_sampler._wire.messages import PROMPT_LOGPROBS_FIELD, load_adapter_body
 from lora_sampler._wire.refusals import is_router_serving_around
 from lora_sampler._wire.routes import (
@@ -360,7 +361,7 @@ class SampleCalls:
     ) -> Tuple[int, ...]:
         """Return the engine's token ids of ``text`` (with the specials its tokenizer adds, if asked)."""
         payload = {"model": model, "prompt": text, "add_special_tokens": add_special_tokens}
-        return cast(Tuple[int, ...], self._tokenizer_call(TOKENIZE_PATH, model, payload, _tokens_of, session_id))
+        return cast(Tuple[int, ...], self._tokenizer_call(TOKENIZE_PATH, model, payload, tokens_of, session_id))
 
     def tokenize_chat(
         self, messages: Sequence[Message], model: str, *, add_generation_prompt: bool, continue_final_message: bool
@@ -372,12 +373,12 @@ class SampleCalls:
             "add_generation_prompt": add_generation_prompt,
             "continue_final_message": continue_final_message,
         }
-        return cast(Tuple[int, ...], self._tokenizer_call(TOKENIZE_PATH, model, payload, _tokens_of, None))
+        return cast(Tuple[int, ...], self._tokenizer_call(TOKENIZE_PATH, model, payload, tokens_of, None))
 
     def detokenize(self, tokens: Sequence[int], model: str) -> str:
         """Return the text of ``tokens`` as the engine's tokenizer decodes them (special tokens kept as text)."""
         payload = {"model": model, "tokens": list(tokens)}
-        return cast(str, self._tokenizer_call(DETOKENIZE_PATH, model, payload, _text_of, None))
+        return cast(str, self._tokenizer_call(DETOKENIZE_PATH, model, payload, text_of, None))
 
     def _tokenizer_call(
         self, path: str, model: str, payload: Dict[str, Any], parse: Callable[[Any], Any], session: Optional[str]
@@ -434,19 +435,3 @@ def _words(error: EngineError) -> Tuple[str, Optional[int], str]:
         return type(error).__name__, error.status, error.engine_message
     protocol = cast(EngineProtocolError, error)  # the only other confinable kind
     return type(error).__name__, protocol.status, protocol.message.replace(f"body starts {protocol.body_excerpt!r}", "")
-
-
-def _tokens_of(body: Any) -> Tuple[int, ...]:
-    """Read vLLM's ``/tokenize`` answer ``{"count", "max_model_len", "tokens", "token_strs"}``."""
-    tokens = body.get("tokens") if isinstance(body, dict) else None
-    if not isinstance(tokens, list) or not set(map(type, tokens)) <= {int}:
-        raise ValueError("it has no 'tokens' list of ints; is base_url a vLLM server?")
-    return tuple(tokens)
-
-
-def _text_of(body: Any) -> str:
-    """Read vLLM's ``/detokenize`` answer ``{"prompt": str}``."""
-    text = body.get("prompt") if isinstance(body, dict) else None
-    if not isinstance(text, str):
-        raise ValueError("it has no 'prompt' string; is base_url a vLLM server?")
-    return text

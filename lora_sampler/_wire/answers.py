@@ -1,4 +1,5 @@
-"""How vLLM answers: model cards, a completion's choices, a prompt list's answers per prompt, usage, logprobs.
+"""How vLLM answers: model cards, the tokenizer's answers, a completion's choices, a prompt list's answers per
+prompt, usage, logprobs.
 
 Reads decoded JSON into plain Python data and checks it is exactly the answer asked for; anything else is a
 ``ValueError`` saying what does not fit. It knows no value type: ``lora_sampler.types`` builds its values
@@ -36,6 +37,22 @@ def model_cards(body: Any) -> List[Dict[str, Any]]:
     if not isinstance(cards, list) or not all(isinstance(card, dict) and "id" in card for card in cards):
         raise ValueError("it has no 'data' list of model cards with an 'id' each")
     return cards
+
+
+def tokens_of(body: Any) -> Tuple[int, ...]:
+    """Read vLLM's ``/tokenize`` answer ``{"count", "max_model_len", "tokens", "token_strs"}``."""
+    tokens = body.get("tokens") if isinstance(body, dict) else None
+    if not isinstance(tokens, list) or not set(map(type, tokens)) <= _INT_TYPE:
+        raise ValueError("it has no 'tokens' list of ints; is base_url a vLLM server?")
+    return tuple(tokens)
+
+
+def text_of(body: Any) -> str:
+    """Read vLLM's ``/detokenize`` answer ``{"prompt": str}``."""
+    text = body.get("prompt") if isinstance(body, dict) else None
+    if not isinstance(text, str):
+        raise ValueError("it has no 'prompt' string; is base_url a vLLM server?")
+    return text
 
 
 def prompt_parts(
