@@ -703,3 +703,38 @@ def test_check_adapter_config_diagnoses(tmp_path: pathlib.Path, content: Optiona
     assert str(folder / "adapter_config.json") in message
     for part in expected:
         assert part in message
+
+
+@pytest.mark.parametrize("kind", ["archive", "folder"])
+def test_publish_local_checkpoint_changed_while_it_is_read_is_refused(
+    tmp_path: pathlib.Path, base: pathlib.Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """A trainer still writing the checkpoint while it is extracted or copied: the publish is refused, naming it,
+    and nothing is left in the adapter folder; once the writer is done the same path publishes its new content."""
+    if kind == "archive":
+        source = write_archive(tmp_path / "step-3.tar.gz", adapter_members())
+        grown = source
+        fill_name = "_extract"
+    else:
+        source = write_adapter_dir(tmp_path / "step-3")
+        grown = source / "adapter_model.safetensors"
+        fill_name = "_copy"
+    real_fill = getattr(publish, fill_name)
+
+    def fill_then_grow(*args: object, **kwargs: object) -> object:
+        digest = real_fill(*args, **kwargs)
+        with open(grown, "ab") as file:  # the writer appends after the reader has read it all
+            file.write(b"more")
+        return digest
+
+    monkeypatch.setattr(publish, fill_name, fill_then_grow)
+    with pytest.raises(PublishError, match="changed while it was being published; publish it again") as info:
+        publish_checkpoint(source, base)
+    assert str(source) in str(info.value)
+    assert snapshot(base) == []
+    monkeypatch.setattr(publish, fill_name, real_fill)
+    if kind == "folder":
+        assert_published(publish_checkpoint(source, base).path, weights=b"weights-1more")
+    else:
+        with pytest.raises(PublishError):  # an archive with bytes after its end is refused as such
+            publish_checkpoint(source, base)
