@@ -29,7 +29,6 @@ from lora_sampler._version import __version__
 from lora_sampler.batch._evaluator import CheckpointEvaluator
 from lora_sampler.batch._lines import LineDefaults
 from lora_sampler.batch._score import SCORE_FORMAT, scoring_notes
-from lora_sampler.batch._settings import CLI_MAX_OUTAGE
 from lora_sampler.cli._adapters import add_adapters_arguments, run_adapters
 from lora_sampler.cli._parser import CommandParser, UsageError
 from lora_sampler.cli._runner import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, BatchAbandoned, run_batch
@@ -53,8 +52,6 @@ logger = logging.getLogger(__name__)
 
 #: For tests that run the CLI in a subprocess: ``LORA_SAMPLER_TESTING=1`` makes every retry wait 0 s.
 TESTING_ENV = "LORA_SAMPLER_TESTING"
-#: ``--max-outage`` default, in seconds: an unattended job waits out a restart or redeploy of the engine.
-DEFAULT_MAX_OUTAGE = CLI_MAX_OUTAGE
 #: ``--timeout`` default: ``CONNECT,READ`` seconds per request (the client's default).
 DEFAULT_TIMEOUT = ",".join(f"{seconds:g}" for seconds in CLIENT_TIMEOUT)
 #: Bytes in a GiB (``--max-adapter-gib``).
