@@ -314,9 +314,10 @@ class FakeEngine:
         """
         self._hold.hold(model, until_in_flight, beside, after)
 
-    def release(self) -> None:
-        """Let every held completion go on, and hold no more."""
-        self._hold.release()
+    def release(self, *, keep_holding: bool = False) -> None:
+        """Let every held completion go on, and hold no more; with ``keep_holding``, completions arriving later are
+        held as before (a test steps a job through its requests one at a time)."""
+        self._hold.release(keep_holding)
 
     @property
     def held_requests(self) -> int:

@@ -27,7 +27,7 @@ class Hold:
         self._beside: str | None = None
         self._after = 0  # completions the hold still lets through before it holds
         self._held = 0
-        self._waves = 0  # how many times enough completions were in flight together: each lets the held ones go
+        self._waves = 0  # times the held completions were let go at once (the overlap came, or a release kept holding)
 
     def hold(self, model: str | None, until_in_flight: int | None, beside: str | None, after: int) -> None:
         """Hold the completions for ``model`` (None: every one) from now on; see ``FakeEngine.hold``."""
@@ -41,10 +41,13 @@ class Hold:
             self._on, self._model, self._until, self._beside = True, model, until_in_flight, beside
             self._after = after
 
-    def release(self) -> None:
-        """Let every held completion go on; hold no more."""
+    def release(self, keep_holding: bool) -> None:
+        """Let every held completion go on; hold no more, or (``keep_holding``) hold the ones arriving later."""
         with self._changed:
-            self._on = False
+            if keep_holding:
+                self._waves += 1  # the held ones see a new wave and go on; the hold stays on
+            else:
+                self._on = False
             self._changed.notify_all()
 
     @property

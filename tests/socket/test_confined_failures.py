@@ -51,7 +51,10 @@ def _held_run(
     **kwargs: Any,
 ) -> List[Any]:
     """``sample_many`` with the engine holding the first request until every item was pulled (then ``while_held``
-    runs), so the items after the first go in full batches (the one worker is busy), whatever the machine's speed."""
+    runs), so the items after the first go in full batches (the one worker is busy), whatever the machine's speed.
+
+    The first request is held past the engine's fault check (``FakeEngine.hold``), so a fault ``while_held`` scripts
+    is the next request's, never the held one's (waiting for it to be in flight left a gap before that check)."""
     pulled = threading.Semaphore(0)
 
     def counted() -> Iterator[Dict[str, Any]]:
@@ -59,16 +62,16 @@ def _held_run(
             yield item
             pulled.release()
 
-    engine.latency = 60.0
+    engine.hold()
     with ThreadPoolExecutor(1) as runner:
         job = runner.submit(client.sample_many, counted(), return_exceptions=True, **kwargs)
         try:
             for _ in items:
                 assert pulled.acquire(timeout=WAIT)
-            assert wait_until(lambda: engine.requests_in_flight == 1)
+            engine.wait_for_held(1, timeout=WAIT)
             while_held()
         finally:
-            engine.latency = 0.0
+            engine.release()
         return job.result(timeout=WAIT)
 
 
@@ -298,9 +301,10 @@ def test_a_routers_outage_500_for_a_batch_is_held_and_sent_again_whole(engine: F
 
 
 def test_ctrl_c_while_a_batchs_failure_is_being_confined_stops_at_once(engine: FakeEngine) -> None:
-    """Ctrl-C while the prompts of a failed batch are sent again: the job stops, the hung request's connection is
-    shut (the worker is free at once), and .results keeps the answer received before. The first request is held
-    until the failing batch is full; the split's first request hangs until the interrupt comes."""
+    """Ctrl-C while the prompts of a failed batch are sent again: the job stops, the held request's connection is
+    shut (the engine sees the client hang up; the worker is free at once), and .results keeps the answer received
+    before. The engine holds the first request until the failing batch is full, then the split's first request
+    until the interrupt has come: each step waits on the engine's hold, never on the machine's speed."""
     items = _items(engine, 9)
     pulled = threading.Semaphore(0)
 
@@ -310,29 +314,29 @@ def test_ctrl_c_while_a_batchs_failure_is_being_confined_stops_at_once(engine: F
             pulled.release()
 
     def interrupt_while_splitting() -> None:
-        if all(pulled.acquire(timeout=WAIT) for _ in items) and wait_until(lambda: engine.requests_in_flight == 1):
-            engine.inject_fault("status", status=500, count=1)  # the full batch's 500, then its first prompt hangs
-            engine.inject_fault("hang", seconds=10 * WAIT, count=1)  # ended by the engine's stop
-            engine.latency = 0.0  # the first request answers
-            if wait_until(lambda: len(_completions(engine)) == 2 and engine.requests_in_flight == 1):
+        if all(pulled.acquire(timeout=WAIT) for _ in items):
+            engine.wait_for_held(1, timeout=WAIT)  # past its fault check: the fault below is the next request's
+            engine.inject_fault("status", status=500, count=1)  # the full batch's 500
+            engine.release(keep_holding=True)  # the first request answers; the split's first is held
+            if wait_until(lambda: len(_completions(engine)) == 2):  # the first's answer and the batch's 500
+                engine.wait_for_held(1, timeout=WAIT)
                 os.kill(os.getpid(), signal.SIGINT)
 
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     killer = threading.Thread(target=interrupt_while_splitting)
-    engine.latency = 60.0
+    engine.hold()
     try:
         with SamplerClient(engine.url, max_workers=1) as client:
             killer.start()
             with pytest.raises(SamplingInterruptedError) as info:
                 client.sample_many(counted(), prompts_per_request=8, return_exceptions=True)
-            # The one worker is free again while the engine still holds the hung request: its connection was shut.
+            # The held request's connection was shut: the engine aborts it (a hold ends when its client hangs up).
+            assert wait_until(lambda: engine.aborted_requests == 1 and engine.requests_in_flight == 0)
+            engine.release()
             assert client.submit([5, 6], base_model=engine.model, max_tokens=2).result(timeout=WAIT).sequences
-            # The engine counts the submitted request out just after its answer is sent: wait for that, then the
-            # hung request is the one still held.
-            assert wait_until(lambda: engine.requests_in_flight == 1)
     finally:
         killer.join(WAIT)
         signal.signal(signal.SIGINT, previous)
-        engine.latency = 0.0
+        engine.release()
     results = info.value.results
     assert isinstance(results[0], SampleOutput) and all(r is None for r in results[1:])

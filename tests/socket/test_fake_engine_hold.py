@@ -33,6 +33,22 @@ def test_held_completions_wait_in_flight_until_released(engine: FakeEngine) -> N
     assert complete(engine).status_code == 200  # released: no longer held
 
 
+def test_a_release_that_keeps_holding_lets_the_held_go_and_holds_the_next(engine: FakeEngine) -> None:
+    """``release(keep_holding=True)`` steps a job: the held completion answers, the one after it is held in turn."""
+    engine.hold()
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(complete, engine)
+        engine.wait_for_held()
+        engine.release(keep_holding=True)
+        assert first.result().status_code == 200
+        second = pool.submit(complete, engine)
+        engine.wait_for_held()
+        assert not second.done() and len(engine.requests) == 1
+        engine.release()
+        assert second.result().status_code == 200
+    assert engine.held_requests == 0
+
+
 def test_hold_of_one_model_lets_the_others_through(engine: FakeEngine) -> None:
     engine.hold(model="other-model-name")
     assert complete(engine).status_code == 200  # another model's hold: the base model's completion goes at once
