@@ -77,12 +77,7 @@ def prompt_parts(
             "the answers cannot be matched to their prompts, so none is used. An engine or proxy that does not answer "
             "prompt lists needs one prompt a request: prompts_per_request=1 (--prompts-per-request 1)"
         )
-    indices: List[Any] = [choice.get("index") for choice in choices]  # checked below: ints 0..N-1
-    expected = list(range(len(choices)))
-    if indices != expected:
-        if not set(map(type, indices)) <= _INT_TYPE or sorted(indices) != expected:
-            raise ValueError(f"its choice indices are not 0..{len(choices) - 1} once each")
-        choices = [choices[position] for position in sorted(expected, key=indices.__getitem__)]
+    choices = _in_index_order(choices, [choice.get("index") for choice in choices])
     shared = {key: value for key, value in body.items() if key not in ("choices", "usage")}
     shared["request_usage"] = body.get("usage")
     parts: List[Dict[str, Any]] = []
@@ -157,13 +152,17 @@ def choices_of(body: Any, num_samples: int, model: Optional[str]) -> List[Dict[s
     choices = model_choices(body, model)
     if len(choices) != num_samples:
         raise ValueError(f"it holds {len(choices)} choices where num_samples={num_samples} were asked")
-    indices = [choice.get("index", position) for position, choice in enumerate(choices)]
+    return _in_index_order(choices, [choice.get("index", position) for position, choice in enumerate(choices)])
+
+
+def _in_index_order(choices: List[Dict[str, Any]], indices: List[Any]) -> List[Dict[str, Any]]:
+    """Return ``choices`` ordered by their ``indices``, once those are checked to number them 0..N-1 once each."""
     expected = list(range(len(choices)))
-    if indices != expected:
-        if not set(map(type, indices)) <= _INT_TYPE or sorted(indices) != expected:
-            raise ValueError(f"its choice indices are {indices}, not 0..{len(choices) - 1} once each")
-        choices = [choices[position] for position in sorted(expected, key=indices.__getitem__)]
-    return choices
+    if indices == expected:
+        return choices
+    if not set(map(type, indices)) <= _INT_TYPE or sorted(indices) != expected:
+        raise ValueError(f"its choice indices are not 0..{len(choices) - 1} once each")
+    return [choices[position] for position in sorted(expected, key=indices.__getitem__)]
 
 
 def prompt_logprobs_of(
@@ -174,33 +173,45 @@ def prompt_logprobs_of(
     raw = first.get("prompt_logprobs")
     if not isinstance(raw, list) or not set(map(type, raw)) <= _ENTRY_TYPES:
         raise ValueError("prompt logprobs were asked for, but its first choice has no 'prompt_logprobs' list")
-    prompt_ids = first.get("prompt_token_ids") or (None if isinstance(prompt, str) else prompt)
-    if prompt_ids is not None and (
-        not isinstance(prompt_ids, (list, tuple)) or not set(map(type, prompt_ids)) <= _INT_TYPE
-    ):
+    prompt_ids = _prompt_ids(first, None if prompt is None or isinstance(prompt, str) else prompt)
+    if prompt_ids is not None and len(raw) != len(prompt_ids):
+        raise ValueError(f"it has {len(raw)} prompt logprobs for {len(prompt_ids)} prompt tokens")
+    return (_actual_logprobs(raw, prompt_ids) if own_logprobs else None), raw
+
+
+def _prompt_ids(first: Dict[str, Any], sent_ids: Optional[Sequence[int]]) -> Optional[Sequence[int]]:
+    """Return the prompt's token ids: the echo (which must be the ids sent, if ids were sent), else the ids sent."""
+    prompt_ids = first.get("prompt_token_ids") or sent_ids
+    if prompt_ids is None:
+        return None
+    if not isinstance(prompt_ids, (list, tuple)) or not set(map(type, prompt_ids)) <= _INT_TYPE:
         raise ValueError("its 'prompt_token_ids' is not a list of token ids")
-    sent_ids = None if prompt is None or isinstance(prompt, str) else prompt
-    if prompt_ids is not None and sent_ids is not None and tuple(prompt_ids) != tuple(sent_ids):
+    if sent_ids is not None and tuple(prompt_ids) != tuple(sent_ids):
         raise ValueError(
             f"its 'prompt_token_ids' ({_ids_preview(prompt_ids)}) are not the token ids sent "
             f"({_ids_preview(sent_ids)}): its prompt logprobs would be those of other tokens"
         )
-    prompt_lp: Optional[Tuple[Optional[float], ...]] = None
-    if own_logprobs:
-        prompt_lp = _actual_logprobs(raw, prompt_ids)
-    elif prompt_ids is not None and len(raw) != len(prompt_ids):
-        raise ValueError(f"it has {len(raw)} prompt logprobs for {len(prompt_ids)} prompt tokens")
-    return prompt_lp, raw
+    return prompt_ids
 
 
-def _floats(values: List[Any], what: str) -> Tuple[float, ...]:
-    """Convert JSON numbers to floats; one too large for a float (``10**400``, ``1e400``) is refused as malformed."""
+def _logprobs(values: List[Any], what: str) -> Tuple[float, ...]:
+    """Convert JSON numbers to floats (a null, vLLM's -inf, to NaN), refusing the answer for a value that is no number,
+    one too large for a float (``10**400``, ``1e400``) or one above 0 beyond float rounding (a log-probability never
+    is)."""
+    kinds = set(map(type, values))  # type sets are checked with C loops: this runs for every choice of every answer
+    if not kinds <= _LOGPROB_TYPES:
+        raise ValueError(f"{what} holds a value that is not a number")
+    if _NONE_TYPE in kinds:
+        values = [math.nan if value is None else value for value in values]
     try:
         floats = tuple(map(float, values))
     except OverflowError:  # an integer such as 10**400
         raise ValueError(f"{what} holds a number too large for a float") from None
-    if _INFINITY in floats or -_INFINITY in floats:  # a literal such as 1e400: strict JSON writers refuse it
+    if _INFINITY in map(abs, floats):  # a literal such as 1e400: strict JSON writers refuse it
         raise ValueError(f"{what} holds a number too large for a float")
+    if max(filter(math.isfinite, floats), default=0.0) > MAX_LOGPROB:  # NaN (a null) compares false: left out
+        position, value = next((i, v) for i, v in enumerate(floats) if v > MAX_LOGPROB)
+        raise ValueError(f"{what} holds {value!r} at position {position}: a logprob is never above 0")
     return floats
 
 
@@ -215,63 +226,65 @@ def sequence_fields(choice: Dict[str, Any], topk: int = 0) -> Dict[str, Any]:
     # Type sets are checked with C loops: this runs for every choice of every answer.
     if not isinstance(tokens, list) or not set(map(type, tokens)) <= _INT_TYPE:
         raise ValueError(f"choice {index} has no 'token_ids' list of ints (vLLM sends them for return_token_ids)")
-    logprobs_block = choice.get("logprobs")
-    message = choice.get("message")
-    if isinstance(message, dict):  # a chat choice: logprobs.content holds one {"token", "logprob", ...} per token
-        entries = logprobs_block.get("content") if isinstance(logprobs_block, dict) else None
-        usable = isinstance(entries, list) and set(map(type, entries)) <= _DICT_TYPE
-        token_logprobs = [entry.get("logprob") for entry in cast(List[Dict[str, Any]], entries)] if usable else None
-        text = message.get("content")
-        where = "logprobs.content"
-    else:
-        token_logprobs = logprobs_block.get("token_logprobs") if isinstance(logprobs_block, dict) else None
-        text = choice.get("text")
-        where = "logprobs.token_logprobs"
-    if not isinstance(token_logprobs, list) or len(token_logprobs) != len(tokens):
-        raise ValueError(f"choice {index} has no '{where}' list with one entry per token")
-    kinds = set(map(type, token_logprobs))
-    if not kinds <= _LOGPROB_TYPES:
-        raise ValueError(f"choice {index} has a token logprob that is not a number")
+    block = choice.get("logprobs")
+    block = block if isinstance(block, dict) else {}
+    token_logprobs, text = _logprobs_and_text(choice, block, len(tokens), index)
     return dict(
         tokens=tuple(tokens),
-        logprobs=_checked_logprobs(
-            (
-                _floats(token_logprobs, f"choice {index}")
-                if _NONE_TYPE not in kinds
-                else _floats([math.nan if lp is None else lp for lp in token_logprobs], f"choice {index}")
-            ),
-            f"choice {index}'s logprobs",
-        ),
+        logprobs=_logprobs(token_logprobs, f"choice {index}'s logprobs"),
         stop_reason=str(choice.get("finish_reason") or ""),
         text=str(text or ""),
         matched_stop=choice.get("stop_reason"),
-        topk_logprobs=_sampled_topk(logprobs_block, len(tokens), topk, index) if topk else None,
+        topk_logprobs=_sampled_topk(block, len(tokens), topk, index) if topk else None,
     )
+
+
+def _logprobs_and_text(
+    choice: Dict[str, Any], block: Dict[str, Any], length: int, index: object
+) -> Tuple[List[Any], Any]:
+    """Return a choice's ``length`` token logprobs (unchecked JSON values) and its text.
+
+    A chat choice holds one ``{"token", "logprob", ...}`` per token in ``logprobs.content`` and its text in
+    ``message.content``; a completion choice its logprobs in ``logprobs.token_logprobs`` and its text in ``text``.
+    """
+    message = choice.get("message")
+    if isinstance(message, dict):
+        entries = block.get("content")
+        usable = isinstance(entries, list) and set(map(type, entries)) <= _DICT_TYPE
+        token_logprobs = [entry.get("logprob") for entry in cast(List[Dict[str, Any]], entries)] if usable else None
+        text, where = message.get("content"), "logprobs.content"
+    else:
+        token_logprobs, text, where = block.get("token_logprobs"), choice.get("text"), "logprobs.token_logprobs"
+    if not isinstance(token_logprobs, list) or len(token_logprobs) != length:
+        raise ValueError(f"choice {index} has no '{where}' list with one entry per token")
+    return token_logprobs, text
 
 
 #: The key prefix of a token in vLLM's logprobs with ``return_tokens_as_token_ids``.
 _TOKEN_ID_PREFIX = "token_id:"  # noqa: S105  (a key prefix, not a secret)
 
 
-def _sampled_topk(block: Any, length: int, k: int, index: object) -> Tuple[TopKPairs, ...]:
+def _sampled_topk(block: Dict[str, Any], length: int, k: int, index: object) -> Tuple[TopKPairs, ...]:
     """Read the top-k alternatives of each generated position (``logprobs.top_logprobs``), best first, trimmed to k."""
-    tops = block.get("top_logprobs") if isinstance(block, dict) else None
+    tops = block.get("top_logprobs")
     if not isinstance(tops, list) or len(tops) != length:
         raise ValueError(f"choice {index} has no 'logprobs.top_logprobs' list with one entry per token")
-    positions: List[TopKPairs] = []
-    for position, top in enumerate(tops):
-        pairs: List[Tuple[int, float]] = []
-        for key, value in top.items() if isinstance(top, dict) else ():
-            digits = key[len(_TOKEN_ID_PREFIX) :] if isinstance(key, str) and key.startswith(_TOKEN_ID_PREFIX) else ""
-            if not digits.isdigit() or not isinstance(value, _NUMBER_TYPES) or isinstance(value, bool):
-                raise ValueError(
-                    f"choice {index} has a top logprob at position {position} that is not a "
-                    f"'{_TOKEN_ID_PREFIX}<id>': number pair ({key!r}); is return_tokens_as_token_ids honoured?"
-                )
-            pairs.append((int(digits), float(value)))
-        pairs.sort(key=lambda pair: -pair[1])
-        positions.append(tuple(pairs[:k]))
-    return tuple(positions)
+    return tuple(_token_id_pairs(top, k, f"choice {index}", position) for position, top in enumerate(tops))
+
+
+def _token_id_pairs(top: Any, k: int, where: str, position: int) -> TopKPairs:
+    """Read one position's ``{"token_id:<id>": logprob}`` alternatives as ``(token_id, logprob)``, best k first."""
+    pairs: List[Tuple[int, float]] = []
+    for key, value in top.items() if isinstance(top, dict) else ():
+        digits = key[len(_TOKEN_ID_PREFIX) :] if isinstance(key, str) and key.startswith(_TOKEN_ID_PREFIX) else ""
+        if not digits.isdigit() or not isinstance(value, _NUMBER_TYPES) or isinstance(value, bool):
+            raise ValueError(
+                f"{where} has a top logprob at position {position} that is not a "
+                f"'{_TOKEN_ID_PREFIX}<id>': number pair ({key!r}); is return_tokens_as_token_ids honoured?"
+            )
+        pairs.append((int(digits), float(value)))
+    pairs.sort(key=lambda pair: -pair[1])
+    return tuple(pairs[:k])
 
 
 def _actual_logprobs(
@@ -284,32 +297,20 @@ def _actual_logprobs(
     """
     if prompt_ids is None:
         return (None,) * len(raw)
-    if len(raw) != len(prompt_ids):
-        raise ValueError(f"it has {len(raw)} prompt logprobs for {len(prompt_ids)} prompt tokens")
     actual: List[Optional[float]] = [None]
-    keys = map(str, prompt_ids)
-    next(keys, None)
-    for position, (entry, key) in enumerate(zip(raw[1:], keys), 1):
+    for position, (entry, key) in enumerate(zip(raw[1:], map(str, prompt_ids[1:])), 1):
         chosen = entry.get(key) if entry else None
         logprob = chosen.get("logprob") if isinstance(chosen, dict) else None
         if not isinstance(logprob, _NUMBER_TYPES) or isinstance(logprob, bool):
             raise ValueError(f"its prompt logprobs at position {position} lack prompt token {key}'s own entry")
         actual.append(logprob)
-    return (None, *_checked_logprobs(_floats(actual[1:], "its prompt logprobs"), "its prompt logprobs"))
+    return (None, *_logprobs(actual[1:], "its prompt logprobs"))
 
 
 def _ids_preview(ids: Sequence[int]) -> str:
     """A short view of a token id list for a message: its length and first ids."""
     head = ", ".join(map(str, ids[:6]))
     return f"{len(ids)} ids: [{head}{', ...' if len(ids) > 6 else ''}]"
-
-
-def _checked_logprobs(values: Tuple[float, ...], what: str) -> Tuple[float, ...]:
-    """Refuse a logprob above 0 (beyond float rounding): a log-probability never is, so the answer is wrong."""
-    if values and max(values) > MAX_LOGPROB:
-        position, value = next((i, v) for i, v in enumerate(values) if v > MAX_LOGPROB)
-        raise ValueError(f"{what} holds {value!r} at position {position}: a logprob is never above 0")
-    return values
 
 
 def _rank_of(item: Tuple[str, Dict[str, Any]]) -> Tuple[int, float]:

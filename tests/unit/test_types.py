@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import pathlib
 from typing import Any
 
@@ -153,3 +154,14 @@ def test_types_output_rejects_a_body_without_choices() -> None:
 def test_types_checkpoint_paths_are_told_from_names(value: Any, expected: bool) -> None:
     """Paths, PathLikes and archive names are checkpoints; bare words are adapter names."""
     assert is_checkpoint_path(value) is expected
+
+
+def test_types_a_logprob_above_zero_after_a_null_is_refused() -> None:
+    """A null logprob (read as NaN) does not hide a later one above 0 (before: ``max`` met the NaN first and
+    passed the answer)."""
+    choice = {"index": 0, "text": "x", "token_ids": [1, 2], "logprobs": {"token_logprobs": [None, 5.0]}}
+    with pytest.raises(ValueError, match=r"holds 5\.0 at position 1: a logprob is never above 0"):
+        SampleOutput.from_json({"model": "b", "choices": [choice]}, SampleRequest([1], base_model="b"))
+    choice["logprobs"] = {"token_logprobs": [None, -5.0]}
+    output = SampleOutput.from_json({"model": "b", "choices": [choice]}, SampleRequest([1], base_model="b"))
+    assert math.isnan(output.sequences[0].logprobs[0]) and output.sequences[0].logprobs[1] == -5.0
