@@ -51,7 +51,7 @@ import _vllm_offline
 import requests
 
 from lora_sampler import SamplerClient, SampleRequest, SamplingParams, ScoreRequest
-from lora_sampler.types import batch_payload
+from lora_sampler.types import prompt_list
 
 #: The issue's work: (sequences, prompt tokens, generated tokens).
 WORK = {"score": (1024, 32, 1), "sample": (512, 8, 16)}
@@ -84,11 +84,18 @@ def lora_sampler_requests(work: str, prompts: List[List[int]], model: str) -> Li
     return [sample_request(work, prompt, model) for prompt in prompts]
 
 
+def batch_body(chunk: List[SampleRequest], model: str) -> Dict[str, Any]:
+    """One ``POST /v1/completions`` body for requests that differ only in their prompt, as the client builds it."""
+    payload = chunk[0].to_payload(model)
+    payload["prompt"] = prompt_list(chunk)
+    return payload
+
+
 def run_plain(engine: Any, work: str, per_request: int, concurrency: int) -> float:
     """Plain batched requests: ``per_request`` prompts per POST, ``concurrency`` in flight; sequences per second."""
     prompts = prompts_for(work)
     chunks = [prompts[i : i + per_request] for i in range(0, len(prompts), per_request)]
-    bodies = [batch_payload([sample_request(work, p, engine.model) for p in chunk], engine.model) for chunk in chunks]
+    bodies = [batch_body([sample_request(work, p, engine.model) for p in chunk], engine.model) for chunk in chunks]
     session = requests.Session()
     session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=concurrency))
     headers = {"Authorization": f"Bearer {engine.api_key}"} if engine.api_key else {}

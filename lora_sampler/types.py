@@ -10,13 +10,12 @@ JSON types (non-finite logprobs become None).
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import html
 import json
 import math
 import os
 from dataclasses import dataclass, field
-from dataclasses import fields as dataclass_fields
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union, cast, overload
 
 from lora_sampler._views import json_number
@@ -25,7 +24,7 @@ from lora_sampler._wire.answers import MAX_LOGPROB as MAX_LOGPROB  # re-exported
 from lora_sampler._wire.answers import model_cards as model_cards  # re-exported: a public name here
 from lora_sampler._wire.archives import ARCHIVE_SUFFIXES as ARCHIVE_SUFFIXES  # re-exported: a public name here
 from lora_sampler._wire.archives import has_archive_suffix
-from lora_sampler._wire.messages import SAMPLING_FIELDS, text_problem, validated_extra_body, validated_messages
+from lora_sampler._wire.messages import SAMPLING_FIELDS, check_text, validated_extra_body, validated_messages
 
 #: URL schemes of object stores whose objects and prefixes are checkpoint paths (see docs/guides/object-storage.md).
 STORAGE_SCHEMES = ("s3", "gs", "gcs")
@@ -70,6 +69,12 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _check_count(argument: str, value: object, minimum: int, note: str = "") -> None:
+    """Refuse ``value`` unless it is an int >= ``minimum``, naming the argument (``note``: what else it takes)."""
+    if not _is_int(value) or cast(int, value) < minimum:
+        raise ValueError(f"{argument} must be an int >= {minimum}{note}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample: sent as vLLM's completion parameters.
@@ -93,16 +98,13 @@ class SamplingParams:
     stop: StopSpec = None
 
     def __post_init__(self) -> None:
-        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
-            raise ValueError(
-                f"max_tokens must be an int >= 1 or None (no limit but the context), got {self.max_tokens!r}"
-            )
+        if self.max_tokens is not None:
+            _check_count("max_tokens", self.max_tokens, 1, " or None (no limit but the context)")
         if not _is_number(self.temperature) or not 0 <= self.temperature < math.inf:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
-        if not _is_int(self.top_k) or self.top_k < -1:
-            raise ValueError(f"top_k must be an int >= -1 (-1 disables it), got {self.top_k!r}")
+        _check_count("top_k", self.top_k, -1, " (-1 disables it)")
         if self.seed is not None and not _is_int(self.seed):
             raise TypeError(f"seed must be an int or None, got {type(self.seed).__name__}")
         object.__setattr__(self, "stop", _normalise_stop(self.stop))
@@ -121,22 +123,15 @@ class SamplingParams:
         # __post_init__ normalised ``stop`` to a tuple (or None).
         return cast(Tuple[Union[str, int], ...], self.stop or ())
 
-    @functools.cached_property
-    def _wire_fields(self) -> Tuple[Dict[str, Any], Tuple[str, ...], Tuple[int, ...]]:
-        # Read once per value (it is frozen), as every request of a job shares its SamplingParams.
-        fields = {name: getattr(self, name) for name in SAMPLING_FIELDS}
-        if self.seed is None:
-            del fields["seed"]
-        return fields, self.stop_strings, self.stop_token_ids
-
     def to_payload(self) -> Dict[str, Any]:
         """Return the vLLM completion fields for these parameters (nothing set is dropped)."""
-        fields, stop, stop_ids = self._wire_fields
-        payload = dict(fields)
-        if stop:
-            payload["stop"] = list(stop)
-        if stop_ids:
-            payload["stop_token_ids"] = list(stop_ids)
+        payload = {name: getattr(self, name) for name in SAMPLING_FIELDS}
+        if self.seed is None:
+            del payload["seed"]
+        if self.stop_strings:
+            payload["stop"] = list(self.stop_strings)
+        if self.stop_token_ids:
+            payload["stop_token_ids"] = list(self.stop_token_ids)
         return payload
 
 
@@ -243,14 +238,11 @@ class SampleRequest:
                 )
         else:
             object.__setattr__(self, "prompt", _validated_prompt(self.prompt))
-        if not _is_int(self.num_samples) or self.num_samples < 1:
-            raise ValueError(f"num_samples must be an int >= 1, got {self.num_samples!r}")
+        _check_count("num_samples", self.num_samples, 1)
         if self.sampling_params is not None and not isinstance(self.sampling_params, SamplingParams):
             raise TypeError(f"sampling_params must be a SamplingParams, got {type(self.sampling_params).__name__}")
-        if not _is_int(self.topk_prompt_logprobs) or self.topk_prompt_logprobs < 0:
-            raise ValueError(f"topk_prompt_logprobs must be an int >= 0, got {self.topk_prompt_logprobs!r}")
-        if not _is_int(self.topk_sample_logprobs) or self.topk_sample_logprobs < 0:
-            raise ValueError(f"topk_sample_logprobs must be an int >= 0, got {self.topk_sample_logprobs!r}")
+        _check_count("topk_prompt_logprobs", self.topk_prompt_logprobs, 0)
+        _check_count("topk_sample_logprobs", self.topk_sample_logprobs, 0)
         _check_session_id(self.session_id)
         if self.extra_body is not None:
             object.__setattr__(self, "extra_body", validated_extra_body(self.extra_body))
@@ -307,7 +299,7 @@ def _check_session_id(session_id: object) -> None:
         raise TypeError(f"session_id must be a str, got {type(session_id).__name__}")
 
 
-_REQUEST_FIELDS = frozenset(f.name for f in dataclass_fields(SampleRequest)) - {"prompt"}
+_REQUEST_FIELDS = frozenset(f.name for f in dataclasses.fields(SampleRequest)) - {"prompt"}
 #: Keyword arguments of ``sample``/``chat``/``submit`` (and keys of request mappings) that build a ``SamplingParams``.
 SAMPLING_KEYWORDS = (*SAMPLING_FIELDS, "stop")
 
@@ -366,8 +358,7 @@ def build_request(prompt: Optional[Prompt] = None, **fields: Any) -> SampleReque
         TypeError: sampling keywords given together with ``sampling_params=``, or an unknown field.
     """
     given = {name: fields.pop(name) for name in SAMPLING_KEYWORDS if name in fields}
-    if any(value is not None for value in given.values()):
-        fields["sampling_params"] = sampling_params_from(fields.get("sampling_params"), **given)
+    fields["sampling_params"] = sampling_params_from(fields.get("sampling_params"), **given)
     unknown = sorted(set(fields) - _REQUEST_FIELDS)
     if unknown:
         raise TypeError(
@@ -388,8 +379,7 @@ def _validated_prompt(prompt: object, what: str = "prompt") -> Prompt:
     if isinstance(prompt, str):
         if not prompt:
             raise ValueError(f"{what} must not be empty")
-        if text_problem(prompt):
-            raise ValueError(f"{what} {text_problem(prompt)}; decode its source with errors='replace', or fix it")
+        check_text(prompt, what)
         return prompt
     if not isinstance(prompt, (list, tuple)):
         raise TypeError(f"{what} must be a list of token ids or a str, got {type(prompt).__name__}")
@@ -401,24 +391,28 @@ def _validated_prompt(prompt: object, what: str = "prompt") -> Prompt:
 def _validated_token_ids(prompt: Union[List[Any], Tuple[Any, ...]], what: str) -> Tuple[int, ...]:
     """Return a non-empty list of token ids as a tuple, or raise naming the first id that is not one."""
     if not set(map(type, prompt)) <= _INT_TYPE:  # one C loop for the usual case; the slow one names the culprit
-        if all(isinstance(item, Mapping) and "role" in item for item in prompt):
-            raise TypeError(
-                f"{what} holds chat messages ({{'role', 'content'}} dicts), not token ids or text: use "
-                "client.chat(messages, ...) (or messages= in a request) to sample a chat reply"
-            )
-        for position, token in enumerate(prompt):
-            if not _is_int(token):
-                raise TypeError(f"{what} token ids must be ints, got {token!r} at position {position}")
-    if min(prompt) < 0:
-        position = next(i for i, token in enumerate(prompt) if token < 0)
-        raise ValueError(f"{what} token ids must be >= 0, got {prompt[position]} at position {position}")
-    if max(prompt) >= TOKEN_ID_LIMIT:
-        position = next(i for i, token in enumerate(prompt) if token >= TOKEN_ID_LIMIT)
+        _check_token_types(prompt, what)
+    if min(prompt) < 0 or max(prompt) >= TOKEN_ID_LIMIT:
+        position, token = next((i, token) for i, token in enumerate(prompt) if not 0 <= token < TOKEN_ID_LIMIT)
+        if token < 0:
+            raise ValueError(f"{what} token ids must be >= 0, got {token} at position {position}")
         raise ValueError(
             f"{what} token ids must be below 2**31 (vLLM holds token ids as 32-bit ints, and no vocabulary comes "
-            f"near), got {prompt[position]} at position {position}; pass the tokenizer's ids"
+            f"near), got {token} at position {position}; pass the tokenizer's ids"
         )
     return tuple(prompt)
+
+
+def _check_token_types(prompt: Sequence[Any], what: str) -> None:
+    """Refuse a token-id list holding anything but ints, naming the first such item (or chat messages, and the fix)."""
+    if all(isinstance(item, Mapping) and "role" in item for item in prompt):
+        raise TypeError(
+            f"{what} holds chat messages ({{'role', 'content'}} dicts), not token ids or text: use "
+            "client.chat(messages, ...) (or messages= in a request) to sample a chat reply"
+        )
+    for position, token in enumerate(prompt):
+        if not _is_int(token):
+            raise TypeError(f"{what} token ids must be ints, got {token!r} at position {position}")
 
 
 @dataclass(frozen=True)
@@ -560,14 +554,7 @@ class Usage:
 
     def to_dict(self) -> Dict[str, int]:
         """Return the counts as a plain dict (``cached_tokens`` only when the engine reported it)."""
-        counts = {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.total_tokens,
-        }
-        if self.cached_tokens is not None:
-            counts["cached_tokens"] = self.cached_tokens
-        return counts
+        return {name: count for name, count in dataclasses.asdict(self).items() if count is not None}
 
 
 @dataclass(frozen=True)
@@ -685,16 +672,6 @@ def _span(values: Iterable[int]) -> str:
     if not found:
         return "0"
     return str(found[0]) if len(found) == 1 else f"{found[0]}-{found[-1]}"
-
-
-def batch_payload(requests: Sequence[SampleRequest], model: str) -> Dict[str, Any]:
-    """Return the body of one ``POST /v1/completions`` for several requests that differ only in their prompt.
-
-    vLLM takes a list of prompts (all texts or all token-id lists) and answers ``n`` choices per prompt.
-    """
-    payload = requests[0].to_payload(model)
-    payload["prompt"] = prompt_list(requests)
-    return payload
 
 
 def prompt_list(requests: Sequence[SampleRequest]) -> List[Union[str, List[int]]]:

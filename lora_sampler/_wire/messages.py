@@ -5,7 +5,7 @@ The checks run before any request is sent. No I/O here.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Tuple
+from typing import Any, Dict, List, Mapping, Tuple
 
 #: ``SamplingParams`` fields vLLM reads under the same names (``stop`` is split into ``stop``/``stop_token_ids``).
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed")
@@ -43,6 +43,13 @@ def text_problem(value: str) -> str:
     return ""
 
 
+def check_text(value: str, what: str) -> None:
+    """Refuse a text to send that is no text (``text_problem``), naming it (``what``) and the fix."""
+    problem = text_problem(value)
+    if problem:
+        raise ValueError(f"{what} {problem}; decode its source with errors='replace', or fix it")
+
+
 def validated_messages(messages: object) -> Tuple[Dict[str, Any], ...]:
     """Check chat messages before any request: a non-empty list of ``{"role", "content"}`` with known roles.
 
@@ -65,22 +72,23 @@ def validated_messages(messages: object) -> Tuple[Dict[str, Any], ...]:
             raise ValueError(f"{where} has role {role!r}; a role is one of {', '.join(CHAT_ROLES)}")
         if "content" not in message:
             raise ValueError(f"{where} has no 'content' (a string, or a list of text parts)")
-        content = message["content"]
-        if not isinstance(content, str) and not (
-            isinstance(content, list)
-            and all(
-                isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
-            )
-        ):
-            raise TypeError(
-                f"{where} content must be a string or a list of {{'type': 'text', 'text': str}} parts, got {content!r}"
-            )
-        texts = [content] if isinstance(content, str) else [part["text"] for part in content]
-        problem = next((text_problem(text) for text in texts if text_problem(text)), "")
-        if problem:
-            raise ValueError(f"{where} content {problem}; decode its source with errors='replace', or fix it")
+        for text in _texts_of(message["content"], where):
+            check_text(text, f"{where} content")
         checked.append(dict(message))
     return tuple(checked)
+
+
+def _texts_of(content: object, where: str) -> List[str]:
+    """Return the texts of a message's content: a string, or a list of ``{"type": "text", "text": str}`` parts."""
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list) and all(
+        isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+    ):
+        return [part["text"] for part in content]
+    raise TypeError(
+        f"{where} content must be a string or a list of {{'type': 'text', 'text': str}} parts, got {content!r}"
+    )
 
 
 def validated_extra_body(extra_body: object) -> Dict[str, Any]:
