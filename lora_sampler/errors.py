@@ -86,12 +86,9 @@ class EngineStatusError(EngineError, requests.HTTPError):
         status: int = 0,
         engine_message: str = "",
         response: Optional[requests.Response] = None,
-        model: Optional[str] = None,
-        adapter: bool = False,
-        attempts: int = 1,
-        request_id: Optional[str] = None,
+        **kwargs: Any,
     ):
-        super().__init__(message, model=model, adapter=adapter, attempts=attempts, request_id=request_id)
+        super().__init__(message, **kwargs)
         self.status = status
         self.engine_message = engine_message
         # Set after RequestException.__init__, which resets both to None.
@@ -110,7 +107,7 @@ class EngineStatusError(EngineError, requests.HTTPError):
         *,
         model: Optional[str],
         adapter: bool,
-        key_sent: Optional[bool] = None,
+        key_sent: bool = True,
         proxy: str = "",
     ) -> EngineStatusError:
         """Classify an error answer from the engine into the class the retry table acts on.
@@ -119,8 +116,7 @@ class EngineStatusError(EngineError, requests.HTTPError):
             response: The engine's answer (status >= 400).
             model: The model name the request asked for.
             adapter: Whether the request was for a LoRA adapter.
-            key_sent: Whether the request carried an API key, when known: a refused key and a missing one get
-                different fixes.
+            key_sent: Whether the request carried an API key: a refused key and a missing one get different fixes.
             proxy: The proxy the request went through (``HTTP_PROXY``, a session's proxies), "" when direct: a
                 gateway status names it as what answered.
 
@@ -136,7 +132,7 @@ class EngineStatusError(EngineError, requests.HTTPError):
         hint = gateway_hint(response, engine_message, proxy) or (
             NOT_VLLM_HINT if engine_message.startswith(HTML_PAGE) else error_class.hint(adapter)
         )
-        if key_sent is not None and issubclass(error_class, AuthenticationError):
+        if issubclass(error_class, AuthenticationError):
             hint = AuthenticationError.key_hint(key_sent)
         if hint:
             # The engine's sentence usually ends with its own period ("Valid aliases: tiny-base."): end it once.
@@ -157,11 +153,6 @@ class BadRequestError(EngineStatusError):
 
 class AuthenticationError(EngineStatusError):
     """The engine refused the API key (401, and 403 as ``PermissionDeniedError``). Pass ``api_key=``."""
-
-    @staticmethod
-    def hint(adapter: bool) -> str:
-        """Return the fix for a refused key: pass the engine's ``--api-key``."""
-        return "Pass api_key= (or --api-key) or set LORA_SAMPLER_API_KEY to the engine's --api-key"
 
     @staticmethod
     def key_hint(key_sent: bool) -> str:
@@ -257,13 +248,7 @@ class EngineProtocolError(EngineError):
     """
 
     def __init__(
-        self,
-        message: str = "",
-        *,
-        status: int = 0,
-        content_type: str = "",
-        body_excerpt: str = "",
-        **kwargs: Any,
+        self, message: str = "", *, status: int = 0, content_type: str = "", body_excerpt: str = "", **kwargs: Any
     ):
         super().__init__(message, **kwargs)
         self.status = status
@@ -474,27 +459,27 @@ def read_engine_message(response: requests.Response) -> str:
     (a server that is not vLLM) is named by its title, never printed.
     """
     text = response.text or ""
-    message: Any = text
     try:
         body = json.loads(text)
     except (ValueError, RecursionError):  # a body nested too deep is no message either
         body = None
-    if isinstance(body, dict):
-        error = body.get("error")
-        if isinstance(error, dict):
-            message = error.get("message", text)
-        elif isinstance(error, str):
-            message = error
-        elif "message" in body:
-            message = body["message"]
-        elif "detail" in body:
-            message = body["detail"]
-    if body is None:
-        message = _html_page(text) or message
+    message = _html_page(text) or text if body is None else _message_in(body, text)
     result = str(message).strip() or str(response.reason or "")
     if len(result) > MAX_ENGINE_MESSAGE_CHARS:
         result = result[:MAX_ENGINE_MESSAGE_CHARS] + "..."
     return result
+
+
+def _message_in(body: Any, text: str) -> Any:
+    """Return the message of a decoded error body (the shapes ``read_engine_message`` lists), else ``text``."""
+    if not isinstance(body, dict):
+        return text
+    error = body.get("error")
+    if isinstance(error, dict):
+        return error.get("message", text)
+    if isinstance(error, str):
+        return error
+    return body.get("message", body.get("detail", text))
 
 
 def short_cause(error: Optional[BaseException]) -> str:
