@@ -41,21 +41,26 @@ def validate_adapter_name(name: object, *, argument: str = "name") -> str:
     """
     if not isinstance(name, str):
         raise TypeError(f"{argument} must be a str, got {type(name).__name__}")
-    problem = ""
-    if not name:
-        problem = "is empty"
-    elif len(name) > MAX_NAME_LENGTH:
-        problem = f"is longer than {MAX_NAME_LENGTH} characters"
-    elif "/" in name or "\\" in name:
-        problem = "contains a path separator"
-    elif not _ALLOWED.match(name):
-        bad = next(char for char in name if not _ALLOWED.match(char))
-        problem = f"contains {bad!a} (U+{ord(bad):04X}), which is not an ASCII letter, digit, '.', '_' or '-'"
-    elif name.startswith("."):
-        problem = "starts with a dot"
-    elif has_archive_suffix(name):
-        problem = "ends like an archive, so sample(adapter=...) would read it as a checkpoint path"
+    problem = _problem_of(name)
     if problem:
         # ascii(): a right-to-left override or a lone surrogate must not reorder or break the message itself.
         raise ValueError(f"{argument}={name!a} is not a valid adapter name: it {problem}; {NAME_RULE}")
     return name
+
+
+def _problem_of(name: str) -> str:
+    """Return the first part of the rule ``name`` breaks, as the refusal says it, or "" when it follows the rule."""
+    if not name:
+        return "is empty"
+    if len(name) > MAX_NAME_LENGTH:
+        return f"is longer than {MAX_NAME_LENGTH} characters"
+    if "/" in name or "\\" in name:
+        return "contains a path separator"
+    bad = next((char for char in name if not _ALLOWED.match(char)), "")
+    if bad:
+        return f"contains {bad!a} (U+{ord(bad):04X}), which is not an ASCII letter, digit, '.', '_' or '-'"
+    if name.startswith("."):
+        return "starts with a dot"
+    if has_archive_suffix(name):
+        return "ends like an archive, so sample(adapter=...) would read it as a checkpoint path"
+    return ""
