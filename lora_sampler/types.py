@@ -543,14 +543,8 @@ class Usage:
     @classmethod
     def from_body(cls, body: Optional[Mapping[str, Any]]) -> Optional[Usage]:
         """Read the ``usage`` object of an answer; None when the answer has none."""
-        usage = body.get("usage") if isinstance(body, Mapping) else None
-        if not isinstance(usage, Mapping):
-            return None
-        prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-        details = usage.get("prompt_tokens_details")
-        reported = details.get("cached_tokens") if isinstance(details, Mapping) else None
-        cached = reported if isinstance(reported, int) and not isinstance(reported, bool) and reported >= 0 else None
-        return cls(prompt, completion, int(usage.get("total_tokens") or prompt + completion), cached)
+        counts = answers.usage_of(body)
+        return None if counts is None else cls(*counts)
 
     def to_dict(self) -> Dict[str, int]:
         """Return the counts as a plain dict (``cached_tokens`` only when the engine reported it)."""

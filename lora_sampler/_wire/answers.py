@@ -9,7 +9,7 @@ Reads decoded JSON into plain Python data and checks it is exactly the answer as
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, cast
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union, cast
 
 #: A prompt as sent: text, or token ids.
 SentPrompt = Union[str, Sequence[int]]
@@ -110,6 +110,19 @@ def _check_echo(choices: List[Dict[str, Any]], prompt: SentPrompt, number: int) 
             f"the choices in place of prompt {number} echo other prompt token ids than it was sent; the answers "
             "cannot be matched to their prompts, so none is used"
         )
+
+
+def usage_of(body: Any) -> Optional[Tuple[int, int, int, Optional[int]]]:
+    """Read an answer's ``usage``: prompt, completion and total tokens, and the prompt tokens served from the prefix
+    cache when reported (``prompt_tokens_details.cached_tokens``, else None); None when the answer has no usage."""
+    usage = body.get("usage") if isinstance(body, Mapping) else None
+    if not isinstance(usage, Mapping):
+        return None
+    prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+    details = usage.get("prompt_tokens_details")
+    reported = details.get("cached_tokens") if isinstance(details, Mapping) else None
+    cached = reported if isinstance(reported, int) and not isinstance(reported, bool) and reported >= 0 else None
+    return prompt, completion, int(usage.get("total_tokens") or prompt + completion), cached
 
 
 def _own_usage(choices: List[Dict[str, Any]], prompt: SentPrompt) -> Optional[Dict[str, int]]:
