@@ -1,1 +1,1 @@
-"""What vLLM and vllm-router say and accept: payload validation, routes and refusals; pure, no I/O."""
+"""What vLLM and vllm-router say and accept: payload checks, routes, refusals and how its answers read; pure, no I/O."""
