@@ -117,13 +117,18 @@ class _Checkpoint:
         where: Its absolute path or URL (what the published folder records as its source).
         stem: The readable part of its default name.
         signature: What changes when its content may have (JSON: recorded in the published folder's marker).
-        fill: ``fill(temp)`` writes its adapter files into ``temp`` and returns its ``checkpoint_digest``.
+        archive: Opens the archive's bytes (a local file, or a stored object streamed); None for a folder.
+        files: A folder's files, ``(relative path, size, opener)``; empty for an archive.
+        stored: It is in a store: its keys are held to the archive members' rules (a store's object is written
+            whole, so it is not signed again after it was read).
     """
 
     where: str
     stem: str
     signature: List[Any]
-    fill: Callable[[str], str]
+    archive: Optional[Callable[[], ContextManager[io.RawIOBase]]] = None
+    files: Sequence[Tuple[str, int, FileOpener]] = ()
+    stored: bool = False
 
 
 def publish_checkpoint(
@@ -171,8 +176,8 @@ def publish_checkpoint(
     stored = is_storage_url(checkpoint)
     where = str(checkpoint) if stored else os.path.abspath(os.fspath(checkpoint))
     with _publishing.hold((base, where)):  # threads of this process: the first reads it, the others find its folder
-        read = _stored_checkpoint(where, limits, storage_options) if stored else _local_checkpoint(where, limits)
-        return _published_before(base, name, read) or _publish_new(base, name, read)
+        read = _stored_checkpoint(where, storage_options) if stored else _local_checkpoint(where)
+        return _published_before(base, name, read) or _publish_new(base, name, read, limits)
 
 
 def _checked_arguments(lora_base_dir: StrPath, name: Optional[str], limits: PublishLimits) -> str:
@@ -193,18 +198,15 @@ def _checked_arguments(lora_base_dir: StrPath, name: Optional[str], limits: Publ
 # -- read: a checkpoint's signature, and how to fill a folder with it -------------------------------------------
 
 
-def _local_checkpoint(source: str, limits: PublishLimits) -> _Checkpoint:
-    """A local archive (signed by its stat) or folder (by its files' stats), refused if it changes while it is read."""
+def _local_checkpoint(source: str) -> _Checkpoint:
+    """A local archive (signed by its stat) or folder (by its files' stats)."""
     if not os.path.exists(source):
         raise PublishError(f"checkpoint {source} does not exist; pass an adapter archive or folder")
     signature = _local_signature(source)  # before the files are listed: a file added after it is a change
-    folder = os.path.isdir(source)
-    if folder:
-        files = [(rel, os.path.getsize(full), partial(io.FileIO, full)) for rel, full in list_folder_files(source)]
-        fill: Callable[[str], str] = partial(_copy, source, files, limits, False)
-    else:
-        fill = partial(_extract, source, partial(io.FileIO, source), limits)
-    return _Checkpoint(source, _name_stem(source, folder), signature, partial(_unchanged, source, signature, fill))
+    if not os.path.isdir(source):
+        return _Checkpoint(source, _name_stem(source, False), signature, archive=partial(io.FileIO, source))
+    files = [(rel, os.path.getsize(full), partial(io.FileIO, full)) for rel, full in list_folder_files(source)]
+    return _Checkpoint(source, _name_stem(source, True), signature, files=files)
 
 
 def _local_signature(source: str) -> List[Any]:
@@ -213,43 +215,35 @@ def _local_signature(source: str) -> List[Any]:
     return list(file_signature(source))
 
 
-def _unchanged(source: str, signature: List[Any], fill: Callable[[str], str], temp: str) -> str:
-    """Fill ``temp`` from a local checkpoint and return its digest; refused if its signature changed meanwhile."""
-    digest = fill(temp)
-    if _local_signature(source) != signature:
-        raise PublishError(f"checkpoint {source} changed while it was being published; publish it again")
-    return digest
-
-
-def _stored_checkpoint(url: str, limits: PublishLimits, options: Optional[Mapping[str, Any]]) -> _Checkpoint:
+def _stored_checkpoint(url: str, options: Optional[Mapping[str, Any]]) -> _Checkpoint:
     """A storage URL: an object (signed by its ETag, version and size: one HEAD) or a prefix (by its listing)."""
     # A trailing slash names a prefix: its listing is the one request (a probe would add a HEAD and a listing).
     stored = storage.StoredObject(url, 0, None, None, True) if url.endswith("/") else storage.probe(url, options)
     if not stored.is_folder:
-        fill = partial(_extract, url, partial(storage.open_object, stored, options), limits)
-        return _Checkpoint(url, _name_stem(url, False), [stored.etag, stored.version, stored.size], fill)
-    files = [f for f in storage.list_folder(url, options) if f.rel != MARKER_FILE]
-    if not files:
+        opener = partial(storage.open_object, stored, options)
+        return _Checkpoint(url, _name_stem(url, False), [stored.etag, stored.version, stored.size], opener, stored=True)
+    found = [f for f in storage.list_folder(url, options) if f.rel != MARKER_FILE]
+    if not found:
         raise PublishError(f"cannot publish {url}: the prefix holds no files; pass an adapter folder or archive URL")
+    files = [(f.rel, f.size, partial(storage.open_object, f, options)) for f in found]
+    signature: List[Any] = [[f.rel, f.etag, f.size] for f in found]
     source = url.rstrip("/")  # prefix and prefix/ are one checkpoint
-    fill = partial(
-        _copy, source, [(f.rel, f.size, partial(storage.open_object, f, options)) for f in files], limits, True
-    )
-    return _Checkpoint(source, _name_stem(url, True), [[f.rel, f.etag, f.size] for f in files], fill)
+    return _Checkpoint(source, _name_stem(url, True), signature, files=files, stored=True)
 
 
-def _extract(where: str, opener: Callable[[], ContextManager[io.RawIOBase]], limits: PublishLimits, temp: str) -> str:
-    """Extract an archive (a local file, or a stored object streamed) into ``temp`` in one pass; return its digest."""
-    with opener() as reader:
-        return extract_archive(where, temp, limits=limits, durable=DEFAULT_DURABLE, reader=reader)
-
-
-def _copy(
-    where: str, files: Sequence[Tuple[str, int, FileOpener]], limits: PublishLimits, stored: bool, temp: str
-) -> str:
-    """Copy a folder's files into ``temp`` (object keys held to the archive members' rules); return its digest."""
-    copy_files(where, files, temp, limits=limits, durable=DEFAULT_DURABLE, untrusted=stored)
-    return checkpoint_digest(temp)
+def _fill(checkpoint: _Checkpoint, temp: str, limits: PublishLimits) -> str:
+    """Extract the archive (one pass, hashed as it is read) or copy the folder's files into ``temp``; return the
+    checkpoint's digest. A local checkpoint whose signature changed meanwhile is refused (it may mix two versions)."""
+    if checkpoint.archive is not None:
+        with checkpoint.archive() as reader:
+            digest = extract_archive(checkpoint.where, temp, limits=limits, durable=DEFAULT_DURABLE, reader=reader)
+    else:
+        stored = checkpoint.stored
+        copy_files(checkpoint.where, checkpoint.files, temp, limits=limits, durable=DEFAULT_DURABLE, untrusted=stored)
+        digest = checkpoint_digest(temp)
+    if not checkpoint.stored and _local_signature(checkpoint.where) != checkpoint.signature:
+        raise PublishError(f"checkpoint {checkpoint.where} changed while it was being published; publish it again")
+    return digest
 
 
 # -- published before? else extract and rename ------------------------------------------------------------------
@@ -258,30 +252,33 @@ def _copy(
 def _published_before(base: str, name: Optional[str], checkpoint: _Checkpoint) -> Optional[Adapter]:
     """Return the folder whose marker records this very checkpoint (source and signature), if there is one; or the
     checkpoint folder itself when it already is ``<base>/<name>`` (hashed, not copied)."""
-    local = os.path.isabs(checkpoint.where)
-    if name is not None and local and os.path.realpath(os.path.join(base, name)) == os.path.realpath(checkpoint.where):
+    if name is not None and _is_in_place(base, name, checkpoint):
         folder = os.path.join(base, name)
         return Adapter(name=name, path=folder, digest=checkpoint_digest(folder), source=checkpoint.where)
     default = re.compile(re.escape(checkpoint.stem) + f"-[0-9a-f]{{{DEFAULT_DIGEST_CHARS}}}")
     entries = [name] if name is not None else [entry for entry in os.listdir(base) if default.fullmatch(entry)]
+    recorded = {"source": checkpoint.where, "stored": checkpoint.signature}
     for entry in entries:
         marker = read_marker(os.path.join(base, entry))
-        digest = marker.get("digest")
-        same = marker.get("source") == checkpoint.where and marker.get("stored") == checkpoint.signature
-        if same and isinstance(digest, str):
-            return Adapter(name=entry, path=os.path.join(base, entry), digest=digest, source=checkpoint.where)
+        if {key: marker.get(key) for key in recorded} == recorded and isinstance(marker.get("digest"), str):
+            return Adapter(name=entry, path=os.path.join(base, entry), digest=marker["digest"], source=checkpoint.where)
     return None
 
 
-def _publish_new(base: str, name: Optional[str], checkpoint: _Checkpoint) -> Adapter:
-    """Fill a temporary folder (``checkpoint.fill`` returns the digest), check it, and rename it into place.
+def _is_in_place(base: str, name: str, checkpoint: _Checkpoint) -> bool:
+    """Whether the checkpoint is a local folder that already is ``<base>/<name>``."""
+    return not checkpoint.stored and os.path.realpath(os.path.join(base, name)) == os.path.realpath(checkpoint.where)
 
-    The temporary folder never outlives the call, whatever ``fill`` raises.
+
+def _publish_new(base: str, name: Optional[str], checkpoint: _Checkpoint, limits: PublishLimits) -> Adapter:
+    """Fill a temporary folder (``_fill`` returns the digest), check it, and rename it into place.
+
+    The temporary folder never outlives the call, whatever ``_fill`` raises.
     """
     clean_stale_temporaries(base)
     temp = make_temp_folder(base, "tmp", name or checkpoint.stem)
     try:
-        digest = checkpoint.fill(temp)
+        digest = _fill(checkpoint, temp, limits)
         name = name or _named(checkpoint.stem, digest)
         target = os.path.join(base, name)
         existing = _published_adapter(target, name, digest, checkpoint.where)

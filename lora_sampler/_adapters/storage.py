@@ -22,21 +22,20 @@ import logging
 import os
 import re
 import time
-from contextlib import closing, contextmanager, suppress
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from functools import partial
 from typing import (
     Any,
     Awaitable,
     Callable,
     Dict,
-    Generator,
     Iterator,
     List,
     Mapping,
     Optional,
     Set,
     Tuple,
+    Type,
     TypeVar,
 )
 
@@ -88,10 +87,6 @@ _CREDENTIALS_FIX = (
     "check the credentials: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or an instance role for s3://, "
     "GOOGLE_APPLICATION_CREDENTIALS for gs://, or SamplerClient(storage_options={...})"
 )
-# S3 error codes (botocore's ClientError.response["Error"]["Code"]) by what they mean here.
-_S3_MISSING = {"404", "NoSuchKey", "NoSuchBucket", "NotFound", "NoSuchVersion"}
-_S3_DENIED = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "AllAccessDisabled"}
-_S3_CHANGED = {"412", "PreconditionFailed"}
 # Exception class names (of botocore, aiohttp and the stdlib) that mean the store could not be reached at all.
 _UNREACHABLE = {"EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError", "ConnectionRefusedError"}
 # Storage options that s3fs hands on to a request (s3_additional_kwargs) and that a read needs too.
@@ -124,6 +119,17 @@ class ListingTooLongError(OSError):
 
 class ObjectChangedError(OSError):
     """The object was rewritten between its look-up and its download (S3 answered 412 to ``If-Match``)."""
+
+
+# S3 error codes and statuses (botocore's ClientError.response) by the error they mean here, in this order.
+_S3_MEANINGS: Tuple[Tuple[Set[str], Type[OSError]], ...] = (
+    ({"412", "PreconditionFailed"}, ObjectChangedError),
+    ({"404", "NoSuchKey", "NoSuchBucket", "NotFound", "NoSuchVersion"}, FileNotFoundError),
+    (
+        {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "AllAccessDisabled"},
+        PermissionError,
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -175,18 +181,17 @@ class StorageOptions(Dict[str, Any]):
         self.timeout = timeout
 
 
-def deadlines(options: Optional[Mapping[str, Any]] = None, timeout: Optional[Timeout] = None) -> Deadlines:
-    """Return the deadlines of a store's requests: the storage options' own timeouts, else ``timeout``.
+def deadlines(options: Optional[Mapping[str, Any]] = None) -> Deadlines:
+    """Return the deadlines of a store's requests: the storage options' own timeouts, else the client's.
 
     ``storage_options={"config_kwargs": {"connect_timeout": ..., "read_timeout": ...}}`` (s3fs's botocore settings)
-    wins over ``timeout``, which wins over a ``StorageOptions``' timeout (the client's); without any, the client's
-    default ``(10, 300)``. ``storage_options={"max_listed_keys": N}`` bounds a listing (``DEFAULT_MAX_LISTED_KEYS``).
+    wins over a ``StorageOptions``' timeout (the client's); without either, the client's default ``(10, 300)``.
+    ``storage_options={"max_listed_keys": N}`` bounds a listing (``DEFAULT_MAX_LISTED_KEYS``).
 
     Raises:
         PublishError: ``max_listed_keys`` is not a whole number of at least 1.
     """
-    if timeout is None:
-        timeout = getattr(options, "timeout", None)
+    timeout = getattr(options, "timeout", None)
     connect, read = split_timeout(DEFAULT_TIMEOUT if timeout is None else timeout)
     config = (options or {}).get("config_kwargs") or {}
     if isinstance(config, Mapping):
@@ -224,14 +229,14 @@ class StoredObject:
     rel: str = ""
 
 
-def probe(url: str, options: Optional[Mapping[str, Any]] = None, *, timeout: Optional[Timeout] = None) -> StoredObject:
+def probe(url: str, options: Optional[Mapping[str, Any]] = None) -> StoredObject:
     """Ask the store about ``url`` with one look-up (fsspec's ``_info``: a HEAD; a one-key listing for a prefix).
 
     Raises:
         PublishError: the extra is not installed, or the object/bucket is missing, access is denied, the store is
             unreachable or did not answer within its deadline.
     """
-    fs, path, limits = _filesystem(url, options, timeout)
+    fs, path, limits = _filesystem(url, options)
     with translated(url, options, "look up"):
         info = _bounded(fs, fs._info(path), limits.request, "the look-up")
     if info.get("type") == "directory":
@@ -240,15 +245,13 @@ def probe(url: str, options: Optional[Mapping[str, Any]] = None, *, timeout: Opt
     return StoredObject(url, int(info.get("size") or 0), _etag(info), _text(version), False, _modified(info))
 
 
-def list_folder(
-    url: str, options: Optional[Mapping[str, Any]] = None, *, timeout: Optional[Timeout] = None
-) -> List[StoredObject]:
+def list_folder(url: str, options: Optional[Mapping[str, Any]] = None) -> List[StoredObject]:
     """List every object below the prefix ``url`` (recursively), sorted by path below it.
 
     Zero-byte ``folder/`` placeholder objects that consoles create are skipped. A key is taken as it is: the file
     ``x`` of ``step-7//x`` is fetched by its own URL; two keys that would be one file are refused.
     """
-    fs, path, limits = _filesystem(url, options, timeout)
+    fs, path, limits = _filesystem(url, options)
     root = path.rstrip("/") + "/"
     files: Dict[str, StoredObject] = {}
     with translated(url, options, "list"):
@@ -264,16 +267,14 @@ def list_folder(
     return sorted(files.values(), key=lambda file: file.rel)
 
 
-def expand(
-    pattern: str, options: Optional[Mapping[str, Any]] = None, *, timeout: Optional[Timeout] = None
-) -> List[str]:
+def expand(pattern: str, options: Optional[Mapping[str, Any]] = None) -> List[str]:
     """Return the checkpoints a storage URL or glob names now: archive objects and prefixes.
 
     A URL without glob characters that names nothing (yet) gives an empty list, so a watch can wait for it. In a
     glob, ``*`` and ``?`` stay within one path segment, ``**`` crosses them, ``[...]`` is a set of characters; a
     glob whose wildcards are in its last segment lists that level only.
     """
-    fs, path, limits = _filesystem(pattern, options, timeout)
+    fs, path, limits = _filesystem(pattern, options)
     wildcard = _GLOB_CHARS.search(path)
     with translated(pattern, options, "list"):
         if wildcard is None:
@@ -281,25 +282,28 @@ def expand(
         root = path[: path.rfind("/", 0, wildcard.start()) + 1]
         one_level = "/" not in path[len(root) :] and "**" not in path
         listed = _listing(fs, root, limits, options, one_level=one_level)
-    folders: Dict[str, bool] = {}  # name -> is a folder
-    for name, info in listed.items():
-        bare = name.rstrip("/")
-        folders[bare] = folders.get(bare, False) or name.endswith("/") or info.get("type") == "directory"
-        parts = name[len(root) :].split("/")
-        for depth in range(1, len(parts)):  # the folders a key implies below the root
-            folders[root + "/".join(parts[:depth])] = True
     scheme = pattern.split("://", 1)[0]
     matcher = _glob_regex(path)
     return [
         f"{scheme}://{name}"
-        for name, is_folder in folders.items()
+        for name, is_folder in _names_below(listed, root).items()
         if matcher.fullmatch(name) and (is_folder or has_archive_suffix(name))
     ]
 
 
-def settle_signature(
-    url: str, options: Optional[Mapping[str, Any]] = None, *, timeout: Optional[Timeout] = None
-) -> Tuple[float, Optional[str], Any]:
+def _names_below(listed: Mapping[str, Mapping[str, Any]], root: str) -> Dict[str, bool]:
+    """Every name a listing of ``root`` shows, and the folders its keys imply below ``root``: name -> is a folder."""
+    folders: Dict[str, bool] = {}
+    for name, info in listed.items():
+        bare = name.rstrip("/")
+        folders[bare] = folders.get(bare, False) or name.endswith("/") or info.get("type") == "directory"
+        parts = name[len(root) :].split("/")
+        for depth in range(1, len(parts)):
+            folders[root + "/".join(parts[:depth])] = True
+    return folders
+
+
+def settle_signature(url: str, options: Optional[Mapping[str, Any]] = None) -> Tuple[float, Optional[str], Any]:
     """Return ``(newest write time, problem, signature)`` of a stored checkpoint, for a sweep's settle rule.
 
     An object is written whole (a store never shows half an upload), so it has no problem; its signature is its
@@ -311,8 +315,8 @@ def settle_signature(
         PublishError: the store refused, could not be reached, or did not answer in time.
     """
     with _absent_as_not_found(url):
-        stored = probe(url, options, timeout=timeout)
-        files = list_folder(url, options, timeout=timeout) if stored.is_folder else []
+        stored = probe(url, options)
+        files = list_folder(url, options) if stored.is_folder else []
     if not stored.is_folder:
         return (stored.modified or 0.0, None, ("object", stored.etag, stored.version, stored.size))
     newest = max((f.modified or 0.0 for f in files), default=0.0)
@@ -321,19 +325,21 @@ def settle_signature(
     return (newest, problem, ("prefix", tuple((f.rel, f.etag, f.size) for f in files)))
 
 
-def read_bytes(url: str, options: Optional[Mapping[str, Any]] = None, *, timeout: Optional[Timeout] = None) -> bytes:
-    """Return a small object's bytes (a training run's manifest): a look-up, then one read within its deadline.
+def read_bytes(url: str, options: Optional[Mapping[str, Any]] = None) -> bytes:
+    """Return a small object's bytes (a training run's manifest), read as ``open_object`` reads an object.
 
-    The read is not tied to the looked-up ETag: a manifest rewritten meanwhile is read as it is now.
+    On S3 that is one GET, whose ``Content-Length`` sets its download's deadline; elsewhere a look-up for the size,
+    then its ranges. The read is not tied to an ETag: a manifest rewritten meanwhile is read as it is now.
 
     Raises:
         FileNotFoundError: there is no such object (yet).
         PublishError: the store refused, could not be reached, or did not send it in time.
     """
-    fs, path, limits = _filesystem(url, options, timeout)
+    fs, path, limits = _filesystem(url, options)
     with _absent_as_not_found(url), translated(url, options, "read"):
-        size = int(_bounded(fs, fs._info(path), limits.request, "the look-up").get("size") or 0)
-        return bytes(_bounded(fs, fs._cat_file(path), limits.transfer(size), "the download"))
+        # On S3 the size is left for the GET to say (0 until then: its headers are held to a request's bound).
+        size = 0 if _is_s3(fs) else int(_bounded(fs, fs._info(path), limits.request, "the look-up").get("size") or 0)
+        return b"".join(_chunks(fs, path, StoredObject(url, size, None, None, False), limits, options))
 
 
 @contextmanager
@@ -348,12 +354,7 @@ def _absent_as_not_found(url: str) -> Iterator[None]:
 
 
 @contextmanager
-def open_object(
-    stored: StoredObject,
-    options: Optional[Mapping[str, Any]] = None,
-    *,
-    timeout: Optional[Timeout] = None,
-) -> Iterator[io.RawIOBase]:
+def open_object(stored: StoredObject, options: Optional[Mapping[str, Any]] = None) -> Iterator[io.RawIOBase]:
     """Open one object as a raw stream, read as the caller asks for it (one chunk in memory at a time).
 
     On S3 the object is one GET (``If-Match`` its probed ETag, so a rewrite mid-way fails instead of mixing two
@@ -365,7 +366,7 @@ def open_object(
         PublishError: (on a read) the connection dropped, the object changed, it ended short of its size, or the
             store did not send it within its deadline.
     """
-    fs, path, limits = _filesystem(stored.url, options, timeout)
+    fs, path, limits = _filesystem(stored.url, options)
     reader = _Stream(_chunks(fs, path, stored, limits, options), stored.url, stored.size, options)
     try:
         yield reader
@@ -376,61 +377,65 @@ def open_object(
 def _chunks(
     fs: Any, path: str, stored: StoredObject, limits: Deadlines, options: Optional[Mapping[str, Any]]
 ) -> Iterator[bytes]:
-    """Yield the object's bytes piece by piece, each read within what is left of its transfer deadline."""
-    budget = limits.transfer(stored.size)
-    spent = 0.0
-    with closing(_pieces(fs, path, stored, limits, options)) as pieces:
-        for piece in pieces:
-            began = time.monotonic()
-            try:
-                block = _bounded(fs, piece(), budget - spent, "download")
-            except StoreTimeoutError:
-                raise StoreTimeoutError(f"the download of {stored.size} bytes", budget) from None
-            spent += time.monotonic() - began  # the time the reader held us up is not the store's
-            if not block:
-                return
-            yield bytes(block)
-
-
-def _pieces(
-    fs: Any, path: str, stored: StoredObject, limits: Deadlines, options: Optional[Mapping[str, Any]]
-) -> Generator[Callable[[], Awaitable[bytes]], None, None]:
-    """The reads that fetch an object in order: on S3 the chunks of one streamed GET, elsewhere its ranges.
+    """Yield the object's bytes in order: on S3 the chunks of one streamed GET, elsewhere its ranges.
 
     fsspec reads a range whole per request (``_cat_file``; gcsfs has nothing else), and s3fs's ``open_async``
     neither sends ``If-Match`` nor releases its connection when a reader stops early. So on S3 the GET is made here,
     with botocore's documented ``get_object`` on s3fs's client: ``If-Match`` the looked-up ETag (or the version),
     its body released when the reading ends, however it ends. A loopback 200 MiB object took 0.27 s so, 1.7 s in
-    16 MiB ranges (moto reads the whole object for each range; ``benchmarks/bench_storage_read.py``).
+    16 MiB ranges (moto reads the whole object for each range; ``benchmarks/bench_storage_read.py``). Each request
+    gets what is left of the transfer deadline of the object's size (the GET's ``Content-Length`` on S3); the time
+    the reader takes between chunks is not the store's.
     """
-    if not _is_s3(fs):
-        for start in range(0, stored.size, RANGED_BLOCK_SIZE):
-            yield partial(fs._cat_file, path, start=start, end=min(start + RANGED_BLOCK_SIZE, stored.size))
-        return
+    size, body = stored.size, None
+
+    async def read(start: int) -> Optional[bytes]:
+        nonlocal size, body
+        if not _is_s3(fs):
+            end = min(start + RANGED_BLOCK_SIZE, size)
+            return await fs._cat_file(path, start=start, end=end) if start < end else b""
+        if body is not None:
+            return await _read_up_to(body, DOWNLOAD_CHUNK_SIZE)
+        answer = await _s3(fs, lambda client: client.get_object(**_get_request(fs, path, stored, options)))
+        size, body = int(answer.get("ContentLength") or 0), answer["Body"]
+        return None  # the headers: the size is known now, the bytes follow
+
+    spent, received = 0.0, 0
+    try:
+        while True:
+            began = time.monotonic()
+            try:
+                block = _bounded(fs, read(received), limits.transfer(size) - spent, "download")
+            except StoreTimeoutError:
+                raise StoreTimeoutError(f"the download of {size} bytes", limits.transfer(size)) from None
+            spent += time.monotonic() - began
+            if block is None:
+                continue  # the GET's headers: its size is known now
+            if not block:
+                return
+            received += len(block)
+            yield bytes(block)
+    finally:
+        if body is not None:
+            with suppress(Exception):
+                _bounded(fs, _release(body), limits.request, "closing the download")
+
+
+def _get_request(fs: Any, path: str, stored: StoredObject, options: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    """botocore's ``get_object`` arguments: the object, pinned to its version, else ``If-Match`` its ETag."""
     bucket, key, version = fs.split_path(path)
     request = dict(_s3_extra(options, listing=False), Bucket=bucket, Key=key)
     if version or stored.version:
         request["VersionId"] = version or stored.version
     elif stored.etag:
         request["IfMatch"] = stored.etag
-    bodies: List[Any] = []
+    return request
 
-    async def chunk() -> bytes:
-        if not bodies:
-            bodies.append((await _s3(fs, lambda client: client.get_object(**request)))["Body"])
-        return await _read_up_to(bodies[0], DOWNLOAD_CHUNK_SIZE)
 
-    async def release() -> None:
-        closing = getattr(bodies[0], "aclose", None)  # aiobotocore's async close; older releases close in sync
-        await closing() if closing is not None else bodies[0].close()
-
-    try:
-        while True:
-            yield chunk
-    finally:
-        if bodies:
-            with suppress(Exception):
-                _bounded(fs, release(), limits.request, "closing the download")
+async def _release(body: Any) -> None:
+    """Close a GET's body, releasing its connection (aiobotocore's async close; older releases close in sync)."""
+    closing = getattr(body, "aclose", None)
+    await closing() if closing is not None else body.close()
 
 
 async def _read_up_to(body: Any, size: int) -> bytes:
@@ -688,20 +693,16 @@ def _unreachable(error: BaseException) -> bool:
 
 
 def _s3_error(error: Exception) -> Exception:
-    """Return what a botocore ``ClientError`` means here (missing, denied, changed), else ``error`` itself."""
+    """Return what a botocore ``ClientError`` means here (changed, missing, denied), else ``error`` itself."""
     response = getattr(error, "response", None)
     if not isinstance(response, Mapping):
         return error
     details = response.get("Error") or {}
-    code = str(details.get("Code") or "")
-    status = str((response.get("ResponseMetadata") or {}).get("HTTPStatusCode") or "")
-    text = f"{code or status}: {details.get('Message') or error}"
-    if code in _S3_CHANGED or status in _S3_CHANGED:
-        return ObjectChangedError(text)
-    if code in _S3_MISSING or status == "404":
-        return FileNotFoundError(text)
-    if code in _S3_DENIED or status == "403":
-        return PermissionError(text)
+    status = str((response.get("ResponseMetadata") or {}).get("HTTPStatusCode"))
+    code = str(details.get("Code") or status)
+    for codes, meaning in _S3_MEANINGS:
+        if {code, status} & codes:
+            return meaning(f"{code}: {details.get('Message') or error}")
     return error
 
 
@@ -730,9 +731,7 @@ def _is_secret_key(key: str) -> bool:
     return any(word in lowered for word in ("secret", "token", "password", "key", "credential"))
 
 
-def _filesystem(
-    url: str, options: Optional[Mapping[str, Any]], timeout: Optional[Timeout]
-) -> Tuple[Any, str, Deadlines]:
+def _filesystem(url: str, options: Optional[Mapping[str, Any]]) -> Tuple[Any, str, Deadlines]:
     """Return the fsspec filesystem for ``url`` (cached by fsspec per options), the URL's path, and the deadlines.
 
     On S3 the deadlines' connect and read timeouts also go to botocore (``config_kwargs``) unless the storage
@@ -741,23 +740,12 @@ def _filesystem(
     Raises:
         PublishError: the URL's extra is not installed (naming it), or the options are refused.
     """
-    scheme = url.split("://", 1)[0].lower() if is_storage_url(url) else ""
-    if scheme not in _BACKENDS:
-        raise PublishError(f"{url!r} is not a storage URL; use one of {', '.join(s + '://' for s in _BACKENDS)}")
-    package, extra = _BACKENDS[scheme]
-    try:
-        fsspec_core = importlib.import_module("fsspec.core")
-        importlib.import_module(package)
-    except ImportError as error:
-        raise PublishError(
-            f"cannot read {url}: {scheme}:// checkpoints need the optional extra lora_sampler[{extra}] "
-            f"({error.name or package} is not installed); install it: pip install 'lora_sampler[{extra}]'"
-        ) from None
-    limits = deadlines(options, timeout)
+    fsspec_core = _backend(url)
+    limits = deadlines(options)
     settings = {key: value for key, value in (options or {}).items() if key != MAX_LISTED_KEYS_OPTION}
     # fsspec's documented DirCache option: every listing and look-up asks the store (a watch must see new keys).
     settings.setdefault("use_listings_cache", False)
-    if scheme == "s3":
+    if url.lower().startswith("s3://"):
         config = dict(settings.get("config_kwargs") or {})
         config.setdefault("connect_timeout", limits.connect)
         config.setdefault("read_timeout", limits.read)
@@ -766,6 +754,22 @@ def _filesystem(
         # fsspec.core.url_to_fs: fsspec's documented way from a URL to its filesystem and the path within it.
         fs, path = fsspec_core.url_to_fs(url, **settings)
     return fs, path, limits
+
+
+def _backend(url: str) -> Any:
+    """Import fsspec and the URL's storage library (naming the extra that installs it); return ``fsspec.core``."""
+    scheme = url.split("://", 1)[0].lower() if is_storage_url(url) else ""
+    if scheme not in _BACKENDS:
+        raise PublishError(f"{url!r} is not a storage URL; use one of {', '.join(s + '://' for s in _BACKENDS)}")
+    package, extra = _BACKENDS[scheme]
+    try:
+        importlib.import_module(package)
+        return importlib.import_module("fsspec.core")
+    except ImportError as error:
+        raise PublishError(
+            f"cannot read {url}: {scheme}:// checkpoints need the optional extra lora_sampler[{extra}] "
+            f"({error.name or package} is not installed); install it: pip install 'lora_sampler[{extra}]'"
+        ) from None
 
 
 def _is_s3(fs: Any) -> bool:

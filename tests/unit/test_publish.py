@@ -714,11 +714,11 @@ def test_publish_local_checkpoint_changed_while_it_is_read_is_refused(
     if kind == "archive":
         source = write_archive(tmp_path / "step-3.tar.gz", adapter_members())
         grown = source
-        fill_name = "_extract"
+        fill_name = "extract_archive"
     else:
         source = write_adapter_dir(tmp_path / "step-3")
         grown = source / "adapter_model.safetensors"
-        fill_name = "_copy"
+        fill_name = "copy_files"
     real_fill = getattr(publish, fill_name)
 
     def fill_then_grow(*args: object, **kwargs: object) -> object:

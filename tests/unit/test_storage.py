@@ -60,6 +60,7 @@ def test_storage_url_without_the_extra_names_it(
 def test_storage_without_fsspec_names_the_extra(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """fsspec itself missing names the same extra."""
     monkeypatch.setitem(sys.modules, "fsspec", None)
+    monkeypatch.setitem(sys.modules, "fsspec.core", None)  # an earlier test may have imported it
     with pytest.raises(PublishError, match=r"lora_sampler\[s3\]"):
         publish_checkpoint("s3://b/k.tar.gz", tmp_path)
 
@@ -134,10 +135,10 @@ def test_storage_reader_reads_only_what_is_asked_and_closing_ends_the_download()
 
 def test_storage_deadlines_come_from_the_options_else_the_timeout() -> None:
     """The storage options' botocore timeouts win over the client's; a transfer adds its size at the minimum rate."""
-    assert storage.deadlines(None, (3.0, 7.0)).request == 10.0
-    assert storage.deadlines(None, 5.0).request == 10.0
+    assert storage.deadlines(storage.StorageOptions(timeout=(3.0, 7.0))).request == 10.0
+    assert storage.deadlines(storage.StorageOptions(timeout=5.0)).request == 10.0
     options = {"config_kwargs": {"connect_timeout": 1, "read_timeout": 2}}
-    limits = storage.deadlines(options, (3.0, 7.0))
+    limits = storage.deadlines(storage.StorageOptions(options, timeout=(3.0, 7.0)))
     assert limits.request == 3.0
     assert limits.transfer(int(DEFAULT_STORAGE_MIN_RATE) * 4) == pytest.approx(7.0)
     assert storage.deadlines().request == sum(DEFAULT_TIMEOUT)
