@@ -272,18 +272,21 @@ def _safetensors_problem(path: str) -> Optional[str]:
     return None if size == expected else f"{size} bytes, its header declares {expected}"
 
 
-def content_signature(path: str, storage_options: Optional[Mapping[str, Any]] = None) -> Optional[str]:
+def content_signature(
+    path: str, storage_options: Optional[Mapping[str, Any]] = None, *, settled: Optional[Tuple[Any, ...]] = None
+) -> Optional[str]:
     """Return a short signature of a checkpoint's bytes as its filesystem or store tells them, or None when it is
     absent or its store cannot be reached. Written to ``sweep.jsonl``, so a later run notices a checkpoint
     overwritten with other weights.
 
     A local checkpoint costs one ``stat`` per file and no read (size, times, inode; a folder: those of its adapter
     files). A storage URL costs one metadata request (an object: its ETag, version and size; a prefix: one listing of
-    its objects' paths, ETags and sizes), bounded as every storage read is.
+    its objects' paths, ETags and sizes), bounded as every storage read is; none when ``settled`` is its
+    ``checkpoint_fingerprint`` just read, which holds the same signature.
     """
     if is_storage_url(path):
         try:
-            _, _, stored = storage.settle_signature(path, storage_options)
+            stored = settled[2:] if settled is not None else storage.settle_signature(path, storage_options)[2]
         except (OSError, PublishError):  # absent (FileNotFoundError) or unreachable: no signature to compare
             return None
         return hashlib.blake2b(repr(("stored", tuple(stored))).encode(), digest_size=8).hexdigest()
@@ -767,7 +770,7 @@ class CheckpointSource:
             if checkpoint.problem is not None:
                 return self._hand_out(key, Unusable(checkpoint, BatchInputError(checkpoint.problem)), now)
             if self._ready(pending, now):
-                signature = content_signature(checkpoint.key, self._storage_options)
+                signature = content_signature(checkpoint.key, self._storage_options, settled=pending.fingerprint)
                 return self._hand_out(key, dataclasses.replace(checkpoint, signature=signature), now)
             why = self._hopeless(pending, now)
             if why is not None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
 from lora_sampler._locks import KeyedLocks
+from lora_sampler._wire.archives import has_archive_suffix
 from lora_sampler.testing import _bodies as bodies
 from lora_sampler.testing._bodies import VllmBody
 
@@ -156,8 +157,6 @@ class _Delay:
 
 #: A content name as publishing makes it: the checkpoint's stem, a dash, hex digits of its content digest.
 _CONTENT_NAME = re.compile(r"(.+)-[0-9a-f]{6,64}")
-#: Checkpoint archive endings: a delay names an adapter folder, not the archive it comes from.
-_ARCHIVE_ENDINGS = (".tar.gz", ".tgz", ".tar", ".tar.bz2", ".tar.xz")
 
 
 class AdapterTable:
@@ -222,7 +221,7 @@ class AdapterTable:
     def set_visibility_delay(self, name: str, seconds: float | None, requests: int | None) -> None:
         if seconds is None and requests is None:
             raise ValueError("give seconds= or requests=")
-        if not name or "/" in name or os.sep in name or name in (".", "..") or name.endswith(_ARCHIVE_ENDINGS):
+        if not name or "/" in name or os.sep in name or name in (".", "..") or has_archive_suffix(name):
             raise ValueError(
                 f"set_visibility_delay takes an adapter name (a folder name in lora_dir, e.g. 'step-1' or "
                 f"'step-1-154de9a80e9f'), not {name!r}; a checkpoint's stem also covers the content names publish "

@@ -6,9 +6,12 @@ import json
 from pathlib import Path
 from typing import Any, List
 
-from _s3server import BUCKET
+import pytest
+from _s3server import BUCKET, S3Server
+from test_storage_publish import delta
 
 from lora_sampler import SamplerClient, sweep
+from lora_sampler._adapters import storage
 from lora_sampler.batch import Manifest
 from lora_sampler.cli import main
 from lora_sampler.testing import FakeEngine, write_adapter_archive
@@ -99,3 +102,35 @@ def test_storage_sweep_evaluates_an_overwritten_object_again(
     assert again["adapter"] != first[1]["adapter"] and again["adapter"].startswith("step-20-")
     assert again["rows"] == 4 and again["failed"] == 0 and again["signature"] != first[1]["signature"]
     assert main(argv) == 0 and len(ledger(out)) == 4  # the new content is done: nothing again
+
+
+def test_storage_sweep_hands_out_an_object_after_one_look_up(
+    s3: Any, s3_server: S3Server, engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
+) -> None:
+    """A stored object is handed out on the look-up that found it settled (its ledger signature is taken from it,
+    the store is not asked again): three HEADs in all (four before), that look-up, publish's, and the change check
+    of the listing that ends the sweep."""
+    archive = write_adapter_archive(str(tmp_path / "step-3.tar.gz"), engine.model, rank=1)
+    s3.upload_file(archive, BUCKET, "run1/step-3.tar.gz")
+    requests = [{"id": "a", "prompt": [5, 6]}]
+    before = s3_server.counts()
+    with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
+        pattern = f"s3://{BUCKET}/run1/step-*.tar.gz"
+        reports = list(sweep(client, pattern, requests, output_dir=tmp_path / "out", window=1, settle=0))
+    after = s3_server.counts()
+    assert [report.ok for report in reports] == [True] and reports[0].signature
+    assert delta(before, after)["HEAD"] == 3
+
+
+def test_storage_manifest_poll_is_one_get(s3: Any, s3_server: S3Server) -> None:
+    """A manifest in the store is read with one GET a poll (its Content-Length sets the download's deadline), and a
+    manifest not written yet is a FileNotFoundError (a watch waits for it) after one GET too."""
+    body = b'{"sampler_path": "step-3.tar.gz"}\n'
+    s3.put_object(Bucket=BUCKET, Key="run1/checkpoints.jsonl", Body=body)
+    before = s3_server.counts()
+    assert storage.read_bytes(f"s3://{BUCKET}/run1/checkpoints.jsonl") == body
+    middle = s3_server.counts()
+    with pytest.raises(FileNotFoundError):
+        storage.read_bytes(f"s3://{BUCKET}/run1/later.jsonl")
+    after = s3_server.counts()
+    assert delta(before, middle) == delta(middle, after) == {"GET": 1}
