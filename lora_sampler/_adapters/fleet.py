@@ -21,7 +21,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from lora_sampler._transport.http import EngineTransport, normalise_base_url
 from lora_sampler._wire.answers import model_cards
@@ -40,7 +40,6 @@ ROUTER = "router"
 MAX_PARALLEL_REPLICAS = 64
 
 ReplicasSpec = Union[str, Sequence[str], None]
-T = TypeVar("T")
 
 
 def check_replicas(replicas: ReplicasSpec) -> Union[str, Tuple[str, ...], None]:
@@ -197,15 +196,6 @@ class Fleet:
 
     # -- one replica ----------------------------------------------------------------------------------------------
 
-    def send_load(self, url: str, name: str, path: str) -> None:
-        """Send one ``POST /v1/load_lora_adapter`` to one replica.
-
-        Raises:
-            EngineStatusError: the replica answered an error status (``status``, ``engine_message``).
-            EngineError: it could not be reached or did not answer in time.
-        """
-        self._adapter_command(url, LOAD_ADAPTER_PATH, name, load_adapter_body(name, path))
-
     def unload_from(self, url: str, name: str) -> str:
         """Unload ``name`` from one replica: return "" when it confirmed (it holds no such adapter now), else why."""
         try:
@@ -224,7 +214,7 @@ class Fleet:
             if check_first and self._lists(url, name):
                 return ""
             try:
-                self.send_load(url, name, path)
+                self._adapter_command(url, LOAD_ADAPTER_PATH, name, load_adapter_body(name, path))
             except EngineStatusError as exc:
                 if not is_already_loaded(exc.engine_message):
                     return f"load answered HTTP {exc.status}: {exc.engine_message}"
@@ -247,20 +237,17 @@ class Fleet:
     def _on_every_replica(self, task: Callable[[str], str]) -> Tuple[int, Dict[str, str]]:
         """Run ``task`` on every replica in parallel; return the number of replicas and ``{url: problem}``."""
         urls = self.urls()
-        problems = self._each(urls, task)
+        problems = [task(urls[0])] if len(urls) == 1 else list(self._pool().map(task, urls))
         return len(urls), {url: problem for url, problem in zip(urls, problems) if problem}
 
-    def _each(self, urls: Sequence[str], task: Callable[[str], T]) -> List[T]:
-        """Run ``task(url)`` for every replica in parallel; return the results in ``urls`` order."""
-        if len(urls) == 1:
-            return [task(urls[0])]
+    def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The fleet's threads, started on first use (a fleet of one replica never starts them)."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("this SamplerClient is closed; create a new one")
             if self._executor is None:
                 self._executor = concurrent.futures.ThreadPoolExecutor(MAX_PARALLEL_REPLICAS, "lora_sampler-fleet")
-            executor = self._executor
-        return list(executor.map(task, urls))
+            return self._executor
 
 
 def _fleet_error(name: str, what: str, failed: Dict[str, str], advice: str = "") -> FleetError:

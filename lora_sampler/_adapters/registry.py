@@ -165,18 +165,13 @@ class AdapterRegistry:
         if self.lora_base_dir is None:
             raise ValueError("publishing a checkpoint needs lora_base_dir= (the engine's resolver directory)")
         options = self.storage_options_for(storage_options)
-        adapter = publish_checkpoint(
-            checkpoint, self.lora_base_dir, name=name, limits=self.publish_limits, storage_options=options
-        )
-        self._lease(adapter.name)
-        if adapter.path is not None and not os.path.isdir(adapter.path):  # another run's clean-up was first
+        for _ in range(2):  # a second time when another run's clean-up removed the folder before it was leased
             adapter = publish_checkpoint(
-                checkpoint,
-                self.lora_base_dir,
-                name=name,
-                limits=self.publish_limits,
-                storage_options=options,
+                checkpoint, self.lora_base_dir, name=name, limits=self.publish_limits, storage_options=options
             )
+            self._lease(adapter.name)
+            if adapter.path is None or os.path.isdir(adapter.path):
+                break
         try:
             self._preflight(adapter)
         except AdapterConfigError as error:

@@ -353,9 +353,9 @@ def _absent_as_not_found(url: str) -> Iterator[None]:
         raise
 
 
-@contextmanager
-def open_object(stored: StoredObject, options: Optional[Mapping[str, Any]] = None) -> Iterator[io.RawIOBase]:
-    """Open one object as a raw stream, read as the caller asks for it (one chunk in memory at a time).
+def open_object(stored: StoredObject, options: Optional[Mapping[str, Any]] = None) -> io.RawIOBase:
+    """Open one object as a raw stream, read as the caller asks for it (one chunk in memory at a time); closing it
+    (``with open_object(...) as reader:``) ends the download, also when the reader stops early.
 
     On S3 the object is one GET (``If-Match`` its probed ETag, so a rewrite mid-way fails instead of mixing two
     versions) read in ``DOWNLOAD_CHUNK_SIZE`` steps; elsewhere ``RANGED_BLOCK_SIZE`` ranges (fsspec's ``_cat_file``).
@@ -367,11 +367,7 @@ def open_object(stored: StoredObject, options: Optional[Mapping[str, Any]] = Non
             store did not send it within its deadline.
     """
     fs, path, limits = _filesystem(stored.url, options)
-    reader = _Stream(_chunks(fs, path, stored, limits, options), stored.url, stored.size, options)
-    try:
-        yield reader
-    finally:
-        reader.close()
+    return _Stream(_chunks(fs, path, stored, limits, options), stored.url, stored.size, options)
 
 
 def _chunks(
