@@ -474,10 +474,7 @@ class ScoreOutput:
 
         A sum below the float range (logprobs such as -1e308) is ``-inf``, never an ``OverflowError``.
         """
-        try:
-            return math.fsum(self.scored_logprobs)
-        except OverflowError:  # fsum's exact intermediate left the float range: the plain sum is the infinity
-            return sum(self.scored_logprobs)
+        return _summed(self.scored_logprobs)
 
 
 @dataclass(frozen=True)
@@ -643,8 +640,13 @@ class SampleOutput:
 
 
 def _summed(logprobs: Sequence[float]) -> float:
-    """The sum of a sequence's token logprobs, for reading (NaN entries, sent as null, left out)."""
-    return math.fsum(lp for lp in logprobs if not math.isnan(lp))
+    """The sum of logprobs (NaN entries, sent as null, left out); one below the float range is ``-inf``, never an
+    ``OverflowError``."""
+    numbers = [lp for lp in logprobs if not math.isnan(lp)]
+    try:
+        return math.fsum(numbers)
+    except OverflowError:  # fsum's exact intermediate left the float range: the plain sum is the infinity
+        return sum(numbers)
 
 
 def _numbers(values: Sequence[Optional[float]]) -> List[Optional[float]]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from lora_sampler import Adapter, SampleOutput, SampleRequest, SamplingParams
+from lora_sampler import Adapter, GeneratedSequence, SampleOutput, SampleRequest, SamplingParams, ScoreOutput
 from lora_sampler.types import is_checkpoint_path
 
 
@@ -165,3 +165,12 @@ def test_types_a_logprob_above_zero_after_a_null_is_refused() -> None:
     choice["logprobs"] = {"token_logprobs": [None, -5.0]}
     output = SampleOutput.from_json({"model": "b", "choices": [choice]}, SampleRequest([1], base_model="b"))
     assert math.isnan(output.sequences[0].logprobs[0]) and output.sequences[0].logprobs[1] == -5.0
+
+
+def test_types_a_sum_below_the_float_range_shows_as_minus_infinity() -> None:
+    """Logprobs whose sum leaves the float range (-1e308 twice) show as -inf in a repr and the notebook table, as a
+    score's total is (before: the repr raised OverflowError, as the total once did)."""
+    sequence = GeneratedSequence((1, 2), (-1e308, -1e308), "stop")
+    assert "logprob=-inf" in repr(sequence)
+    assert "<td>-inf</td>" in SampleOutput((sequence,), model="m")._repr_html_()
+    assert ScoreOutput((1, 2, 3), (None, -1e308, -1e308), 1).total == -math.inf
