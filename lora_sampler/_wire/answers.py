@@ -113,16 +113,23 @@ def _check_echo(choices: List[Dict[str, Any]], prompt: SentPrompt, number: int) 
 
 
 def usage_of(body: Any) -> Optional[Tuple[int, int, int, Optional[int]]]:
-    """Read an answer's ``usage``: prompt, completion and total tokens, and the prompt tokens served from the prefix
-    cache when reported (``prompt_tokens_details.cached_tokens``, else None); None when the answer has no usage."""
+    """Read an answer's ``usage``: prompt, completion and total tokens (an absent count is 0, an absent total their
+    sum), and the prompt tokens served from the prefix cache when reported (``prompt_tokens_details.cached_tokens``,
+    else None); None when the answer has no usage, or one whose counts are not whole numbers >= 0."""
     usage = body.get("usage") if isinstance(body, Mapping) else None
     if not isinstance(usage, Mapping):
         return None
-    prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+    prompt, completion, total = (usage.get(key) or 0 for key in ("prompt_tokens", "completion_tokens", "total_tokens"))
+    if not all(map(_is_count, (prompt, completion, total))):
+        return None
     details = usage.get("prompt_tokens_details")
     reported = details.get("cached_tokens") if isinstance(details, Mapping) else None
-    cached = reported if isinstance(reported, int) and not isinstance(reported, bool) and reported >= 0 else None
-    return prompt, completion, int(usage.get("total_tokens") or prompt + completion), cached
+    return prompt, completion, total or prompt + completion, reported if _is_count(reported) else None
+
+
+def _is_count(value: Any) -> bool:
+    """Tell whether ``value`` is a token count: an int >= 0 (not a bool)."""
+    return type(value) is int and value >= 0
 
 
 def _own_usage(choices: List[Dict[str, Any]], prompt: SentPrompt) -> Optional[Dict[str, int]]:

@@ -174,3 +174,21 @@ def test_types_a_sum_below_the_float_range_shows_as_minus_infinity() -> None:
     assert "logprob=-inf" in repr(sequence)
     assert "<td>-inf</td>" in SampleOutput((sequence,), model="m")._repr_html_()
     assert ScoreOutput((1, 2, 3), (None, -1e308, -1e308), 1).total == -math.inf
+
+
+@pytest.mark.parametrize("counts", [{"prompt_tokens": [1]}, {"prompt_tokens": "12"}, {"total_tokens": {"a": 1}}])
+def test_types_a_usage_that_is_no_counts_reads_as_none(counts: Any) -> None:
+    """A usage whose counts are not whole numbers reads as no usage, so the result still shows and converts (before:
+    ``output.usage`` and ``to_dict()`` raised TypeError or ValueError); whole counts read as sent."""
+    choice = {"index": 0, "text": "x", "token_ids": [1], "logprobs": {"token_logprobs": [-1.0]}}
+    request = SampleRequest([1], base_model="b")
+    output = SampleOutput.from_json({"model": "b", "choices": [choice], "usage": counts}, request)
+    assert output.usage is None and output.to_dict()["usage"] is None
+    usage = {"prompt_tokens": 3, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 2}}
+    output = SampleOutput.from_json({"model": "b", "choices": [choice], "usage": usage}, request)
+    assert output.to_dict()["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 1,
+        "total_tokens": 4,
+        "cached_tokens": 2,
+    }
