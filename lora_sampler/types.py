@@ -545,7 +545,7 @@ class Usage:
 
     def to_dict(self) -> Dict[str, int]:
         """Return the counts as a plain dict (``cached_tokens`` only when the engine reported it)."""
-        return {name: count for name, count in dataclasses.asdict(self).items() if count is not None}
+        return {name: count for name, count in vars(self).items() if count is not None}
 
 
 @dataclass(frozen=True)
