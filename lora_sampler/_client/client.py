@@ -477,8 +477,7 @@ class SamplerClient:
         Takes ``sample``'s keyword arguments (sampling fields, ``extra_body`` and ``timeout`` included). Arguments
         are validated here, so a bad one raises at once rather than inside the future.
         """
-        self._transport.check_process()
-        return self._fanout.submit(self._calls.run, build_request(prompt, **kwargs))
+        return self.submit_request(build_request(prompt, **kwargs))
 
     @_habit_hints
     def imap(
@@ -516,7 +515,7 @@ class SamplerClient:
                 Results, errors, retries and outages stay per prompt (docs/guides/batching.md).
         """
         batching, gate, bar = self._fan_out_parts(requests, prompts_per_request, max_outage, on_outage, progress, total)
-        results = self._fanout.imap(
+        results = self._fanout.stream(
             requests, self._scorer.run_any, return_exceptions=return_exceptions, gate=gate, batching=batching
         )
         return results if bar is None else bar.follow(results)
@@ -538,8 +537,13 @@ class SamplerClient:
         ``max_outage``, ``on_outage``, ``progress``, ``total`` and ``prompts_per_request`` work as in ``imap``.
         """
         batching, gate, bar = self._fan_out_parts(requests, prompts_per_request, max_outage, on_outage, progress, total)
-        pairs = self._fanout.imap_unordered(
-            requests, self._scorer.run_any, return_exceptions=return_exceptions, gate=gate, batching=batching
+        pairs = self._fanout.stream(
+            requests,
+            self._scorer.run_any,
+            return_exceptions=return_exceptions,
+            gate=gate,
+            batching=batching,
+            ordered=False,
         )
         return pairs if bar is None else bar.follow(pairs, lambda pair: pair[1])
 
@@ -811,7 +815,7 @@ class SamplerClient:
         def tokens_of(text: str) -> Tuple[int, ...]:
             return tokenizer.tokenize(text, model, add_special_tokens=add_special_tokens)
 
-        answers: Iterator[Tuple[int, ...]] = self._fanout.imap(
+        answers: Iterator[Tuple[int, ...]] = self._fanout.stream(
             texts, tokens_of, return_exceptions=False, gate=gate, checked=_checked_text
         )
         return answers

@@ -21,7 +21,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import contextvars
-import functools
 import json
 import os
 import queue
@@ -39,7 +38,6 @@ from typing import (
     Mapping,
     Optional,
     Sequence,
-    Tuple,
     Union,
     cast,
 )
@@ -69,7 +67,7 @@ Future = concurrent.futures.Future
 class SampleFuture(Future):  # type: ignore[type-arg]
     """The future ``submit`` returns: Ctrl-C while waiting on it cancels every request submitted and not finished.
 
-    Created as itself and settled by the worker that runs its request (``settle``), as an executor settles its own.
+    Created as itself and settled by the worker that runs its request, as an executor settles its own.
 
     Args:
         on_interrupt: Called when Ctrl-C arrives while a caller waits on this future.
@@ -93,18 +91,6 @@ class SampleFuture(Future):  # type: ignore[type-arg]
         except KeyboardInterrupt:
             self._on_interrupt()
             raise
-
-
-def settle(future: Future[Any], run: Runner, request: Any) -> None:
-    """Run ``run(request)`` for ``future`` (unless it was cancelled first) and set its result or exception."""
-    if not future.set_running_or_notify_cancel():
-        return
-    try:
-        value = run(request)
-    except BaseException as error:  # as the executor's own work items do: the caller sees it
-        future.set_exception(error)
-    else:
-        future.set_result(value)
 
 
 def checked_prompts_per_request(value: object) -> Optional[int]:
@@ -221,28 +207,30 @@ class _Group:
 
 
 class _Gatherer:
-    """Gathers the requests of one batched fan-out into batches and runs each on the pool when a worker is free.
+    """Sends the requests of one fan-out (or one ``submit``) on the pool: each alone, or with ``Batching`` gathered
+    into batches, each run when a worker is free.
 
-    Holds no reference to the fan-out's caller: only the pool's start function, the run functions and the gate.
+    Holds no reference to the fan-out's caller: only the pool's start function, the run functions and the gate. Its
+    lock is its cancel scope's: one lock a fan-out.
     """
 
     def __init__(
         self,
         start: Callable[..., Any],
         work: CancelScope,
-        batching: Batching,
         run: Runner,
         gate: Optional[OutageGate],
+        batching: Optional[Batching] = None,
     ):
-        self._start, self._work, self._batching = start, work, batching
-        self._run, self._gate = run, gate
+        self._start, self._work, self._run, self._gate = start, work, run, gate
+        self._batching = None if batching is None or batching.is_off else batching
         self._open: Dict[Hashable, _Group] = {}  # the batch of each key still taking prompts
-        self._lock = threading.Lock()
+        self._lock = work.lock
 
-    def add(self, request: Request) -> Future[Any]:
+    def add(self, request: Request, future: Optional[Future[Any]] = None) -> Future[Any]:
         """Put ``request`` into its key's open batch, or open one (queued on the pool); return its future."""
-        future: Future[Any] = Future()
-        key = batch_key(request)
+        future = Future() if future is None else future
+        key = None if self._batching is None else batch_key(request)
         if key is not None:
             try:
                 with self._lock:
@@ -255,7 +243,7 @@ class _Gatherer:
                         return future
             except TypeError:  # a part of the key cannot be hashed (an unusual adapter value): it goes alone
                 key = None
-        size = 1 if key is None else self._batching.size_for(request)
+        size = 1 if key is None or self._batching is None else self._batching.size_for(request)
         group = _Group(key, size, request, future)
         if size > 1:
             with self._lock:
@@ -285,7 +273,7 @@ class _Gatherer:
             outcomes = self._work.run(self._send, requests)
             if len(outcomes) != len(requests):  # a bug, never the engine: say so on every prompt
                 raise RuntimeError(f"a batch of {len(requests)} requests gave {len(outcomes)} outcomes")
-        except BaseException as error:  # the whole request failed: each prompt gets the error
+        except BaseException as error:  # the whole request failed (as an executor's work item: the caller sees it)
             for _, future in live:
                 future.set_exception(error)
             return
@@ -296,12 +284,12 @@ class _Gatherer:
                 future.set_result(outcome)
 
     def _send(self, requests: List[Request]) -> Sequence[Any]:
-        """Run one batch (held through outages by the gate as one request)."""
+        """Run one request or batch (held through outages by the gate as one request)."""
         if len(requests) == 1:
             run, argument = self._run, requests[0]
             call: Callable[[], Sequence[Any]] = lambda: [run(argument)]  # noqa: E731
         else:
-            run_many = self._batching.run_many
+            run_many = cast(Batching, self._batching).run_many
             call = lambda: run_many(requests)  # noqa: E731
         return call() if self._gate is None else self._gate.run(call)
 
@@ -354,13 +342,10 @@ class FanOut:
         Raises:
             RuntimeError: the client is closed.
         """
-        work = self._submits
         future = SampleFuture(self._interrupt_submits)
-        work.add(future)
         if gate is not None:  # the request's own gate: once it ends, no thread is left waiting on it
             future.add_done_callback(lambda _: gate.close())
-        self._start(settle, future, functools.partial(work.run, _through(gate, run)), request)
-        return future
+        return _Gatherer(self._start, self._submits, run, gate).add(request, future)
 
     def _start(self, function: Callable[..., Any], *arguments: Any) -> Future[Any]:
         """Run ``function(*arguments)`` on the pool (started on first use).
@@ -377,34 +362,6 @@ class FanOut:
                 self._pid = os.getpid()
             # The worker runs in a copy of the submitting context: a mixing() block's requests stay its own.
             return self._executor.submit(contextvars.copy_context().run, function, *arguments)
-
-    def _sender(
-        self, work: CancelScope, run: Runner, gate: Optional[OutageGate], batching: Optional[Batching]
-    ) -> Tuple[Callable[[Request], Future[Any]], int]:
-        """Return how one fan-out sends a request (alone, or into a batch) and its read-ahead in prompts."""
-        limit = IN_FLIGHT_PER_WORKER * self.max_workers
-        if batching is None or batching.is_off:
-            run = _through(gate, run)
-            return lambda request: self._start(work.run, run, request), limit
-        gatherer = _Gatherer(self._start, work, batching, run, gate)
-        return gatherer.add, limit * batching.largest
-
-    def imap(
-        self,
-        requests: Iterable[Any],
-        run: Runner,
-        *,
-        return_exceptions: bool,
-        gate: Optional[OutageGate],
-        batching: Optional[Batching] = None,
-        checked: Optional[Callable[[Any], Any]] = None,
-    ) -> Iterator[Any]:
-        """Yield the outcome of each request in input order, with a bounded window in flight (see ``SamplerClient``).
-
-        ``checked`` turns an item into what ``run`` takes (None: ``as_request``); an item it refuses (``TypeError``,
-        ``ValueError``) is its slot's error, never sent.
-        """
-        return self._stream(requests, run, return_exceptions, gate, batching, checked)
 
     def collect(
         self,
@@ -424,7 +381,9 @@ class FanOut:
         """
         results: List[Any] = []
         window: Dict[Future[Any], int] = {}
-        stream = self._stream(requests, run, return_exceptions, gate, batching, window=window)
+        stream = self.stream(
+            requests, run, return_exceptions=return_exceptions, gate=gate, batching=batching, window=window
+        )
         try:
             for result in stream:
                 results.append(result)
@@ -449,25 +408,28 @@ class FanOut:
             raise
         return results
 
-    def _stream(
+    def stream(
         self,
-        requests: Iterable[RequestLike],
+        requests: Iterable[Any],
         run: Runner,
+        *,
         return_exceptions: bool,
         gate: Optional[OutageGate],
-        batching: Optional[Batching],
+        batching: Optional[Batching] = None,
         checked: Optional[Callable[[Any], Any]] = None,
         window: Optional[Dict[Future[Any], int]] = None,
         ordered: bool = True,
     ) -> Generator[Any, None, None]:
-        """Send ``requests`` with a bounded window in flight; yield each outcome in input order, or (not ``ordered``)
-        each ``(index, outcome)`` as it finishes.
+        """Send ``requests`` with a bounded window in flight; yield each outcome in input order (``imap``), or (not
+        ``ordered``: ``imap_unordered``) each ``(index, outcome)`` as it finishes.
 
-        ``window`` holds each request in flight and its input index, in input order: a caller that stops the stream
-        early reads the partial results from it.
+        ``checked`` turns an item into what ``run`` takes (None: ``as_request``); an item it refuses (``TypeError``,
+        ``ValueError``) is its slot's error, never sent. ``window`` holds each request in flight and its input index,
+        in input order: a caller that stops the stream early reads the partial results from it.
         """
         work = self._new_work()
-        send, limit = self._sender(work, run, gate, batching)
+        send = _Gatherer(self._start, work, run, gate, batching).add
+        limit = IN_FLIGHT_PER_WORKER * self.max_workers * (1 if batching is None else batching.largest)
         source = _Source(requests)
         window = {} if window is None else window
         done: Optional[queue.SimpleQueue[Future[Any]]] = None if ordered else queue.SimpleQueue()  # as they finish
@@ -484,20 +446,8 @@ class FanOut:
                 yield _take(window, done, return_exceptions)
             finished = True
         finally:
-            _end(work, gate, window, finished)
+            _end(work, gate, finished)
         source.check()
-
-    def imap_unordered(
-        self,
-        requests: Iterable[RequestLike],
-        run: Runner,
-        *,
-        return_exceptions: bool,
-        gate: Optional[OutageGate],
-        batching: Optional[Batching] = None,
-    ) -> Iterator[Tuple[int, Any]]:
-        """Yield ``(index, outcome)`` pairs as requests finish, with a bounded window in flight."""
-        return self._stream(requests, run, return_exceptions, gate, batching, ordered=False)
 
 
 def _ready(window: Dict[Future[Any], int], done: Optional[queue.SimpleQueue[Future[Any]]]) -> bool:
@@ -516,18 +466,17 @@ def _take(
     return value if done is None else (index, value)
 
 
-def _end(work: CancelScope, gate: Optional[OutageGate], unfinished: Iterable[Future[Any]], finished: bool) -> None:
-    """Wind a fan-out down: cancel what never started, release held requests, and cancel the rest if it stopped early.
+def _end(work: CancelScope, gate: Optional[OutageGate], finished: bool) -> None:
+    """Wind a fan-out down: if it stopped early, cancel what it has not finished; release its held requests.
 
-    A fan-out that stopped early (Ctrl-C, an error raised to the caller, or its iterator closed) has its requests in
-    flight cancelled: their connections are shut, so the engine aborts them and nothing waits for them.
+    A fan-out that stopped early (Ctrl-C, an error raised to the caller, or its iterator closed) has its requests not
+    started cancelled and those in flight cut: their connections are shut, so the engine aborts them and nothing
+    waits for them.
     """
-    for future in list(unfinished):
-        future.cancel()
-    if gate is not None:
-        gate.close()
     if not finished:
         work.cancel()
+    if gate is not None:
+        gate.close()
 
 
 def _finished(future: Future[Any], errors: bool = True) -> Any:
@@ -561,13 +510,6 @@ def keep_results(error: BaseException, results: List[Any]) -> None:
     """Set ``error.results`` to the answers received, unless the error cannot take an attribute."""
     with contextlib.suppress(AttributeError):  # an exception type with __slots__ keeps none
         error.results = results  # type: ignore[attr-defined]
-
-
-def _through(gate: Optional[OutageGate], run: Runner) -> Runner:
-    """Return ``run`` held through the outage gate of one fan-out (``run`` itself without a gate)."""
-    if gate is None:
-        return run
-    return lambda request: gate.run(lambda: run(request))
 
 
 class _Source:

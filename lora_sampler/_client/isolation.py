@@ -140,11 +140,9 @@ class ModelIsolation:
 
     def __init__(self, *, mix_adapters: bool = False) -> None:
         self.mix_adapters = bool(mix_adapters)
-        self._pid = os.getpid()
-        self._admissions = Admissions()
-        self._changed = threading.Condition(threading.Lock())
         #: Requests that had to wait their turn (for tests and benchmarks).
         self.waits = 0
+        self._start_in_this_process()
 
     @property
     def active(self) -> bool:
@@ -176,8 +174,8 @@ class ModelIsolation:
         if self.mix_adapters:
             yield
             return
-        if os.getpid() != self._pid:
-            self._forget_parent()
+        if os.getpid() != self._pid:  # a forked child: the parent's requests are not its own, its lock may be held
+            self._start_in_this_process()
         ticket = Ticket(model, scoring, mixing=not self.active)
         self._enter(ticket)
         try:
@@ -187,8 +185,8 @@ class ModelIsolation:
                 if self._admissions.finish(ticket):
                     self._changed.notify_all()
 
-    def _forget_parent(self) -> None:
-        """In a forked child: the parent's requests in flight are not this process's, and its lock may be held."""
+    def _start_in_this_process(self) -> None:
+        """No request in flight or waiting, and a fresh condition: when made, and in a forked child."""
         self._pid = os.getpid()
         self._admissions = Admissions()
         self._changed = threading.Condition(threading.Lock())

@@ -115,7 +115,7 @@ def probe_until(
     deadline: float,
     *,
     on_failure: Optional[Callable[[BaseException], None]] = None,
-    stop: Optional[threading.Event] = None,
+    pause: Optional[Callable[[float], bool]] = None,
 ) -> Optional[BaseException]:
     """Call ``probe`` with capped backoff until it succeeds or ``deadline`` (monotonic) passes.
 
@@ -125,7 +125,7 @@ def probe_until(
         probe: Raises while the engine is not ready; any other return means it answered.
         deadline: ``time.monotonic()`` value after which no probe is sent.
         on_failure: Called with each failed probe's error (e.g. to show the wait).
-        stop: When set, give up at once.
+        pause: Waits the given seconds between probes; True means give up at once (None: sleep).
 
     Returns:
         None once the engine answered, else the last probe's error.
@@ -133,7 +133,7 @@ def probe_until(
     Raises:
         Exception: a probe failure that is not "not ready" (a refused API key), as raised by ``probe``.
     """
-    delay, stop = PROBE_BASE_DELAY, stop or threading.Event()
+    delay = PROBE_BASE_DELAY
     while True:
         try:
             probe()
@@ -143,11 +143,13 @@ def probe_until(
                 raise
             last: BaseException = exc
         remaining = deadline - time.monotonic()
-        if remaining <= 0 or stop.is_set():
+        if remaining <= 0:
             return last
         if on_failure is not None:
             on_failure(last)
-        if stop.wait(min(delay, remaining)):
+        if pause is None:
+            time.sleep(min(delay, remaining))
+        elif pause(min(delay, remaining)):
             return last
         delay = min(delay * 2, PROBE_MAX_DELAY)
 
@@ -211,7 +213,6 @@ class OutageGate:
         self._probe, self._base_url, self._on_outage, self._on_back = probe, base_url, on_outage, on_back
         self._likely_cause = likely_cause
         self._cond = threading.Condition()
-        self._stop = threading.Event()
         self._since: Optional[float] = None  # monotonic start of the current outage; None while the engine answers
         self._since_wall = 0.0
         self._episode = 0  # bumped whenever an outage ends
@@ -258,7 +259,6 @@ class OutageGate:
         with self._cond:
             if self._failed is None:
                 self._failed = f"not sent: the fan-out holding requests for the engine at {self._base_url} ended"
-            self._stop.set()
             self._cond.notify_all()
 
     def _enter(self) -> int:
@@ -341,14 +341,19 @@ class OutageGate:
             self._probe,
             self._since + self.max_outage,
             on_failure=lambda exc: self._emit("waiting", exc),
-            stop=self._stop,
+            pause=self._closed_within,
         )
+
+    def _closed_within(self, seconds: float) -> bool:
+        """Wait ``seconds`` between probes; True as soon as the gate is closed (probing stops at once)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._failed is not None, seconds)
 
     def _end(self, probe_error: Optional[BaseException]) -> None:
         """End the current outage (lock held): the engine is back, or the gate fails for good."""
         assert self._since is not None
         waited = time.monotonic() - self._since
-        if probe_error is None and not self._stop.is_set():
+        if probe_error is None and self._failed is None:
             logger.warning("engine answered again after %.1f s; re-running %d held requests", waited, self._held)
             if self._on_back is not None:
                 self._on_back()

@@ -156,13 +156,14 @@ class CancelScope:
 
     def __init__(self) -> None:
         self.cancelled = False
-        self._lock = threading.Lock()
+        #: Guards the scope; the fan-out's batching shares it (one lock a fan-out).
+        self.lock = threading.Lock()
         self._slots: Set[Slot] = set()
         self._pending: weakref.WeakSet[_Cancellable] = weakref.WeakSet()
 
     def add(self, item: _Cancellable) -> None:
         """Hold ``item`` (a future or a batch not started yet): ``cancel`` cancels it."""
-        with self._lock:
+        with self.lock:
             self._pending.add(item)
 
     def run(self, call: Callable[[Any], T], argument: Any) -> T:
@@ -172,7 +173,7 @@ class CancelScope:
             RequestCancelledError: the scope was cancelled before the request started.
         """
         slot = current_slot()
-        with self._lock:
+        with self.lock:
             if self.cancelled:
                 raise RequestCancelledError("not sent: the requests it was submitted with were cancelled")
             self._slots.add(slot)
@@ -181,13 +182,13 @@ class CancelScope:
             return call(argument)
         finally:
             slot.scope = previous
-            with self._lock:
+            with self.lock:
                 self._slots.discard(slot)
 
     def cancel(self) -> None:
         """Cancel what has not started, refuse the scope's later requests and shut down the sockets of those in
         flight. Idempotent, quick."""
-        with self._lock:
+        with self.lock:
             self.cancelled = True
             slots, pending = list(self._slots), list(self._pending)
         for item in pending:  # first, so a worker freed by a shut connection does not start one of them
@@ -205,15 +206,14 @@ class Watchdog:
     """Cuts each armed exchange once its deadline passes; one daemon thread, started on first use."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._wakeup = threading.Condition(self._lock)
+        self._wakeup = threading.Condition(threading.Lock())
         self._armed: Dict[Slot, Tuple[float, float]] = {}
         self._next = math.inf
         self._thread: Optional[threading.Thread] = None
 
     def arm(self, slot: Slot, started: float, overall: float, read: float) -> None:
         """Watch the exchange in ``slot``, started at ``started``: cut it at ``answer_deadline``."""
-        with self._lock:
+        with self._wakeup:
             self._armed[slot] = (overall, read)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="lora-sampler-deadline-watchdog", daemon=True)
@@ -225,11 +225,11 @@ class Watchdog:
 
     def disarm(self, slot: Slot) -> None:
         """Stop watching ``slot`` (its exchange is over)."""
-        with self._lock:
+        with self._wakeup:
             self._armed.pop(slot, None)
 
     def _run(self) -> None:
-        with self._lock:
+        with self._wakeup:
             while True:
                 now = time.monotonic()
                 soonest = math.inf

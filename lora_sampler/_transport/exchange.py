@@ -144,11 +144,6 @@ def without_userinfo(text: str) -> str:
 REDACTED = "***"
 
 
-def redact(text: str, secret: Optional[str]) -> str:
-    """Replace every occurrence of ``secret`` in ``text`` (an API key must never reach a message or a log)."""
-    return text.replace(secret, REDACTED) if secret else text
-
-
 class Secrets:
     """The secret strings of one transport's credentials, longest first, and their redaction.
 
@@ -206,7 +201,7 @@ class TooLargeError(Exception):
         self.what = what
 
 
-def read_whole(raw: Any, deadline: Callable[[], float], limit: int) -> Tuple[bytes, bool]:
+def read_whole(raw: Any, deadline: Callable[[], float], limit: int) -> bytes:
     """Read the body of urllib3's response ``raw`` (``Response.raw`` of a streamed requests response) in chunks.
 
     Args:
@@ -215,7 +210,7 @@ def read_whole(raw: Any, deadline: Callable[[], float], limit: int) -> Tuple[byt
         limit: The largest body accepted.
 
     Returns:
-        The body, and whether it was read to its end (False: the connection cannot be reused and was closed).
+        The body. When it is not read to its end, the connection is closed (it cannot be reused).
 
     Raises:
         requests.ReadTimeout: the answer was not complete by ``deadline()``.
@@ -225,7 +220,6 @@ def read_whole(raw: Any, deadline: Callable[[], float], limit: int) -> Tuple[byt
     declared = raw.headers.get("Content-Length")
     chunks: List[bytes] = []
     size = 0
-    finished = False
     # read1 (urllib3 >= 2) returns after at most one socket read, so a byte-dripping server meets the deadline check.
     read = getattr(raw, "read1", None) or raw.read
     # Decode gzip/deflate (requests asks for them); skipping the decoder otherwise is faster.
@@ -238,16 +232,14 @@ def read_whole(raw: Any, deadline: Callable[[], float], limit: int) -> Tuple[byt
                 raise requests.ReadTimeout("the whole answer took longer than the read timeout")
             chunk = read(READ_CHUNK_BYTES, decode_content=encoded)
             if not chunk:
-                finished = True
                 break
             size += len(chunk)
             if size > limit:
                 raise TooLargeError(f"sent more than {limit} bytes")
             chunks.append(chunk)
             if raw.length_remaining == 0:  # the declared length is in: no extra read to find the end
-                finished = True
                 break
-    finally:
-        if not finished:
-            raw.close()  # the rest of this answer is unread: the connection cannot be reused
-    return b"".join(chunks), finished
+    except BaseException:
+        raw.close()  # the rest of this answer is unread: the connection cannot be reused
+        raise
+    return b"".join(chunks)

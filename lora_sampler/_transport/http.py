@@ -27,7 +27,6 @@ from lora_sampler._transport.exchange import (
     new_id,
     normalise_base_url,
     read_whole,
-    redact,
     split_base_url,
     without_userinfo,
 )
@@ -43,7 +42,6 @@ __all__ = [
     "Timeout",
     "new_id",
     "normalise_base_url",
-    "redact",
     "without_userinfo",
 ]
 
@@ -228,7 +226,7 @@ class EngineTransport:
         try:
             try:
                 response = self._engine_session.send(exchange)
-                content, _ = read_whole(
+                content = read_whole(
                     response.raw, lambda: answer_deadline(slot, overall, read), self.max_response_bytes
                 )
             finally:
