@@ -13,9 +13,9 @@ wrapper, so a client dropped without ``close()`` is freed by reference counting,
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union, cast
@@ -25,7 +25,6 @@ from lora_sampler._adapters.loads import AdapterLoadCoordinator
 from lora_sampler._adapters.registry import AdapterRegistry
 from lora_sampler._client.isolation import ModelIsolation
 from lora_sampler._client.outage import PromptLogprobFailures, is_outage, probe_timeout
-from lora_sampler._client.progress import RetryCounter
 from lora_sampler._transport.connections import is_cancelled
 from lora_sampler._transport.http import EngineTransport, Timeout, new_id
 from lora_sampler._wire.answers import text_of, tokens_of
@@ -47,7 +46,7 @@ from lora_sampler.errors import (
     ModelNotFoundError,
     RequestCancelledError,
 )
-from lora_sampler.retry import RetryHook, RetryPolicy, is_adapter_race, make_retrying
+from lora_sampler.retry import RetryPolicy, is_adapter_race, make_retrying
 from lora_sampler.types import Adapter, Message, SampleOutput, SampleRequest, outputs_from_batch, prompt_list
 
 logger = logging.getLogger(__name__)
@@ -89,6 +88,9 @@ class _Attempts:
         self._loads = loads
         self._load_timeout = load_timeout
         self._isolation = isolation
+        #: Retries so far (each failed attempt the table retries; progress bars show them).
+        self.retries = 0
+        self._retries_lock = threading.Lock()
 
     def attempt(self, call: _Call) -> Any:
         """Send exactly one completion request for ``call``; once its fan-out is cancelled, raise instead of retrying.
@@ -129,7 +131,9 @@ class _Attempts:
             )
 
     def before_retry(self, call: _Call, error: EngineError, attempt: int) -> None:
-        """Send the proactive load, shared by racing threads; on a fleet, reconcile every replica instead."""
+        """Count the retry; send the proactive load, shared by racing threads (on a fleet, reconcile every replica)."""
+        with self._retries_lock:
+            self.retries += 1
         if not call.is_adapter or call.load_path is None or is_cancelled():
             return
         if self._fleet is not None:
@@ -159,7 +163,7 @@ class SampleCalls:
         registry: The client's adapter registry (resolution, publish-once, in-flight counts for lineages).
         fleet: The replicas to reconcile after a retriable adapter failure, or None for the one engine.
         retry: The retry policy.
-        isolation: Keeps scoring requests apart from other models' requests (every attempt is admitted by it).
+        mix_adapters: Let scoring requests share the engine with other models' requests (``ModelIsolation``).
     """
 
     def __init__(
@@ -168,25 +172,25 @@ class SampleCalls:
         registry: AdapterRegistry,
         fleet: Optional[Fleet],
         retry: RetryPolicy,
-        isolation: Optional[ModelIsolation] = None,
+        mix_adapters: bool = False,
     ):
         self._transport = transport
         self._registry = registry
         self._fleet = fleet
         self.loads = AdapterLoadCoordinator(episode_gap=2 * retry.max_delay + retry.load_timeout)
-        #: The client's scoring isolation.
-        self.isolation = isolation if isolation is not None else ModelIsolation()
+        #: The client's scoring isolation: every completion attempt is admitted by it.
+        self.isolation = ModelIsolation(mix_adapters=mix_adapters)
         attempts = self._attempts = _Attempts(transport, fleet, self.loads, retry.load_timeout, self.isolation)
-        #: Retries of this client's calls so far (progress bars show them).
-        self.retries = RetryCounter()
         #: The last 500 answered to a prompt-logprobs request (an outage right after names it as the likely cause).
         self.prompt_logprob_failures = PromptLogprobFailures()
         #: Settings (``_settings_of``) found refused request-wide, with the words of that refusal (``_confined``).
         self.request_wide: Dict[str, Tuple[str, Optional[int], str]] = {}
-        counting = dataclasses.replace(
-            retry, on_retry=(*cast(Tuple[RetryHook, ...], retry.on_retry), self.retries.hook)
-        )
-        self._retrying = make_retrying(counting, attempts.attempt, attempts.before_retry)
+        self._retrying = make_retrying(retry, attempts.attempt, attempts.before_retry)
+
+    @property
+    def retries(self) -> int:
+        """How many times these calls were retried so far (what a progress bar shows)."""
+        return self._attempts.retries
 
     def run(self, request: SampleRequest) -> SampleOutput:
         """Run one ``SampleRequest`` through the retry table and return its output."""
@@ -303,18 +307,27 @@ class SampleCalls:
         return adapter.name, self._registry.engine_path(adapter)
 
     def _counted(self, call: _Call, request: SampleRequest) -> Any:
-        """Run ``call`` through the retry table, counting it as in flight for its adapter (lineage retirement)."""
-        if not call.is_adapter:
-            return self._attempted(call, request)
-        model = call.model
-        self._registry.request_started(model)
+        """Run ``call`` through the retry table, counting it as in flight for its adapter (lineage retirement).
+
+        A 5xx to a prompt-logprobs request is noted (see ``outage``); an adapter the race gave up on is named.
+        """
+        if call.is_adapter:
+            self._registry.request_started(call.model)
         served = False
         try:
-            output = self._attempted(call, request)
+            output = self._retrying(call)
             served = True
+        except EngineStatusError as error:
+            if error.status >= 500 and request.wants_prompt_logprobs:
+                self.prompt_logprob_failures.note(error)
+            if call.is_adapter and isinstance(error, ModelNotFoundError):
+                self._name_the_folder(error)
+            raise
         finally:
-            self._registry.request_finished(model, served=served)
-        self.loads.forget(model)
+            if call.is_adapter:
+                self._registry.request_finished(call.model, served=served)
+        if call.is_adapter:
+            self.loads.forget(call.model)
         return output
 
     def _part_error(self, problem: ValueError, call: _Call) -> EngineProtocolError:
@@ -337,17 +350,6 @@ class SampleCalls:
             else:
                 payload["max_tokens"] = context
         return payload
-
-    def _attempted(self, call: _Call, request: SampleRequest) -> Any:
-        """The call through the retry table; a 5xx to a prompt-logprobs request is noted (see ``outage``)."""
-        try:
-            return self._retrying(call)
-        except EngineStatusError as error:
-            if error.status >= 500 and request.wants_prompt_logprobs:
-                self.prompt_logprob_failures.note(error)
-            if call.is_adapter and isinstance(error, ModelNotFoundError):
-                self._name_the_folder(error)
-            raise
 
     def _name_the_folder(self, error: ModelNotFoundError) -> None:
         """Once the race gave up on an adapter whose folder is in ``lora_base_dir``, name that folder as the fix."""

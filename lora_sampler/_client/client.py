@@ -37,7 +37,6 @@ from lora_sampler._adapters.publish import adapter_targets_lm_head
 from lora_sampler._adapters.registry import AdapterRegistry
 from lora_sampler._client.calls import SampleCalls
 from lora_sampler._client.fanout import IN_FLIGHT_PER_WORKER, Batching, FanOut, RequestLike, Runner
-from lora_sampler._client.isolation import ModelIsolation
 from lora_sampler._client.outage import OutageGate, OutageHook, checked_seconds, probe_until
 from lora_sampler._client.progress import ProgressBar, check_total
 from lora_sampler._client.scoring import Scorer
@@ -169,9 +168,9 @@ class SamplerClient:
             fleet=self._fleet,
             storage_options=storage_options,
         )
+        self._calls = SampleCalls(self._transport, self._registry, self._fleet, retry, mix_adapters)
         #: Keeps scoring requests apart from other models' requests (``mix_adapters`` turns it off).
-        self.isolation = ModelIsolation(mix_adapters=mix_adapters)
-        self._calls = SampleCalls(self._transport, self._registry, self._fleet, retry, self.isolation)
+        self.isolation = self._calls.isolation
         self._scorer = Scorer(self._transport.base_url, self._calls, self._registry.served_base_models)
         self._fanout = FanOut(max_workers)
         #: The ``SamplingInterruptedError`` of the last ``sample_many`` stopped by Ctrl-C (its ``.results``), or None.
@@ -191,7 +190,7 @@ class SamplerClient:
     @property
     def retries(self) -> int:
         """How many times this client's requests were retried so far (what a progress bar shows)."""
-        return self._calls.retries.value
+        return self._calls.retries
 
     def storage_options_for(self, options: Optional[Mapping[str, Any]] = None) -> Mapping[str, Any]:
         """The options a store request is made with: ``options`` (None: the client's ``storage_options``), held to
@@ -566,7 +565,7 @@ class SamplerClient:
                 check_total(total)
             return batching, gate, None
         calls = self._calls  # not self: the bar must not keep the client alive
-        return batching, gate, ProgressBar.over(requests, lambda: calls.retries.value, total)
+        return batching, gate, ProgressBar.over(requests, lambda: calls.retries, total)
 
     def _check_open(self) -> None:
         """Refuse a call on a closed client; in a forked child, make the session afresh (refuse a user's)."""

@@ -15,23 +15,9 @@ import threading
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 from lora_sampler._client.outage import OutageEvent
-from lora_sampler.retry import RetryEvent
 
 #: Characters of an error message repeated in the count line at the end.
 _SHORT_MESSAGE = 160
-
-
-class RetryCounter:
-    """A thread-safe count of retries, fed by a ``RetryPolicy.on_retry`` hook."""
-
-    def __init__(self) -> None:
-        self.value = 0
-        self._lock = threading.Lock()
-
-    def hook(self, event: RetryEvent) -> None:
-        """Count one retry (called from worker threads)."""
-        with self._lock:
-            self.value += 1
 
 
 def check_total(total: object) -> None:
@@ -84,8 +70,6 @@ class ProgressBar:
         if total is None:
             hint = operator.length_hint(requests, -1)
             total = None if hint < 0 else hint
-        else:
-            check_total(total)
         return cls(total, retries)
 
     def update(self, outcome: Any) -> None:
