@@ -142,22 +142,14 @@ class SamplerClient:
         mix_adapters: bool = False,
     ):
         self._options = _constructor_options(locals())  # first: what pickling keeps (never the key)
-        if session is not None and not isinstance(session, requests.Session):
-            raise TypeError(f"session must be a requests.Session, got {type(session).__name__}")
-        if session is not None and verify is not True:
-            raise ValueError(
-                "verify= has no effect with session=: the session's own TLS settings are used; set "
-                "session.verify (True, False, or a CA bundle path) instead"
-            )
-        if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
-            raise ValueError(f"max_workers must be an int >= 1, got {max_workers!r}")
         if not isinstance(retry, RetryPolicy):
             raise TypeError(f"retry must be a RetryPolicy, got {type(retry).__name__}")
         self.retry = retry
         self.max_workers = max_workers
         key = api_key or os.environ.get(API_KEY_ENV) or os.environ.get(VLLM_API_KEY_ENV) or None
-        options: Dict[str, Any] = {"api_key": key, "timeout": timeout, "verify": verify, "session": session}
-        options["max_response_bytes"] = max_response_bytes  # the same settings for every replica's transport
+        # The same settings for every replica's transport; the transport checks them (session, verify, sizes).
+        options: Dict[str, Any] = dict(api_key=key, timeout=timeout, verify=verify, session=session)
+        options.update(max_response_bytes=max_response_bytes)
         self._transport = EngineTransport(base_url, max_workers=max_workers, **options)
         self._fleet = None if replicas is None else Fleet(self._transport, replicas, retry, options)
         self._registry = AdapterRegistry(

@@ -86,8 +86,9 @@ class EngineTransport:
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         session: Optional[requests.Session] = None,
     ):
-        if isinstance(max_response_bytes, bool) or not isinstance(max_response_bytes, int) or max_response_bytes < 1:
-            raise ValueError(f"max_response_bytes must be an int >= 1, got {max_response_bytes!r}")
+        for name, count in (("max_workers", max_workers), ("max_response_bytes", max_response_bytes)):
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {count!r}")
         self.base_url, userinfo = split_base_url(base_url)
         self.timeout = timeout
         self.max_response_bytes = max_response_bytes

@@ -39,7 +39,7 @@ from lora_sampler._version import __version__
 
 #: Extra pooled connections beyond ``max_workers``: proactive loads and callers' own threads run beside the pool.
 POOL_HEADROOM = 4
-#: Request paths whose prepared URL is kept, and URLs whose pool is remembered (the client uses a handful).
+#: Request paths whose prepared URL is kept (the client uses a handful).
 MAX_CACHED_URLS = 64
 
 
@@ -59,8 +59,6 @@ class EngineAdapter(HTTPAdapter):
     def __init__(self, pool_maxsize: int):
         self.pool_maxsize = pool_maxsize
         self.recording_pools: Dict[PoolKey, urllib3.HTTPConnectionPool] = {}
-        #: The pool of each (URL, verify, cert) seen: the same few URLs come back on every request.
-        self.pool_of_url: Dict[Tuple[Any, ...], urllib3.HTTPConnectionPool] = {}
         self.recording_lock = threading.Lock()
         super().__init__(pool_connections=POOLS_PER_ADAPTER, pool_maxsize=pool_maxsize, max_retries=0)
 
@@ -75,20 +73,6 @@ class EngineAdapter(HTTPAdapter):
         if proxies and requests.utils.select_proxy(str(request.url), proxies):
             pool = super().get_connection_with_tls_context(request, verify, proxies, cert)
             return cast(urllib3.HTTPConnectionPool, pool)
-        known = (request.url, verify, cert)
-        found = self.pool_of_url.get(known)
-        if found is not None:
-            return found
-        found = self._recording_pool_for(request, verify, cert)
-        with self.recording_lock:
-            if len(self.pool_of_url) >= MAX_CACHED_URLS:
-                self.pool_of_url.clear()
-            self.pool_of_url[known] = found
-        return found
-
-    def _recording_pool_for(
-        self, request: requests.PreparedRequest, verify: Any, cert: Any
-    ) -> urllib3.HTTPConnectionPool:
         host_params, pool_kwargs = self.build_connection_pool_key_attributes(request, verify, cert)
         scheme = str(host_params["scheme"])
         host = str(host_params["host"])
@@ -105,25 +89,12 @@ class EngineAdapter(HTTPAdapter):
                 )
         return found
 
-    def request_url(self, request: requests.PreparedRequest, proxies: Optional[Mapping[str, str]]) -> str:
-        """Return the request target: the URL's path and query when no proxy is configured, as requests does.
-
-        requests' own ``request_url`` parses the URL twice to find a proxy; with none configured, its answer is the
-        path (a leading ``//`` folded, as there).
-        """
-        if proxies:
-            url: str = super().request_url(request, proxies)
-            return url
-        path = request.path_url
-        return "/" + path.lstrip("/") if path.startswith("//") else path
-
     def close(self) -> None:
         """Close every pooled connection now: requests' pools (proxies) and the recording ones."""
         super().close()
         with self.recording_lock:
             pools = list(self.recording_pools.values())
             self.recording_pools.clear()
-            self.pool_of_url.clear()
         for pool in pools:
             pool.close()
 
@@ -173,6 +144,13 @@ class EngineSession:
         if session is None:
             self.session = self._own_session(api_key, basic, max_workers, verify)
         else:
+            if not isinstance(session, requests.Session):
+                raise TypeError(f"session must be a requests.Session, got {type(session).__name__}")
+            if verify is not True:
+                raise ValueError(
+                    "verify= has no effect with session=: the session's own TLS settings are used; set "
+                    "session.verify (True, False, or a CA bundle path) instead"
+                )
             refuse_answer_retries(session, base_url)
             self.session = session
             if api_key:  # a session's auth handler (if it has one) runs after this, as requests always does
