@@ -171,11 +171,6 @@ class Batching:
         self.run_many = run_many
 
     @property
-    def is_off(self) -> bool:
-        """Whether every request goes alone (``prompts_per_request=1``): the fan-out works as without batching."""
-        return self.prompts_per_request == 1
-
-    @property
     def largest(self) -> int:
         """The most prompts one of this fan-out's requests may carry (it sizes the read-ahead)."""
         if self.prompts_per_request is not None:
@@ -223,7 +218,7 @@ class _Gatherer:
         batching: Optional[Batching] = None,
     ):
         self._start, self._work, self._run, self._gate = start, work, run, gate
-        self._batching = None if batching is None or batching.is_off else batching
+        self._batching = None if batching is None or batching.prompts_per_request == 1 else batching  # 1: alone
         self._open: Dict[Hashable, _Group] = {}  # the batch of each key still taking prompts
         self._lock = work.lock
 
@@ -264,8 +259,8 @@ class _Gatherer:
             with self._lock:
                 if self._open.get(group.key) is group:
                     del self._open[group.key]
-        live = [(request, future) for request, future in zip(group.requests, group.futures)]
-        live = [(request, future) for request, future in live if future.set_running_or_notify_cancel()]
+        pairs = zip(group.requests, group.futures)
+        live = [(request, future) for request, future in pairs if future.set_running_or_notify_cancel()]
         if not live:
             return
         requests = [request for request, _ in live]
@@ -401,7 +396,7 @@ class FanOut:
         except Exception as error:  # the first failure, raised: it carries every answer received
             kept = results + [_finished(future, errors=False) for future in window]
             keep_results(error, kept)
-            if isinstance(error, LoraSamplerError) and _failed_first(window, error):
+            if isinstance(error, LoraSamplerError) and window:  # the oldest request's failure, not the iterable's
                 _say_where(error, len(results), kept)
                 # Its message says it all: the worker thread's frames (the transport's) are no help to the caller.
                 raise error.with_traceback(None) from error.__cause__
@@ -488,12 +483,6 @@ def _finished(future: Future[Any], errors: bool = True) -> Any:
     if error is None:
         return future.result()
     return error if errors and not isinstance(error, RequestCancelledError) else None
-
-
-def _failed_first(window: Dict[Future[Any], int], error: BaseException) -> bool:
-    """Tell whether ``error`` is the failure of the oldest request in the window (a slot's, not the iterable's)."""
-    oldest = next(iter(window), None)
-    return oldest is not None and oldest.done() and not oldest.cancelled() and oldest.exception() is error
 
 
 def _say_where(error: LoraSamplerError, index: int, kept: List[Any]) -> None:

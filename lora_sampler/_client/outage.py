@@ -284,8 +284,14 @@ class OutageGate:
             return  # the outage this request ran into has ended meanwhile: run it again now
         try:
             while self._take_probe_turn(episode):
-                try:
-                    outcome: Optional[BaseException] = self._wait_for_engine()
+                assert self._since is not None
+                try:  # probe until the engine answers (None) or the outage outlasts max_outage (the last error)
+                    outcome = probe_until(
+                        self._probe,
+                        self._since + self.max_outage,
+                        on_failure=lambda exc: self._emit("waiting", exc),
+                        pause=self._closed_within,
+                    )
                 except Exception:  # the engine answered, with a refusal: held requests run and report it
                     outcome = None
                 with self._cond:
@@ -333,16 +339,6 @@ class OutageGate:
                     return True
                 self._cond.wait()
             return False
-
-    def _wait_for_engine(self) -> Optional[BaseException]:
-        """Probe until the engine answers (None) or the outage outlasts ``max_outage`` (the last error)."""
-        assert self._since is not None
-        return probe_until(
-            self._probe,
-            self._since + self.max_outage,
-            on_failure=lambda exc: self._emit("waiting", exc),
-            pause=self._closed_within,
-        )
 
     def _closed_within(self, seconds: float) -> bool:
         """Wait ``seconds`` between probes; True as soon as the gate is closed (probing stops at once)."""

@@ -152,14 +152,14 @@ class ScoringSelfCheck:
     def __init__(
         self,
         client: ScoringClient,
-        adapter: AdapterSpec,
+        adapter: Adapter,
         *,
         other: Optional[AdapterSpec],
         tolerance: float,
         lm_head: bool,
     ) -> None:
         self.client, self.tolerance, self.lm_head = client, tolerance, lm_head
-        self.adapter = client.resolve_adapter(adapter)
+        self.adapter = adapter
         self.base = client.served_base_models()[0]
         self.other = other
         self.findings: List[Finding] = []

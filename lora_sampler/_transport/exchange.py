@@ -81,11 +81,6 @@ class Answer(NamedTuple):
     headers: Mapping[str, str]
     content: bytes
 
-    @classmethod
-    def head_of(cls, response: Any) -> Answer:
-        """Return the status line and headers of a requests response, with no body (for errors while reading it)."""
-        return cls(response.status_code, str(response.reason or ""), response.headers, b"")
-
     @property
     def content_type(self) -> str:
         """The ``Content-Type`` header, or "" when absent."""

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import netrc
 import os
-import threading
 from typing import Any, Dict, Mapping, Optional, Tuple, Union, cast
 from urllib.parse import urlsplit
 
@@ -58,8 +57,8 @@ class EngineAdapter(HTTPAdapter):
 
     def __init__(self, pool_maxsize: int):
         self.pool_maxsize = pool_maxsize
+        #: The recording pool of each host and TLS settings; filled with ``setdefault`` (atomic): no lock.
         self.recording_pools: Dict[PoolKey, urllib3.HTTPConnectionPool] = {}
-        self.recording_lock = threading.Lock()
         super().__init__(pool_connections=POOLS_PER_ADAPTER, pool_maxsize=pool_maxsize, max_retries=0)
 
     def get_connection_with_tls_context(
@@ -79,24 +78,19 @@ class EngineAdapter(HTTPAdapter):
         port = int(host_params["port"] or (443 if scheme == "https" else 80))
         key: PoolKey = (scheme, host, port, tuple(sorted(pool_kwargs.items(), key=lambda item: item[0])))
         found = self.recording_pools.get(key)
-        if found is not None:
-            return found
-        with self.recording_lock:
-            found = self.recording_pools.get(key)
-            if found is None:
-                found = self.recording_pools[key] = _recording_pool(
-                    scheme, host, port, self.pool_maxsize, dict(pool_kwargs)
-                )
+        if found is None:  # two threads may build one each: one is kept, the other has no connection yet
+            found = self.recording_pools.setdefault(
+                key, _recording_pool(scheme, host, port, self.pool_maxsize, dict(pool_kwargs))
+            )
         return found
 
     def close(self) -> None:
         """Close every pooled connection now: requests' pools (proxies) and the recording ones."""
         super().close()
-        with self.recording_lock:
-            pools = list(self.recording_pools.values())
-            self.recording_pools.clear()
-        for pool in pools:
-            pool.close()
+        for key in list(self.recording_pools):
+            pool = self.recording_pools.pop(key, None)  # atomic: each pool is closed once
+            if pool is not None:
+                pool.close()
 
 
 def _recording_pool(
