@@ -211,7 +211,7 @@ class _Gatherer:
 
     def __init__(
         self,
-        start: Callable[..., Any],
+        start: Callable[..., Future[Any]],
         work: CancelScope,
         run: Runner,
         gate: Optional[OutageGate],
@@ -223,9 +223,15 @@ class _Gatherer:
         self._lock = work.lock
 
     def add(self, request: Request, future: Optional[Future[Any]] = None) -> Future[Any]:
-        """Put ``request`` into its key's open batch, or open one (queued on the pool); return its future."""
-        future = Future() if future is None else future
+        """Put ``request`` into its key's open batch, or open one (queued on the pool); return its future.
+
+        A request that goes alone is one task on the pool, whose own future is returned; ``future`` (a ``submit``'s)
+        is settled by that task instead.
+        """
         key = None if self._batching is None else batch_key(request)
+        if key is None and future is None:
+            return self._start(self._work.run, self._alone, request)
+        future = Future() if future is None else future
         if key is not None:
             try:
                 with self._lock:
@@ -277,6 +283,10 @@ class _Gatherer:
                 future.set_exception(outcome)
             else:
                 future.set_result(outcome)
+
+    def _alone(self, request: Request) -> Any:
+        """Run one request that goes alone (held through outages by the gate); its outcome, or raise its error."""
+        return self._send([request])[0]
 
     def _send(self, requests: List[Request]) -> Sequence[Any]:
         """Run one request or batch (held through outages by the gate as one request)."""
@@ -441,7 +451,7 @@ class FanOut:
                 yield _take(window, done, return_exceptions)
             finished = True
         finally:
-            _end(work, gate, finished)
+            _end(work, gate, window, finished)
         source.check()
 
 
@@ -461,14 +471,16 @@ def _take(
     return value if done is None else (index, value)
 
 
-def _end(work: CancelScope, gate: Optional[OutageGate], finished: bool) -> None:
+def _end(work: CancelScope, gate: Optional[OutageGate], window: Iterable[Future[Any]], finished: bool) -> None:
     """Wind a fan-out down: if it stopped early, cancel what it has not finished; release its held requests.
 
     A fan-out that stopped early (Ctrl-C, an error raised to the caller, or its iterator closed) has its requests not
-    started cancelled and those in flight cut: their connections are shut, so the engine aborts them and nothing
-    waits for them.
+    started cancelled (those that went alone are the pool's tasks, the others its batches') and those in flight cut:
+    their connections are shut, so the engine aborts them and nothing waits for them.
     """
     if not finished:
+        for future in list(window):
+            future.cancel()
         work.cancel()
     if gate is not None:
         gate.close()

@@ -244,21 +244,20 @@ class ScoringSelfCheck:
     def _compare_concurrent(self, probes: List[_Probe], alone: List[Tuple[float, ...]]) -> None:
         """The adapter's scores while another model's scoring requests run, against its scores alone."""
         check = "scores alone vs while another model's requests run"
-        other = self.other if self.other is not None else self.base
-        name = other if isinstance(other, str) and other == self.base else self.client.resolve_adapter(other).name
-        which: Dict[str, Any] = {"base_model": self.base} if name == self.base else {"adapter": other}
+        other = self.base if self.other in (None, self.base) else self.client.resolve_adapter(self.other).name
+        which: Dict[str, Any] = {"base_model": self.base} if other == self.base else {"adapter": self.other}
         others = [ScoreRequest(p.prompt, p.tokens, **which) for p in probes if p.tokens]
         try:
             with self.client.isolation.mixing():
                 together = self._scores_beside(self._score_requests(self.adapter.name, probes), others)
         except EngineError as error:  # the engine failed under the mix: that is the finding
             self.measured[check] = math.inf
-            sentence = f"the engine failed while the adapter was scored beside requests of {name!r}: {error}"
+            sentence = f"the engine failed while the adapter was scored beside requests of {other!r}: {error}"
             self._find(check, self.adapter.name, [], DEFECT_ENGINE_FAILED, sentence)
             return
         differences = [d for a, t in zip(alone, together) for d in _differences(a, t)]
         if self._measure(check, differences):
-            sentence = f"the adapter's scores while requests of {name!r} ran differ from its scores alone"
+            sentence = f"the adapter's scores while requests of {other!r} ran differ from its scores alone"
             self._find(check, self.adapter.name, differences, DEFECT_MIXED_ADAPTERS, sentence)
 
     def _scores_beside(self, requests: List[ScoreRequest], others: List[ScoreRequest]) -> List[Tuple[float, ...]]:
