@@ -17,7 +17,6 @@ from typing import (
     Generator,
     Iterator,
     Mapping,
-    NamedTuple,
     Optional,
     Protocol,
     Sequence,
@@ -256,27 +255,6 @@ def make_retrying(
     return decorated
 
 
-class _Failure(NamedTuple):
-    """One failed attempt as backoff reports it; ``from_details`` is the only reader of backoff's dict."""
-
-    call: RetryCall
-    error: EngineError
-    tries: int
-    wait: float
-
-    @classmethod
-    def from_details(cls, details: Mapping[str, Any]) -> _Failure:
-        """Read the call, its error, the attempts so far and the coming wait (0 on give-up)."""
-        return cls(details["args"][0], details["exception"], details["tries"], details.get("wait") or 0.0)
-
-    def event(self, max_attempts: int) -> RetryEvent:
-        """The ``RetryEvent`` the hooks receive for this failure."""
-        elapsed = time.monotonic() - self.call.started
-        return RetryEvent(
-            self.tries, max_attempts, self.wait, elapsed, self.error, self.call.model, self.call.is_adapter
-        )
-
-
 class _BackoffGlue:
     """The policy as backoff's callbacks: the wait generator, the give-up test and the two event handlers."""
 
@@ -294,32 +272,39 @@ class _BackoffGlue:
         """Tell backoff to stop: the table says this error is never retried."""
         return not self._policy.should_retry(error)
 
+    def _read(self, details: Mapping[str, Any]) -> Tuple[RetryCall, EngineError, RetryEvent]:
+        """Read one failed attempt as backoff reports it (the only reader of its dict): the call, its error, and the
+        ``RetryEvent`` the hooks receive (its wait 0 on give-up)."""
+        call, error, tries = details["args"][0], details["exception"], details["tries"]
+        elapsed, wait = time.monotonic() - call.started, details.get("wait") or 0.0
+        max_attempts = self._policy.max_attempts
+        return call, error, RetryEvent(tries, max_attempts, wait, elapsed, error, call.model, call.is_adapter)
+
     def on_backoff(self, details: Mapping[str, Any]) -> None:
         """Before a wait: the proactive load (best-effort), the INFO line, then the user's ``on_retry`` hooks."""
-        failure = _Failure.from_details(details)
-        call, error = failure.call, failure.error
+        call, error, event = self._read(details)
         try:
-            self._before_wait(call, error, failure.tries)
+            self._before_wait(call, error, event.attempt)
         except Exception:  # best-effort by contract: never replaces the engine error
             logger.exception("lora_sampler: preparing the retry of %r failed", call.model)
         logger.info(
             "Retrying %s %r: attempt %d of %d failed (%s; request id %s); next attempt in %.3f s",
             "LoRA adapter" if call.is_adapter else "base model",
             call.model,
-            failure.tries,
-            self._policy.max_attempts,
+            event.attempt,
+            event.max_attempts,
             short_cause(error),
             error.request_id or "none",
-            failure.wait,
+            event.wait,
         )
-        _call_hooks(self._policy.on_retry, failure.event(self._policy.max_attempts))
+        _call_hooks(self._policy.on_retry, event)
 
     def on_giveup(self, details: Mapping[str, Any]) -> None:
         """On the last failure: stamp the attempts on the error; ``on_giveup`` hooks only if retries ran out."""
-        failure = _Failure.from_details(details)
-        failure.error.attempts = failure.tries
-        if self._policy.should_retry(failure.error):  # errors never retried fire no give-up hook
-            _call_hooks(self._policy.on_giveup, failure.event(self._policy.max_attempts))
+        _, error, event = self._read(details)
+        error.attempts = event.attempt
+        if self._policy.should_retry(error):  # errors never retried fire no give-up hook
+            _call_hooks(self._policy.on_giveup, event)
 
 
 def _call_hooks(hooks: Hooks, event: RetryEvent) -> None:

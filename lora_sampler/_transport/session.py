@@ -84,6 +84,19 @@ class EngineAdapter(HTTPAdapter):
             )
         return found
 
+    def request_url(self, request: requests.PreparedRequest, proxies: Optional[Mapping[str, str]]) -> str:
+        """Return the request target: the URL's path and query when no proxy is configured, as requests does.
+
+        requests' own ``request_url`` parses the URL twice to find a proxy (47k instructions a request under
+        callgrind, 2.6% of a whole request); with none configured, its answer is the path (a leading ``//`` folded,
+        as there).
+        """
+        if proxies:
+            url: str = super().request_url(request, proxies)
+            return url
+        path = request.path_url
+        return "/" + path.lstrip("/") if path.startswith("//") else path
+
     def close(self) -> None:
         """Close every pooled connection now: requests' pools (proxies) and the recording ones."""
         super().close()
