@@ -801,15 +801,10 @@ class SamplerClient:
         """
         self._check_open()
         gate = self._outage_gate(max_outage, on_outage)
-        model, tokenizer = base_model or self._base_name(), self._calls  # not self: a worker holds no client
-
-        def tokens_of(text: str) -> Tuple[int, ...]:
-            return tokenizer.tokenize(text, model, add_special_tokens=add_special_tokens)
-
-        answers: Iterator[Tuple[int, ...]] = self._fanout.stream(
-            texts, tokens_of, return_exceptions=False, gate=gate, checked=_checked_text
-        )
-        return answers
+        # Not a method of self: a worker holds no client.
+        model = base_model or self._base_name()
+        tokens_of = functools.partial(self._calls.tokenize, model=model, add_special_tokens=add_special_tokens)
+        return self._fanout.stream(texts, tokens_of, return_exceptions=False, gate=gate, checked=_checked_text)
 
     def render_chat(
         self,
