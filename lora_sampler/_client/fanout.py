@@ -232,19 +232,12 @@ class _Gatherer:
         if key is None and future is None:
             return self._start(self._work.run, self._alone, request)
         future = Future() if future is None else future
-        if key is not None:
-            try:
-                with self._lock:
-                    group = self._open.get(key)
-                    if group is not None:
-                        group.requests.append(request)
-                        group.futures.append(future)
-                        if len(group.futures) >= group.size:
-                            del self._open[key]  # full: the next prompt of this key opens another
-                        return future
-            except TypeError:  # a part of the key cannot be hashed (an unusual adapter value): it goes alone
-                key = None
-        size = 1 if key is None or self._batching is None else self._batching.size_for(request)
+        try:
+            if key is not None and self._joined(key, request, future):
+                return future
+        except TypeError:  # a part of the key cannot be hashed (an unusual adapter value): it goes alone
+            key = None
+        size = 1 if key is None else cast(Batching, self._batching).size_for(request)
         group = _Group(key, size, request, future)
         if size > 1:
             with self._lock:
@@ -253,18 +246,31 @@ class _Gatherer:
         try:
             self._start(self._take, group)
         except BaseException:
-            with self._lock:
-                if self._open.get(key) is group:
-                    del self._open[key]
+            self._close(group)
             raise
         return future
 
+    def _close(self, group: _Group) -> None:
+        """Take ``group`` out of the open batches: no prompt joins it any more."""
+        with self._lock:
+            if self._open.get(group.key) is group:
+                del self._open[group.key]
+
+    def _joined(self, key: Hashable, request: Request, future: Future[Any]) -> bool:
+        """Put ``request`` into its key's open batch (closed once full); False when the key has none open."""
+        with self._lock:
+            group = self._open.get(key)
+            if group is None:
+                return False
+            group.requests.append(request)
+            group.futures.append(future)
+            if len(group.futures) >= group.size:
+                del self._open[key]  # full: the next prompt of this key opens another
+            return True
+
     def _take(self, group: _Group) -> None:
         """Close ``group`` to new prompts, run the prompts not cancelled as one request, and settle their futures."""
-        if group.size > 1:
-            with self._lock:
-                if self._open.get(group.key) is group:
-                    del self._open[group.key]
+        self._close(group)
         pairs = zip(group.requests, group.futures)
         live = [(request, future) for request, future in pairs if future.set_running_or_notify_cancel()]
         if not live:
@@ -275,9 +281,7 @@ class _Gatherer:
             if len(outcomes) != len(requests):  # a bug, never the engine: say so on every prompt
                 raise RuntimeError(f"a batch of {len(requests)} requests gave {len(outcomes)} outcomes")
         except BaseException as error:  # the whole request failed (as an executor's work item: the caller sees it)
-            for _, future in live:
-                future.set_exception(error)
-            return
+            outcomes = [error] * len(live)
         for (_, future), outcome in zip(live, outcomes):
             if isinstance(outcome, BaseException):
                 future.set_exception(outcome)

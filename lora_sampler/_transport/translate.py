@@ -149,11 +149,7 @@ class Translator:
         """
         if isinstance(exc, EngineError):
             return exc
-        head = (
-            None
-            if response is None
-            else Answer(response.status_code, str(response.reason or ""), response.headers, b"")
-        )
+        head = None if response is None else Answer(response.status_code, response.reason or "", response.headers, b"")
         if isinstance(exc, TooLargeError):
             fix = "raise max_response_bytes if such answers are expected"
             problem = f"an answer that {exc.what}, over max_response_bytes={self.max_response_bytes}"
