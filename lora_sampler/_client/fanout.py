@@ -409,7 +409,8 @@ class FanOut:
             raise SamplingInterruptedError(message, results=partial) from stop
         except Exception as error:  # the first failure, raised: it carries every answer received
             kept = results + [_finished(future, errors=False) for future in window]
-            keep_results(error, kept)
+            with contextlib.suppress(AttributeError):  # an exception type with __slots__ keeps no results
+                error.results = kept  # type: ignore[attr-defined]
             if isinstance(error, LoraSamplerError) and window:  # the oldest request's failure, not the iterable's
                 _say_where(error, len(results), kept)
                 # Its message says it all: the worker thread's frames (the transport's) are no help to the caller.
@@ -509,12 +510,6 @@ def _say_where(error: LoraSamplerError, index: int, kept: List[Any]) -> None:
         "request submitted in input order, None where none came; return_exceptions=True keeps going past failures]"
     )
     error.args = (error.message,)
-
-
-def keep_results(error: BaseException, results: List[Any]) -> None:
-    """Set ``error.results`` to the answers received, unless the error cannot take an attribute."""
-    with contextlib.suppress(AttributeError):  # an exception type with __slots__ keeps none
-        error.results = results  # type: ignore[attr-defined]
 
 
 class _Source:

@@ -62,7 +62,7 @@ class Scorer:
         """
         if isinstance(requests[0], ScoreRequest):
             return self.score_many(cast(Sequence[ScoreRequest], requests))
-        return list(self._calls.run_many(cast(Sequence[SampleRequest], requests)))
+        return self._calls.run_many(cast(Sequence[SampleRequest], requests))
 
     def score(self, request: ScoreRequest) -> ScoreOutput:
         """Score one request: tokenize what must be split, then one completion with the prompt tokens' logprobs.
