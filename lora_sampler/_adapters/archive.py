@@ -80,7 +80,7 @@ def _sha256_folder(files: List[Tuple[str, str]]) -> str:
 #: The files of an adapter folder that are the adapter: its config and its weights (peft's ``save_pretrained``
 #: names; ``new_embeddings`` holds the rows of added tokens). Publishing a folder copies these and nothing else.
 ADAPTER_FILE_NAMES = (
-    "adapter_config.json",
+    CONFIG_FILE,
     "adapter_model.safetensors",
     "adapter_model.bin",
     "adapter_model.pt",

@@ -144,14 +144,22 @@ def _check_stored_paths(source: str, rels: Sequence[str], limits: PublishLimits,
         )
     kinds: Dict[str, bool] = {}
     for rel in rels:
-        member = tarfile.TarInfo(rel)
-        checked = check_member(member, source)
-        if checked is None or checked != rel:
+        if _admitted(tarfile.TarInfo(rel), source, limits, name_max, kinds) != rel:
             raise UnsafeArchiveError(
                 f"refusing checkpoint {source}: the file {rel!r} has an unusual path; {ARCHIVE_FIX}"
             )
-        _check_name(checked, member, source, limits, name_max)
-        check_layout(checked, member, kinds, source)
+
+
+def _admitted(
+    member: tarfile.TarInfo, source: str, limits: PublishLimits, name_max: int, kinds: Dict[str, bool]
+) -> Optional[str]:
+    """Hold one member (of an archive, or a stored folder's key) to the members' rules, its name to the bounds and
+    the filesystem, and the layout so far (``kinds``); return its relative path (None for the archive's root)."""
+    rel = check_member(member, source)
+    if rel is not None:
+        _check_name(rel, member, source, limits, name_max)
+        check_layout(rel, member, kinds, source)
+    return rel
 
 
 def extract_archive(
@@ -227,11 +235,9 @@ def _extract_members(tar: tarfile.TarFile, archive: str, dest: str, limits: Publ
                 f"refusing archive {archive}: more than max_members={limits.max_members} members (member "
                 f"{member.name!r}); an adapter checkpoint holds a handful of files. " + _raise_hint("max_members")
             )
-        rel = check_member(member, archive)
+        rel = _admitted(member, archive, limits, writer.name_max, kinds)
         if rel is None:
             continue
-        _check_name(rel, member, archive, limits, writer.name_max)
-        check_layout(rel, member, kinds, archive)
         if data_filter is not None:
             run_data_filter(data_filter, member, dest, archive)
         if member.isdir():

@@ -11,11 +11,8 @@ import time
 from dataclasses import dataclass
 from typing import List, Optional
 
-from lora_sampler._adapters.archive import MARKER_FILE
+from lora_sampler._adapters.archive import CONFIG_FILE, MARKER_FILE
 from lora_sampler._adapters.publish import read_marker
-
-#: The adapter's configuration file, present in every adapter folder.
-_CONFIG_FILE = "adapter_config.json"
 
 
 @dataclass(frozen=True)
@@ -105,7 +102,7 @@ def published_adapters(lora_base_dir: str) -> List[PublishedAdapter]:
     for name in names:
         adapter = read_published(lora_base_dir, name)
         if adapter is not None and (
-            os.path.isfile(os.path.join(adapter.path, _CONFIG_FILE)) or adapter.digest is not None
+            os.path.isfile(os.path.join(adapter.path, CONFIG_FILE)) or adapter.digest is not None
         ):
             found.append(adapter)
     return sorted(found, key=lambda adapter: (adapter.published, adapter.name))

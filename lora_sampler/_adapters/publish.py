@@ -430,15 +430,12 @@ def targets_lm_head(config: Mapping[str, Any]) -> bool:
 
 
 def adapter_targets_lm_head(adapter_dir: Optional[StrPath]) -> bool:
-    """Tell whether the adapter folder's ``adapter_config.json`` targets ``lm_head`` (False when unreadable)."""
-    if adapter_dir is None:
-        return False
+    """Tell whether the adapter folder's ``adapter_config.json`` targets ``lm_head`` (False when it is not a config
+    ``check_adapter_config`` accepts: unreadable, or not a LoRA vLLM serves)."""
     try:
-        with open(os.path.join(os.fspath(adapter_dir), CONFIG_FILE), encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, ValueError):
+        return adapter_dir is not None and targets_lm_head(check_adapter_config(adapter_dir, None))
+    except AdapterConfigError:
         return False
-    return isinstance(config, dict) and targets_lm_head(config)
 
 
 def check_adapter_config(adapter_dir: StrPath, engine_model: Optional[str]) -> Dict[str, Any]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,3 +29,22 @@ from lora_sampler._adapters.publish import targets_lm_head
 def test_targets_lm_head(targets: Any, expected: bool) -> None:
     """target_modules naming the output layer, as a list entry or a regex peft matches in full, are flagged."""
     assert targets_lm_head({"target_modules": targets}) is expected
+
+
+def test_adapter_folder_targets_lm_head_only_when_its_config_is_a_lora(tmp_path: Path) -> None:
+    """A folder's config is read as the preflight reads it: a LoRA on lm_head is flagged; no folder, no config,
+    broken JSON or a config vLLM would not serve (not a LoRA) is not."""
+    from lora_sampler._adapters.publish import adapter_targets_lm_head
+
+    def folder(name: str, text: str) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        (path / "adapter_config.json").write_text(text)
+        return path
+
+    lora = {"peft_type": "LORA", "base_model_name_or_path": "m", "target_modules": ["q_proj", "lm_head"]}
+    assert adapter_targets_lm_head(folder("lora", json.dumps(lora)))
+    assert not adapter_targets_lm_head(folder("ia3", json.dumps({**lora, "peft_type": "IA3"})))
+    assert not adapter_targets_lm_head(folder("broken", "{"))
+    assert not adapter_targets_lm_head(tmp_path / "missing")
+    assert not adapter_targets_lm_head(None)
