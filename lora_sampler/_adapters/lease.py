@@ -163,9 +163,7 @@ def remove_if_unleased(base_dir: StrPath, name: str) -> bool:
         if not _still_there(fd, path):
             return False  # another clean-up was first; it removed the folder
         remove_adapter_dir(base_dir, name)
-        os.unlink(path)  # under the lock: a holder that opened it re-opens the path and finds no folder
-        with contextlib.suppress(OSError):  # other leases live there
-            os.rmdir(os.path.dirname(path))
+        _remove_lease_file(path)  # under the lock: a holder that opened it re-opens the path and finds no folder
         return True
     finally:
         os.close(fd)
@@ -174,8 +172,8 @@ def remove_if_unleased(base_dir: StrPath, name: str) -> bool:
 def leased(base_dir: StrPath, name: str) -> Optional[bool]:
     """Tell whether some process holds a lease on ``name`` now (None where locks do not work). For listings."""
     path = lease_path(base_dir, name)
-    if not HAS_FLOCK or not os.path.exists(path):  # pragma: no cover - Windows
-        return None if not HAS_FLOCK else False
+    if not HAS_FLOCK:  # pragma: no cover - Windows
+        return None
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -214,11 +212,16 @@ def _forget_if_last(fd: int, path: str) -> None:
         if not try_flock(fd, path):
             return  # another holder (or no locks): the file stays
         if _still_there(fd, path):
-            os.unlink(path)
-            with contextlib.suppress(OSError):  # other leases live there
-                os.rmdir(os.path.dirname(path))
+            _remove_lease_file(path)
     finally:
         os.close(fd)
+
+
+def _remove_lease_file(path: str) -> None:
+    """Unlink a lease file (its holder has the exclusive lock), and the lease folder once no other lease is in it."""
+    os.unlink(path)
+    with contextlib.suppress(OSError):  # other leases live there
+        os.rmdir(os.path.dirname(path))
 
 
 def _still_there(fd: int, path: str) -> bool:

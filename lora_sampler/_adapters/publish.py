@@ -281,7 +281,7 @@ def _publish_new(base: str, name: Optional[str], checkpoint: _Checkpoint, limits
         digest = _fill(checkpoint, temp, limits)
         name = name or _named(checkpoint.stem, digest)
         target = os.path.join(base, name)
-        existing = _published_adapter(target, name, digest, checkpoint.where)
+        existing = _published_adapter(base, name, digest, checkpoint)
         if existing is None:
             return _rename_into_place(temp, checkpoint, base, target, name, digest)
         recorded = read_marker(target)
@@ -303,7 +303,7 @@ def _rename_into_place(temp: str, checkpoint: _Checkpoint, base: str, target: st
     except OSError as error:
         if error.errno not in (errno.EEXIST, errno.ENOTEMPTY):
             raise
-        winner = _published_adapter(target, name, digest, source)
+        winner = _published_adapter(base, name, digest, checkpoint)
         if winner is None:  # pragma: no cover - the winner vanished between rename and look-up
             raise PublishError(f"could not publish {source} as {target}: {error}; try again") from error
         logger.debug("another publisher of %s won the rename to %s", source, target)
@@ -314,12 +314,13 @@ def _rename_into_place(temp: str, checkpoint: _Checkpoint, base: str, target: st
     return Adapter(name=name, path=target, digest=digest, source=source)
 
 
-def _published_adapter(target: str, name: str, digest: str, source: str) -> Optional[Adapter]:
-    """Return the adapter already at ``target`` if it holds ``digest``, None if nothing is there; else raise."""
+def _published_adapter(base: str, name: str, digest: str, checkpoint: _Checkpoint) -> Optional[Adapter]:
+    """Return the adapter already at ``<base>/<name>`` if it holds ``digest``, None if nothing is there; else raise."""
+    target, source = os.path.join(base, name), checkpoint.where
     if not os.path.lexists(target):
         return None
     adapter = Adapter(name=name, path=target, digest=digest, source=source)
-    if os.path.isabs(source) and os.path.realpath(source) == os.path.realpath(target):
+    if _is_in_place(base, name, checkpoint):
         return adapter  # the checkpoint folder is already in place under this name
     published = read_published_digest(target)
     if published == digest:
