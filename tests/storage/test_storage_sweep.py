@@ -73,7 +73,8 @@ def test_storage_sweep_reads_a_manifest_in_the_store(
     inp, out = tmp_path / "prompts.jsonl", tmp_path / "cli-out"
     inp.write_text(json.dumps({"id": "a", "prompt": [5, 6]}) + "\n")
     argv = ["sweep", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--input", str(inp), "--quiet"]
-    assert main([*argv, "--output-dir", str(out), "--manifest", manifest.path, "--settle", "0"]) == 0
+    # --window 1: the ledger lists checkpoints as they finish, so two at once could finish in either order.
+    assert main([*argv, "--output-dir", str(out), "--manifest", manifest.path, "--settle", "0", "--window", "1"]) == 0
     assert [line["checkpoint"] for line in ledger(out)] == [urls[2], urls[0]]
 
 
@@ -90,6 +91,7 @@ def test_storage_sweep_evaluates_an_overwritten_object_again(
     assert main(argv) == 0
     first = ledger(out)
     assert len(first) == 3 and all(line["signature"] for line in first)
+    step_20 = next(line for line in first if line["checkpoint"] == urls[1])  # lines come as checkpoints finish
     assert main(argv) == 0 and len(ledger(out)) == 3  # same objects: nothing again
 
     other = write_adapter_archive(str(tmp_path / "retrained.tar.gz"), engine.model, rank=8)
@@ -98,9 +100,9 @@ def test_storage_sweep_evaluates_an_overwritten_object_again(
     lines = ledger(out)
     assert len(lines) == 4
     again = lines[3]
-    assert again["checkpoint"] == urls[1] and again["replaces"] == first[1]["adapter"]
-    assert again["adapter"] != first[1]["adapter"] and again["adapter"].startswith("step-20-")
-    assert again["rows"] == 4 and again["failed"] == 0 and again["signature"] != first[1]["signature"]
+    assert again["checkpoint"] == urls[1] and again["replaces"] == step_20["adapter"]
+    assert again["adapter"] != step_20["adapter"] and again["adapter"].startswith("step-20-")
+    assert again["rows"] == 4 and again["failed"] == 0 and again["signature"] != step_20["signature"]
     assert main(argv) == 0 and len(ledger(out)) == 4  # the new content is done: nothing again
 
 
