@@ -325,12 +325,15 @@ class SweepSettings:
         """The evaluation of each checkpoint: score or sample ``requests`` (None: an evaluator sends its own)."""
         if requests is None:
             return SampleStep([])
-        if self.score:
-            return ScoreStep(requests)
-        defaults = LineDefaults(
+        return ScoreStep(requests) if self.score else SampleStep(requests, self.line_defaults())
+
+    def line_defaults(self, **more: Any) -> LineDefaults:
+        """What every sampled line gets unless it sets its own (``more``: the other ``LineDefaults`` fields, such as
+        the model ``lora-sampler sample`` names for every line)."""
+        return LineDefaults(
             num_samples=self.num_samples,
             sampling_params=self.sampling(),
             prompt_logprobs=self.prompt_logprobs,
             extra_body=self.extra_body,
+            **more,
         )
-        return SampleStep(requests, defaults)

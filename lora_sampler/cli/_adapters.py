@@ -15,6 +15,7 @@ from typing import List
 from lora_sampler._adapters.inventory import PublishedAdapter, describe_age, published_adapters
 from lora_sampler._adapters.lease import leased, remove_if_unleased
 from lora_sampler._client.client import SamplerClient
+from lora_sampler.cli._terminal import aligned
 
 #: Seconds per unit of ``--older-than``.
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -80,6 +81,5 @@ def _table(adapters: List[PublishedAdapter], loaded: set[str], lora_base_dir: st
         state = "loaded" if adapter.name in loaded else "leased" if in_use else "-"
         size = f"{adapter.size() / (1 << 20):.1f} MiB"
         rows.append([adapter.name, size, describe_age(adapter.age(now)), state, adapter.source or "-"])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
+    lines = [line.rstrip() for line in aligned(rows)]
     return "\n".join([*lines, f"{len(adapters)} adapters in {lora_base_dir}"])

@@ -22,13 +22,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 from lora_sampler._adapters.extract import DEFAULT_LIMITS, PublishLimits
 from lora_sampler._adapters.storage import DEFAULT_MAX_LISTED_KEYS, MAX_LISTED_KEYS_OPTION
 from lora_sampler._client.client import SamplerClient
-from lora_sampler._defaults import API_KEY_ENV, MAX_PROMPTS_PER_REQUEST, VLLM_API_KEY_ENV
+from lora_sampler._defaults import API_KEY_ENV, VLLM_API_KEY_ENV
 from lora_sampler._defaults import DEFAULT_TIMEOUT as CLIENT_TIMEOUT
 from lora_sampler._testmode import set_testing
 from lora_sampler._version import __version__
 from lora_sampler.batch._evaluator import CheckpointEvaluator
-from lora_sampler.batch._lines import LineDefaults
 from lora_sampler.batch._score import SCORE_FORMAT, scoring_notes
+from lora_sampler.batch._settings import SweepSettings
 from lora_sampler.cli._adapters import add_adapters_arguments, run_adapters
 from lora_sampler.cli._parser import CommandParser, UsageError
 from lora_sampler.cli._runner import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, BatchAbandoned, run_batch
@@ -37,7 +37,6 @@ from lora_sampler.cli._settings_flags import (
     SAMPLING_FIELDS,
     add_flags,
     flag_fields,
-    flags_named,
     settings_from,
 )
 from lora_sampler.cli._sweep_runner import check_plot_dependency, run_sweep
@@ -46,7 +45,7 @@ from lora_sampler.doctor import CONCURRENT_WARNING, run_checks
 from lora_sampler.errors import LoraSamplerError, OutputClosedError
 from lora_sampler.names import validate_adapter_name
 from lora_sampler.openai_batch import OPENAI_BATCH_FORMAT, PROMPT_FORMAT, file_format, first_line
-from lora_sampler.types import Adapter, SamplingParams, is_checkpoint_path, is_storage_url
+from lora_sampler.types import Adapter, is_checkpoint_path, is_storage_url
 
 logger = logging.getLogger(__name__)
 
@@ -474,13 +473,14 @@ def cmd_score(args: argparse.Namespace) -> int:
 
     An adapter that targets ``lm_head`` gets a note before the job and after its summary (``scoring_notes``).
     """
-    check_job_flags(args)
+    settings = job_settings(args)
 
-    def job(client: SamplerClient, model: Union[Adapter, str, None]) -> int:
+    def job(client: SamplerClient) -> int:
+        model = _model(client, args)
         notes, name = (scoring_notes(model), model.name) if isinstance(model, Adapter) else ([], "")
         for note in notes:
             print(f"lora-sampler: note: {note}", file=sys.stderr)
-        defaults = LineDefaults(adapter=model if args.adapter else None, base_model=args.base_model)
+        defaults = settings.line_defaults(adapter=model if args.adapter else None, base_model=args.base_model)
         status = run_batch(client, args, defaults, SCORE_FORMAT)
         for note in notes:
             print(f"lora-sampler: note: {name}: {note}", file=sys.stderr)
@@ -517,39 +517,31 @@ def parse_timeout(text: str) -> Tuple[float, float]:
     return values[0], values[1]
 
 
-def check_job_flags(args: argparse.Namespace) -> None:
-    """Check the flags every batch job takes, before anything is sent."""
-    _check_pace_flags(args)
+def job_settings(args: argparse.Namespace) -> SweepSettings:
+    """Check the flags of a ``sample`` or ``score`` job before anything is sent; return its settings (the sampling
+    and pacing flags, checked by ``SweepSettings`` as a sweep's are)."""
+    _check_outage_bound(args)
     if args.input != "-" and not os.path.isfile(args.input):
         raise UsageError(f"--input {args.input} is not a file; pass a JSONL file, or - to read stdin")
+    return settings_from(args, output_dir=args.output)
 
 
-def _check_pace_flags(args: argparse.Namespace) -> None:
+def _check_outage_bound(args: argparse.Namespace) -> None:
+    """The command line's own bound: an unattended job's outage hold is finite (Python's ``max_outage`` may be inf)."""
     if not 0 <= args.max_outage < float("inf"):
         raise UsageError(f"--max-outage takes seconds >= 0 (0 stops at once), got {args.max_outage:g}")
-    if args.prompts_per_request is not None and not 1 <= args.prompts_per_request <= MAX_PROMPTS_PER_REQUEST:
-        raise UsageError(
-            f"--prompts-per-request takes 1 (one line per request) to {MAX_PROMPTS_PER_REQUEST}, or leave it out for "
-            f"the measured defaults; got {args.prompts_per_request}"
-        )
 
 
-#: One batch job on a ready client: ``(client, what --adapter/--base-model resolved to) -> status``.
-Job = Callable[[SamplerClient, Union[Adapter, str, None]], int]
-
-
-def run_job(
-    args: argparse.Namespace, job: Job, preflight: Optional[Callable[[SamplerClient, argparse.Namespace], Any]] = None
-) -> int:
-    """Build the client of a batch job from its flags, preflight the engine and the adapter, then run ``job``.
-
-    ``preflight`` replaces the check of the engine and of ``--adapter``/``--base-model`` (``_preflight``).
-    """
+def run_job(args: argparse.Namespace, job: Callable[[SamplerClient], int]) -> int:
+    """Build the client of a job (``sample``, ``score``, ``sweep``) from its flags, fail at once on a dead or hung
+    engine or a refused key, then run ``job`` on the client and return its status."""
     timeout = parse_timeout(args.timeout)
     client = _client(args, max_workers=args.concurrency, timeout=timeout, mix_adapters=args.mix_adapters)
     abandoned = False
     try:
-        return job(client, (preflight or _preflight)(client, args))
+        client.wait_ready(0)  # one probe: the connect timeout and a short read timeout, a hung engine shows in seconds
+        client.engine_model()  # one GET /v1/models: a refused key or an engine with no base model stops here
+        return job(client)
     except (BatchAbandoned, OutputClosedError):
         abandoned = True
         raise
@@ -563,19 +555,9 @@ def _has_lines(path: str) -> bool:
         return first_line(handle)[0] is not None
 
 
-def sampling_params(args: argparse.Namespace) -> SamplingParams:
-    """Return the flags' sampling defaults for every line; a bad value is a usage error naming the flag."""
-    fields = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
-    try:
-        flags = vars(args)  # argparse's documented dict view of its Namespace
-        return SamplingParams(**{name: flags[name] for name in fields if flags[name] is not None})
-    except (TypeError, ValueError) as exc:
-        raise UsageError(flags_named(str(exc))) from None
-
-
 def cmd_sample(args: argparse.Namespace) -> int:
     """Preflight the engine and the adapter, then stream the input through the client into the output."""
-    check_job_flags(args)
+    settings = job_settings(args)
     if (
         not (args.adapter or args.base_model)
         and args.input != "-"
@@ -583,17 +565,12 @@ def cmd_sample(args: argparse.Namespace) -> int:
         and file_format(args.input, args.format) == PROMPT_FORMAT
     ):
         raise UsageError("pass --adapter or --base-model (only OpenAI batch lines name their model, in body.model)")
-    params = sampling_params(args)
 
-    def job(client: SamplerClient, model: Union[Adapter, str, None]) -> int:
-        defaults = LineDefaults(
-            adapter=model if args.adapter else None,
-            base_model=args.base_model,
-            num_samples=args.num_samples,
-            sampling_params=params,
-            prompt_logprobs=args.prompt_logprobs,
-            allow_model_paths=args.allow_model_paths,
-            extra_body=args.extra_body,
+    def job(client: SamplerClient) -> int:
+        model = _model(client, args)
+        adapter = model if args.adapter else None
+        defaults = settings.line_defaults(
+            adapter=adapter, base_model=args.base_model, allow_model_paths=args.allow_model_paths
         )
         return run_batch(client, args, defaults)
 
@@ -602,16 +579,10 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Check the flags and the engine, then sweep every checkpoint through one client."""
-    _check_pace_flags(args)
+    _check_outage_bound(args)
     settings = settings_from(args)  # every sweep setting, checked once (the messages name the flags)
     _check_sweep_args(args)
-    return run_job(args, lambda client, _: run_sweep(client, args, settings), _engine_preflight)
-
-
-def _engine_preflight(client: SamplerClient, args: argparse.Namespace) -> None:
-    """Fail at once on a dead or hung engine or a refused key (each checkpoint is checked as it is published)."""
-    client.wait_ready(0)
-    client.engine_model()
+    return run_job(args, lambda client: run_sweep(client, args, settings))  # each checkpoint checked as published
 
 
 def _check_sweep_args(args: argparse.Namespace) -> None:
@@ -711,13 +682,12 @@ def _check_sweep_input(path: str) -> None:
         )
 
 
-def _preflight(client: SamplerClient, args: argparse.Namespace) -> Union[Adapter, str, None]:
-    """Fail at once on a dead or hung engine, a refused key or an unusable adapter; return what to sample.
+def _model(client: SamplerClient, args: argparse.Namespace) -> Union[Adapter, str, None]:
+    """Return what ``--adapter`` or ``--base-model`` names, once the engine can serve it: fail at once on an unusable
+    adapter or a base model the engine does not serve.
 
     None: no --adapter or --base-model, so each batch line names its model (body.model).
     """
-    client.wait_ready(0)  # one probe: the connect timeout and a short read timeout, so a hung engine shows in seconds
-    client.engine_model()  # one GET /v1/models: a refused key or an engine with no base model stops here
     if not (args.adapter or args.base_model):
         return None
     if args.base_model:
@@ -768,14 +738,11 @@ def _add_lm_eval_command(add_parser: Callable[..., argparse.ArgumentParser]) -> 
 
 
 def run_lm_eval(arguments: Sequence[str]) -> int:
-    """``lora-sampler lm-eval ARGS...``: lm-eval's command line (lm-eval is imported here, and only here)."""
-    try:
-        from lora_sampler.lm_eval import main as lm_eval_main
+    """``lora-sampler lm-eval ARGS...``: lm-eval's command line (lm-eval is imported here, and only here; without
+    the extra, the ImportError says which to install)."""
+    from lora_sampler.lm_eval import main as lm_eval_main
 
-        return lm_eval_main(arguments)
-    except (ImportError, LoraSamplerError) as exc:  # no extra; the engine's refusal or an outage: said in one line
-        print(f"lora-sampler: error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+    return lm_eval_main(arguments)
 
 
 COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
@@ -806,6 +773,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _exit_interrupted(signum: int, frame: Optional[FrameType]) -> None:
     """End the process with the interrupted status, what was printed flushed (the command has ended)."""
+    _exit_now()
+
+
+def _exit_now() -> None:
+    """End the process at once with the interrupted status, what was printed flushed, whatever thread still runs."""
     with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()
         sys.stderr.flush()
@@ -815,9 +787,9 @@ def _exit_interrupted(signum: int, frame: Optional[FrameType]) -> None:
 def _run_command(argv: Optional[Sequence[str]]) -> int:
     """Parse ``argv``, run its command, and map its failures to exit statuses (``main``)."""
     arguments = list(sys.argv[1:] if argv is None else argv)
-    if arguments[:1] == [LM_EVAL_COMMAND]:  # lm-eval's own command line: its arguments are not ours to parse
-        return run_lm_eval(arguments[1:])
     try:
+        if arguments[:1] == [LM_EVAL_COMMAND]:  # lm-eval's own command line: its arguments are not ours to parse
+            return run_lm_eval(arguments[1:])
         args = build_parser().parse_args(arguments)  # a usage mistake is a UsageError naming the flag, in one line
         if os.environ.get(TESTING_ENV) == "1":
             set_testing(True)
@@ -830,9 +802,7 @@ def _run_command(argv: Optional[Sequence[str]]) -> int:
             "lora-sampler: stopped with requests in flight; run again with the same --output to resume", file=sys.stderr
         )
         if argv is None:  # a process of its own: exit now, whatever thread is still winding down
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(EXIT_INTERRUPTED)
+            _exit_now()
         return EXIT_INTERRUPTED
     except KeyboardInterrupt:
         print("lora-sampler: interrupted", file=sys.stderr)
@@ -840,6 +810,6 @@ def _run_command(argv: Optional[Sequence[str]]) -> int:
     except BrokenPipeError:  # `lora-sampler sample ... | head -1`: the reader has what it wanted; stop quietly
         _silence_stdout()
         return EXIT_BROKEN_PIPE
-    except (LoraSamplerError, ValueError, TypeError, OSError) as exc:  # the message says what to fix
+    except (LoraSamplerError, ValueError, TypeError, OSError, ImportError) as exc:  # the message says what to fix
         print(f"lora-sampler: error: {exc}", file=sys.stderr)
         return EXIT_ERROR

@@ -24,8 +24,8 @@ FLAG_HABITS = {
 }
 
 
-class UsageError(LoraSamplerError):
-    """A flag combination or a path that cannot work; exit status 2."""
+class UsageError(LoraSamplerError, ValueError):
+    """A flag combination, a flag's value or a path that cannot work; exit status 2."""
 
 
 class CommandParser(argparse.ArgumentParser):

@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, Iterable, List
 
 from lora_sampler._wire.messages import validated_extra_body
 from lora_sampler.batch._settings import SweepSettings, setting_of
+from lora_sampler.cli._parser import UsageError
 
 #: The fields of ``SweepSettings`` every command that samples takes as flags.
 SAMPLING_FIELDS = (
@@ -95,18 +96,21 @@ def add_flags(parser: argparse.ArgumentParser, names: Iterable[str]) -> None:
         parser.add_argument(flag, **options)
 
 
-def settings_from(args: argparse.Namespace) -> SweepSettings:
-    """Return the ``SweepSettings`` of the parsed flags (a field without a flag keeps its default).
+def settings_from(args: argparse.Namespace, **given: Any) -> SweepSettings:
+    """Return the ``SweepSettings`` of the parsed flags (a field whose flag the command lacks keeps its default).
+
+    ``sweep`` takes every setting's flag; ``sample`` and ``score`` take the sampling and pacing ones and give their
+    ``--output`` as ``output_dir`` (``given``), so their flags are checked by the same value, in the same words.
 
     Raises:
-        ValueError: a bad value or combination; the message names the flags.
+        UsageError: a bad value or combination (a ``ValueError``); the message names the flags.
     """
     flags = vars(args)  # argparse's documented dict view of its Namespace
-    values = {name: flags[name] for name in flag_fields()}
+    values = {name: flags[name] for name in flag_fields() if name in flags}
     try:
-        return SweepSettings(**values)
+        return SweepSettings(**{**values, **given})
     except (TypeError, ValueError) as error:
-        raise ValueError(flags_named(str(error))) from None
+        raise UsageError(flags_named(str(error))) from None
 
 
 def flags_named(message: str) -> str:

@@ -17,7 +17,7 @@ from lora_sampler.batch._settings import SweepSettings
 from lora_sampler.batch._sources import Checkpoint, Manifest
 from lora_sampler.batch._sweep import CheckpointReport, Sweep
 from lora_sampler.cli._runner import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, BatchAbandoned
-from lora_sampler.cli._terminal import Interrupts, counting_rows, interrupts_stop, logs_above
+from lora_sampler.cli._terminal import Interrupts, aligned, counting_rows, interrupts_stop, logs_above
 
 #: The summary table's columns, and the ledger field each shows.
 COLUMNS = (
@@ -126,20 +126,13 @@ def summary_table(entries: Sequence[Dict[str, Any]]) -> str:
     shows one column per metric instead of the row columns.
     """
     columns, shown = _columns(entries)
-    table = [[title for title, _ in columns]]
-    errors: Dict[int, str] = {}
+    rows, errors = [[title for title, _ in columns]], [""]
     for entry in shown:
-        if "error" in entry:
-            errors[len(table)] = printable(f"{entry['error'].get('type')}: {entry['error'].get('message')}")
-            table.append([_short(entry["checkpoint"])])
-        else:
-            table.append([_short(entry["checkpoint"])] + [_cell(entry.get(key)) for _, key in columns[1:]])
-    widths = [max(len(row[i]) for row in table if i < len(row)) for i in range(len(columns))]
-    lines = []
-    for number, row in enumerate(table):
-        cells = [cell.ljust(widths[0]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)]
-        lines.append(("  ".join(cells) + ("  error: " + errors[number] if number in errors else "")).rstrip())
-    return "\n".join(lines)
+        error = entry.get("error")
+        cells = [] if error else [_cell(entry.get(key)) for _, key in columns[1:]]
+        rows.append([_short(entry["checkpoint"]), *cells])
+        errors.append(printable(f"  error: {error.get('type')}: {error.get('message')}") if error else "")
+    return "\n".join((line + error).rstrip() for line, error in zip(aligned(rows, numbers=True), errors))
 
 
 def _columns(entries: Sequence[Dict[str, Any]]) -> Tuple[List[Tuple[str, str]], List[Dict[str, Any]]]:

@@ -13,7 +13,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, Callable, Dict, Iterator, Optional, Protocol
+from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Sequence
 
 from lora_sampler._client.progress import ProgressBar
 from lora_sampler.batch._job import DEFAULT_DRAIN_SECONDS
@@ -44,6 +44,17 @@ def error_key(message: str, record: Dict[str, Any]) -> str:
     if record.get("custom_id") is not None:
         message = message.replace(f"custom_id {record['custom_id']!r}", "custom_id", 1)
     return _NUMBERS.sub("N", message)
+
+
+def aligned(rows: Sequence[Sequence[str]], *, numbers: bool = False) -> List[str]:
+    """The rows as lines of columns two spaces apart, each as wide as its widest cell (a row may stop early);
+    ``numbers``: every column but the first is right-aligned."""
+    widths = [max(len(row[i]) for row in rows if i < len(row)) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [cell.rjust(widths[i]) if numbers and i else cell.ljust(widths[i]) for i, cell in enumerate(row)]
+        lines.append("  ".join(cells))
+    return lines
 
 
 @contextlib.contextmanager

@@ -14,7 +14,8 @@ from lora_sampler import SamplerClient, SamplingParams
 from lora_sampler._adapters.lease import hold
 from lora_sampler._adapters.publish import publish_checkpoint
 from lora_sampler.cli import main
-from lora_sampler.cli._main import build_parser, sampling_params
+from lora_sampler.cli._main import build_parser
+from lora_sampler.cli._settings_flags import settings_from
 from lora_sampler.testing import FakeEngine, write_adapter_archive
 
 
@@ -75,10 +76,12 @@ def test_cli_sampling_flags_set_every_lines_defaults(capsys: Any) -> None:
             *("--stop", "\n", "--stop", "###", "--temperature", "0"),
         ]
     )
-    assert sampling_params(args) == SamplingParams(temperature=0, top_p=0.5, top_k=5, seed=3, stop=["\n", "###"])
+    assert settings_from(args, output_dir="-").sampling() == SamplingParams(
+        temperature=0, top_p=0.5, top_k=5, seed=3, stop=["\n", "###"]
+    )
     bad = build_parser().parse_args(["sample", "--base-url", "http://h", "--input", "x", "--top-p", "2"])
     with pytest.raises(lora_sampler.LoraSamplerError, match=r"--top-p must be a number in \(0, 1\], got 2.0"):
-        sampling_params(bad)
+        settings_from(bad, output_dir="-")
 
 
 @pytest.mark.parametrize("extra", [[], ["--format", "openai-batch"], ["--format", "jsonl"]])
