@@ -1,11 +1,8 @@
 """A ``FakeEngine`` in a process of its own, so a test can kill it like a crashed vLLM server and start it again.
 
-The parent side is ``EngineProcess``; the child side is this module run as a script with one JSON argument::
-
-    python -m lora_sampler.testing._process '{"engine": {FakeEngine keywords}, "api_key_env": NAME, "hidden": {N: K}}'
-
-The child prints one JSON line ``{"url": "http://127.0.0.1:PORT", "pid": PID}`` once it listens. Then it reads JSON
-command lines on its standard input and answers each with one JSON line (``{"ok": ...}`` or ``{"error": "..."}``):
+The parent side is ``EngineProcess``; the child is ``python -m lora_sampler.testing`` (``_serve``) with its settings
+as flags, ``--commands`` among them. The child prints its URL as its first stdout line once it listens. Then it reads
+JSON command lines on its standard input and answers each with one JSON line (``{"ok": ...}`` or ``{"error": "..."}``):
 
 - ``{"op": "delay", "name": N, "requests": K}`` or ``"seconds": S``: ``FakeEngine.set_visibility_delay``;
 - ``{"op": "fault", "kind": ..., "count": ..., ...}``: ``FakeEngine.inject_fault``;
@@ -20,9 +17,8 @@ command lines on its standard input and answers each with one JSON line (``{"ok"
   ``FakeEngine.hold`` (its keyword arguments), ``release`` and ``wait_for_held``.
 
 It serves until SIGTERM/SIGINT or until its standard input closes, so it never outlives the test that started it.
-The API key, when any, is read from the environment variable named by ``api_key_env`` (never from argv).
-``hidden`` hides ``lora_dir/NAME`` for its first K completions from the start (a restarted engine that has
-forgotten an adapter and sees it late). Stdlib only; loopback only.
+``hidden`` (``--hide NAME=K``) hides ``lora_dir/NAME`` for its first K completions from the start (a restarted engine
+that has forgotten an adapter and sees it late). Stdlib only; loopback only.
 """
 
 from __future__ import annotations
@@ -39,7 +35,6 @@ import threading
 from typing import IO, Any, Callable, Dict, List, Optional
 
 from lora_sampler.testing._engine import FakeEngine
-from lora_sampler.testing._serve import serve_until_stopped
 
 #: Seconds a child gets to print its URL line.
 START_TIMEOUT = 30.0
@@ -74,7 +69,6 @@ class EngineProcess:
         latency: Seconds of service time per completion.
         load_latency: Seconds per adapter load.
         env: Extra environment variables for the child.
-        api_key_env: The child reads its API key from this environment variable (never from argv).
         hidden: Adapter names hidden from the resolver for their first K completions, set before it listens.
         resolver: False serves without the filesystem resolver (adapters only once loaded; ``lora_dir`` unread).
     """
@@ -88,18 +82,17 @@ class EngineProcess:
         latency: float = 0.0,
         load_latency: float = 0.0,
         env: Optional[Dict[str, str]] = None,
-        api_key_env: Optional[str] = None,
         hidden: Optional[Dict[str, int]] = None,
         resolver: bool = True,
     ):
         self.lora_dir, self.model = lora_dir, model
         #: What a restart passes on (all but the port and the hidden names).
         self._options: Dict[str, Any] = dict(model=model, latency=latency, load_latency=load_latency, env=env)
-        self._options.update(api_key_env=api_key_env, resolver=resolver)
-        engine: Dict[str, Any] = {"model": model, "lora_dir": lora_dir if resolver else None, "port": port}
-        engine.update(latency=latency, load_latency=load_latency)
-        spec = {"engine": engine, "api_key_env": api_key_env, "hidden": hidden or {}}
-        argv = [sys.executable, "-m", "lora_sampler.testing._process", json.dumps(spec)]
+        self._options.update(resolver=resolver)
+        argv = [sys.executable, "-m", "lora_sampler.testing", "--commands", "--lora-dir", lora_dir, "--model", model]
+        argv += ["--port", str(port), "--latency", str(latency), "--load-latency", str(load_latency)]
+        argv += [] if resolver else ["--no-resolver"]
+        argv += [f"--hide={name}={count}" for name, count in (hidden or {}).items()]
         self.process: subprocess.Popen[str] = subprocess.Popen(  # noqa: S603 (our own interpreter and module)
             argv,
             stdin=subprocess.PIPE,
@@ -108,11 +101,10 @@ class EngineProcess:
             env=dict(os.environ, **(env or {})),
             start_new_session=True,
         )
-        line = self._read_line(START_TIMEOUT)
-        if not line:
+        self.url = self._read_line(START_TIMEOUT).strip()
+        if not self.url:
             self.stop()
             raise RuntimeError(f"the engine process printed no URL line within {START_TIMEOUT} s")
-        self.url: str = json.loads(line)["url"]
         self.port = int(self.url.rsplit(":", 1)[1])
 
     def __enter__(self) -> EngineProcess:
@@ -182,7 +174,7 @@ class EngineProcess:
                     pipe.close()
 
 
-# -- the child ---------------------------------------------------------------------------------------------------
+# -- the child (``python -m lora_sampler.testing --commands``) ---------------------------------------------------
 
 
 def _commands(engine: FakeEngine) -> Dict[str, Callable[..., Any]]:
@@ -206,35 +198,16 @@ def _commands(engine: FakeEngine) -> Dict[str, Callable[..., Any]]:
     }
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    """Serve a FakeEngine and its command lines until SIGTERM/SIGINT or the end of standard input."""
-    spec = json.loads((sys.argv[1:] if argv is None else argv)[0])
-    key_variable = spec.get("api_key_env")
-    engine = FakeEngine(**spec["engine"], api_key=os.environ.get(key_variable) if key_variable else None)
-    for name, count in spec.get("hidden", {}).items():
-        engine.set_visibility_delay(name, requests=int(count))
-    stop = threading.Event()
+def serve_commands(engine: FakeEngine, stop: threading.Event) -> None:
+    """Answer the command lines on stdin, one JSON line each, until stdin closes (the test is gone): then ``stop``."""
     commands = _commands(engine)
-
-    def serve_commands() -> None:
-        for line in sys.stdin:
-            try:
-                fields = json.loads(line)
-                outcome = commands[fields.pop("op")](**fields)
-                answer: Dict[str, Any] = {"ok": True if outcome is None else outcome}
-            except Exception as exc:  # one bad command must not end the engine
-                answer = {"error": f"{type(exc).__name__}: {exc}"}
-            sys.stdout.write(json.dumps(answer) + "\n")
-            sys.stdout.flush()
-        stop.set()  # stdin closed: the test is gone
-
-    def ready() -> None:
-        threading.Thread(target=serve_commands, daemon=True).start()
-        print(json.dumps({"url": engine.url, "pid": os.getpid()}), flush=True)
-
-    serve_until_stopped(engine, stop, ready)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    for line in sys.stdin:
+        try:
+            fields = json.loads(line)
+            outcome = commands[fields.pop("op")](**fields)
+            answer: Dict[str, Any] = {"ok": True if outcome is None else outcome}
+        except Exception as exc:  # one bad command must not end the engine
+            answer = {"error": f"{type(exc).__name__}: {exc}"}
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+    stop.set()

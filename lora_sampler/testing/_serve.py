@@ -3,6 +3,11 @@
 For trying the command line, or one's own evaluation code, without a GPU or a vLLM install: it serves the vLLM subset
 ``FakeEngine`` speaks, with a resolver folder to publish into, and prints the flags to point a client at it. Stdlib
 only; it listens on loopback unless told otherwise.
+
+It is also the child ``EngineProcess`` (``_process``) starts: ``python -m lora_sampler.testing`` takes three more
+flags, hidden from its help and absent from the CLI's: ``--commands`` (serve ``EngineProcess``'s JSON command lines
+on stdin, and stop when stdin closes), ``--no-resolver`` (no filesystem resolver) and ``--hide NAME=K`` (hide
+``lora_dir/NAME`` for its first K completions from the start). Either way the URL is the first line on stdout.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import threading
 from typing import Callable, List, Optional
 
 from lora_sampler.testing._engine import FakeEngine
+from lora_sampler.testing._process import serve_commands
 
 #: The port served unless ``--port`` says otherwise (vLLM's own default).
 DEFAULT_PORT = 8000
@@ -61,14 +67,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve without /v1/load_lora_adapter and /v1/unload_lora_adapter, as vLLM without "
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
     )
+    parser.set_defaults(commands=False, resolver=True, hide=[])  # main's hidden flags (EngineProcess's)
 
 
-def serve(args: argparse.Namespace, *, ready: Optional[threading.Event] = None) -> int:
-    """Serve until Ctrl-C (or SIGTERM); return the exit status (0).
+def serve(args: argparse.Namespace) -> int:
+    """Serve until Ctrl-C (or SIGTERM; with ``--commands`` also until stdin closes); return the exit status (0).
 
     Args:
-        args: The options of ``add_arguments``.
-        ready: Set once the engine listens (tests).
+        args: The options of ``add_arguments`` (and of ``main``'s hidden flags, when it parsed them).
     """
     key = next((os.environ[name] for name in KEY_VARIABLES if os.environ.get(name)), None)
     if args.require_api_key and key is None:
@@ -80,7 +86,7 @@ def serve(args: argparse.Namespace, *, ready: Optional[threading.Event] = None) 
     try:
         engine = FakeEngine(
             model=args.model,
-            lora_dir=lora_dir,
+            lora_dir=lora_dir if args.resolver else None,
             api_key=key if args.require_api_key else None,
             max_model_len=args.max_model_len,
             latency=args.latency,
@@ -90,6 +96,9 @@ def serve(args: argparse.Namespace, *, ready: Optional[threading.Event] = None) 
             host=args.host,
             port=args.port,
         )
+        for name, count in args.hide:
+            engine.set_visibility_delay(name, requests=count)
+        stop = threading.Event()
 
         def say_ready() -> None:
             lines = [
@@ -100,11 +109,11 @@ def serve(args: argparse.Namespace, *, ready: Optional[threading.Event] = None) 
             if args.require_api_key:
                 lines.append("  the engine wants the API key of the environment variable it was read from")
             print("\n".join(lines), file=sys.stderr, flush=True)
-            print(engine.url, flush=True)  # stdout: the URL alone, for scripts
-            if ready is not None:
-                ready.set()
+            print(engine.url, flush=True)  # stdout: the URL alone, for scripts (and EngineProcess)
+            if args.commands:
+                threading.Thread(target=serve_commands, args=(engine, stop), daemon=True).start()
 
-        serve_until_stopped(engine, threading.Event(), say_ready)
+        serve_until_stopped(engine, stop, say_ready)
         print("serve-test-engine: stopped", file=sys.stderr)
         return 0
     finally:
@@ -115,22 +124,25 @@ def serve(args: argparse.Namespace, *, ready: Optional[threading.Event] = None) 
 def serve_until_stopped(engine: FakeEngine, stop: threading.Event, ready: Callable[[], None]) -> None:
     """Serve ``engine`` until ``stop`` is set or SIGINT/SIGTERM comes; ``ready`` runs once it listens.
 
-    The signals are heard in the main thread only (where handlers can be set); the handlers before are restored.
+    Called in the main thread (where handlers can be set); the handlers before are restored.
     """
-    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-    in_main = threading.current_thread() is threading.main_thread()
-    if in_main:
-        for signum in previous:
-            signal.signal(signum, lambda number, frame: stop.set())
+    previous = {
+        signum: signal.signal(signum, lambda number, frame: stop.set()) for signum in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         with engine:
             ready()
             while not stop.wait(0.2):  # a bounded wait, so Ctrl-C is heard at once on every platform
                 pass
     finally:
-        if in_main:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _hidden_name(value: str) -> tuple[str, int]:
+    """``--hide NAME=K``: an adapter name and the completions it stays hidden for."""
+    name, _, count = value.rpartition("=")
+    return name, int(count)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -140,6 +152,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         description="Serve lora_sampler's built-in test engine (a vLLM stand-in) on a port until Ctrl-C.",
     )
     add_arguments(parser)
+    # EngineProcess's flags (see the module's docstring): hidden, and not in the CLI's serve-test-engine.
+    parser.add_argument("--commands", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--no-resolver", dest="resolver", action="store_false", help=argparse.SUPPRESS)
+    parser.add_argument("--hide", type=_hidden_name, action="append", default=[], help=argparse.SUPPRESS)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
