@@ -19,7 +19,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Iterator
 
 from lora_sampler._locks import KeyedLocks
 from lora_sampler._wire.archives import has_archive_suffix
@@ -27,6 +27,7 @@ from lora_sampler.testing import _bodies as bodies
 from lora_sampler.testing._bodies import VllmBody
 
 if TYPE_CHECKING:
+    from lora_sampler.testing._engine import FakeEngine
     from lora_sampler.testing._lifecycle import Lifecycle
 
 #: Read by the filesystem resolver and the load endpoint.
@@ -102,16 +103,11 @@ class AdapterFiles:
 
 def inspect_adapter(path: str, max_lora_rank: int) -> AdapterFiles:
     """Read an adapter directory the way vLLM's resolver and worker do."""
-    config_path = os.path.join(path, CONFIG_NAME)
-    if not os.path.isfile(config_path):
-        return AdapterFiles("absent")
     try:
-        with open(config_path, encoding="utf-8", errors="replace") as handle:
-            text = handle.read()
-    except OSError:
+        with open(os.path.join(path, CONFIG_NAME), encoding="utf-8", errors="replace") as handle:
+            config = json.loads(handle.read())
+    except OSError:  # no config file (or a folder of that name, or unreadable)
         return AdapterFiles("absent")
-    try:
-        config = json.loads(text)
     except json.JSONDecodeError as exc:
         return AdapterFiles("json", str(exc))
     rank = config.get("r") if isinstance(config, dict) else None
@@ -124,29 +120,6 @@ def inspect_adapter(path: str, max_lora_rank: int) -> AdapterFiles:
     if os.path.isfile(binary) and os.path.getsize(binary) > 0:
         return AdapterFiles("ok", "", config)
     return AdapterFiles("no_weights", _NO_TENSORS.format(path), config)
-
-
-class AdapterSettings(Protocol):
-    """The engine settings the adapters read live (``FakeEngine``'s attributes, which a test may change)."""
-
-    @property
-    def model(self) -> str: ...
-    @property
-    def lora_dir(self) -> str | None: ...
-    @property
-    def max_loras(self) -> int: ...
-    @property
-    def max_lora_rank(self) -> int: ...
-    @property
-    def max_model_len(self) -> int: ...
-    @property
-    def load_latency(self) -> float: ...
-    @property
-    def unload_latency(self) -> float: ...
-    @property
-    def lora_slots(self) -> int | None: ...
-    @property
-    def swap_latency(self) -> float: ...
 
 
 @dataclass
@@ -164,9 +137,9 @@ class AdapterTable:
     ``max_loras``, the lazy filesystem resolver and its visibility delays, the loads in flight, and the scheduler's
     ``lora_slots``.
 
-    ``runtime_updating`` is the ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` flag; ``engine`` supplies the settings,
-    ``lifecycle`` the pauses for ``load_latency``, ``unload_latency`` and ``swap_latency``, the waits and the
-    engine's death.
+    ``runtime_updating`` is the ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` flag; ``engine`` supplies the settings (its
+    attributes, read live: a test may change them), ``lifecycle`` the pauses for ``load_latency``, ``unload_latency``
+    and ``swap_latency``, the waits and the engine's death.
 
     Slots (opt-in, ``lora_slots``): vLLM's scheduler puts requests of at most ``--max-loras`` adapters in a batch. A
     request for an adapter in a slot runs at once; otherwise it waits for a free slot or an idle one (no request
@@ -174,7 +147,7 @@ class AdapterTable:
     which other requests for it wait too. Every swap is counted (``swaps``, ``swap_log``).
     """
 
-    def __init__(self, engine: AdapterSettings, lifecycle: Lifecycle, *, runtime_updating: bool) -> None:
+    def __init__(self, engine: FakeEngine, lifecycle: Lifecycle, *, runtime_updating: bool) -> None:
         self._engine, self._lifecycle = engine, lifecycle
         self._lock = lifecycle.lock
         self._changed = threading.Condition(lifecycle.lock)  # a slot was given back or swapped in
@@ -354,9 +327,7 @@ class AdapterTable:
                 self._loading[name] -= 1
         if files.verdict == "absent":
             return bodies.load_no_adapter(name, path)
-        if files.verdict == "no_weights":
-            return bodies.load_no_weights(path)
-        if files.verdict != "ok":
+        if files.verdict != "ok":  # the detail of no weights is load_no_weights' too: "<path> doesn't contain tensors"
             return bodies.worker_failed(files.detail)
         self._register(name, path)
         return bodies.load_success(name)

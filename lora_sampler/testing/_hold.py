@@ -9,7 +9,6 @@ sees stop, death and its client hanging up.
 from __future__ import annotations
 
 import threading
-import time
 from typing import Callable
 
 from lora_sampler.testing._lifecycle import Lifecycle
@@ -62,13 +61,9 @@ class Hold:
         Raises:
             TimeoutError: fewer were held after ``timeout`` seconds (the message says how many).
         """
-        deadline = time.monotonic() + timeout
         with self._changed:
-            while self._held < count:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"{self._held} completions held after {timeout:g} s, waiting for {count}")
-                self._changed.wait(remaining)
+            if not self._changed.wait_for(lambda: self._held >= count, timeout):
+                raise TimeoutError(f"{self._held} completions held after {timeout:g} s, waiting for {count}")
 
     def wait(self, model: str, flying: Callable[[], list[str]]) -> None:
         """Keep a completion for ``model`` here while the hold applies to it; stop and death let it go on (to its

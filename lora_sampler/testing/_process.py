@@ -66,11 +66,11 @@ class EngineProcess:
         lora_dir: The engine's resolver directory.
         port: Where to listen (0 picks a free port).
         model: The base model name.
-        latency: Seconds of service time per completion.
-        load_latency: Seconds per adapter load.
         env: Extra environment variables for the child.
         hidden: Adapter names hidden from the resolver for their first K completions, set before it listens.
         resolver: False serves without the filesystem resolver (adapters only once loaded; ``lora_dir`` unread).
+        settings: More ``FakeEngine`` settings the child takes as flags (``_serve.ENGINE_FLAGS``: ``latency``,
+            ``load_latency``, ...).
     """
 
     def __init__(
@@ -79,18 +79,16 @@ class EngineProcess:
         *,
         port: int = 0,
         model: str = "tiny-base",
-        latency: float = 0.0,
-        load_latency: float = 0.0,
         env: Optional[Dict[str, str]] = None,
         hidden: Optional[Dict[str, int]] = None,
         resolver: bool = True,
+        **settings: Any,
     ):
         self.lora_dir, self.model = lora_dir, model
         #: What a restart passes on (all but the port and the hidden names).
-        self._options: Dict[str, Any] = dict(model=model, latency=latency, load_latency=load_latency, env=env)
-        self._options.update(resolver=resolver)
-        argv = [sys.executable, "-m", "lora_sampler.testing", "--commands", "--lora-dir", lora_dir, "--model", model]
-        argv += ["--port", str(port), "--latency", str(latency), "--load-latency", str(load_latency)]
+        self._options: Dict[str, Any] = dict(settings, model=model, env=env, resolver=resolver)
+        argv = [sys.executable, "-m", "lora_sampler.testing", "--commands", "--lora-dir", lora_dir, "--port", str(port)]
+        argv += [f"--{name.replace('_', '-')}={value}" for name, value in dict(settings, model=model).items()]
         argv += [] if resolver else ["--no-resolver"]
         argv += [f"--hide={name}={count}" for name, count in (hidden or {}).items()]
         self.process: subprocess.Popen[str] = subprocess.Popen(  # noqa: S603 (our own interpreter and module)

@@ -13,6 +13,7 @@ on stdin, and stop when stdin closes), ``--no-resolver`` (no filesystem resolver
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import shutil
 import signal
@@ -28,38 +29,36 @@ from lora_sampler.testing._process import serve_commands
 DEFAULT_PORT = 8000
 #: Environment variables the engine's API key is read from, in order (as a vLLM server reads ``VLLM_API_KEY``).
 KEY_VARIABLES = ("LORA_SAMPLER_API_KEY", "VLLM_API_KEY")
+#: The ``FakeEngine`` settings taken as flags, each spelled as its keyword with dashes, with FakeEngine's default
+#: (``--port``'s is ``DEFAULT_PORT``): keyword, type, metavar (None: argparse's), what it sets.
+ENGINE_FLAGS = (
+    ("host", str, None, "address to listen on"),
+    ("port", int, None, "port to listen on; 0 picks a free one"),
+    ("model", str, None, "the base model's name"),
+    ("max_model_len", int, None, "context length in tokens"),
+    ("latency", float, "SECONDS", "service time of each completion"),
+    ("load_latency", float, "SECONDS", "time of each adapter load"),
+    ("max_loras", int, None, "adapters held in memory before the oldest is evicted"),
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the test engine's options to ``parser``."""
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    parser.add_argument(
-        "--port",
-        type=int,
-        default=DEFAULT_PORT,
-        help=f"port to listen on; 0 picks a free one (default: {DEFAULT_PORT})",
-    )
+    defaults = {name: option.default for name, option in inspect.signature(FakeEngine).parameters.items()}
+    defaults["port"] = DEFAULT_PORT
+    for name, kind, metavar, text in ENGINE_FLAGS:
+        flag, default = "--" + name.replace("_", "-"), defaults[name]
+        parser.add_argument(flag, type=kind, default=default, metavar=metavar, help=f"{text} (default: {default})")
     parser.add_argument(
         "--lora-dir",
         metavar="DIR",
         help="the resolver folder adapters are published into (pass it as --lora-base-dir); default: a temporary "
         "folder, removed on exit",
     )
-    parser.add_argument("--model", default="tiny-base", help="the base model's name (default: tiny-base)")
     parser.add_argument(
         "--require-api-key",
         action="store_true",
         help=f"answer 401 without the key in ${KEY_VARIABLES[0]} (else ${KEY_VARIABLES[1]}), as vLLM's --api-key does",
-    )
-    parser.add_argument("--max-model-len", type=int, default=256, help="context length in tokens (default: 256)")
-    parser.add_argument(
-        "--latency", type=float, default=0.0, metavar="SECONDS", help="service time of each completion (default: 0)"
-    )
-    parser.add_argument(
-        "--load-latency", type=float, default=0.0, metavar="SECONDS", help="time of each adapter load (default: 0)"
-    )
-    parser.add_argument(
-        "--max-loras", type=int, default=4, help="adapters held in memory before the oldest is evicted (default: 4)"
     )
     parser.add_argument(
         "--no-runtime-lora-updating",
@@ -85,16 +84,10 @@ def serve(args: argparse.Namespace) -> int:
     os.makedirs(lora_dir, exist_ok=True)
     try:
         engine = FakeEngine(
-            model=args.model,
+            **{name: vars(args)[name] for name, *_ in ENGINE_FLAGS},
             lora_dir=lora_dir if args.resolver else None,
             api_key=key if args.require_api_key else None,
-            max_model_len=args.max_model_len,
-            latency=args.latency,
-            load_latency=args.load_latency,
-            max_loras=args.max_loras,
             runtime_lora_updating=not args.no_runtime_lora_updating,
-            host=args.host,
-            port=args.port,
         )
         for name, count in args.hide:
             engine.set_visibility_delay(name, requests=count)
@@ -156,10 +149,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--commands", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--no-resolver", dest="resolver", action="store_false", help=argparse.SUPPRESS)
     parser.add_argument("--hide", type=_hidden_name, action="append", default=[], help=argparse.SUPPRESS)
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 2
+    args = parser.parse_args(argv)  # a bad flag exits 2 with argparse's message
     try:
         return serve(args)
     except OSError as exc:  # the port is taken, the folder cannot be made
