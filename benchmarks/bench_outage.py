@@ -1,6 +1,6 @@
 """A batch job across an engine outage: what ``lora-sampler sample`` does when the engine dies mid-run.
 
-A ``FakeEngine`` runs in its own process (``lora_sampler.testing._process.EngineProcess``, 10 ms per completion);
+A ``FakeEngine`` runs in its own process (``lora_sampler.testing._serve.EngineProcess``, 10 ms per completion);
 ``lora-sampler sample`` runs in another, over 3,000 lines at concurrency 16, with the real retry waits. At about 25%
 of the lines the engine is SIGKILLed; scenarios:
 
@@ -31,7 +31,7 @@ import _common
 
 from lora_sampler.publish import default_adapter_name
 from lora_sampler.testing import write_adapter_archive
-from lora_sampler.testing._process import EngineProcess
+from lora_sampler.testing._serve import EngineProcess
 
 CONCURRENCY, LATENCY = 16, 0.01
 #: The checkout importable in the engine and CLI processes.

@@ -114,14 +114,11 @@ class PromptSpoiler:
 
 
 def _swap(choices: list[dict[str, Any]], n: int, one: int, other: int) -> None:
-    """Swap the choices of two prompts (each keeps its indices) and drop every echo of the prompt token ids."""
+    """Swap the choices of two prompts (each place keeps its index) and drop every echo of the prompt token ids."""
     for offset in range(n):
-        a, b = choices[one * n + offset], choices[other * n + offset]
-        a_index, b_index = a["index"], b["index"]
-        a_copy = dict(a)
-        a.clear()
-        a.update(b, index=a_index)
-        b.clear()
-        b.update(a_copy, index=b_index)
+        a, b = one * n + offset, other * n + offset
+        choices[a], choices[b] = dict(choices[b], index=choices[a]["index"]), dict(
+            choices[a], index=choices[b]["index"]
+        )
     for choice in choices:
         choice.pop("prompt_token_ids", None)

@@ -1,6 +1,6 @@
 """Process plumbing for the router tests: FakeEngine replicas in processes of their own, and a real vllm-router.
 
-A replica is ``lora_sampler.testing._process.EngineProcess`` (shared with the socket tests), named ``Replica`` here.
+A replica is ``lora_sampler.testing._serve.EngineProcess`` (shared with the socket tests), named ``Replica`` here.
 
 Every process starts in its own process group and is stopped by the fixture that started it (SIGTERM, then
 SIGKILL). Nothing is installed at test time: ``tox -e router`` installs vllm-router; without its executable the
@@ -22,7 +22,7 @@ from typing import Any, List, Optional
 import requests
 from _services import unavailable
 
-from lora_sampler.testing._process import EngineProcess, stop_group
+from lora_sampler.testing._serve import EngineProcess, stop_group
 
 BASE_MODEL = "tiny-base"
 #: vllm-router's answer when a worker cannot be reached.

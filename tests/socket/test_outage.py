@@ -23,7 +23,7 @@ from lora_sampler._client.outage import OutageEvent
 from lora_sampler.errors import EngineConnectionError
 from lora_sampler.publish import default_adapter_name
 from lora_sampler.testing import write_adapter_archive
-from lora_sampler.testing._process import EngineProcess
+from lora_sampler.testing._serve import EngineProcess
 
 #: The issue's batch: 3,000 lines, 10 ms per request, 16 in flight, killed at about 25 %.
 LINES, LATENCY, CONCURRENCY = 3000, 0.01, 16

@@ -22,7 +22,7 @@ from _waits import wait_until as wait_for
 from lora_sampler._adapters.publish import default_adapter_name
 from lora_sampler.cli import main
 from lora_sampler.testing import FakeEngine, write_adapter_archive
-from lora_sampler.testing._process import EngineProcess
+from lora_sampler.testing._serve import EngineProcess
 
 REPO = Path(__file__).resolve().parents[2]
 COMPLETIONS = "/v1/completions"
