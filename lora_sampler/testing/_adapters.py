@@ -15,7 +15,6 @@ import re
 import struct
 import tarfile
 import tempfile
-import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -150,7 +149,7 @@ class AdapterTable:
     def __init__(self, engine: FakeEngine, lifecycle: Lifecycle, *, runtime_updating: bool) -> None:
         self._engine, self._lifecycle = engine, lifecycle
         self._lock = lifecycle.lock
-        self._changed = threading.Condition(lifecycle.lock)  # a slot was given back or swapped in
+        self._changed = lifecycle.changed  # notified when a slot was given back or swapped in
         self.runtime_updating = runtime_updating
         self._registered: dict[str, str] = {}  # name -> path: the API server's table
         self._cache: OrderedDict[str, str] = OrderedDict()  # the engine's LRU of loaded adapters
@@ -370,7 +369,7 @@ class AdapterTable:
     def _acquire(self, name: str) -> bool:
         """Take a slot for ``name`` (swapping it in when it holds none); False once the engine stopped first."""
         with self._changed:
-            if not self._lifecycle.wait_until(self._changed, lambda: self._take_locked(name)):
+            if not self._lifecycle.wait_until(lambda: self._take_locked(name)):
                 return False
             if name not in self._swapping:
                 return True

@@ -8,7 +8,6 @@ sees stop, death and its client hanging up.
 
 from __future__ import annotations
 
-import threading
 from typing import Callable
 
 from lora_sampler.testing._lifecycle import Lifecycle
@@ -19,7 +18,7 @@ class Hold:
 
     def __init__(self, lifecycle: Lifecycle) -> None:
         self._lifecycle = lifecycle
-        self._changed = threading.Condition(lifecycle.lock)
+        self._changed = lifecycle.changed
         self._on = False
         self._model: str | None = None
         self._until: int | None = None
@@ -90,7 +89,7 @@ class Hold:
             wave = self._waves
             self._changed.notify_all()
             try:
-                self._lifecycle.wait_until(self._changed, lambda: not self._applies(model) or wave != self._waves)
+                self._lifecycle.wait_until(lambda: not self._applies(model) or wave != self._waves)
             finally:
                 self._held -= 1
                 self._changed.notify_all()

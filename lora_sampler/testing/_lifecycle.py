@@ -41,6 +41,8 @@ class Lifecycle:
 
     def __init__(self, lock: threading.Lock) -> None:
         self.lock = lock
+        #: The one condition of the lock: notified when a slot, a hold or a held count changes (its waiters re-check).
+        self.changed = threading.Condition(lock)
         #: Set on stop and on death: cuts every sleep and wait short.
         self.wake = threading.Event()
         #: What each handler thread serves: its ``connection`` (to see its client hang up) and ``prompts``.
@@ -123,9 +125,8 @@ class Lifecycle:
             self.wake.wait(min(remaining, _PAUSE_STEP))
             self._check_client()
 
-    def wait_until(self, changed: threading.Condition, done: Callable[[], bool]) -> bool:
-        """With ``changed`` (a condition of the engine's lock) held, wait until ``done()``; False once the engine
-        stopped or died first.
+    def wait_until(self, done: Callable[[], bool]) -> bool:
+        """With ``self.changed`` held, wait until ``done()``; False once the engine stopped or died first.
 
         Raises:
             ClientGone: the client hung up meanwhile (vLLM aborts a request whose client went away).
@@ -133,7 +134,7 @@ class Lifecycle:
         while not done():
             if self.wake.is_set():
                 return False
-            changed.wait(_PAUSE_STEP)
+            self.changed.wait(_PAUSE_STEP)
             self._check_client()
         return True
 
