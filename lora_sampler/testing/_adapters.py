@@ -18,7 +18,7 @@ import tempfile
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
 from lora_sampler._locks import KeyedLocks
 from lora_sampler._wire.archives import has_archive_suffix
@@ -26,7 +26,6 @@ from lora_sampler.testing import _bodies as bodies
 from lora_sampler.testing._bodies import VllmBody
 
 if TYPE_CHECKING:
-    from lora_sampler.testing._engine import FakeEngine
     from lora_sampler.testing._lifecycle import Lifecycle
 
 #: Read by the filesystem resolver and the load endpoint.
@@ -121,6 +120,29 @@ def inspect_adapter(path: str, max_lora_rank: int) -> AdapterFiles:
     return AdapterFiles("no_weights", _NO_TENSORS.format(path), config)
 
 
+class AdapterSettings(Protocol):
+    """The engine settings the adapters read live (``FakeEngine``'s attributes, which a test may change)."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def lora_dir(self) -> str | None: ...
+    @property
+    def max_loras(self) -> int: ...
+    @property
+    def max_lora_rank(self) -> int: ...
+    @property
+    def max_model_len(self) -> int: ...
+    @property
+    def load_latency(self) -> float: ...
+    @property
+    def unload_latency(self) -> float: ...
+    @property
+    def lora_slots(self) -> int | None: ...
+    @property
+    def swap_latency(self) -> float: ...
+
+
 @dataclass
 class _Delay:
     deadline: float | None
@@ -146,7 +168,7 @@ class AdapterTable:
     which other requests for it wait too. Every swap is counted (``swaps``, ``swap_log``).
     """
 
-    def __init__(self, engine: FakeEngine, lifecycle: Lifecycle, *, runtime_updating: bool) -> None:
+    def __init__(self, engine: AdapterSettings, lifecycle: Lifecycle, *, runtime_updating: bool) -> None:
         self._engine, self._lifecycle = engine, lifecycle
         self._lock = lifecycle.lock
         self._changed = lifecycle.changed  # notified when a slot was given back or swapped in
