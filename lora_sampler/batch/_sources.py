@@ -62,16 +62,12 @@ def step_of(path: str) -> Optional[int]:
     return int(runs[-1]) if runs else None
 
 
-#: The files of an adapter folder that a sweep recognises it by (and that publishing copies): its config and weights.
-ADAPTER_FILES = ADAPTER_FILE_NAMES
-
-
 def _holds_adapter(path: str, real: str) -> bool:
     """An archive (by its name or its target's), or a folder with an adapter config or weights file."""
     if os.path.isdir(real):
         try:
             with os.scandir(real) as entries:
-                return any(entry.name in ADAPTER_FILES for entry in entries)
+                return any(entry.name in ADAPTER_FILE_NAMES for entry in entries)
         except OSError:
             return False
     return path.lower().endswith(ARCHIVE_SUFFIXES) or real.lower().endswith(ARCHIVE_SUFFIXES)
@@ -168,61 +164,52 @@ def expand_pattern(pattern: str, storage_options: Optional[Mapping[str, Any]] = 
 
 # -- the settle/complete probe -----------------------------------------------------------------------------------
 
-_VERDICTS: Dict[Tuple[str, Tuple[Any, ...]], Optional[str]] = {}  # (path, signature) -> why it does not read
-
-
-def checkpoint_fingerprint(path: str, storage_options: Optional[Mapping[str, Any]] = None) -> Tuple[Any, ...]:
+def checkpoint_fingerprint(
+    path: str, storage_options: Optional[Mapping[str, Any]] = None, *, before: Tuple[Any, ...] = ()
+) -> Tuple[Any, ...]:
     """Return ``(newest modification time, problem, *signature)`` of a checkpoint, for the settle rule.
 
-    ``newest modification time`` is in seconds since the epoch (a folder: its newest file); ``problem`` is None when
-    the checkpoint reads to its end (an archive: every member's data and the compression's end; a folder:
-    adapter_config.json parses and every safetensors file holds the bytes its header declares), else why it does
-    not; the signature (sizes, times, inodes) changes whenever the checkpoint does. The read to the end runs once
-    per signature, so probing a settled checkpoint again costs one ``stat`` per file. A storage URL costs one
-    metadata request (a listing for a prefix): an object is written whole, so it always reads to its end, and a store
-    that refuses or cannot be reached is its problem (retried at the next look).
+    ``newest modification time`` is in seconds since the epoch (a folder: its newest adapter file); ``problem`` is
+    None when the checkpoint reads to its end (an archive: every member's data and the compression's end; a folder:
+    adapter_config.json parses and each safetensors adapter file holds the bytes its header declares), else why it
+    does not; the signature (sizes, times, inodes of an archive or of a folder's adapter files, the only files
+    publishing reads) changes whenever the checkpoint does. The read to the end is skipped when ``before`` (the
+    fingerprint of the last look) has the same signature, so probing a settled checkpoint again costs one ``stat``
+    per file. A storage URL costs one metadata request (a listing for a prefix): an object is written whole, so it
+    always reads to its end, and a store that refuses or cannot be reached is its problem (retried at the next look).
 
     Raises:
         FileNotFoundError: nothing is at ``path`` (yet).
     """
     if is_storage_url(path):
-        return _stored_fingerprint(path, storage_options)
-    info = os.stat(path)
-    if os.path.isdir(path):
-        files = _folder_files(path)
-        newest = max([info.st_mtime] + [mtime for _, _, mtime, _ in files])
-        signature: Tuple[Any, ...] = ("folder", info.st_mtime_ns, tuple(files))
+        try:
+            newest, problem, signature = storage.settle_signature(path, storage_options)
+        except PublishError as error:
+            return (0.0, str(error), "unreachable")
+        return (newest, problem, *signature)
+    newest, signature = _stat_signature(path)
+    if tuple(before[2:]) == signature:
+        problem = before[1]
     else:
-        newest = info.st_mtime
-        signature = ("file", info.st_size, info.st_mtime_ns, info.st_ino)
-    key = (path, signature)
-    if key not in _VERDICTS:
-        if len(_VERDICTS) > 4096:  # one entry per checkpoint version seen: bounded for week-long watches
-            _VERDICTS.clear()
-        _VERDICTS[key] = _folder_problem(path) if signature[0] == "folder" else _archive_problem(path)
-    return (newest, _VERDICTS[key], *signature)
-
-
-def _stored_fingerprint(url: str, storage_options: Optional[Mapping[str, Any]]) -> Tuple[Any, ...]:
-    try:
-        newest, problem, signature = storage.settle_signature(url, storage_options)
-    except PublishError as error:
-        return (0.0, str(error), "unreachable")
+        problem = _folder_problem(path, signature[1]) if signature[0] == "folder" else _archive_problem(path)
     return (newest, problem, *signature)
 
 
-def _folder_files(root: str) -> List[Tuple[str, int, float, int]]:
-    """Return ``(relative path, size, mtime, mtime_ns)`` of every file under ``root``, sorted."""
+def _stat_signature(path: str) -> Tuple[float, Tuple[str, List[Tuple[Any, ...]]]]:
+    """Return ``(newest modification time, signature)`` of a local checkpoint from ``stat`` alone: an archive's size,
+    time and inode, or those of a folder's adapter files (``(name, size, mtime_ns, inode)`` each)."""
+    info = os.stat(path)
+    if not os.path.isdir(path):
+        return info.st_mtime, ("file", [(info.st_size, info.st_mtime_ns, info.st_ino)])
     files = []
-    for folder, _, names in os.walk(root):
-        for name in names:
-            full = os.path.join(folder, name)
-            try:
-                st = os.stat(full)
-            except FileNotFoundError:
-                continue  # removed while we looked: the next probe sees the change
-            files.append((os.path.relpath(full, root), st.st_size, st.st_mtime, st.st_mtime_ns))
-    return sorted(files)
+    for name in ADAPTER_FILE_NAMES:
+        try:
+            st = os.stat(os.path.join(path, name))
+        except FileNotFoundError:
+            continue  # absent, or removed while we looked: the next look sees the change
+        files.append((name, st.st_size, st.st_mtime_ns, st.st_ino))
+    newest_ns = max((mtime_ns for _, _, mtime_ns, _ in files), default=info.st_mtime_ns)  # no file yet: the folder's
+    return newest_ns / 1e9, ("folder", files)
 
 
 def _archive_problem(path: str) -> Optional[str]:
@@ -239,18 +226,18 @@ def _archive_problem(path: str) -> Optional[str]:
     return None
 
 
-def _folder_problem(path: str) -> Optional[str]:
-    """Return why an adapter folder is not complete yet, or None when it is."""
+def _folder_problem(path: str, files: List[Tuple[Any, ...]]) -> Optional[str]:
+    """Return why an adapter folder (its adapter ``files``, as ``_stat_signature`` saw them) is not complete yet, or
+    None when it is."""
     try:
         with open(os.path.join(path, _CONFIG_NAME), "rb") as handle:
             json.loads(handle.read().decode("utf-8"))
     except (OSError, ValueError) as error:
         return f"its {_CONFIG_NAME} is missing or does not parse ({type(error).__name__})"
-    for name in sorted(os.listdir(path)):
-        if name.endswith(".safetensors"):
-            problem = _safetensors_problem(os.path.join(path, name))
-            if problem is not None:
-                return f"{name}: {problem}"
+    for name in sorted(name for name, *_ in files if name.endswith(".safetensors")):
+        problem = _safetensors_problem(os.path.join(path, name))
+        if problem is not None:
+            return f"{name}: {problem}"
     return None
 
 
@@ -272,39 +259,30 @@ def _safetensors_problem(path: str) -> Optional[str]:
     return None if size == expected else f"{size} bytes, its header declares {expected}"
 
 
-def content_signature(
-    path: str, storage_options: Optional[Mapping[str, Any]] = None, *, settled: Optional[Tuple[Any, ...]] = None
-) -> Optional[str]:
+def content_signature(path: str, storage_options: Optional[Mapping[str, Any]] = None) -> Optional[str]:
     """Return a short signature of a checkpoint's bytes as its filesystem or store tells them, or None when it is
     absent or its store cannot be reached. Written to ``sweep.jsonl``, so a later run notices a checkpoint
     overwritten with other weights.
 
-    A local checkpoint costs one ``stat`` per file and no read (size, times, inode; a folder: those of its adapter
-    files). A storage URL costs one metadata request (an object: its ETag, version and size; a prefix: one listing of
-    its objects' paths, ETags and sizes), bounded as every storage read is; none when ``settled`` is its
-    ``checkpoint_fingerprint`` just read, which holds the same signature.
+    It digests the fingerprint's signature, without reading the checkpoint: a local one costs one ``stat`` per file
+    (size, times, inode; a folder: those of its adapter files), a storage URL one metadata request (an object: its
+    ETag, version and size; a prefix: one listing of its objects' paths, ETags and sizes), bounded as every storage
+    read is.
     """
-    if is_storage_url(path):
-        try:
-            stored = settled[2:] if settled is not None else storage.settle_signature(path, storage_options)[2]
-        except (OSError, PublishError):  # absent (FileNotFoundError) or unreachable: no signature to compare
-            return None
-        return hashlib.blake2b(repr(("stored", tuple(stored))).encode(), digest_size=8).hexdigest()
     try:
-        info = os.stat(path)
-        if os.path.isdir(path):
-            parts: List[Any] = []
-            for name in ADAPTER_FILES:
-                try:
-                    st = os.stat(os.path.join(path, name))
-                except FileNotFoundError:
-                    continue
-                parts.append((name, st.st_size, st.st_mtime_ns, st.st_ino))
-        else:
-            parts = [(info.st_size, info.st_mtime_ns, info.st_ino)]
-    except OSError:
+        if is_storage_url(path):
+            newest, problem, signature = storage.settle_signature(path, storage_options)
+            return _signature_digest((newest, problem, *signature))
+        return _signature_digest((0.0, None, *_stat_signature(path)[1]))
+    except (OSError, PublishError):  # absent (FileNotFoundError) or unreachable: no signature to compare
         return None
-    return hashlib.blake2b(repr(parts).encode(), digest_size=8).hexdigest()
+
+
+def _signature_digest(fingerprint: Tuple[Any, ...]) -> str:
+    """Return ``content_signature`` of a checkpoint from its fingerprint (what a look at it saw)."""
+    kind = fingerprint[2]
+    text = repr(fingerprint[3]) if kind in ("file", "folder") else repr(("stored", tuple(fingerprint[2:])))
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
 # -- the manifest ------------------------------------------------------------------------------------------------
@@ -770,7 +748,7 @@ class CheckpointSource:
             if checkpoint.problem is not None:
                 return self._hand_out(key, Unusable(checkpoint, BatchInputError(checkpoint.problem)), now)
             if self._ready(pending, now):
-                signature = content_signature(checkpoint.key, self._storage_options, settled=pending.fingerprint)
+                signature = _signature_digest(pending.fingerprint)
                 return self._hand_out(key, dataclasses.replace(checkpoint, signature=signature), now)
             why = self._hopeless(pending, now)
             if why is not None:
@@ -789,7 +767,7 @@ class CheckpointSource:
         """True when the checkpoint is ready; else remember what it looks like now."""
         checkpoint = pending.checkpoint
         try:
-            fingerprint = checkpoint_fingerprint(checkpoint.key, self._storage_options)
+            fingerprint = checkpoint_fingerprint(checkpoint.key, self._storage_options, before=pending.fingerprint)
         except FileNotFoundError:
             fingerprint = _ABSENT
         except OSError as error:  # unreadable (permissions), a loop of links: not there, for all we can read

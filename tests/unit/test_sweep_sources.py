@@ -17,6 +17,7 @@ from lora_sampler.batch._sources import (
     Manifest,
     Unusable,
     checkpoint_fingerprint,
+    content_signature,
     expand_pattern,
     listing,
     natural_key,
@@ -121,6 +122,21 @@ def test_source_waits_for_a_changing_checkpoint_then_takes_it(tmp_path: Path) ->
     taken = source.poll()
     assert taken is not None and not isinstance(taken, Unusable) and taken.path == archive
     assert source.poll() is None and source.ended
+
+
+def test_a_folder_settles_on_its_adapter_files_whatever_else_it_holds(tmp_path: Path) -> None:
+    """A checkpoint folder whose adapter files were written a while ago is taken at once, though the training run
+    still writes its log beside them (publishing reads the adapter files only; the whole folder made it wait), and
+    the signature it is handed out with is the one ``content_signature`` gives (no second look)."""
+    folder = write_adapter(tmp_path / "step-1", "tiny-base")
+    for name in os.listdir(folder):
+        aged(os.path.join(folder, name))
+    (Path(folder) / "trainer_log.txt").write_text("step 1\n")  # written just now, and again at each step
+    now = [1000.0]
+    source = CheckpointSource(listing(str(tmp_path / "step-*")), settle=30.0, clock=lambda: now[0])
+    taken = source.poll()
+    assert taken is not None and not isinstance(taken, Unusable) and taken.path == folder
+    assert taken.signature is not None and taken.signature == content_signature(folder)
 
 
 def test_source_without_watch_gives_up_on_an_incomplete_archive(tmp_path: Path) -> None:
