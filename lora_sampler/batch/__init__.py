@@ -31,7 +31,7 @@ from lora_sampler.batch._lines import (
 from lora_sampler.batch._score import SCORE_FORMAT, SCORE_RECORDS, ScoreStep, parse_score_line, score_record
 from lora_sampler.batch._settings import SweepSettings
 from lora_sampler.batch._sources import Checkpoint, Manifest, checkpoint_fingerprint, expand_pattern
-from lora_sampler.batch._steps import EvaluationStep, SampleStep
+from lora_sampler.batch._steps import SampleStep
 from lora_sampler.batch._sweep import CheckpointReport, Sweep, sweep
 
 __all__ = [
@@ -40,7 +40,6 @@ __all__ = [
     "EvaluatedCheckpoint",
     "EvaluatorError",
     "CheckpointReport",
-    "EvaluationStep",
     "Manifest",
     "SampleStep",
     "ScoreStep",

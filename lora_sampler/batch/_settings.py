@@ -29,7 +29,7 @@ from lora_sampler._wire.messages import validated_extra_body
 from lora_sampler.batch._job import DEFAULT_FAIL_FAST
 from lora_sampler.batch._lines import LineDefaults
 from lora_sampler.batch._score import ScoreStep
-from lora_sampler.batch._steps import EvaluationStep, SampleStep, SweepInput
+from lora_sampler.batch._steps import SampleStep, SweepInput
 from lora_sampler.types import SamplingParams, StopSpec, sampling_params_from
 
 #: The metadata key of a field's ``Setting``.
@@ -321,7 +321,7 @@ class SweepSettings:
         )
         return params or _SAMPLING
 
-    def step(self, requests: Optional[SweepInput]) -> EvaluationStep:
+    def step(self, requests: Optional[SweepInput]) -> SampleStep:
         """The evaluation of each checkpoint: score or sample ``requests`` (None: an evaluator sends its own)."""
         if requests is None:
             return SampleStep([])

@@ -164,6 +164,7 @@ def expand_pattern(pattern: str, storage_options: Optional[Mapping[str, Any]] = 
 
 # -- the settle/complete probe -----------------------------------------------------------------------------------
 
+
 def checkpoint_fingerprint(
     path: str, storage_options: Optional[Mapping[str, Any]] = None, *, before: Tuple[Any, ...] = ()
 ) -> Tuple[Any, ...]:

@@ -1,8 +1,8 @@
-"""What a sweep does with one checkpoint: the evaluation step (``SampleStep`` here; ``_score.ScoreStep`` scores).
+"""What a sweep does with one checkpoint's lines: ``SampleStep`` here, and its subclass ``_score.ScoreStep``.
 
 A step turns the sweep's input into one checkpoint's request lines, names the output's record format, and reads a
 finished output file back into the checkpoint's ledger fields. The scheduler (``_sweep``) knows nothing else about
-the evaluation, so another step (scoring) plugs in beside this one.
+the lines, so scoring is the same step with its own records and summary.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Dict, Iterator, Mapping, Optional, Protocol, Sequence, Union
+from typing import Any, Dict, Generator, Iterator, Mapping, Optional, Sequence, Union
 
 from lora_sampler.batch._lines import (
     PROMPT_RECORDS,
@@ -29,34 +29,17 @@ from lora_sampler.types import Adapter, SampleRequest, ScoreRequest
 SweepInput = Union[str, "os.PathLike[str]", Sequence[Union[Mapping[str, Any], SampleRequest, ScoreRequest]]]
 
 
-class EvaluationStep(Protocol):
-    """One checkpoint's evaluation, as the sweep scheduler drives it."""
-
-    #: The output's record format (what ``BatchJob`` writes and resume reads).
-    records: RecordFormat
-
-    def lines(self, adapter: Adapter) -> Iterator[InputLine]:
-        """Yield the input lines, each request aimed at ``adapter``."""
-        ...
-
-    def summary(self, output_path: str) -> Dict[str, Any]:
-        """Read a finished output file into the checkpoint's ledger fields (``rows`` and ``failed`` at least)."""
-        ...
-
-    def settings(self, adapter: Union[Adapter, str]) -> Dict[str, Any]:
-        """Return the settings that change ``adapter``'s answers (remembered beside its output)."""
-        ...
-
-
 class SampleStep:
-    """Sample every input line from the checkpoint's adapter, in ``sample``'s record format.
+    """Sample every input line from the checkpoint's adapter, in ``sample``'s record format: one checkpoint's
+    evaluation, as the sweep scheduler drives it (its lines, its records, the summary of its output).
 
     Args:
         source: The input (``SweepInput``); a file is read again for each checkpoint, so memory stays flat.
         defaults: What every line gets unless it says otherwise (its ``adapter`` is replaced per checkpoint).
     """
 
-    records = PROMPT_RECORDS
+    #: The output's record format (what ``BatchJob`` writes and resume reads).
+    records: RecordFormat = PROMPT_RECORDS
     #: How a line of the input becomes a request (``parse_line``'s signature).
     parse: LineParser = staticmethod(parse_line)
 
@@ -72,7 +55,7 @@ class SampleStep:
             )
         self._defaults = defaults or LineDefaults()
 
-    def lines(self, adapter: Adapter) -> Iterator[InputLine]:
+    def lines(self, adapter: Adapter) -> Generator[InputLine, None, None]:
         """Yield the input lines aimed at ``adapter`` (read afresh each time).
 
         Raises:

@@ -46,7 +46,7 @@ from lora_sampler.batch._sources import (
     Unusable,
     listing,
 )
-from lora_sampler.batch._steps import EvaluationStep, SweepInput
+from lora_sampler.batch._steps import SampleStep, SweepInput
 from lora_sampler.errors import BatchInputError, CheckpointMissingError, LoraSamplerError, OutputWriteError
 from lora_sampler.types import Adapter, SampleRequest, SamplingParams, ScoreRequest
 
@@ -577,12 +577,12 @@ class _CheckpointRun(threading.Thread):
             try:
                 job = BatchJob(
                     client,
-                    self._gated(step.lines(adapter)),
+                    self._gated(adapter),
                     out,
                     done=state.done,
                     memory=state.memory,
                     model=adapter.name,
-                    on_event=self._on_event,
+                    on_event=None if sweep.on_row is None else functools.partial(sweep.on_row, self.checkpoint),
                     fail_fast=settings.fail_fast,
                     max_outage=settings.max_outage,
                     on_outage=sweep.on_outage,
@@ -600,24 +600,17 @@ class _CheckpointRun(threading.Thread):
         notes = self._retire(adapter) + (scoring_notes(adapter) if isinstance(step, ScoreStep) else [])
         if job.fatal is not None:
             self._judge(job.fatal)
-        summary = step.summary(output)
-        known = {name: summary.pop(name) for name in _SUMMARY_FIELDS if name in summary}
-        return {"output": os.path.basename(output), "extra": summary, "notes": notes, **known}
+        return {"output": os.path.basename(output), "notes": notes, **step.summary(output)}
 
-    def _gated(self, lines: Iterator[InputLine]) -> Iterator[InputLine]:
-        """The lines, once the previous checkpoint's have all been handed out (or the sweep stops)."""
+    def _gated(self, adapter: Adapter) -> Iterator[InputLine]:
+        """The step's lines for ``adapter``, once the previous checkpoint's have all been handed out (or the sweep
+        stops)."""
         try:
-            if self._waited(self.after):
-                yield from lines
+            with contextlib.closing(self.sweep.step.lines(adapter)) as lines:
+                if self._waited(self.after):
+                    yield from lines
         finally:
             self.inputs_done.set()
-            close = getattr(lines, "close", None)
-            if close is not None:
-                close()
-
-    def _on_event(self, kind: str, line: InputLine, record: Optional[Dict[str, Any]]) -> None:
-        if self.sweep.on_row is not None:
-            self.sweep.on_row(self.checkpoint, kind, line, record)
 
     def _judge(self, error: Exception) -> None:
         """A job that stopped on its own, or an evaluator that raised: the input or the engine is at fault (the sweep
@@ -679,20 +672,13 @@ def _vanished(checkpoint: Checkpoint, error: BaseException) -> BaseException:
     )
 
 
-_SUMMARY_FIELDS = ("rows", "failed", "tokens", "mean_logprob", "mean_length", "mean_sum")
-
-
-def _first_request(step: EvaluationStep, adapter: Adapter, done: Set[str]) -> Optional[Request]:
+def _first_request(step: SampleStep, adapter: Adapter, done: Set[str]) -> Optional[Request]:
     """The first request of the step's lines still to run for ``adapter`` (None: nothing to run)."""
-    lines = step.lines(adapter)
-    try:
-        return next((line.request for line in lines if line.request is not None and line.key not in done), None)
-    except BatchInputError:
-        return None  # the job reports it
-    finally:
-        close = getattr(lines, "close", None)
-        if close is not None:
-            close()
+    with contextlib.closing(step.lines(adapter)) as lines:
+        try:
+            return next((line.request for line in lines if line.request is not None and line.key not in done), None)
+        except BatchInputError:
+            return None  # the job reports it
 
 
 #: The prompt of the warm-up request before an evaluator runs (text: the engine tokenizes it with its own tokenizer).
