@@ -290,17 +290,15 @@ class _Gatherer:
 
     def _alone(self, request: Request) -> Any:
         """Run one request that goes alone (held through outages by the gate); its outcome, or raise its error."""
-        return self._send([request])[0]
+        run = self._run
+        return run(request) if self._gate is None else self._gate.run(lambda: run(request))
 
     def _send(self, requests: List[Request]) -> Sequence[Any]:
         """Run one request or batch (held through outages by the gate as one request)."""
         if len(requests) == 1:
-            run, argument = self._run, requests[0]
-            call: Callable[[], Sequence[Any]] = lambda: [run(argument)]  # noqa: E731
-        else:
-            run_many = cast(Batching, self._batching).run_many
-            call = lambda: run_many(requests)  # noqa: E731
-        return call() if self._gate is None else self._gate.run(call)
+            return [self._alone(requests[0])]
+        run_many = cast(Batching, self._batching).run_many
+        return run_many(requests) if self._gate is None else self._gate.run(lambda: run_many(requests))
 
 
 class FanOut:

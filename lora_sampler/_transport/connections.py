@@ -206,14 +206,15 @@ class Watchdog:
     """Cuts each armed exchange once its deadline passes; one daemon thread, started on first use."""
 
     def __init__(self) -> None:
-        self._wakeup = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()  # taken on every exchange: a plain lock (a Condition's is a Python-level call)
+        self._wakeup = threading.Condition(self._lock)
         self._armed: Dict[Slot, Tuple[float, float]] = {}
         self._next = math.inf
         self._thread: Optional[threading.Thread] = None
 
     def arm(self, slot: Slot, started: float, overall: float, read: float) -> None:
         """Watch the exchange in ``slot``, started at ``started``: cut it at ``answer_deadline``."""
-        with self._wakeup:
+        with self._lock:
             self._armed[slot] = (overall, read)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="lora-sampler-deadline-watchdog", daemon=True)
@@ -225,11 +226,11 @@ class Watchdog:
 
     def disarm(self, slot: Slot) -> None:
         """Stop watching ``slot`` (its exchange is over)."""
-        with self._wakeup:
+        with self._lock:
             self._armed.pop(slot, None)
 
     def _run(self) -> None:
-        with self._wakeup:
+        with self._lock:
             while True:
                 now = time.monotonic()
                 soonest = math.inf
