@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 from _sweeps import aged, ledger, ledger_lines, make_run, sweep_args, write_prompts
@@ -377,16 +377,22 @@ def test_two_sweeps_of_one_run_with_delete_retired_lose_nothing(
 # -- content that changes after it was evaluated -----------------------------------------------------------------
 
 
-def test_a_checkpoint_overwritten_after_the_sweep_is_evaluated_again_and_named(
-    engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
-) -> None:
-    """Re-run after step-1 was overwritten with other weights: a new line under the new content name, ``replaces``
-    naming the old adapter, and a note (was: never re-evaluated, no word)."""
+def _one_checkpoint_sweep(engine: FakeEngine, lora_dir: Path, tmp_path: Path) -> Tuple[str, List[str], Path]:
+    """A run folder holding step-1 (rank 1, settled), four prompts: the checkpoint, the sweep's argv, its output."""
     run = tmp_path / "run"
     run.mkdir()
     checkpoint = aged(write_adapter_archive(str(run / "step-1.tar.gz"), engine.model, rank=1))
     inp, out = write_prompts(tmp_path / "prompts.jsonl", 4), tmp_path / "out"
     argv = sweep_args(engine, lora_dir, inp, out, "--checkpoints", str(run / "*.tar.gz"), "--quiet", concurrency=4)
+    return checkpoint, argv, out
+
+
+def test_a_checkpoint_overwritten_after_the_sweep_is_evaluated_again_and_named(
+    engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
+) -> None:
+    """Re-run after step-1 was overwritten with other weights: a new line under the new content name, ``replaces``
+    naming the old adapter, and a note (was: never re-evaluated, no word)."""
+    checkpoint, argv, out = _one_checkpoint_sweep(engine, lora_dir, tmp_path)
     assert main(argv) == 0
     old = ledger(out)[0]["adapter"]
     assert main(argv) == 0 and len(ledger(out)) == 1  # unchanged: nothing again
@@ -402,11 +408,7 @@ def test_a_touched_but_unchanged_checkpoint_is_not_evaluated_again(
     engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
 ) -> None:
     """A checkpoint copied over with the same bytes (a new mtime): hashed again, same adapter, nothing sent."""
-    run = tmp_path / "run"
-    run.mkdir()
-    checkpoint = aged(write_adapter_archive(str(run / "step-1.tar.gz"), engine.model, rank=1))
-    inp, out = write_prompts(tmp_path / "prompts.jsonl", 4), tmp_path / "out"
-    argv = sweep_args(engine, lora_dir, inp, out, "--checkpoints", str(run / "*.tar.gz"), "--quiet", concurrency=4)
+    checkpoint, argv, out = _one_checkpoint_sweep(engine, lora_dir, tmp_path)
     assert main(argv) == 0
     sent = engine.calls(COMPLETIONS)
     aged(checkpoint, seconds=30)

@@ -56,6 +56,21 @@ def answering(body: bytes, status: str = "200 OK", content_type: str = "applicat
     return handler
 
 
+def dripping(body: bytes, stop: threading.Event) -> Any:
+    """A handler that sends a 200 head, then ``body`` one byte every 0.1 s until it ends or ``stop`` is set."""
+
+    def handler(conn: socket.socket, index: int) -> None:
+        conn.sendall(
+            f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        )
+        for byte in body:
+            if stop.wait(0.1):
+                return
+            conn.sendall(bytes([byte]))
+
+    return handler
+
+
 def request_line(raw: bytes) -> bytes:
     return raw.split(b"\r\n", 1)[0]
 
@@ -103,16 +118,7 @@ def test_answers_dripping_server_cannot_stretch_an_attempt_past_the_read_timeout
     body = completion()
     stop = threading.Event()
 
-    def drip(conn: socket.socket, index: int) -> None:
-        conn.sendall(
-            f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-        )
-        for byte in body:
-            if stop.wait(0.1):
-                return
-            conn.sendall(bytes([byte]))
-
-    with RawServer(drip) as server, SamplerClient(server.url, timeout=(1.0, 1.0), retry=ONCE) as client:
+    with RawServer(dripping(body, stop)) as server, SamplerClient(server.url, timeout=(1.0, 1.0), retry=ONCE) as client:
         started = time.monotonic()
         try:
             with pytest.raises(requests.Timeout) as info:

@@ -7,7 +7,6 @@ a test library patching requests sees the same requests.
 from __future__ import annotations
 
 import base64
-import socket
 import threading
 import time
 from typing import Any, List
@@ -17,7 +16,7 @@ import requests
 import responses
 import urllib3
 from rawserver import RawServer
-from test_transport_answers import answering, completion, header, request_line
+from test_transport_answers import answering, completion, dripping, header, request_line
 
 import lora_sampler
 from lora_sampler import RetryPolicy, SamplerClient
@@ -117,16 +116,7 @@ def test_session_dripping_body_is_still_bounded_with_a_users_adapter() -> None:
     body = completion()
     stop = threading.Event()
 
-    def drip(conn: socket.socket, index: int) -> None:
-        conn.sendall(
-            f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-        )
-        for byte in body:
-            if stop.wait(0.1):
-                return
-            conn.sendall(bytes([byte]))
-
-    with RawServer(drip) as server, requests.Session() as session:
+    with RawServer(dripping(body, stop)) as server, requests.Session() as session:
         with SamplerClient(server.url, session=session, timeout=(1.0, 1.0), retry=ONCE) as client:
             started = time.monotonic()
             try:
