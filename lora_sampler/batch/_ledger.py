@@ -11,9 +11,9 @@ import logging
 import os
 from typing import Any, Dict, List, Set, Tuple
 
-from lora_sampler._files import HAS_FLOCK, json_object_line, replacing, try_flock
-from lora_sampler.batch._lines import to_json_line
-from lora_sampler.errors import LoraSamplerError, OutputWriteError
+from lora_sampler._files import json_object_line, replacing
+from lora_sampler.batch._lines import one_writer, to_json_line
+from lora_sampler.errors import OutputWriteError
 
 logger = logging.getLogger(__name__)
 
@@ -24,15 +24,15 @@ LEDGER_NAME = "sweep.jsonl"
 class Ledger:
     """The ledger of one output folder, held open for appending while a sweep runs (use it as a context manager).
 
-    Opening it takes an exclusive lock on the folder (a second sweep into it is refused), reads the finished
-    checkpoints, and rewrites the file atomically without the lines that must go: error lines (those checkpoints run
-    again), a torn last line (a kill mid-write), and repeats of one checkpoint with the same adapter (the later line
-    is kept). A checkpoint whose content changed has one line per content (adapter); ``finished`` holds the latest.
-    Each ``append`` is one ``write`` of one whole line, then ``fsync``.
+    Opening it takes the ledger's one-writer lock (``one_writer``: a second sweep into the folder is refused), reads
+    the finished checkpoints, and rewrites the file atomically without the lines that must go: error lines (those
+    checkpoints run again), a torn last line (a kill mid-write), and repeats of one checkpoint with the same adapter
+    (the later line is kept). A checkpoint whose content changed has one line per content (adapter); ``finished``
+    holds the latest. Each ``append`` is one ``write`` of one whole line, then ``fsync``.
 
     Args:
         output_dir: The sweep's output folder (created when missing).
-        restart: Forget every checkpoint the ledger holds (emptied under the folder's lock): each runs again.
+        restart: Forget every checkpoint the ledger holds (emptied under the ledger's lock): each runs again.
 
     Raises:
         LoraSamplerError: another sweep holds the folder.
@@ -41,7 +41,9 @@ class Ledger:
     def __init__(self, output_dir: str, *, restart: bool = False):
         os.makedirs(output_dir, exist_ok=True)
         self.path = os.path.join(output_dir, LEDGER_NAME)
-        self._lock_fd = _lock_folder(output_dir)
+        self._lock = contextlib.ExitStack()
+        refusal = f"another sweep is writing to {output_dir}; wait for it to end, or pass another --output-dir"
+        self._lock.enter_context(one_writer(self.path, refusal=refusal, unlocked="one sweep per folder is up to you"))
         try:
             #: The finished checkpoints' latest lines, by ``ledger_key``, in file order.
             self.finished: Dict[str, Dict[str, Any]] = {}
@@ -53,7 +55,7 @@ class Ledger:
             self._repair()
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         except BaseException:
-            self._unlock()
+            self._lock.close()
             raise
 
     def __enter__(self) -> Ledger:
@@ -67,7 +69,7 @@ class Ledger:
         fd, self._fd = self._fd, -1
         if fd >= 0:
             os.close(fd)
-        self._unlock()
+        self._lock.close()
 
     def append(self, entry: Dict[str, Any]) -> None:
         """Append one line durably (one ``write``, then ``fsync``); a finished one joins ``finished``.
@@ -131,11 +133,6 @@ class Ledger:
             _replace(self.path, list(kept.values()))
             logger.info("%s: %d finished checkpoints kept, %d lines dropped", self.path, len(kept), dropped)
 
-    def _unlock(self) -> None:
-        fd, self._lock_fd = self._lock_fd, -1
-        if fd >= 0:
-            os.close(fd)  # closing the descriptor releases the flock
-
 
 def ledger_key(entry: Dict[str, Any]) -> str:
     """What identifies a ledger line's checkpoint: its real path (``path``), else (older ledgers) ``checkpoint``."""
@@ -155,19 +152,3 @@ def _replace(path: str, lines: List[bytes]) -> None:
     """Replace ``path`` with ``lines``, whole or not at all."""
     with replacing(path) as out:
         out.writelines(lines)
-
-
-def _lock_folder(folder: str) -> int:
-    """Hold an exclusive ``flock`` on the folder itself; -1 where locks do not work."""
-    if not HAS_FLOCK:  # pragma: no cover - Windows: one sweep per folder is then the user's care
-        return -1
-    fd = os.open(folder, os.O_RDONLY)
-    held = try_flock(fd, folder, unlocked="one sweep per folder is up to you")
-    if held:
-        return fd
-    os.close(fd)
-    if held is False:
-        raise LoraSamplerError(
-            f"another sweep is writing to {folder}; wait for it to end, or pass another --output-dir"
-        )
-    return -1

@@ -428,14 +428,19 @@ def _prepare(path: str, retry_failed: bool, key_of: RecordKey, held: bool) -> Re
 
 
 @contextlib.contextmanager
-def one_writer(path: str) -> Iterator[bool]:
+def one_writer(path: str, *, refusal: str = "", unlocked: str = "") -> Iterator[bool]:
     """Hold the one-writer lock of the output at ``path`` for the block, or refuse at once; yield whether it is held.
 
     The lock is an exclusive ``flock`` on ``.<name>.lock`` beside the output, held for the whole run (the output
     itself is replaced by a resume's rewrite, so it cannot carry the lock). Every command that writes an output
-    (``sample``, and the jobs built on ``open_output``) takes it, so two runs never duplicate or lose records.
-    The lock file stays; the lock goes with the process, even on a kill. Without ``fcntl`` (Windows), or on a
-    filesystem without locks, nothing is locked.
+    (``sample``, and the jobs built on ``open_output``) takes it, and so does a sweep's ledger, so two runs never
+    duplicate or lose records. The lock file stays; the lock goes with the process, even on a kill. Without
+    ``fcntl`` (Windows), or on a filesystem without locks, nothing is locked.
+
+    Args:
+        path: The output.
+        refusal: The message when another run holds the lock ("": one naming the output and ``--output``).
+        unlocked: What going on without a lock leaves to the user, for the warning ("": keeping other runs away).
 
     Raises:
         LoraSamplerError: another run holds the lock (the message names the output and the fix).
@@ -446,11 +451,12 @@ def one_writer(path: str) -> Iterator[bool]:
         yield False
         return
     try:
-        held = try_flock(fd, lock_path, unlocked=f"make sure no other run writes {path} meanwhile")
+        held = try_flock(fd, lock_path, unlocked=unlocked or f"make sure no other run writes {path} meanwhile")
         if held is False:
             raise LoraSamplerError(
-                f"another run is writing {path} (it holds {lock_path}); two writers would duplicate or lose records. "
-                f"Wait for it to end, then run again with the same --output to resume, or pass another --output"
+                refusal
+                or f"another run is writing {path} (it holds {lock_path}); two writers would duplicate or lose "
+                "records. Wait for it to end, then run again with the same --output to resume, or pass another --output"
             )
         yield bool(held)
     finally:
