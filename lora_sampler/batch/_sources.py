@@ -299,8 +299,8 @@ class Checkpoint:
         name: The manifest's ``name``, or None.
         final: The manifest marks it as the run's last checkpoint.
         real: Its real path (symlinks resolved), when it differs from ``path``: what identifies it.
-        problem: Why this entry cannot be used at all (a manifest line that is not JSON, a path outside the
-            manifest's folder): it is recorded as an error line, once.
+        problem: Why it cannot be used, the error its ``sweep.jsonl`` line records (a manifest line that is not JSON,
+            a path outside the manifest's folder; absent or incomplete past its wait, as the source hands it out).
         replaces: The adapter an earlier evaluation of this checkpoint used, when its content changed since.
         signature: ``content_signature`` when it was handed out (written to the ledger).
     """
@@ -310,7 +310,7 @@ class Checkpoint:
     name: Optional[str] = None
     final: bool = False
     real: Optional[str] = None
-    problem: Optional[str] = None
+    problem: Optional[LoraSamplerError] = None
     replaces: Optional[str] = None
     signature: Optional[str] = None
 
@@ -375,7 +375,7 @@ def read_manifest(
 
 def _bad_line(path: str, number: int, why: str) -> Checkpoint:
     """The entry of a manifest line that cannot be used: keyed by the manifest and its line, recorded once."""
-    return Checkpoint(f"{path}#line{number}", problem=f"{path}: line {number} {why}")
+    return Checkpoint(f"{path}#line{number}", problem=BatchInputError(f"{path}: line {number} {why}"))
 
 
 def _manifest_entry(entry: Any, folder: str, path: str, number: int, allow_outside_paths: bool) -> Optional[Checkpoint]:
@@ -397,7 +397,7 @@ def _manifest_entry(entry: Any, folder: str, path: str, number: int, allow_outsi
     name = entry.get("name")
     problem = None
     if outside and not allow_outside_paths:
-        problem = (
+        problem = BatchInputError(
             f"{path}: line {number} names {location}, outside the manifest's folder {folder}; every checkpoint is "
             "copied into the shared resolver folder, so a path elsewhere needs --allow-outside-paths "
             "(allow_outside_paths=True)"
@@ -433,19 +433,6 @@ def _inside(location: str, folder: str) -> bool:
 
 
 # -- the source --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Unusable:
-    """A checkpoint that cannot be evaluated: recorded as an error line with ``error``."""
-
-    checkpoint: Checkpoint
-    error: LoraSamplerError
-
-    @property
-    def reason(self) -> str:
-        """The error's message."""
-        return str(self.error)
 
 
 Listing = Callable[[], List[Union[Checkpoint, "NotAnAdapter"]]]
@@ -547,9 +534,9 @@ class CheckpointSource:
     older than that) and it reads to its end. Every wait is bounded: an absent or unfinished checkpoint is waited for
     at most ``checkpoint_timeout`` seconds from when it was first seen (absent ones only under a watch; without a
     watch an absent one and a settled one that does not read to its end are given up on at once), then it comes out
-    as ``Unusable``. A watch ends ``idle_timeout`` seconds after the last news once nothing is pending, or once the
-    manifest's ``final`` checkpoint is finished. A match that holds no adapter file at all is noted once (a log
-    warning) and looked at again at the next listings.
+    with its ``problem`` set (the error its ledger line records). A watch ends ``idle_timeout`` seconds after the
+    last news once nothing is pending, or once the manifest's ``final`` checkpoint is finished. A match that holds
+    no adapter file at all is noted once (a log warning) and looked at again at the next listings.
 
     Args:
         list_checkpoints: The listing (``listing``).
@@ -613,8 +600,9 @@ class CheckpointSource:
             self._relist(self._clock())
         return len(self._pending)
 
-    def poll(self) -> Union[Checkpoint, Unusable, None]:
-        """Return the next ready checkpoint, one given up on, or None (nothing ready now; see ``ended``)."""
+    def poll(self) -> Optional[Checkpoint]:
+        """Return the next ready checkpoint, one given up on (its ``problem`` says why), or None (nothing ready now;
+        see ``ended``)."""
         if self.ended:
             return None
         now = self._clock()
@@ -732,7 +720,7 @@ class CheckpointSource:
 
     # -- handing out --------------------------------------------------------------------------------------------
 
-    def _take(self, now: float) -> Union[Checkpoint, Unusable, None]:
+    def _take(self, now: float) -> Optional[Checkpoint]:
         """The next checkpoint ready (or given up on) among those listed, listing again first when a listing is due."""
         if self._listed_at is None:
             self._relist(now)
@@ -742,12 +730,12 @@ class CheckpointSource:
             item = self._next(now)
         return item
 
-    def _next(self, now: float) -> Union[Checkpoint, Unusable, None]:
+    def _next(self, now: float) -> Optional[Checkpoint]:
         """The first pending checkpoint that is ready, or the first one due to be given up on."""
         for key, pending in self._pending.items():  # returns right after changing it
             checkpoint = pending.checkpoint
             if checkpoint.problem is not None:
-                return self._hand_out(key, Unusable(checkpoint, BatchInputError(checkpoint.problem)), now)
+                return self._hand_out(key, checkpoint, now)
             if self._ready(pending, now):
                 signature = _signature_digest(pending.fingerprint)
                 return self._hand_out(key, dataclasses.replace(checkpoint, signature=signature), now)
@@ -756,7 +744,7 @@ class CheckpointSource:
                 return self._give_up(key, now, why)
         return None
 
-    def _hand_out(self, key: str, item: Union[Checkpoint, Unusable], now: float) -> Union[Checkpoint, Unusable]:
+    def _hand_out(self, key: str, item: Checkpoint, now: float) -> Checkpoint:
         del self._pending[key]
         self._taken.add(key)
         self._last_news = now
@@ -795,7 +783,7 @@ class CheckpointSource:
             return "settled"  # does not read to its end, and is not being written: waiting will not help
         return None
 
-    def _give_up(self, key: str, now: float, why: str) -> Unusable:
+    def _give_up(self, key: str, now: float, why: str) -> Checkpoint:
         pending = self._pending[key]
         checkpoint, fingerprint = pending.checkpoint, pending.fingerprint
         shown = printable(checkpoint.path)
@@ -815,4 +803,4 @@ class CheckpointSource:
                 f"{shown} {state}; {why}. Raise --checkpoint-timeout for checkpoints that take longer to write",
                 path=checkpoint.path,
             )
-        return self._hand_out(key, Unusable(checkpoint, error), now)  # type: ignore[return-value]
+        return self._hand_out(key, dataclasses.replace(checkpoint, problem=error), now)

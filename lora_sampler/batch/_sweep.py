@@ -43,7 +43,6 @@ from lora_sampler.batch._sources import (
     Checkpoint,
     CheckpointSource,
     Manifest,
-    Unusable,
     listing,
 )
 from lora_sampler.batch._steps import SampleStep, SweepInput
@@ -293,8 +292,8 @@ class Sweep:
                 item = source.poll()
                 if item is None:
                     break
-                if isinstance(item, Unusable):
-                    yield self._record(CheckpointReport.failure(item.checkpoint, item.error), source, ledger)
+                if item.problem is not None:
+                    yield self._record(CheckpointReport.failure(item, item.problem), source, ledger)
                 else:
                     before = self._start(item, *before)
             if not self._active:

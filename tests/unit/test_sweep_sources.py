@@ -15,7 +15,6 @@ from lora_sampler.batch._ledger import LEDGER_NAME, Ledger, read_ledger
 from lora_sampler.batch._sources import (
     CheckpointSource,
     Manifest,
-    Unusable,
     checkpoint_fingerprint,
     content_signature,
     expand_pattern,
@@ -84,7 +83,7 @@ def test_read_manifest_keeps_a_bad_line_in_the_middle_as_a_problem(tmp_path: Pat
     manifest.write_text('{"sampler_path": "a.tar"}\nnot json\n{"sampler_path": "b.tar"}\n')
     got = read_manifest(str(manifest))
     assert [os.path.basename(c.path) for c in got] == ["a.tar", "checkpoints.jsonl#line2", "b.tar"]
-    assert got[1].problem is not None and "line 2 is not JSON" in got[1].problem
+    assert got[1].problem is not None and "line 2 is not JSON" in str(got[1].problem)
     assert got[0].problem is None and got[2].problem is None
 
 
@@ -120,7 +119,7 @@ def test_source_waits_for_a_changing_checkpoint_then_takes_it(tmp_path: Path) ->
     assert source.poll() is None  # seen for the first time, modified just now
     now[0] += 30.05  # unchanged for longer than the settle time, as the source watched it
     taken = source.poll()
-    assert taken is not None and not isinstance(taken, Unusable) and taken.path == archive
+    assert taken is not None and taken.problem is None and taken.path == archive
     assert source.poll() is None and source.ended
 
 
@@ -135,7 +134,7 @@ def test_a_folder_settles_on_its_adapter_files_whatever_else_it_holds(tmp_path: 
     now = [1000.0]
     source = CheckpointSource(listing(str(tmp_path / "step-*")), settle=30.0, clock=lambda: now[0])
     taken = source.poll()
-    assert taken is not None and not isinstance(taken, Unusable) and taken.path == folder
+    assert taken is not None and taken.problem is None and taken.path == folder
     assert taken.signature is not None and taken.signature == content_signature(folder)
 
 
@@ -147,7 +146,7 @@ def test_source_without_watch_gives_up_on_an_incomplete_archive(tmp_path: Path) 
     aged(archive)
     source = CheckpointSource(listing(str(tmp_path / "*.tar.gz")), settle=0.1)
     gave_up = source.poll()
-    assert isinstance(gave_up, Unusable) and "incomplete" in gave_up.reason
+    assert gave_up is not None and "incomplete" in str(gave_up.problem)
     assert source.poll() is None and source.ended
 
 
@@ -157,7 +156,7 @@ def test_source_skips_checkpoints_done_before(tmp_path: Path) -> None:
     new = aged(write_adapter_archive(str(tmp_path / "step-2.tar.gz"), "tiny-base", rank=2))
     source = CheckpointSource(listing([str(tmp_path / "*.tar.gz")]), skip=[done], settle=0.1)
     taken = source.poll()
-    assert taken is not None and not isinstance(taken, Unusable) and taken.path == new
+    assert taken is not None and taken.problem is None and taken.path == new
 
 
 def test_source_watch_ends_once_the_final_checkpoint_is_done(tmp_path: Path) -> None:
@@ -167,7 +166,7 @@ def test_source_watch_ends_once_the_final_checkpoint_is_done(tmp_path: Path) -> 
     manifest.write_text(json.dumps({"sampler_path": archive, "batch": 1, "final": True}) + "\n")
     source = CheckpointSource(listing(Manifest(str(manifest))), watch=True, settle=0.1, idle_timeout=3600)
     taken = source.poll()
-    assert taken is not None and not isinstance(taken, Unusable) and taken.final
+    assert taken is not None and taken.problem is None and taken.final
     assert source.poll() is None and not source.ended  # still watching while it runs
     source.finished(archive)
     assert source.poll() is None and source.ended
