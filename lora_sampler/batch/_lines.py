@@ -488,7 +488,7 @@ def open_output(
         path: The output file (created when missing).
         retry_failed: Drop error lines, so their ids run again (``prepare_output``).
         key_of: The output format's resume key.
-        settings: The job's settings that change answers (``job_settings``): remembered beside the output, and
+        settings: The job's settings that change answers (``RecordFormat.settings``): remembered beside the output, and
             compared with what it remembers (``ResumeState.memory``); None remembers nothing.
         restart: Empty the output (and forget its settings) first: every line runs again.
 
@@ -568,36 +568,6 @@ def model_name(model: Union[AdapterSpec, None]) -> Optional[str]:
     if model is None:
         return None
     return model.name if isinstance(model, Adapter) else os.fspath(model)
-
-
-def job_settings(
-    kind: str,
-    model: Union[AdapterSpec, None],
-    *,
-    num_samples: int = 1,
-    sampling_params: Optional[SamplingParams] = None,
-    prompt_logprobs: bool = False,
-    extra_body: Optional[Mapping[str, Any]] = None,
-) -> Dict[str, Any]:
-    """Return the named settings of a job that change its answers (what every line gets unless it says otherwise).
-
-    Args:
-        kind: The records' kind (``sample``, ``score``, ``openai-batch``).
-        model: The adapter or base model every line asks (None: each line names its own).
-        num_samples: Completions per line.
-        sampling_params: The sampling defaults.
-        prompt_logprobs: Whether prompt lines also return the prompt's logprobs.
-        extra_body: Further body fields of every request (chat and template settings among them).
-    """
-    params = sampling_params or SamplingParams()
-    return {
-        "kind": kind,
-        "model": model_name(model),
-        "num_samples": num_samples,
-        **_plain(dataclasses.asdict(params)),
-        "prompt_logprobs": prompt_logprobs,
-        "extra_body": _plain(extra_body),
-    }
 
 
 def request_digest(request: Union[SampleRequest, ScoreRequest]) -> str:
@@ -686,7 +656,7 @@ class OutputMemory:
 
     Args:
         output: The output file.
-        settings: The job's settings that change answers (``job_settings``).
+        settings: The job's settings that change answers (``RecordFormat.settings``).
         done: The resume set (the ids the output already holds); the others' digests are dropped.
         restart: Forget what the output remembers (the caller empties the output too).
 
@@ -863,15 +833,18 @@ class RecordFormat:
     kind: str = ""
 
     def settings(self, defaults: LineDefaults, model: Union[AdapterSpec, None]) -> Dict[str, Any]:
-        """Return the settings of a job of these records that change its answers (remembered beside its output)."""
-        return job_settings(
-            self.kind,
-            model,
-            num_samples=defaults.num_samples,
-            sampling_params=defaults.sampling_params,
-            prompt_logprobs=defaults.prompt_logprobs,
-            extra_body=defaults.extra_body,
-        )
+        """Return the named settings of a job of these records that change its answers (remembered beside its
+        output): the records' kind, the model every line asks (None: each line names its own), and what every line
+        gets unless it says otherwise (``defaults``: completions per line, the sampling defaults, prompt logprobs,
+        the extra body fields that carry chat and template settings)."""
+        return {
+            "kind": self.kind,
+            "model": model_name(model),
+            "num_samples": defaults.num_samples,
+            **_plain(dataclasses.asdict(defaults.sampling_params)),
+            "prompt_logprobs": defaults.prompt_logprobs,
+            "extra_body": _plain(defaults.extra_body),
+        }
 
 
 def _error_message(record: Dict[str, Any]) -> str:
