@@ -95,27 +95,22 @@ class ScoreStep(SampleStep):
 
     def summary(self, output_path: str) -> Dict[str, Any]:
         """``rows``, ``failed``, ``tokens`` (scored), ``mean_logprob`` (per scored token), ``mean_sum`` (per answered
-        line: the mean log-likelihood) and ``mean_length`` (scored tokens per answered line) of an output file."""
-        return summarize_scores(output_path)
+        line: the mean log-likelihood) and ``mean_length`` (scored tokens per answered line) of an output file.
 
-
-def summarize_scores(path: str) -> Dict[str, Any]:
-    """Read a scoring output file: rows, failed rows, scored tokens, mean logprob per token and per line.
-
-    A line whose sum is not a number (written as null) counts as a row, not in the means.
-    """
-    counts = {"rows": 0, "failed": 0}
-    tokens = answered = 0
-    total = 0.0
-    for record in answered_records(path, counts):
-        if record.get("sum") is not None:
-            answered += 1
-            tokens += len(record.get("tokens", ()))
-            total += float(record["sum"])
-    return {
-        **counts,
-        "tokens": tokens,
-        "mean_logprob": number_or_none(total / tokens) if tokens else None,  # None once sums leave the float range
-        "mean_sum": number_or_none(total / answered) if answered else None,
-        "mean_length": tokens / answered if answered else None,
-    }
+        A line whose sum is not a number (written as null) counts as a row, not in the means.
+        """
+        counts = {"rows": 0, "failed": 0}
+        tokens = answered = 0
+        total = 0.0
+        for record in answered_records(output_path, counts):
+            if record.get("sum") is not None:
+                answered += 1
+                tokens += len(record.get("tokens", ()))
+                total += float(record["sum"])
+        return {
+            **counts,
+            "tokens": tokens,
+            "mean_logprob": number_or_none(total / tokens) if tokens else None,  # None once sums leave the float range
+            "mean_sum": number_or_none(total / answered) if answered else None,
+            "mean_length": tokens / answered if answered else None,
+        }

@@ -84,7 +84,22 @@ class SampleStep:
     def summary(self, output_path: str) -> Dict[str, Any]:
         """``rows``, ``failed``, ``tokens`` (generated), ``mean_logprob`` (per generated token) and ``mean_length``
         (generated tokens per sequence) of an output file."""
-        return summarize_output(output_path)
+        counts = {"rows": 0, "failed": 0}
+        tokens = sequences = counted = 0
+        total = 0.0
+        for record in answered_records(output_path, counts):
+            for sequence in record.get("sequences", ()):
+                sequences += 1
+                tokens += len(sequence.get("tokens", ()))
+                values = [lp for lp in sequence.get("logprobs", ()) if lp is not None]
+                total += sum(values)
+                counted += len(values)
+        return {
+            **counts,
+            "tokens": tokens,
+            "mean_logprob": total / counted if counted else None,
+            "mean_length": tokens / sequences if sequences else None,
+        }
 
 
 def _item_line(item: Any, number: int, defaults: LineDefaults, adapter: Adapter, parse: LineParser) -> InputLine:
@@ -107,23 +122,3 @@ def answered_records(path: str, counts: Dict[str, int]) -> Iterator[Dict[str, An
                 counts["failed"] += 1
                 continue
             yield record
-
-
-def summarize_output(path: str) -> Dict[str, Any]:
-    """Read a prompt-format output file: rows, failed rows, generated tokens, mean logprob and mean length."""
-    counts = {"rows": 0, "failed": 0}
-    tokens = sequences = counted = 0
-    total = 0.0
-    for record in answered_records(path, counts):
-        for sequence in record.get("sequences", ()):
-            sequences += 1
-            tokens += len(sequence.get("tokens", ()))
-            values = [lp for lp in sequence.get("logprobs", ()) if lp is not None]
-            total += sum(values)
-            counted += len(values)
-    return {
-        **counts,
-        "tokens": tokens,
-        "mean_logprob": total / counted if counted else None,
-        "mean_length": tokens / sequences if sequences else None,
-    }
