@@ -90,11 +90,14 @@ def test_an_engine_that_requires_a_key(tasks: Path, tmp_path: Path, monkeypatch:
 
 
 def test_a_key_in_model_args_is_refused(engine: FakeEngine, tasks: Path, tmp_path: Path, capsys: Any) -> None:
-    """api_key=... in --model_args fails before any request, pointing to the environment variable."""
+    """api_key=... in --model_args fails before any request, pointing to the environment variable (the command
+    line's one error path prints the message and exits 2)."""
     output = tmp_path / "out"
-    with pytest.raises(ValueError, match="LORA_SAMPLER_API_KEY"):
-        main(["lm-eval", *harness_args(engine, tasks, output, "api_key=sk-nope", "--tasks", "tiny_mc")])
-    assert not output.exists()
+    engine.reset_log()
+    code = main(["lm-eval", *harness_args(engine, tasks, output, "api_key=sk-nope", "--tasks", "tiny_mc")])
+    error = capsys.readouterr().err
+    assert code == 2 and "lora-sampler: error: api_key in model_args" in error and "LORA_SAMPLER_API_KEY" in error
+    assert "sk-nope" not in error and not output.exists() and not engine.requests
 
 
 def test_lm_evals_own_models_stay_resolvable() -> None:
