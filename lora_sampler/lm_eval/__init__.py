@@ -27,10 +27,17 @@ except ImportError as exc:  # pragma: no cover - exercised by the test that runs
         "lora_sampler.lm_eval needs lm-eval: pip install 'lora_sampler[lm-eval]' (lm-eval>=0.4.13)"
     ) from exc
 
+from lm_eval.api.registry import model_registry, register_model
+
 from lora_sampler.lm_eval._command import main
 from lora_sampler.lm_eval._model import LoraSamplerLM
-from lora_sampler.lm_eval._registration import MODEL_NAME
 from lora_sampler.lm_eval._sweep import LmEvalTasks, metrics_of
 from lora_sampler.lm_eval._tokens import TokenCache
+
+#: The name lm-eval knows this model by (``--model lora-sampler``), registered when this package is first imported
+#: (which the command line and ``python -m lora_sampler.lm_eval`` do), after lm-eval's own models.
+MODEL_NAME = "lora-sampler"
+if MODEL_NAME not in model_registry:  # an lm-eval that read the entry point has it already
+    register_model(MODEL_NAME)(LoraSamplerLM)
 
 __all__ = ["MODEL_NAME", "LmEvalTasks", "LoraSamplerLM", "TokenCache", "main", "metrics_of"]

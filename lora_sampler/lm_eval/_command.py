@@ -1,14 +1,13 @@
 """lm-eval's own command line, its arguments unchanged, run with ``lora-sampler`` registered.
 
 lm-eval 0.4.13's entry point, ``cli_evaluate``, reads ``sys.argv``: ``main`` sets it for the call and puts it back.
+The package registers the model when imported, before ``main`` can be called.
 """
 
 from __future__ import annotations
 
 import sys
 from typing import Optional, Sequence
-
-from lora_sampler.lm_eval import _registration  # noqa: F401  (registers the model lm-eval's command line runs)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

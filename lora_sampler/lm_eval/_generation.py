@@ -7,10 +7,10 @@ Every kwarg is forwarded or refused: one this module does not know is an error n
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from lora_sampler._wire.messages import SAMPLING_FIELDS
+from lora_sampler.types import _check_count
 
 #: vLLM sampling fields forwarded in the request body as they are (``extra_body``).
 VLLM_FIELDS = (
@@ -34,16 +34,8 @@ HARNESS_FIELDS = ("until", "max_gen_toks", "max_tokens", "do_sample")
 ACCEPTED = (*HARNESS_FIELDS, *(field for field in SAMPLING_FIELDS if field != "max_tokens"), *VLLM_FIELDS)
 
 
-@dataclass(frozen=True)
-class Generation:
-    """One generation's settings: the most tokens, and the ``SampleRequest`` keywords besides prompt and model."""
-
-    max_tokens: int
-    fields: Dict[str, Any]
-
-
-def generation_of(kwargs: Optional[Mapping[str, Any]], default_max_tokens: int) -> Generation:
-    """Translate lm-eval's generation kwargs.
+def generation_of(kwargs: Optional[Mapping[str, Any]], default_max_tokens: int) -> Dict[str, Any]:
+    """Translate lm-eval's generation kwargs into the ``SampleRequest`` keywords besides prompt and model.
 
     ``until`` (a string or a list) becomes the stop strings; ``max_gen_toks`` (or ``max_tokens``) the most tokens
     generated (default ``default_max_tokens``); ``do_sample=False`` without a temperature is greedy, as is no
@@ -57,24 +49,26 @@ def generation_of(kwargs: Optional[Mapping[str, Any]], default_max_tokens: int) 
     given = dict(kwargs or {})
     unknown = [name for name in given if name not in ACCEPTED]
     if unknown:
-        hints = [difflib.get_close_matches(name, ACCEPTED, n=1) for name in unknown]
-        meant = "".join(f" (did you mean {hint[0]!r}?)" for hint in hints if hint)
         raise ValueError(
-            f"generation kwarg(s) {', '.join(map(repr, unknown))} not forwarded to the engine{meant}; lora-sampler "
-            f"takes {', '.join(ACCEPTED)}"
+            f"generation kwarg(s) {', '.join(map(repr, unknown))} not forwarded to the engine"
+            f"{''.join(meant(name, ACCEPTED) for name in unknown)}; lora-sampler takes {', '.join(ACCEPTED)}"
         )
     max_tokens = given.pop("max_gen_toks", given.pop("max_tokens", default_max_tokens))
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise ValueError(f"max_gen_toks must be an int >= 1, got {max_tokens!r}")
+    _check_count("max_gen_toks", max_tokens, 1)
     do_sample = given.pop("do_sample", None)
-    if "temperature" not in given:
-        given["temperature"] = 1.0 if do_sample else 0.0
-    fields: Dict[str, Any] = {"stop": _stop_strings(given.pop("until", None))}
+    given.setdefault("temperature", 1.0 if do_sample else 0.0)
+    fields: Dict[str, Any] = {"max_tokens": max_tokens, "stop": _stop_strings(given.pop("until", None))}
     extra = {name: given.pop(name) for name in VLLM_FIELDS if name in given}
     if extra:
         fields["extra_body"] = extra
     fields.update(given)  # temperature, top_p, top_k, seed
-    return Generation(max_tokens, fields)
+    return fields
+
+
+def meant(name: str, choices: Sequence[str]) -> str:
+    """`` (did you mean 'x'?)`` for the choice closest to a name that is not one, or nothing when none is close."""
+    hints = difflib.get_close_matches(name, choices, n=1)
+    return f" (did you mean {hints[0]!r}?)" if hints else ""
 
 
 def _stop_strings(until: Any) -> Optional[List[str]]:

@@ -10,9 +10,9 @@ retry table, the adapter-load race, many prompts per request, scoring isolation 
 
 from __future__ import annotations
 
-import difflib
 import logging
 import weakref
+from inspect import Parameter, signature
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from lm_eval.api.model import TemplateLM
@@ -21,11 +21,11 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._client.outage import OutageHook
 from lora_sampler._client.scoring import SCORING_PARAMS
-from lora_sampler._defaults import API_KEY_ENV, DEFAULT_MAX_WORKERS, VLLM_API_KEY_ENV
+from lora_sampler._defaults import API_KEY_ENV, VLLM_API_KEY_ENV
 from lora_sampler.errors import EngineProtocolError
-from lora_sampler.lm_eval._generation import generation_of
-from lora_sampler.lm_eval._tokens import TokenCache, optional_cache
-from lora_sampler.types import Adapter, AdapterSpec, SampleOutput, SampleRequest, build_request
+from lora_sampler.lm_eval._generation import generation_of, meant
+from lora_sampler.lm_eval._tokens import TokenCache
+from lora_sampler.types import Adapter, AdapterSpec, SampleOutput, SampleRequest, _check_count, build_request
 
 logger = logging.getLogger(__name__)
 
@@ -37,22 +37,6 @@ DEFAULT_MAX_GEN_TOKS = 256
 HARNESS_ARGS = ("batch_size", "max_batch_size", "device")
 #: model_args that would put a secret into lm-eval's results and logs.
 SECRET_ARGS = ("api_key", "auth_token")
-#: The model_args this model takes.
-MODEL_ARGS = (
-    "base_url",
-    "adapter",
-    "base_model",
-    "lora_base_dir",
-    "num_concurrent",
-    "prompts_per_request",
-    "timeout",
-    "max_length",
-    "prefix_token_id",
-    "max_outage",
-    "max_gen_toks",
-    "tokenizer",
-)
-_NOTED: set[str] = set()
 
 #: One scoring input: (lm-eval's cache key or None, context token ids, continuation token ids).
 ScoringInput = Tuple[Any, Sequence[int], Sequence[int]]
@@ -114,20 +98,20 @@ class LoraSamplerLM(TemplateLM):  # type: ignore[misc]  # lm-eval is untyped
         _check_harness_args(harness_args)
         if adapter is not None and base_model is not None:
             raise ValueError("pass adapter or base_model in model_args, not both (no adapter: the base model)")
-        self._client = client if client is not None else _own_client(base_url, lora_base_dir, num_concurrent, timeout)
-        if client is None:
-            weakref.finalize(self, self._client.close)
-        else:
-            _check_beside_client(
-                base_url=base_url, lora_base_dir=lora_base_dir, num_concurrent=num_concurrent, timeout=timeout
-            )
+        self._client = _client_of(
+            self, client, base_url=base_url, lora_base_dir=lora_base_dir, num_concurrent=num_concurrent, timeout=timeout
+        )
         self._adapter, self._base_model = (adapter or None), base_model
         self._prompts_per_request = prompts_per_request
         #: The outage hold of every request, the token cache's included.
         self._hold: Dict[str, Any] = {"max_outage": max_outage, "on_outage": on_outage}
-        self._max_length, self._prefix = _optional_int(max_length, "max_length", 2), prefix_token_id
+        if max_length is not None:
+            _check_count("max_length", max_length, 2)
+        self._max_length, self._prefix = max_length, prefix_token_id
         self._max_gen_toks = max_gen_toks
-        self.tokens = optional_cache(token_cache, self._client, tokenizer)
+        if token_cache is not None and tokenizer is not None:
+            raise ValueError("tokenizer= beside token_cache=: give the tokenizer to the TokenCache (it tokenizes)")
+        self.tokens = token_cache if token_cache is not None else TokenCache(self._client, tokenizer=tokenizer)
 
     # -- what lm-eval asks of a model -------------------------------------------------------------------------
 
@@ -239,10 +223,9 @@ class LoraSamplerLM(TemplateLM):  # type: ignore[misc]  # lm-eval is untyped
         self.tokens.warm((context for context, _ in arguments), **self._hold)
         samples = []
         for context, kwargs in arguments:
-            generation = generation_of(kwargs, self._max_gen_toks)
-            room = max(1, self.max_length - 1 - generation.max_tokens)
-            prompt = self.tok_encode(context)[-room:]
-            samples.append(self._request(prompt, max_tokens=generation.max_tokens, **generation.fields))
+            fields = generation_of(kwargs, self._max_gen_toks)
+            room = max(1, self.max_length - 1 - fields["max_tokens"])
+            samples.append(self._request(self.tok_encode(context)[-room:], **fields))
         texts = []
         for (context, kwargs), output in zip(arguments, self._run(iter(samples), len(samples), disable_tqdm)):
             text = output.sequences[0].text
@@ -272,30 +255,45 @@ class LoraSamplerLM(TemplateLM):  # type: ignore[misc]  # lm-eval is untyped
         return outputs
 
 
-def _own_client(
-    base_url: Optional[str], lora_base_dir: Optional[str], workers: Optional[int], timeout: Optional[float]
-) -> SamplerClient:
-    if not base_url:
+#: The model_args this model takes: its constructor's parameters before ``*`` (those after are Python's alone).
+MODEL_ARGS = tuple(
+    name
+    for name, parameter in signature(LoraSamplerLM.__init__).parameters.items()
+    if parameter.kind is Parameter.POSITIONAL_OR_KEYWORD and name != "self"
+)
+
+
+def _client_of(model: LoraSamplerLM, client: Optional[SamplerClient], **settings: Any) -> SamplerClient:
+    """``client`` (the caller's to close), or one of ``settings``' engine, closed when ``model`` goes.
+
+    Raises:
+        ValueError: no client and no ``base_url``; or a client and one of its own settings beside it, which would be
+            ignored (named).
+    """
+    if client is not None:
+        given = [name for name, value in settings.items() if value is not None]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)} beside client=: they are the client's settings (SamplerClient(base_url, "
+                "lora_base_dir=, max_workers=, timeout=)); set them there, not beside client="
+            )
+        return client
+    if not settings["base_url"]:
         raise ValueError("lora-sampler needs base_url=<the engine root, e.g. http://127.0.0.1:8000> in --model_args")
-    workers = _optional_int(workers, "num_concurrent")
-    options: Dict[str, Any] = {"lora_base_dir": lora_base_dir, "max_workers": workers or DEFAULT_MAX_WORKERS}
+    options: Dict[str, Any] = {"lora_base_dir": settings["lora_base_dir"]}
+    workers, timeout = settings["num_concurrent"], settings["timeout"]
+    if workers is not None:
+        _check_count("num_concurrent", workers, 1)  # the client's own check would name max_workers
+        options["max_workers"] = workers
     if timeout is not None:
         options["timeout"] = (min(10.0, float(timeout)), float(timeout))
-    return SamplerClient(base_url, **options)
-
-
-def _check_beside_client(**settings: Any) -> None:
-    """Refuse a setting of the client's own given beside ``client=`` (it would be ignored), naming it."""
-    given = [name for name, value in settings.items() if value is not None]
-    if given:
-        raise ValueError(
-            f"{', '.join(given)} beside client=: they are the client's settings (SamplerClient(base_url, "
-            "lora_base_dir=, max_workers=, timeout=)); set them there, not beside client="
-        )
+    own = SamplerClient(settings["base_url"], **options)
+    weakref.finalize(model, own.close)
+    return own
 
 
 def _check_harness_args(harness_args: Dict[str, Any]) -> None:
-    """Refuse a secret or an unknown model_arg (naming it); note once that ``batch_size`` sizes nothing."""
+    """Refuse a secret or an unknown model_arg (naming it); note that ``batch_size`` sizes nothing."""
     secrets = [name for name in harness_args if name in SECRET_ARGS]
     if secrets:
         raise ValueError(
@@ -304,27 +302,17 @@ def _check_harness_args(harness_args: Dict[str, Any]) -> None:
         )
     unknown = [name for name in harness_args if name not in HARNESS_ARGS]
     if unknown:
-        hints = difflib.get_close_matches(unknown[0], MODEL_ARGS, n=1)
-        meant = f" (did you mean {hints[0]!r}?)" if hints else ""
         raise TypeError(
-            f"lora-sampler does not take the model_arg {unknown[0]!r}{meant}; it takes {', '.join(MODEL_ARGS)}"
+            f"lora-sampler does not take the model_arg {unknown[0]!r}{meant(unknown[0], MODEL_ARGS)}; it takes "
+            + ", ".join(MODEL_ARGS)
         )
     batch_size = harness_args.get("batch_size")
-    if batch_size not in (None, 1, "1") and "batch_size" not in _NOTED:
-        _NOTED.add("batch_size")
+    if batch_size not in (None, 1, "1"):
         logger.info(
             "batch_size=%s changes nothing here: num_concurrent requests are in flight at once, each with up to "
             "prompts_per_request prompts",
             batch_size,
         )
-
-
-def _optional_int(value: Any, name: str, least: int = 1) -> Optional[int]:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
-    return value
 
 
 def _split_texts(pairs: Iterable[Tuple[str, str]]) -> Iterator[str]:

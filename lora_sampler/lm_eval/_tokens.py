@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, Iterator, List, Optional, OrderedDic
 
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._client.outage import OutageHook
+from lora_sampler.types import _check_count
 
 #: The default bound: token ids plus text characters held (about 300 MB in the worst case, far less for most texts).
 DEFAULT_MAX_SIZE = 8_000_000
@@ -43,8 +44,7 @@ class TokenCache:
     """
 
     def __init__(self, client: SamplerClient, *, max_size: int = DEFAULT_MAX_SIZE, tokenizer: Any = None):
-        if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1:
-            raise ValueError(f"max_size must be an int >= 1, got {max_size!r}")
+        _check_count("max_size", max_size, 1)
         self._client, self._max_size = client, max_size
         self._local = local_tokenizer(tokenizer) if tokenizer is not None else None
         self._local_checked = False
@@ -200,12 +200,3 @@ def _tokenizer_file(path: str) -> LocalTokenizer:
     except Exception as error:  # the package's own error for a file it cannot read (its type is not documented)
         raise ValueError(f"tokenizer={path}: the tokenizers package cannot read {file} ({error})") from error
     return lambda texts: [tuple(one.ids) for one in read.encode_batch(texts, add_special_tokens=False)]
-
-
-def optional_cache(cache: Optional[TokenCache], client: SamplerClient, tokenizer: Any = None) -> TokenCache:
-    """``cache`` if given (a sweep shares one over its checkpoints), else a new one over ``client``."""
-    if cache is None:
-        return TokenCache(client, tokenizer=tokenizer)
-    if tokenizer is not None:
-        raise ValueError("tokenizer= beside token_cache=: give the tokenizer to the TokenCache (it tokenizes)")
-    return cache

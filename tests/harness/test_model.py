@@ -8,6 +8,7 @@ arithmetic.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any, List, Tuple
 
@@ -19,6 +20,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from lora_sampler import SamplerClient
 from lora_sampler._wire.routes import COMPLETIONS_PATH, TOKENIZE_PATH
 from lora_sampler.lm_eval import LoraSamplerLM, TokenCache
+from lora_sampler.lm_eval._model import MODEL_ARGS
 from lora_sampler.testing import ByteTokenizer, FakeEngine, write_adapter_archive
 
 
@@ -151,6 +153,13 @@ def test_model_args_refuse_a_key_and_name_an_unknown_one(engine: FakeEngine) -> 
     with pytest.raises(ValueError, match="base_url="):
         LoraSamplerLM()
     LoraSamplerLM(base_url=engine.url, batch_size=16, max_batch_size=None, device="cuda")
+
+
+def test_the_model_args_named_in_errors_are_the_constructors_and_the_guides() -> None:
+    """MODEL_ARGS (read from the constructor) is the guide's model_args table, in its order."""
+    guide = (Path(__file__).parents[2] / "docs" / "guides" / "lm-eval.md").read_text(encoding="utf-8")
+    table = guide.split("`--model_args` takes:", 1)[1].split("\n\n")[1]
+    assert tuple(re.findall(r"^\| `(\w+)` \|", table, re.MULTILINE)) == MODEL_ARGS
 
 
 def test_model_info_names_the_adapter_checkpoint_and_base(engine: FakeEngine, tmp_path: Path, lora_dir: Path) -> None:
