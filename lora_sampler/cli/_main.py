@@ -28,10 +28,17 @@ from lora_sampler._testmode import set_testing
 from lora_sampler._version import __version__
 from lora_sampler.batch._evaluator import CheckpointEvaluator
 from lora_sampler.batch._score import SCORE_FORMAT, scoring_notes
-from lora_sampler.batch._settings import SweepSettings
 from lora_sampler.cli._adapters import add_adapters_arguments, run_adapters
 from lora_sampler.cli._parser import CommandParser, UsageError
-from lora_sampler.cli._runner import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, BatchAbandoned, run_batch
+from lora_sampler.cli._runner import (
+    EXIT_ERROR,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    BatchAbandoned,
+    job_input,
+    run_batch,
+)
 from lora_sampler.cli._settings_flags import (
     PACE_FIELDS,
     SAMPLING_FIELDS,
@@ -44,7 +51,7 @@ from lora_sampler.cli._terminal import logs_to_stderr
 from lora_sampler.doctor import CONCURRENT_WARNING, run_checks
 from lora_sampler.errors import LoraSamplerError, OutputClosedError
 from lora_sampler.names import validate_adapter_name
-from lora_sampler.openai_batch import OPENAI_BATCH_FORMAT, PROMPT_FORMAT, file_format, first_line
+from lora_sampler.openai_batch import OPENAI_BATCH_FORMAT, PROMPT_FORMAT, file_format
 from lora_sampler.types import Adapter, is_checkpoint_path, is_storage_url
 
 logger = logging.getLogger(__name__)
@@ -75,16 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser = CommandParser(prog="lora-sampler", description="Sample LoRA adapters from a vLLM engine.", epilog=epilog)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    common = CommandParser(add_help=False)
-    common.add_argument(
-        "--log-level", type=_log_level, help="DEBUG, INFO (shows every retry), WARNING (default; demo: INFO), ERROR"
-    )
     engine, pace, sampling, publishing = _engine_flags(), _pace_flags(), _sampling_flags(), _publishing_flags()
     job = _job_flags(pace)
     sub = parser.commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(name: str, text: str, *parents: CommandParser) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=text, description=text, parents=[common, *parents])
+    def add(name: str, text: str, *parents: CommandParser, log_level: str = "WARNING") -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=text, description=text, parents=[_log_flags(log_level), *parents])
 
     _add_sample_arguments(
         add("sample", "sample every prompt of a JSONL file (resumable)", engine, publishing, job, sampling), epilog
@@ -104,9 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     _add_doctor_arguments(add("doctor", "check that the engine can serve adapters, and say what to fix", engine))
-    add("demo", "run a small batch through the built-in test engine, load race included")
+    add("demo", "run a small batch through the built-in test engine, load race included", log_level="INFO")
     _add_lm_eval_command(sub.add_parser)
-    _add_serve_test_engine(sub.add_parser, common)
+    _add_serve_test_engine(sub.add_parser)
     _add_publish_arguments(
         add("publish", "publish a checkpoint into --lora-base-dir; print the adapter name", engine, publishing)
     )
@@ -124,14 +127,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_serve_test_engine(add_parser: Callable[..., argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
+def _log_flags(default: str) -> CommandParser:
+    """Return ``--log-level``, every command's, with the command's default (``demo`` shows its retries: INFO)."""
+    flags = CommandParser(add_help=False)
+    flags.add_argument(
+        "--log-level",
+        type=_log_level,
+        default=default,
+        help="DEBUG, INFO (shows every retry), WARNING or ERROR",
+    )
+    return flags
+
+
+def _add_serve_test_engine(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
     """``serve-test-engine``: the test engine's own flags, from its module (stdlib only: it needs no client)."""
     from lora_sampler.testing._serve import add_arguments as add_engine_arguments
 
     add_engine_arguments(
         add_parser(
             "serve-test-engine",
-            parents=[common],
+            parents=[_log_flags("WARNING")],
             help="serve the built-in test engine (a vLLM stand-in) on a port until Ctrl-C, to try the commands",
             description="Serve the built-in test engine (a vLLM stand-in, no GPU needed) on a port until Ctrl-C. "
             "It prints its URL on stdout, and on stderr the resolver folder to pass as --lora-base-dir.",
@@ -473,20 +488,21 @@ def cmd_score(args: argparse.Namespace) -> int:
 
     An adapter that targets ``lm_head`` gets a note before the job and after its summary (``scoring_notes``).
     """
-    settings = job_settings(args)
+    settings = settings_from(args, output_dir=args.output)
+    with job_input(args, SCORE_FORMAT) as (source, line_format):
 
-    def job(client: SamplerClient) -> int:
-        model = _model(client, args)
-        notes, name = (scoring_notes(model), model.name) if isinstance(model, Adapter) else ([], "")
-        for note in notes:
-            print(f"lora-sampler: note: {note}", file=sys.stderr)
-        defaults = settings.line_defaults(adapter=model if args.adapter else None, base_model=args.base_model)
-        status = run_batch(client, args, defaults, SCORE_FORMAT)
-        for note in notes:
-            print(f"lora-sampler: note: {name}: {note}", file=sys.stderr)
-        return status
+        def job(client: SamplerClient) -> int:
+            model = _model(client, args)
+            notes, name = (scoring_notes(model), model.name) if isinstance(model, Adapter) else ([], "")
+            for note in notes:
+                print(f"lora-sampler: note: {note}", file=sys.stderr)
+            defaults = settings.line_defaults(adapter=model if args.adapter else None, base_model=args.base_model)
+            status = run_batch(client, args, defaults, source, line_format)
+            for note in notes:
+                print(f"lora-sampler: note: {name}: {note}", file=sys.stderr)
+            return status
 
-    return run_job(args, job)
+        return run_job(args, job)
 
 
 def cmd_serve_test_engine(args: argparse.Namespace) -> int:
@@ -517,21 +533,6 @@ def parse_timeout(text: str) -> Tuple[float, float]:
     return values[0], values[1]
 
 
-def job_settings(args: argparse.Namespace) -> SweepSettings:
-    """Check the flags of a ``sample`` or ``score`` job before anything is sent; return its settings (the sampling
-    and pacing flags, checked by ``SweepSettings`` as a sweep's are)."""
-    _check_outage_bound(args)
-    if args.input != "-" and not os.path.isfile(args.input):
-        raise UsageError(f"--input {args.input} is not a file; pass a JSONL file, or - to read stdin")
-    return settings_from(args, output_dir=args.output)
-
-
-def _check_outage_bound(args: argparse.Namespace) -> None:
-    """The command line's own bound: an unattended job's outage hold is finite (Python's ``max_outage`` may be inf)."""
-    if not 0 <= args.max_outage < float("inf"):
-        raise UsageError(f"--max-outage takes seconds >= 0 (0 stops at once), got {args.max_outage:g}")
-
-
 def run_job(args: argparse.Namespace, job: Callable[[SamplerClient], int]) -> int:
     """Build the client of a job (``sample``, ``score``, ``sweep``) from its flags, fail at once on a dead or hung
     engine or a refused key, then run ``job`` on the client and return its status."""
@@ -549,37 +550,25 @@ def run_job(args: argparse.Namespace, job: Callable[[SamplerClient], int]) -> in
         client.close(wait=not abandoned)  # abandoned: requests in flight are cancelled, their connections shut
 
 
-def _has_lines(path: str) -> bool:
-    """Tell whether an input file holds a line that is not blank (read up to the first one)."""
-    with open(path, "rb") as handle:
-        return first_line(handle)[0] is not None
-
-
 def cmd_sample(args: argparse.Namespace) -> int:
-    """Preflight the engine and the adapter, then stream the input through the client into the output."""
-    settings = job_settings(args)
-    if (
-        not (args.adapter or args.base_model)
-        and args.input != "-"
-        and _has_lines(args.input)  # an empty file is an empty job (exit 0, an empty output), as vLLM's run-batch
-        and file_format(args.input, args.format) == PROMPT_FORMAT
-    ):
-        raise UsageError("pass --adapter or --base-model (only OpenAI batch lines name their model, in body.model)")
+    """Check the flags and read the input's format, preflight the engine and the adapter, then stream the input
+    through the client into the output."""
+    settings = settings_from(args, output_dir=args.output)
+    with job_input(args) as (source, line_format):  # prompt lines without a model flag are refused here
 
-    def job(client: SamplerClient) -> int:
-        model = _model(client, args)
-        adapter = model if args.adapter else None
-        defaults = settings.line_defaults(
-            adapter=adapter, base_model=args.base_model, allow_model_paths=args.allow_model_paths
-        )
-        return run_batch(client, args, defaults)
+        def job(client: SamplerClient) -> int:
+            model = _model(client, args)
+            adapter = model if args.adapter else None
+            defaults = settings.line_defaults(
+                adapter=adapter, base_model=args.base_model, allow_model_paths=args.allow_model_paths
+            )
+            return run_batch(client, args, defaults, source, line_format)
 
-    return run_job(args, job)
+        return run_job(args, job)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Check the flags and the engine, then sweep every checkpoint through one client."""
-    _check_outage_bound(args)
     settings = settings_from(args)  # every sweep setting, checked once (the messages name the flags)
     _check_sweep_args(args)
     return run_job(args, lambda client: run_sweep(client, args, settings))  # each checkpoint checked as published
@@ -793,7 +782,7 @@ def _run_command(argv: Optional[Sequence[str]]) -> int:
         args = build_parser().parse_args(arguments)  # a usage mistake is a UsageError naming the flag, in one line
         if os.environ.get(TESTING_ENV) == "1":
             set_testing(True)
-        with logs_to_stderr(args.log_level or ("INFO" if args.command == "demo" else "WARNING")):
+        with logs_to_stderr(args.log_level):
             return COMMANDS[args.command](args)
     except SystemExit as exc:  # argparse: --help and --version are 0
         return exc.code if isinstance(exc.code, int) else EXIT_ERROR

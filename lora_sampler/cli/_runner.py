@@ -11,6 +11,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import os
 import sys
 import time
 from typing import IO, Any, Dict, Iterable, Iterator, Optional, Tuple
@@ -23,7 +24,6 @@ from lora_sampler.batch._lines import (
     InputLine,
     LineDefaults,
     LineFormat,
-    LineParser,
     RecordFormat,
     ResumeState,
     count_lines,
@@ -31,8 +31,8 @@ from lora_sampler.batch._lines import (
     parse_line,
     read_input,
 )
+from lora_sampler.cli._parser import UsageError
 from lora_sampler.cli._terminal import counting_rows, interrupts_stop, logs_above
-from lora_sampler.errors import BatchInputError
 from lora_sampler.openai_batch import (
     OPENAI_BATCH_RECORDS,
     PROMPT_FORMAT,
@@ -46,6 +46,9 @@ logger = logging.getLogger(__name__)
 
 #: Exit statuses: 0 ok, 1 some prompts failed, 2 usage, input or engine-unusable error, 130 interrupted.
 EXIT_OK, EXIT_FAILED, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
+#: ``sample``'s two kinds of line: prompt or messages lines, and OpenAI batch lines (which name their model).
+PROMPT_LINES = LineFormat(parse_line, PROMPT_RECORDS)
+BATCH_LINES = LineFormat(parse_batch_line, OPENAI_BATCH_RECORDS)
 
 
 class BatchAbandoned(Exception):
@@ -53,7 +56,11 @@ class BatchAbandoned(Exception):
 
 
 def run_batch(
-    client: SamplerClient, args: argparse.Namespace, defaults: LineDefaults, line_format: Optional[LineFormat] = None
+    client: SamplerClient,
+    args: argparse.Namespace,
+    defaults: LineDefaults,
+    source: Iterable[bytes],
+    line_format: LineFormat,
 ) -> int:
     """Stream ``args.input`` to ``args.output`` through ``client``; return the exit status.
 
@@ -65,18 +72,17 @@ def run_batch(
             counted), ``--prompts-per-request`` and ``--restart``.
         defaults: What every line gets unless it says otherwise; its adapter or base model is what every line
             samples (neither: OpenAI batch lines name theirs, in body.model).
-        line_format: A fixed kind of line and record (``score``'s) instead of ``--format``.
+        source: The input's lines and ``line_format`` their kind and records (``job_input``).
 
     Raises:
         OutputSettingsError: the output holds answers made with other settings (or an answered line changed).
-        LoraSamplerError: the job stopped on its own (a duplicate id, an unusable engine, an outage too long), or
-            prompt lines came without a model to sample.
+        LoraSamplerError: the job stopped on its own (a duplicate id, an unusable engine, an outage too long).
         BatchAbandoned: the second Ctrl-C left requests in flight.
     """
     model = defaults.adapter.name if isinstance(defaults.adapter, Adapter) else defaults.base_model
     with contextlib.ExitStack() as stack:
-        source = sys.stdin.buffer if args.input == "-" else stack.enter_context(open(args.input, "rb"))
-        lines, records, total = _lines_of(client, source, args, defaults, line_format)
+        lines, total = _lines_of(client, source, args, defaults, line_format)
+        records = line_format.records
         state, output = (ResumeState(), sys.stdout)
         if args.output != "-":
             state, output = _resume(stack, args, records, records.settings(defaults, model))
@@ -109,21 +115,20 @@ def _lines_of(
     source: Iterable[bytes],
     args: argparse.Namespace,
     defaults: LineDefaults,
-    line_format: Optional[LineFormat],
-) -> Tuple[Iterator[InputLine], RecordFormat, Optional[int]]:
-    """The input's lines (parsed lazily in their format, up to ``--limit``), the records' format, and how many lines
-    the bar counts to (None for stdin without a limit: it cannot be counted)."""
-    if line_format is None:
-        model = defaults.adapter if defaults.adapter is not None else defaults.base_model
-        source, records, parse = _input_format(client, source, args.format, model is not None)
-    else:
-        records, parse = line_format.records, line_format.parse
+    line_format: LineFormat,
+) -> Tuple[Iterator[InputLine], Optional[int]]:
+    """The input's lines (parsed lazily in their format, up to ``--limit``), and how many lines the bar counts to
+    (None for stdin without a limit: it cannot be counted)."""
+    parse = line_format.parse
+    if parse is parse_batch_line and defaults.adapter is None and defaults.base_model is None:
+        # body.model names a base model when the engine serves it (--adapter/--base-model override body.model)
+        parse = functools.partial(parse_batch_line, base_models=frozenset(client.served_base_models()))
     lines = read_input(source, defaults, name="<stdin>" if args.input == "-" else args.input, parse=parse)
     total = None if args.input == "-" else count_lines(args.input)  # cheap for a file
     if args.limit is not None:
         lines = itertools.islice(lines, args.limit)
         total = args.limit if total is None else min(total, args.limit)
-    return lines, records, total
+    return lines, total
 
 
 def _exit_status(job: BatchJob, interrupts: int, failures: bool, output_path: str) -> int:
@@ -181,22 +186,36 @@ def _print_summary(stats: BatchStats, retries: int) -> None:
     )
 
 
-def _input_format(
-    client: SamplerClient, source: Iterable[bytes], input_format: str, has_model: bool
-) -> Tuple[Iterable[bytes], RecordFormat, LineParser]:
-    """Return the input's lines (none consumed), the output format and the line parser, by the input's format
-    (``--format``: auto, prompts or openai-batch); ``has_model``: ``--adapter`` or ``--base-model`` was given."""
+@contextlib.contextmanager
+def job_input(
+    args: argparse.Namespace, line_format: Optional[LineFormat] = None
+) -> Iterator[Tuple[Iterable[bytes], LineFormat]]:
+    """Open ``--input`` (``-`` reads stdin) for the block, its format read before any request: ``score``'s fixed
+    ``line_format``, or ``sample``'s ``--format`` (auto: openai-batch when the first non-blank line is one).
+
+    Yields:
+        The input's lines (none consumed) and their kind and records.
+
+    Raises:
+        UsageError: ``--input`` is no file, or it holds prompt lines (which name no model) without ``--adapter`` or
+            ``--base-model``; an input of blank lines is an empty job (exit 0, an empty output), as vLLM's
+            run-batch.
+    """
+    if args.input != "-" and not os.path.isfile(args.input):
+        raise UsageError(f"--input {args.input} is not a file; pass a JSONL file, or - to read stdin")
+    with contextlib.nullcontext(sys.stdin.buffer) if args.input == "-" else open(args.input, "rb") as source:
+        yield (source, line_format) if line_format is not None else _sample_format(source, args)
+
+
+def _sample_format(source: Iterable[bytes], args: argparse.Namespace) -> Tuple[Iterable[bytes], LineFormat]:
+    """The lines of ``sample``'s input (none consumed) and their kind, by ``--format`` (auto: from the first line)."""
     found, lines = detect_format(source)
-    chosen = found if input_format == "auto" else input_format
-    if chosen == PROMPT_FORMAT:
-        first, lines = first_line(lines)
-        if not has_model and first is not None:  # an input of blank lines is an empty job: exit 0, empty output
-            raise BatchInputError(
-                "the input holds prompt lines, which name no model: pass --adapter or --base-model (only OpenAI "
-                "batch lines name their model, in body.model)"
-            )
-        return lines, PROMPT_RECORDS, parse_line
-    if has_model:  # --adapter/--base-model override body.model (LineDefaults carries them)
-        return lines, OPENAI_BATCH_RECORDS, parse_batch_line
-    base_models = frozenset(client.served_base_models())  # body.model names a base model when the engine serves it
-    return lines, OPENAI_BATCH_RECORDS, functools.partial(parse_batch_line, base_models=base_models)
+    if (found if args.format == "auto" else args.format) != PROMPT_FORMAT:
+        return lines, BATCH_LINES
+    first, lines = first_line(lines)
+    if first is not None and not (args.adapter or args.base_model):
+        raise UsageError(
+            "the input holds prompt lines, which name no model: pass --adapter or --base-model (only OpenAI batch "
+            "lines name their model, in body.model)"
+        )
+    return lines, PROMPT_LINES

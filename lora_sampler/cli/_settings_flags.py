@@ -58,6 +58,9 @@ def any_json_object(value: str) -> Dict[str, Any]:
     return parsed
 
 
+#: A check's ``None (the measured defaults), ``: the Python spelling of a flag left out.
+_PYTHON_NONE = re.compile(r"\bNone \(([^)]*)\),? ")
+
 #: How a flag's text becomes a value, by the ``Setting.value`` of its field.
 _READERS: Dict[Any, Callable[[str], Any]] = {
     int: int,
@@ -101,10 +104,14 @@ def settings_from(args: argparse.Namespace, **given: Any) -> SweepSettings:
 
     ``sweep`` takes every setting's flag; ``sample`` and ``score`` take the sampling and pacing ones and give their
     ``--output`` as ``output_dir`` (``given``), so their flags are checked by the same value, in the same words.
+    One bound is the command line's own: an unattended job's outage hold is finite (Python's ``max_outage`` may be
+    inf).
 
     Raises:
         UsageError: a bad value or combination (a ``ValueError``); the message names the flags.
     """
+    if not 0 <= args.max_outage < float("inf"):
+        raise UsageError(f"--max-outage takes seconds >= 0 (0 stops at once), got {args.max_outage:g}")
     flags = vars(args)  # argparse's documented dict view of its Namespace
     values = {name: flags[name] for name in flag_fields() if name in flags}
     try:
@@ -114,11 +121,15 @@ def settings_from(args: argparse.Namespace, **given: Any) -> SweepSettings:
 
 
 def flags_named(message: str) -> str:
-    """``message`` with the settings it names spelled as their flags (``keep_loaded`` -> ``--keep-loaded``)."""
+    """``message`` with the settings it names spelled as their flags (``keep_loaded`` -> ``--keep-loaded``), and
+    Python's ``None (what it means)`` said as the flag left out."""
     fields = _fields()
     first, _, rest = message.partition(" ")
     if first in fields:
         message = f"{setting_of(fields[first]).flag_of(first) or first} {rest}"
+    none = _PYTHON_NONE.search(message)
+    if none is not None:
+        message = f"{message[: none.start()]}{message[none.end() :]}; leave the flag out for {none[1]}"
     return _snake_to_flags(message)
 
 

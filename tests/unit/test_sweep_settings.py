@@ -83,7 +83,11 @@ def test_the_command_line_defaults_are_the_settings_defaults() -> None:
         (["--window", "0"], "--window must be an int >= 1"),
         (["--settle", "-1"], "--settle must be a number of seconds >= 0"),
         (["--keep-loaded", "--delete-retired"], "it cannot go with --keep-loaded"),
-        (["--prompts-per-request", "0"], "--prompts-per-request must be"),
+        (
+            ["--prompts-per-request", "0"],
+            "--prompts-per-request must be 1 (one prompt per request) or an int up to 1024, got 0; leave the flag "
+            "out for the measured defaults",
+        ),
         (["--score", "--max-tokens", "3"], "--score scores each line; sampling settings apply to sampling only"),
         (["--top-p", "2"], "--top-p must be a number in (0, 1]"),
     ],
