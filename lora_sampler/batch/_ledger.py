@@ -135,9 +135,13 @@ class Ledger:
 
 
 def ledger_key(entry: Dict[str, Any]) -> str:
-    """What identifies a ledger line's checkpoint: its real path (``path``), else (older ledgers) ``checkpoint``."""
+    """What identifies a ledger line's checkpoint, as a listing keys it: its real path (``path``), else (older
+    ledgers, which name no ``path``) its ``checkpoint`` with symlinks resolved (a URL as it is)."""
     path = entry.get("path")
-    return path if isinstance(path, str) else str(entry["checkpoint"])
+    if isinstance(path, str):
+        return path
+    checkpoint = str(entry["checkpoint"])
+    return checkpoint if "://" in checkpoint else os.path.realpath(checkpoint)
 
 
 def read_ledger(path: str) -> List[Dict[str, Any]]:

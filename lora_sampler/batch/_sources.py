@@ -500,14 +500,6 @@ def _resolved(checkpoint: Checkpoint) -> Checkpoint:
     return dataclasses.replace(checkpoint, real=real) if real != checkpoint.path else checkpoint
 
 
-def _real_key(key: str, line: Mapping[str, Any]) -> str:
-    """A ledger line's checkpoint as the listing keys it: lines of older versions name no ``path``, and their
-    ``checkpoint`` may lie under a symlinked folder."""
-    if "path" in line or not line or "://" in key:
-        return key
-    return os.path.realpath(key)
-
-
 class _Pending:
     """A listed checkpoint not handed out yet, and what the source saw of it."""
 
@@ -540,9 +532,9 @@ class CheckpointSource:
 
     Args:
         list_checkpoints: The listing (``listing``).
-        skip: Checkpoints already done: their keys, or the ledger's finished lines by key (then a checkpoint whose
-            ``content_signature`` differs from the line's ``signature`` is handed out again, naming the line's
-            adapter as ``replaces``).
+        skip: Checkpoints already done: their keys, or the ledger's finished lines by ``ledger_key`` (then a
+            checkpoint whose ``content_signature`` differs from the line's ``signature`` is handed out again, naming
+            the line's adapter as ``replaces``).
         watch: Keep looking for new checkpoints (see above).
         settle: Seconds a fingerprint must stay the same.
         idle_timeout: Seconds of nothing new after which a watch ends.
@@ -570,7 +562,7 @@ class CheckpointSource:
         lines = skip if isinstance(skip, Mapping) else {key: {} for key in skip}
         #: key -> (signature, adapter) of each checkpoint done (evaluated, or recorded as failed in this run).
         self._done: Dict[str, Tuple[Optional[str], Optional[str]]] = {
-            _real_key(key, line): (line.get("signature"), line.get("adapter")) for key, line in lines.items()
+            key: (line.get("signature"), line.get("adapter")) for key, line in lines.items()
         }
         self._pending: Dict[str, _Pending] = {}
         self._taken: Set[str] = set()

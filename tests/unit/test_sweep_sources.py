@@ -206,3 +206,20 @@ def test_tar_members_only_listed_are_enough_for_a_complete_archive(tmp_path: Pat
         for name in sorted(os.listdir(folder)):
             tar.add(os.path.join(folder, name), arcname=name)
     assert checkpoint_fingerprint(str(archive))[1] is None
+
+
+def test_an_older_ledgers_line_without_path_is_done_under_a_symlinked_folder(tmp_path: Path) -> None:
+    """A line of an older version names no ``path``: its ``checkpoint`` under a symlinked folder is keyed by its real
+    path, as the listing keys it, so the checkpoint is not evaluated again."""
+    real = tmp_path / "real"
+    real.mkdir()
+    aged(write_adapter_archive(str(real / "step-1.tar.gz"), "tiny-base"))
+    (tmp_path / "run").symlink_to(real)
+    named = str(tmp_path / "run" / "step-1.tar.gz")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LEDGER_NAME).write_text(json.dumps({"checkpoint": named, "adapter": "a", "output": "a.jsonl"}) + "\n")
+    with Ledger(str(out)) as ledger:
+        assert list(ledger.finished) == [str(real / "step-1.tar.gz")]
+        source = CheckpointSource(listing(str(tmp_path / "run" / "*.tar.gz")), skip=ledger.finished, settle=0.0)
+        assert source.poll() is None and source.ended
