@@ -764,10 +764,6 @@ _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 # -- records -----------------------------------------------------------------------------------------------------
 
 
-#: ``value``, or None for NaN and infinities (which JSON cannot hold): the rule the result views show numbers by.
-number_or_none = json_number
-
-
 def result_record(line: InputLine, output: SampleOutput) -> Dict[str, Any]:
     """Return the output record of an answered line."""
     record: Dict[str, Any] = {
@@ -776,7 +772,7 @@ def result_record(line: InputLine, output: SampleOutput) -> Dict[str, Any]:
         "sequences": [
             {
                 "tokens": list(s.tokens),
-                "logprobs": [number_or_none(lp) for lp in s.logprobs],
+                "logprobs": [json_number(lp) for lp in s.logprobs],
                 "text": s.text,
                 "stop_reason": s.stop_reason,
             }
@@ -784,7 +780,7 @@ def result_record(line: InputLine, output: SampleOutput) -> Dict[str, Any]:
         ],
     }
     if output.prompt_logprobs is not None:
-        record["prompt_logprobs"] = [number_or_none(lp) for lp in output.prompt_logprobs]
+        record["prompt_logprobs"] = [json_number(lp) for lp in output.prompt_logprobs]
     return add_metadata(record, line)
 
 

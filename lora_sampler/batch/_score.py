@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from lora_sampler._adapters.publish import LM_HEAD_NOTE, adapter_targets_lm_head
+from lora_sampler._views import json_number
 from lora_sampler.batch._lines import (
     METADATA_KEY,
     PROMPT_RECORDS,
@@ -19,7 +20,6 @@ from lora_sampler.batch._lines import (
     LineId,
     RecordFormat,
     add_metadata,
-    number_or_none,
     parse_object_line,
     unknown_key,
 )
@@ -62,8 +62,8 @@ def score_record(line: InputLine, output: ScoreOutput) -> Dict[str, Any]:
         "id": line.id,
         "model": output.model,
         "tokens": list(output.scored_tokens),
-        "logprobs": [number_or_none(lp) for lp in output.scored_logprobs],
-        "sum": number_or_none(output.total),
+        "logprobs": [json_number(lp) for lp in output.scored_logprobs],
+        "sum": json_number(output.total),
     }
     return add_metadata(record, line)
 
@@ -110,7 +110,7 @@ class ScoreStep(SampleStep):
         return {
             **counts,
             "tokens": tokens,
-            "mean_logprob": number_or_none(total / tokens) if tokens else None,  # None once sums leave the float range
-            "mean_sum": number_or_none(total / answered) if answered else None,
+            "mean_logprob": json_number(total / tokens) if tokens else None,  # None once sums leave the float range
+            "mean_sum": json_number(total / answered) if answered else None,
             "mean_length": tokens / answered if answered else None,
         }

@@ -134,9 +134,7 @@ class CheckpointReport:
         path = getattr(error, "path", None)
         if isinstance(path, str):
             details["path"] = path
-        report = cls(checkpoint.path, checkpoint.step, seconds=seconds, error=details)
-        report.path = checkpoint.key
-        return report
+        return cls(checkpoint.path, checkpoint.step, seconds=seconds, error=details, path=checkpoint.key)
 
 
 #: ``CheckpointReport`` fields that are not ledger keys: ``extra`` spreads its keys into the line; ``resumed`` is the
