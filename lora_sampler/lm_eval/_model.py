@@ -316,17 +316,13 @@ def _check_harness_args(harness_args: Dict[str, Any]) -> None:
 
 
 def _split_texts(pairs: Iterable[Tuple[str, str]]) -> Iterator[str]:
-    """The texts ``TemplateLM.loglikelihood`` will tokenize for these pairs (to tokenize them first, many at once)."""
+    """The texts ``TemplateLM.loglikelihood`` will tokenize for these pairs (to tokenize them first, many at once).
+
+    An empty context: the continuation alone. Else the context without its trailing spaces (lm-eval moves them to the
+    continuation) and the whole text, which moving the spaces leaves as it was.
+    """
     for context, continuation in pairs:
-        if not context:
-            yield continuation
-            continue
-        kept = context.rstrip()
-        spaces = len(context) - len(kept)
-        if spaces:
-            context, continuation = kept, context[-spaces:] + continuation
-        yield context
-        yield context + continuation
+        yield from (context.rstrip(), context + continuation) if context else (continuation,)
 
 
 def _window(context: List[int], continuation: List[int], room: int) -> Tuple[List[int], int]:

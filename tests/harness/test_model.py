@@ -38,9 +38,12 @@ def expected_score(client: SamplerClient, tokens: List[int], start: int, **model
 def test_loglikelihood_is_lm_evals_split_scored_by_the_adapter(
     engine: FakeEngine, checkpoint: str, lora_dir: Path
 ) -> None:
-    """The context's trailing space moves to the continuation; the adapter's logprobs of the continuation tokens."""
+    """The context's trailing space moves to the continuation; the adapter's logprobs of the continuation tokens.
+    The texts tokenized first, many at once, are those lm-eval's split asks for: no other reaches /tokenize."""
     lm = LoraSamplerLM(base_url=engine.url, adapter=checkpoint, lora_base_dir=str(lora_dir), prompts_per_request=1)
+    engine.reset_log()
     answers = lm.loglikelihood(instances("loglikelihood", [("Two plus two is ", "four"), ("The sky", " is blue")]))
+    assert engine.calls(TOKENIZE_PATH) == 4  # "Two plus two is", "Two plus two is four", "The sky", "The sky is blue"
     with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
         whole = list(client.tokenize("Two plus two is four", add_special_tokens=False))
         context = list(client.tokenize("Two plus two is", add_special_tokens=False))
