@@ -15,7 +15,7 @@ from __future__ import annotations
 import collections
 import os
 import threading
-from typing import Any, Callable, Iterable, Iterator, List, Optional, OrderedDict, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, OrderedDict, Tuple
 
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._client.outage import OutageHook
@@ -100,38 +100,36 @@ class TokenCache:
     def _asked(
         self, texts: List[str], special: bool, max_outage: float, on_outage: Optional[OutageHook]
     ) -> Iterator[Tuple[int, ...]]:
-        """Tokenize ``texts`` (none: no request), in-process or by the engine, keeping each answer as it comes."""
+        """Tokenize ``texts`` (none: no request), in-process or by the engine, keeping each answer as it comes.
+
+        The local tokenizer's first answer is checked against the engine's (one request), which must agree.
+        """
         if not texts:
             return
-        asked = self._local is None or special
-        if asked:
-            answers: Iterable[Tuple[int, ...]] = self._client.tokenize_many(
-                texts, add_special_tokens=special, max_outage=max_outage, on_outage=on_outage
-            )
+        hold: Dict[str, Any] = {"max_outage": max_outage, "on_outage": on_outage}
+        local = None if special else self._local
+        if local is None:
+            answers: Iterable[Tuple[int, ...]] = self._client.tokenize_many(texts, add_special_tokens=special, **hold)
         else:
-            answers = self._locally(texts, max_outage, on_outage)
+            answers = local(texts)
+            if not self._local_checked:
+                self._check_local(texts[0], answers[0], hold)
         for text, tokens in zip(texts, answers):
-            self._keep((text, special), tokens, asked)
+            self._keep((text, special), tokens, local is None)
             yield tokens
 
-    def _locally(self, texts: List[str], max_outage: float, on_outage: Optional[OutageHook]) -> List[Tuple[int, ...]]:
-        """``texts`` by the local tokenizer; the first time, its first text by the engine too, which must agree."""
-        assert self._local is not None
-        answers = self._local(texts)
-        if not self._local_checked:
-            [engine] = self._client.tokenize_many(
-                texts[:1], add_special_tokens=False, max_outage=max_outage, on_outage=on_outage
+    def _check_local(self, text: str, ids: Tuple[int, ...], hold: Dict[str, Any]) -> None:
+        """Refuse a local tokenizer whose ids of ``text`` are not the engine's (asked once, counted in ``requests``)."""
+        [engine] = self._client.tokenize_many([text], add_special_tokens=False, **hold)
+        with self._lock:
+            self.requests += 1
+        if tuple(engine) != ids:
+            raise ValueError(
+                f"the tokenizer given (tokenizer=) is not the engine's: it makes {list(ids[:8])} of {text[:40]!r} "
+                f"where the engine's makes {list(engine[:8])}; pass the served base model's own tokenizer (its "
+                "folder or tokenizer.json), or leave tokenizer= out to ask the engine"
             )
-            with self._lock:
-                self.requests += 1
-            if tuple(engine) != answers[0]:
-                raise ValueError(
-                    f"the tokenizer given (tokenizer=) is not the engine's: it makes {list(answers[0][:8])} of "
-                    f"{texts[0][:40]!r} where the engine's makes {list(engine[:8])}; pass the served base model's "
-                    "own tokenizer (its folder or tokenizer.json), or leave tokenizer= out to ask the engine"
-                )
-            self._local_checked = True
-        return answers
+        self._local_checked = True
 
     def _keep(self, key: _Key, tokens: Tuple[int, ...], asked: bool) -> None:
         cost = len(key[0]) + len(tokens)
