@@ -43,6 +43,7 @@ from lora_sampler.errors import (
     ModelNotFoundError,
     short_cause,
 )
+from lora_sampler.types import check_count
 
 logger = logging.getLogger(__name__)
 
@@ -127,8 +128,7 @@ class RetryPolicy:
     on_giveup: Hooks = field(default=())
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) or self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be an int >= 1, got {self.max_attempts!r}")
+        check_count("max_attempts", self.max_attempts, 1)
         for name in ("base_delay", "max_delay", "load_timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:

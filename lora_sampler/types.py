@@ -69,8 +69,13 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _check_count(argument: str, value: object, minimum: int, note: str = "") -> None:
-    """Refuse ``value`` unless it is an int >= ``minimum``, naming the argument (``note``: what else it takes)."""
+def check_count(argument: str, value: object, minimum: int, note: str = "") -> None:
+    """Refuse ``value`` unless it is an int >= ``minimum`` (a bool is not one), naming the argument (``note``: what
+    else it takes): the one rule of every count a caller passes, so each says it in the same words.
+
+    Raises:
+        ValueError: ``value`` is not such an int.
+    """
     if not _is_int(value) or cast(int, value) < minimum:
         raise ValueError(f"{argument} must be an int >= {minimum}{note}, got {value!r}")
 
@@ -99,12 +104,12 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None:
-            _check_count("max_tokens", self.max_tokens, 1, " or None (no limit but the context)")
+            check_count("max_tokens", self.max_tokens, 1, " or None (no limit but the context)")
         if not _is_number(self.temperature) or not 0 <= self.temperature < math.inf:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
-        _check_count("top_k", self.top_k, -1, " (-1 disables it)")
+        check_count("top_k", self.top_k, -1, " (-1 disables it)")
         if self.seed is not None and not _is_int(self.seed):
             raise TypeError(f"seed must be an int or None, got {type(self.seed).__name__}")
         object.__setattr__(self, "stop", _normalise_stop(self.stop))
@@ -238,11 +243,11 @@ class SampleRequest:
                 )
         else:
             object.__setattr__(self, "prompt", _validated_prompt(self.prompt))
-        _check_count("num_samples", self.num_samples, 1)
+        check_count("num_samples", self.num_samples, 1)
         if self.sampling_params is not None and not isinstance(self.sampling_params, SamplingParams):
             raise TypeError(f"sampling_params must be a SamplingParams, got {type(self.sampling_params).__name__}")
-        _check_count("topk_prompt_logprobs", self.topk_prompt_logprobs, 0)
-        _check_count("topk_sample_logprobs", self.topk_sample_logprobs, 0)
+        check_count("topk_prompt_logprobs", self.topk_prompt_logprobs, 0)
+        check_count("topk_sample_logprobs", self.topk_sample_logprobs, 0)
         _check_session_id(self.session_id)
         if self.extra_body is not None:
             object.__setattr__(self, "extra_body", validated_extra_body(self.extra_body))

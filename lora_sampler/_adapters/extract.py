@@ -35,6 +35,7 @@ from lora_sampler._adapters.archive import (
     run_data_filter,
 )
 from lora_sampler.errors import PublishError, UnsafeArchiveError
+from lora_sampler.types import check_count
 
 #: Bytes per step when extracting or copying: measured faster than 64 KiB and 1 MiB on a 64 MiB payload.
 COPY_CHUNK_SIZE = 1 << 18
@@ -79,9 +80,7 @@ class PublishLimits:
 
     def __post_init__(self) -> None:
         for bound in ("max_total_bytes", "max_members", "max_name_bytes", "max_header_bytes"):
-            value = getattr(self, bound)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"PublishLimits({bound}=...) must be an int >= 1, got {value!r}")
+            check_count(f"PublishLimits({bound}=...)", getattr(self, bound), 1)
 
 
 #: The bounds every publish uses unless told otherwise.

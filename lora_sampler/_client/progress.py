@@ -15,6 +15,7 @@ import threading
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 from lora_sampler._client.outage import OutageEvent
+from lora_sampler.types import check_count
 
 #: Characters of an error message repeated in the count line at the end.
 _SHORT_MESSAGE = 160
@@ -26,8 +27,7 @@ def check_total(total: object) -> None:
     Raises:
         ValueError: ``total`` is not an int >= 0.
     """
-    if isinstance(total, bool) or not isinstance(total, int) or total < 0:
-        raise ValueError(f"total must be an int >= 0 (the number of requests), got {total!r}")
+    check_count("total", total, 0, " (the number of requests)")
 
 
 class ProgressBar:

@@ -32,7 +32,7 @@ from lora_sampler._transport.exchange import (
 )
 from lora_sampler._transport.session import POOL_HEADROOM, EngineSession
 from lora_sampler._transport.translate import CAUGHT, Translator
-from lora_sampler.types import Timeout, split_timeout
+from lora_sampler.types import Timeout, check_count, split_timeout
 
 __all__ = [
     "DEFAULT_MAX_RESPONSE_BYTES",
@@ -86,9 +86,8 @@ class EngineTransport:
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         session: Optional[requests.Session] = None,
     ):
-        for name, count in (("max_workers", max_workers), ("max_response_bytes", max_response_bytes)):
-            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {count!r}")
+        check_count("max_workers", max_workers, 1)
+        check_count("max_response_bytes", max_response_bytes, 1)
         self.base_url, userinfo = split_base_url(base_url)
         self.timeout = timeout
         self.max_response_bytes = max_response_bytes

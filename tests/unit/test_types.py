@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import math
 import pathlib
+import re
 from typing import Any
 
 import pytest
 
+import lora_sampler
 from lora_sampler import Adapter, GeneratedSequence, SampleOutput, SampleRequest, SamplingParams, ScoreOutput
+from lora_sampler.publish import PublishLimits
 from lora_sampler.types import is_checkpoint_path
 
 
@@ -192,3 +195,23 @@ def test_types_a_usage_that_is_no_counts_reads_as_none(counts: Any) -> None:
         "total_tokens": 4,
         "cached_tokens": 2,
     }
+
+
+@pytest.mark.parametrize(
+    "make, name, least",
+    [
+        (lambda v: lora_sampler.RetryPolicy(max_attempts=v), "max_attempts", 1),
+        (lambda v: PublishLimits(max_members=v), "PublishLimits(max_members=...)", 1),
+        (lambda v: lora_sampler.SamplerClient("http://127.0.0.1:9", max_workers=v), "max_workers", 1),
+        (lambda v: lora_sampler.SamplerClient("http://127.0.0.1:9", max_response_bytes=v), "max_response_bytes", 1),
+        (lambda v: SamplingParams(max_tokens=v), "max_tokens", 1),
+    ],
+)
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "3"])
+def test_every_count_a_caller_passes_is_refused_by_one_rule_naming_it(
+    make: Any, name: str, least: int, bad: Any
+) -> None:
+    """A count (attempts, workers, bytes, members, tokens) that is not an int >= its least, a bool included, is a
+    ValueError naming the argument, in the same words wherever it is passed."""
+    with pytest.raises(ValueError, match=re.escape(f"{name} must be an int >= {least}")):
+        make(bad)
