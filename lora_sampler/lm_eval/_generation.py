@@ -10,7 +10,7 @@ import difflib
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from lora_sampler._wire.messages import SAMPLING_FIELDS
-from lora_sampler.types import _check_count
+from lora_sampler.types import check_count
 
 #: vLLM sampling fields forwarded in the request body as they are (``extra_body``).
 VLLM_FIELDS = (
@@ -54,7 +54,7 @@ def generation_of(kwargs: Optional[Mapping[str, Any]], default_max_tokens: int) 
             f"{''.join(meant(name, ACCEPTED) for name in unknown)}; lora-sampler takes {', '.join(ACCEPTED)}"
         )
     max_tokens = given.pop("max_gen_toks", given.pop("max_tokens", default_max_tokens))
-    _check_count("max_gen_toks", max_tokens, 1)
+    check_count("max_gen_toks", max_tokens, 1)
     do_sample = given.pop("do_sample", None)
     given.setdefault("temperature", 1.0 if do_sample else 0.0)
     fields: Dict[str, Any] = {"max_tokens": max_tokens, "stop": _stop_strings(given.pop("until", None))}

@@ -25,7 +25,7 @@ from lora_sampler._defaults import API_KEY_ENV, VLLM_API_KEY_ENV
 from lora_sampler.errors import EngineProtocolError
 from lora_sampler.lm_eval._generation import generation_of, meant
 from lora_sampler.lm_eval._tokens import TokenCache
-from lora_sampler.types import Adapter, AdapterSpec, SampleOutput, SampleRequest, _check_count, build_request
+from lora_sampler.types import Adapter, AdapterSpec, SampleOutput, SampleRequest, build_request, check_count
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class LoraSamplerLM(TemplateLM):  # type: ignore[misc]  # lm-eval is untyped
         #: The outage hold of every request, the token cache's included.
         self._hold: Dict[str, Any] = {"max_outage": max_outage, "on_outage": on_outage}
         if max_length is not None:
-            _check_count("max_length", max_length, 2)
+            check_count("max_length", max_length, 2)
         self._max_length, self._prefix = max_length, prefix_token_id
         self._max_gen_toks = max_gen_toks
         if token_cache is not None and tokenizer is not None:
@@ -283,7 +283,7 @@ def _client_of(model: LoraSamplerLM, client: Optional[SamplerClient], **settings
     options: Dict[str, Any] = {"lora_base_dir": settings["lora_base_dir"]}
     workers, timeout = settings["num_concurrent"], settings["timeout"]
     if workers is not None:
-        _check_count("num_concurrent", workers, 1)  # the client's own check would name max_workers
+        check_count("num_concurrent", workers, 1)  # the client's own check would name max_workers
         options["max_workers"] = workers
     if timeout is not None:
         options["timeout"] = (min(10.0, float(timeout)), float(timeout))

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Orde
 
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._client.outage import OutageHook
-from lora_sampler.types import _check_count
+from lora_sampler.types import check_count
 
 #: The default bound: token ids plus text characters held (about 300 MB in the worst case, far less for most texts).
 DEFAULT_MAX_SIZE = 8_000_000
@@ -44,7 +44,7 @@ class TokenCache:
     """
 
     def __init__(self, client: SamplerClient, *, max_size: int = DEFAULT_MAX_SIZE, tokenizer: Any = None):
-        _check_count("max_size", max_size, 1)
+        check_count("max_size", max_size, 1)
         self._client, self._max_size = client, max_size
         self._local = local_tokenizer(tokenizer) if tokenizer is not None else None
         self._local_checked = False
