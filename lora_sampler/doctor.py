@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import secrets
 import tarfile
@@ -58,6 +59,7 @@ __all__ = [
     "run_checks",
 ]
 
+logger = logging.getLogger(__name__)
 _ONCE = RetryPolicy(max_attempts=1)  # each check reads the engine's first answer
 _TIMEOUT = (5.0, 30.0)
 _FOLDER_FIX = (
@@ -91,8 +93,14 @@ def run_checks(
     With ``replicas``, the adapter lifecycle checks (runtime updating, the folder) run on each replica instead of
     on ``base_url``: a router forwards them to one replica only. With ``scoring`` (and ``adapter``), once every
     other check passed, the scoring self-check (``SamplerClient.check_scoring``, with ``concurrent`` and
-    ``other_adapter`` as its ``other``) adds one finding per comparison: see ``CONCURRENT_WARNING``.
+    ``other_adapter`` as its ``other``) adds one finding per comparison; ``concurrent`` logs ``CONCURRENT_WARNING``
+    first.
+
+    Raises:
+        ValueError: ``scoring`` without ``adapter``, or ``concurrent`` or ``other_adapter`` without ``scoring``
+            (before any request).
     """
+    scored = _scored_adapter(adapter, scoring, concurrent, other_adapter)
     findings: List[Finding] = []
     engine: Dict[str, Any] = {
         "base_url": base_url,
@@ -112,9 +120,29 @@ def run_checks(
                 findings.append(check_resolver_dir(client, lora_base_dir, model))
         if adapter is not None:
             findings.append(check_adapter(adapter, lora_base_dir, model))
-    if scoring and adapter is not None and all(f.ok for f in findings):
-        findings += _check_scoring(engine, adapter, concurrent, other_adapter)
+    if scored is not None and all(f.ok for f in findings):
+        findings += _check_scoring(engine, scored, concurrent, other_adapter)
     return findings
+
+
+def _scored_adapter(
+    adapter: Optional[str], scoring: bool, concurrent: bool, other_adapter: Optional[str]
+) -> Optional[str]:
+    """The adapter whose scoring to check (None: no scoring check), warned of (``CONCURRENT_WARNING``) before a
+    ``concurrent`` check runs.
+
+    Raises:
+        ValueError: ``scoring`` without ``adapter``, or ``concurrent`` or ``other_adapter`` without ``scoring``.
+    """
+    if (concurrent or other_adapter) and not scoring:
+        raise ValueError("concurrent and other_adapter (--concurrent, --other-adapter) go with scoring (--scoring)")
+    if not scoring:
+        return None
+    if adapter is None:
+        raise ValueError("scoring (--scoring) needs adapter (--adapter CKPT): the checkpoint whose scores to check")
+    if concurrent:
+        logger.warning(CONCURRENT_WARNING)
+    return adapter
 
 
 def check_replicas(

@@ -16,7 +16,6 @@ import logging
 import os
 import signal
 import sys
-from types import FrameType
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from lora_sampler._adapters.extract import DEFAULT_LIMITS, PublishLimits
@@ -27,6 +26,7 @@ from lora_sampler._defaults import DEFAULT_TIMEOUT as CLIENT_TIMEOUT
 from lora_sampler._testmode import set_testing
 from lora_sampler._version import __version__
 from lora_sampler.batch._evaluator import CheckpointEvaluator
+from lora_sampler.batch._lines import LineFormat
 from lora_sampler.batch._score import SCORE_FORMAT, scoring_notes
 from lora_sampler.cli._adapters import add_adapters_arguments, run_adapters
 from lora_sampler.cli._parser import CommandParser, UsageError
@@ -48,7 +48,7 @@ from lora_sampler.cli._settings_flags import (
 )
 from lora_sampler.cli._sweep_runner import check_plot_dependency, run_sweep
 from lora_sampler.cli._terminal import logs_to_stderr
-from lora_sampler.doctor import CONCURRENT_WARNING, run_checks
+from lora_sampler.doctor import run_checks
 from lora_sampler.errors import LoraSamplerError, OutputClosedError
 from lora_sampler.names import validate_adapter_name
 from lora_sampler.openai_batch import OPENAI_BATCH_FORMAT, PROMPT_FORMAT, file_format
@@ -438,13 +438,9 @@ def cmd_adapters(args: argparse.Namespace) -> int:
         raise UsageError("adapters needs --lora-base-dir (the engine's resolver folder)")
     if not os.path.isdir(args.lora_base_dir):
         raise UsageError(f"--lora-base-dir {args.lora_base_dir} is not a folder")
-    if args.base_url is None:
-        if args.older_than is not None:
-            raise UsageError(
-                "adapters --older-than needs --base-url: it never removes an adapter the engine has loaded"
-            )
-        return run_adapters(None, args.lora_base_dir, args.older_than, args.dry_run)
-    with _client(args) as client:
+    if args.base_url is None and args.older_than is not None:
+        raise UsageError("adapters --older-than needs --base-url: it never removes an adapter the engine has loaded")
+    with _client(args) if args.base_url is not None else contextlib.nullcontext() as client:
         return run_adapters(client, args.lora_base_dir, args.older_than, args.dry_run)
 
 
@@ -460,12 +456,6 @@ def cmd_unload(args: argparse.Namespace) -> int:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Run the doctor's checks and print each as ok, or as a problem with its fix."""
-    if (args.concurrent or args.other_adapter) and not args.scoring:
-        raise UsageError("--concurrent and --other-adapter go with --scoring")
-    if args.scoring and not args.adapter:
-        raise UsageError("--scoring needs --adapter CKPT (the checkpoint whose scores to check)")
-    if args.concurrent:
-        print(f"warning: {CONCURRENT_WARNING}", file=sys.stderr, flush=True)
     findings = run_checks(
         args.base_url,
         api_key=args.api_key,
@@ -488,21 +478,7 @@ def cmd_score(args: argparse.Namespace) -> int:
 
     An adapter that targets ``lm_head`` gets a note before the job and after its summary (``scoring_notes``).
     """
-    settings = settings_from(args, output_dir=args.output)
-    with job_input(args, SCORE_FORMAT) as (source, line_format):
-
-        def job(client: SamplerClient) -> int:
-            model = _model(client, args)
-            notes, name = (scoring_notes(model), model.name) if isinstance(model, Adapter) else ([], "")
-            for note in notes:
-                print(f"lora-sampler: note: {note}", file=sys.stderr)
-            defaults = settings.line_defaults(adapter=model if args.adapter else None, base_model=args.base_model)
-            status = run_batch(client, args, defaults, source, line_format)
-            for note in notes:
-                print(f"lora-sampler: note: {name}: {note}", file=sys.stderr)
-            return status
-
-        return run_job(args, job)
+    return _run_lines(args, SCORE_FORMAT)
 
 
 def cmd_serve_test_engine(args: argparse.Namespace) -> int:
@@ -551,18 +527,30 @@ def run_job(args: argparse.Namespace, job: Callable[[SamplerClient], int]) -> in
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    """Check the flags and read the input's format, preflight the engine and the adapter, then stream the input
-    through the client into the output."""
+    """Sample every input line under the adapter or the base model (OpenAI batch lines: each under its own
+    unless one is given)."""
+    return _run_lines(args, allow_model_paths=args.allow_model_paths)
+
+
+def _run_lines(args: argparse.Namespace, line_format: Optional[LineFormat] = None, **more: Any) -> int:
+    """``sample`` (``line_format`` None: by ``--format``) and ``score``: check the flags and read the input's format,
+    preflight the engine and the model, then stream the input through the client into the output. ``more``: the
+    other ``LineDefaults`` fields of the command."""
     settings = settings_from(args, output_dir=args.output)
-    with job_input(args) as (source, line_format):  # prompt lines without a model flag are refused here
+    with job_input(args, line_format) as (source, lines):  # prompt lines without a model flag are refused here
 
         def job(client: SamplerClient) -> int:
             model = _model(client, args)
-            adapter = model if args.adapter else None
-            defaults = settings.line_defaults(
-                adapter=adapter, base_model=args.base_model, allow_model_paths=args.allow_model_paths
-            )
-            return run_batch(client, args, defaults, source, line_format)
+            adapter = model if isinstance(model, Adapter) else None
+            scored = adapter if line_format is SCORE_FORMAT else None  # an lm_head adapter's scores get a note
+            notes = [(scored.name, note) for note in scoring_notes(scored)] if scored is not None else []
+            for _, note in notes:
+                print(f"lora-sampler: note: {note}", file=sys.stderr)
+            defaults = settings.line_defaults(adapter=adapter, base_model=args.base_model, **more)
+            status = run_batch(client, args, defaults, source, lines)
+            for name, note in notes:
+                print(f"lora-sampler: note: {name}: {note}", file=sys.stderr)
+            return status
 
         return run_job(args, job)
 
@@ -582,10 +570,7 @@ def _check_sweep_args(args: argparse.Namespace) -> None:
     if args.manifest and not args.watch and not is_storage_url(args.manifest) and not os.path.isfile(args.manifest):
         raise UsageError(f"--manifest {args.manifest} is not a file (pass --watch to wait for it)")
     if args.plot:
-        try:
-            check_plot_dependency()
-        except ImportError as error:
-            raise UsageError(str(error)) from None
+        check_plot_dependency()  # its ImportError names the plot extra
 
 
 def _check_sweep_work(args: argparse.Namespace) -> None:
@@ -600,7 +585,7 @@ def _check_sweep_work(args: argparse.Namespace) -> None:
             f"T1,T2; {why}"
         )
     if args.lm_eval_tasks is not None:
-        _check_lm_eval_extra()
+        import lora_sampler.lm_eval  # noqa: F401  # without the [lm-eval] extra, its ImportError says what to install
     elif args.evaluator is not None:
         if args.score:
             raise UsageError("--score scores --input lines; an --evaluator computes its own metrics")
@@ -609,24 +594,14 @@ def _check_sweep_work(args: argparse.Namespace) -> None:
         _check_sweep_input(args.input)
 
 
-def _check_lm_eval_extra() -> None:
-    """--lm-eval-tasks needs the [lm-eval] extra: say so before any request."""
-    try:
-        import lora_sampler.lm_eval  # noqa: F401
-    except ImportError as error:
-        raise UsageError(f"--lm-eval-tasks: {error}") from None
-
-
 def _load_evaluator(spec: str) -> CheckpointEvaluator:
     """Import ``module:factory`` and call the factory; a callable that is no ``CheckpointEvaluator`` takes a Tinker
-    sampling client (``TinkerEvaluator``, the tinker extra). Every failure is a usage error naming it."""
+    sampling client (``TinkerEvaluator``, the tinker extra). Every failure is an error naming it (exit 2)."""
     made = _made_by_factory(spec)
     if isinstance(made, CheckpointEvaluator):
         return made
-    try:
-        from lora_sampler.tinker import TinkerEvaluator
-    except ImportError as error:
-        raise UsageError(f"--evaluator: {error}") from None
+    from lora_sampler.tinker import TinkerEvaluator  # without the [tinker] extra, its ImportError says what to install
+
     return TinkerEvaluator(made)
 
 
@@ -757,12 +732,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _run_command(argv)
     finally:
         if argv is None:
-            signal.signal(signal.SIGINT, _exit_interrupted)
-
-
-def _exit_interrupted(signum: int, frame: Optional[FrameType]) -> None:
-    """End the process with the interrupted status, what was printed flushed (the command has ended)."""
-    _exit_now()
+            signal.signal(signal.SIGINT, lambda signum, frame: _exit_now())
 
 
 def _exit_now() -> None:
