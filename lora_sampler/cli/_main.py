@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import importlib
 import importlib.metadata
+import inspect
 import logging
 import os
 import signal
@@ -456,16 +457,8 @@ def cmd_unload(args: argparse.Namespace) -> int:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Run the doctor's checks and print each as ok, or as a problem with its fix."""
-    findings = run_checks(
-        args.base_url,
-        api_key=args.api_key,
-        lora_base_dir=args.lora_base_dir,
-        adapter=args.adapter,
-        replicas=args.replicas,
-        scoring=args.scoring,
-        concurrent=args.concurrent,
-        other_adapter=args.other_adapter,
-    )
+    flags = vars(args)  # the doctor's flags are run_checks' keywords (argparse's documented dict view)
+    findings = run_checks(**{name: flags[name] for name in inspect.signature(run_checks).parameters})
     for finding in findings:
         print(f"{'ok' if finding.ok else 'PROBLEM':8} {finding.check}: {finding.detail}")
         if not finding.ok:

@@ -107,7 +107,9 @@ def run_batch(
             stats = job.run()
     if not args.quiet:
         _print_summary(stats, client.retries)
-    return _exit_status(job, interrupts.count, bool(stats.failed or state.kept_errors), args.output)
+    if job.abandoned:
+        raise BatchAbandoned
+    return exit_status(interrupts.count, bool(stats.failed or state.kept_errors), f"--output {args.output}", job.fatal)
 
 
 def _lines_of(
@@ -131,21 +133,21 @@ def _lines_of(
     return lines, total
 
 
-def _exit_status(job: BatchJob, interrupts: int, failures: bool, output_path: str) -> int:
-    """The exit status of a finished job, or the error that stopped it.
+def exit_status(interrupts: int, failed: bool, resume: str, fatal: Optional[BaseException] = None) -> int:
+    """The exit status of a finished job (``sample``'s, ``score``'s, ``sweep``'s), or the error that stopped it.
 
-    Raises:
-        BatchAbandoned: requests were left in flight after the second Ctrl-C.
-        LoraSamplerError: the job stopped on its own (``job.fatal``).
+    Args:
+        interrupts: How many times Ctrl-C was pressed: 130, saying how to resume (``resume``: the flag naming the
+            output, ``--output out.jsonl``).
+        failed: Some lines or checkpoints failed: 1 (else 0).
+        fatal: What stopped the job on its own, raised unless the job was interrupted.
     """
-    if job.abandoned:
-        raise BatchAbandoned
     if interrupts:
-        print(f"lora-sampler: interrupted; run again with --output {output_path} to resume", file=sys.stderr)
+        print(f"lora-sampler: interrupted; run again with {resume} to resume", file=sys.stderr)
         return EXIT_INTERRUPTED
-    if job.fatal is not None:
-        raise job.fatal
-    return EXIT_FAILED if failures else EXIT_OK
+    if fatal is not None:
+        raise fatal
+    return EXIT_FAILED if failed else EXIT_OK
 
 
 def _resume(

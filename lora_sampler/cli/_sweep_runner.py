@@ -16,7 +16,7 @@ from lora_sampler.batch._lines import PROMPT_RECORDS, InputLine
 from lora_sampler.batch._settings import SweepSettings
 from lora_sampler.batch._sources import Checkpoint, Manifest
 from lora_sampler.batch._sweep import CheckpointReport, Sweep
-from lora_sampler.cli._runner import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, BatchAbandoned
+from lora_sampler.cli._runner import BatchAbandoned, exit_status
 from lora_sampler.cli._terminal import Interrupts, aligned, counting_rows, interrupts_stop, logs_above
 
 #: The summary table's columns, and the ledger field each shows.
@@ -112,11 +112,8 @@ def _finish(entries: List[Dict[str, Any]], args: argparse.Namespace, interrupts:
         draw_plot(entries, args.plot)
         if not args.quiet:
             print(f"lora-sampler: plotted {len(entries)} checkpoints into {args.plot}", file=sys.stderr)
-    if interrupts.count:
-        print(f"lora-sampler: interrupted; run again with --output-dir {args.output_dir} to resume", file=sys.stderr)
-        return EXIT_INTERRUPTED
     failed = any("error" in entry or entry.get("failed") for entry in entries)
-    return EXIT_FAILED if failed else EXIT_OK
+    return exit_status(interrupts.count, failed, f"--output-dir {args.output_dir}")
 
 
 def summary_table(entries: Sequence[Dict[str, Any]]) -> str:

@@ -57,14 +57,31 @@ def aligned(rows: Sequence[Sequence[str]], *, numbers: bool = False) -> List[str
     return lines
 
 
+class _Stderr(logging.Handler):
+    """lora_sampler's log lines on stderr, above the progress bar while ``logs_above`` names one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(logging.Formatter(LOG_FORMAT))
+        self.bar: Optional[ProgressBar] = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record)
+            if self.bar is not None:
+                self.bar.say(line)  # above the bar, or on stderr when none is shown
+            else:
+                print(line, file=sys.stderr)
+        except Exception:  # as logging's own handlers: a line that cannot be written is reported, never raised
+            self.handleError(record)
+
+
 @contextlib.contextmanager
 def logs_to_stderr(level: str) -> Iterator[None]:
     """Print lora_sampler's log lines of ``level`` and above on stderr for the block (``logs_above`` moves them above
     a progress bar while it is shown)."""
     package = logging.getLogger("lora_sampler")
-    previous = package.level
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    previous, handler = package.level, _Stderr()
     package.setLevel(level)
     package.addHandler(handler)
     try:
@@ -74,34 +91,17 @@ def logs_to_stderr(level: str) -> Iterator[None]:
         package.setLevel(previous)
 
 
-class _BarHandler(logging.Handler):
-    def __init__(self, bar: ProgressBar) -> None:
-        super().__init__()
-        self._bar = bar
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self._bar.say(self.format(record))
-
-
 @contextlib.contextmanager
 def logs_above(bar: ProgressBar) -> Iterator[None]:
-    """Route lora_sampler's stderr log lines above the progress bar while it is shown."""
-    package = logging.getLogger("lora_sampler")
-    if bar.bar is None:
-        yield
-        return
-    handler = _BarHandler(bar)
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
-    saved = [h for h in package.handlers if isinstance(h, logging.StreamHandler)]
-    for h in saved:
-        package.removeHandler(h)
-    package.addHandler(handler)
+    """Print lora_sampler's stderr log lines (``logs_to_stderr``'s) above the progress bar for the block."""
+    handlers = [handler for handler in logging.getLogger("lora_sampler").handlers if isinstance(handler, _Stderr)]
+    for handler in handlers:
+        handler.bar = bar
     try:
         yield
     finally:
-        package.removeHandler(handler)
-        for h in saved:
-            package.addHandler(h)
+        for handler in handlers:
+            handler.bar = None
 
 
 def say_from_signal_handler(message: str) -> None:
