@@ -694,14 +694,6 @@ def _add_lm_eval_command(add_parser: Callable[..., argparse.ArgumentParser]) -> 
     ).add_argument("arguments", nargs=argparse.REMAINDER, help="lm-eval's arguments")
 
 
-def run_lm_eval(arguments: Sequence[str]) -> int:
-    """``lora-sampler lm-eval ARGS...``: lm-eval's command line (lm-eval is imported here, and only here; without
-    the extra, the ImportError says which to install)."""
-    from lora_sampler.lm_eval import main as lm_eval_main
-
-    return lm_eval_main(arguments)
-
-
 COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
     "sample": cmd_sample,
     "score": cmd_score,
@@ -741,7 +733,9 @@ def _run_command(argv: Optional[Sequence[str]]) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     try:
         if arguments[:1] == [LM_EVAL_COMMAND]:  # lm-eval's own command line: its arguments are not ours to parse
-            return run_lm_eval(arguments[1:])
+            from lora_sampler.lm_eval import main as lm_eval_main  # only here; without the extra, says what to install
+
+            return lm_eval_main(arguments[1:])
         args = build_parser().parse_args(arguments)  # a usage mistake is a UsageError naming the flag, in one line
         if os.environ.get(TESTING_ENV) == "1":
             set_testing(True)
