@@ -22,7 +22,7 @@ from lora_sampler._defaults import API_KEY_ENV, DEFAULT_MAX_WORKERS, DEFAULT_TIM
 from lora_sampler._transport.http import without_userinfo
 from lora_sampler.errors import EngineStatusError
 from lora_sampler.retry import DEFAULT_RETRY_POLICY, RetryPolicy
-from lora_sampler.types import GeneratedSequence, SampleOutput, SampleRequest, SamplingParams
+from lora_sampler.types import GeneratedSequence, SampleOutput, SampleRequest, SamplingParams, check_count
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +73,7 @@ class ClientSettings:
                 "api_key_env must name an environment variable (letters, digits, _), not hold the key; "
                 "set the key in that variable on the workers instead"
             )
-        if isinstance(self.max_workers, bool) or not isinstance(self.max_workers, int) or self.max_workers < 1:
-            raise ValueError(f"max_workers must be an int >= 1, got {self.max_workers!r}")
+        check_count("max_workers", self.max_workers, 1)
         checked_seconds(self.max_outage, "max_outage")
 
     def __repr__(self) -> str:

@@ -30,7 +30,7 @@ from lora_sampler.batch._job import DEFAULT_FAIL_FAST
 from lora_sampler.batch._lines import LineDefaults
 from lora_sampler.batch._score import ScoreStep
 from lora_sampler.batch._steps import SampleStep, SweepInput
-from lora_sampler.types import SamplingParams, StopSpec, sampling_params_from
+from lora_sampler.types import SamplingParams, StopSpec, check_count, sampling_params_from
 
 #: The metadata key of a field's ``Setting``.
 SETTING_KEY = "lora_sampler.setting"
@@ -243,9 +243,7 @@ class SweepSettings:
             raise TypeError(f"output_dir must be a folder path, got {type(self.output_dir).__name__}")
         object.__setattr__(self, "output_dir", os.fspath(self.output_dir))
         for name in ("window", "num_samples", "fail_fast"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            check_count(name, getattr(self, name), 1)
         for name in ("idle_timeout", "settle", "max_outage", "checkpoint_timeout"):
             checked_seconds(getattr(self, name), name)
         checked_prompts_per_request(self.prompts_per_request)

@@ -11,7 +11,9 @@ import pytest
 
 import lora_sampler
 from lora_sampler import Adapter, GeneratedSequence, SampleOutput, SampleRequest, SamplingParams, ScoreOutput
+from lora_sampler.batch import SweepSettings
 from lora_sampler.publish import PublishLimits
+from lora_sampler.ray_data import ClientSettings
 from lora_sampler.types import is_checkpoint_path
 
 
@@ -205,6 +207,8 @@ def test_types_a_usage_that_is_no_counts_reads_as_none(counts: Any) -> None:
         (lambda v: lora_sampler.SamplerClient("http://127.0.0.1:9", max_workers=v), "max_workers", 1),
         (lambda v: lora_sampler.SamplerClient("http://127.0.0.1:9", max_response_bytes=v), "max_response_bytes", 1),
         (lambda v: SamplingParams(max_tokens=v), "max_tokens", 1),
+        (lambda v: ClientSettings("http://127.0.0.1:9", max_workers=v), "max_workers", 1),
+        (lambda v: SweepSettings(output_dir="out", window=v), "window", 1),
     ],
 )
 @pytest.mark.parametrize("bad", [0, -1, True, 1.5, "3"])
