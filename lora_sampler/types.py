@@ -479,7 +479,7 @@ class ScoreOutput:
 
         A sum below the float range (logprobs such as -1e308) is ``-inf``, never an ``OverflowError``.
         """
-        return _summed(self.scored_logprobs)
+        return _summed(self.scored_logprobs, skip_nan=False)
 
 
 @dataclass(frozen=True)
@@ -644,10 +644,13 @@ class SampleOutput:
         return cls(sequences, prompt_lp, topk, str(body.get("model") or ""), body)
 
 
-def _summed(logprobs: Sequence[float]) -> float:
-    """The sum of logprobs (NaN entries, sent as null, left out); one below the float range is ``-inf``, never an
-    ``OverflowError``."""
-    numbers = [lp for lp in logprobs if not math.isnan(lp)]
+def _summed(logprobs: Sequence[float], skip_nan: bool = True) -> float:
+    """The sum of logprobs; one below the float range is ``-inf``, never an ``OverflowError``.
+
+    A display leaves NaN entries (sent as null) out (``skip_nan``); a score's total keeps them, so a NaN the engine
+    sent shows in the total instead of vanishing from it.
+    """
+    numbers = [lp for lp in logprobs if not (skip_nan and math.isnan(lp))]
     try:
         return math.fsum(numbers)
     except OverflowError:  # fsum's exact intermediate left the float range: the plain sum is the infinity

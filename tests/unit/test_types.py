@@ -179,6 +179,7 @@ def test_types_a_sum_below_the_float_range_shows_as_minus_infinity() -> None:
     assert "logprob=-inf" in repr(sequence)
     assert "<td>-inf</td>" in SampleOutput((sequence,), model="m")._repr_html_()
     assert ScoreOutput((1, 2, 3), (None, -1e308, -1e308), 1).total == -math.inf
+    assert math.isnan(ScoreOutput((1, 2, 3), (None, -1.0, math.nan), 1).total)  # a NaN sent is not summed away
 
 
 @pytest.mark.parametrize("counts", [{"prompt_tokens": [1]}, {"prompt_tokens": "12"}, {"total_tokens": {"a": 1}}])
