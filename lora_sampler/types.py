@@ -133,10 +133,11 @@ class SamplingParams:
         payload = {name: getattr(self, name) for name in SAMPLING_FIELDS}
         if self.seed is None:
             del payload["seed"]
-        if self.stop_strings:
-            payload["stop"] = list(self.stop_strings)
-        if self.stop_token_ids:
-            payload["stop_token_ids"] = list(self.stop_token_ids)
+        strings, ids = self.stop_strings, self.stop_token_ids
+        if strings:
+            payload["stop"] = list(strings)
+        if ids:
+            payload["stop_token_ids"] = list(ids)
         return payload
 
 

@@ -1,7 +1,7 @@
 """The thread-pool fan-out: the lazily started worker pool, the windowed iterators, batching, and stopping on Ctrl-C.
 
 ``FanOut`` runs a request function on its pool (``submit``) and streams results while keeping a bounded number of
-prompts in flight (``imap`` in input order, ``imap_unordered`` as they finish, ``collect`` into a list), so a
+prompts in flight (``stream``: in input order, or as they finish; ``collect`` into a list), so a
 generator of a million prompts never becomes a million futures.
 
 With ``Batching``, requests that can share one ``/v1/completions`` (one model and the same settings, ``batch_key``)
@@ -251,7 +251,10 @@ class _Gatherer:
         return future
 
     def _close(self, group: _Group) -> None:
-        """Take ``group`` out of the open batches: no prompt joins it any more."""
+        """Take ``group`` out of the open batches: no prompt joins it any more. A one-prompt group (every ``submit``)
+        was never open: it takes no lock."""
+        if group.size == 1:
+            return
         with self._lock:
             if self._open.get(group.key) is group:
                 del self._open[group.key]
