@@ -129,11 +129,12 @@ class EngineStatusError(EngineError, requests.HTTPError):
         what = f"LoRA adapter {model!r}" if adapter else f"base model {model!r}" if model else "the engine"
         message = f"{response.request.method if response.request else 'request'} {_path_of(response)} for {what}"
         message += f" failed with HTTP {status}: {engine_message}"
-        hint = gateway_hint(response, engine_message, proxy) or (
-            NOT_VLLM_HINT if engine_message.startswith(HTML_PAGE) else error_class.hint(adapter)
-        )
         if issubclass(error_class, AuthenticationError):
             hint = AuthenticationError.key_hint(key_sent)
+        else:
+            hint = gateway_hint(response, engine_message, proxy) or (
+                NOT_VLLM_HINT if engine_message.startswith(HTML_PAGE) else error_class.hint(adapter)
+            )
         if hint:
             # The engine's sentence usually ends with its own period ("Valid aliases: tiny-base."): end it once.
             message += f" {hint}" if engine_message.endswith((".", "!", "?")) else f". {hint}"

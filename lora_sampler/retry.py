@@ -272,17 +272,18 @@ class _BackoffGlue:
         """Tell backoff to stop: the table says this error is never retried."""
         return not self._policy.should_retry(error)
 
-    def _read(self, details: Mapping[str, Any]) -> Tuple[RetryCall, EngineError, RetryEvent]:
-        """Read one failed attempt as backoff reports it (the only reader of its dict): the call, its error, and the
-        ``RetryEvent`` the hooks receive (its wait 0 on give-up)."""
+    def _read(self, details: Mapping[str, Any]) -> Tuple[RetryCall, RetryEvent]:
+        """Read one failed attempt as backoff reports it (the only reader of its dict): the call, and the
+        ``RetryEvent`` the hooks receive (its ``cause`` the attempt's error; its wait 0 on give-up)."""
         call, error, tries = details["args"][0], details["exception"], details["tries"]
         elapsed, wait = time.monotonic() - call.started, details.get("wait") or 0.0
         max_attempts = self._policy.max_attempts
-        return call, error, RetryEvent(tries, max_attempts, wait, elapsed, error, call.model, call.is_adapter)
+        return call, RetryEvent(tries, max_attempts, wait, elapsed, error, call.model, call.is_adapter)
 
     def on_backoff(self, details: Mapping[str, Any]) -> None:
         """Before a wait: the proactive load (best-effort), the INFO line, then the user's ``on_retry`` hooks."""
-        call, error, event = self._read(details)
+        call, event = self._read(details)
+        error = event.cause
         try:
             self._before_wait(call, error, event.attempt)
         except Exception:  # best-effort by contract: never replaces the engine error
@@ -301,9 +302,9 @@ class _BackoffGlue:
 
     def on_giveup(self, details: Mapping[str, Any]) -> None:
         """On the last failure: stamp the attempts on the error; ``on_giveup`` hooks only if retries ran out."""
-        _, error, event = self._read(details)
-        error.attempts = event.attempt
-        if self._policy.should_retry(error):  # errors never retried fire no give-up hook
+        _, event = self._read(details)
+        event.cause.attempts = event.attempt
+        if self._policy.should_retry(event.cause):  # errors never retried fire no give-up hook
             _call_hooks(self._policy.on_giveup, event)
 
 
