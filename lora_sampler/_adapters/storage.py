@@ -6,7 +6,7 @@ size over ``DEFAULT_STORAGE_MIN_RATE``. Requests go through fsspec's documented 
 ``_exists``, ``_find``, ``_cat_file``: fsspec's async guide), each run on the filesystem's event loop with fsspec's
 ``sync(..., timeout=)``, so a deadline cancels the request itself. Two S3 requests are made here, over the client
 s3fs hands out, because fsspec's calls cannot keep their bounds: a listing, one page at a time (``_s3_listing``),
-and a download, one streamed GET (``_pieces``). An object is read as the extraction asks for it, one chunk at a
+and a download, one streamed GET (``_chunks``). An object is read as the extraction asks for it, one chunk at a
 time: no thread of ours waits on a store.
 
 One translation point turns whatever the storage library raises into a ``PublishError`` naming the URL and the cause,

@@ -65,7 +65,7 @@ class Ledger:
         self.close()
 
     def close(self) -> None:
-        """Close the file and release the folder. Idempotent."""
+        """Close the file and release the ledger's one-writer lock. Idempotent."""
         fd, self._fd = self._fd, -1
         if fd >= 0:
             os.close(fd)

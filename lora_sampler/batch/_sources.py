@@ -16,6 +16,7 @@ import logging
 import os
 import posixpath
 import re
+import stat
 import struct
 import tarfile
 import time
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from lora_sampler._adapters import storage
-from lora_sampler._adapters.archive import ADAPTER_FILE_NAMES
+from lora_sampler._adapters.archive import ADAPTER_FILE_NAMES, CONFIG_FILE
 from lora_sampler._defaults import DEFAULT_CHECKPOINT_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_SETTLE
 from lora_sampler._views import printable
 from lora_sampler.errors import (
@@ -41,7 +42,6 @@ logger = logging.getLogger(__name__)
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _DIGITS = re.compile(r"(\d+)")
-_CONFIG_NAME = "adapter_config.json"
 _READ_CHUNK = 1 << 20
 
 
@@ -200,7 +200,7 @@ def _stat_signature(path: str) -> Tuple[float, Tuple[str, List[Tuple[Any, ...]]]
     """Return ``(newest modification time, signature)`` of a local checkpoint from ``stat`` alone: an archive's size,
     time and inode, or those of a folder's adapter files (``(name, size, mtime_ns, inode)`` each)."""
     info = os.stat(path)
-    if not os.path.isdir(path):
+    if not stat.S_ISDIR(info.st_mode):
         return info.st_mtime, ("file", [(info.st_size, info.st_mtime_ns, info.st_ino)])
     files = []
     for name in ADAPTER_FILE_NAMES:
@@ -231,10 +231,10 @@ def _folder_problem(path: str, files: List[Tuple[Any, ...]]) -> Optional[str]:
     """Return why an adapter folder (its adapter ``files``, as ``_stat_signature`` saw them) is not complete yet, or
     None when it is."""
     try:
-        with open(os.path.join(path, _CONFIG_NAME), "rb") as handle:
+        with open(os.path.join(path, CONFIG_FILE), "rb") as handle:
             json.loads(handle.read().decode("utf-8"))
     except (OSError, ValueError) as error:
-        return f"its {_CONFIG_NAME} is missing or does not parse ({type(error).__name__})"
+        return f"its {CONFIG_FILE} is missing or does not parse ({type(error).__name__})"
     for name in sorted(name for name, *_ in files if name.endswith(".safetensors")):
         problem = _safetensors_problem(os.path.join(path, name))
         if problem is not None:
@@ -683,7 +683,7 @@ class CheckpointSource:
         logger.warning(
             "%s holds no adapter file (no archive suffix; a folder without %s or adapter weights): skipped%s",
             printable(item.path),
-            _CONFIG_NAME,
+            CONFIG_FILE,
             ", looked at again at the next listings" if self._watch else "",
         )
 

@@ -70,7 +70,8 @@ class CheckpointReport:
     taken (for noticing a later change). ``rows`` counts the lines of its output file over every run that wrote to
     it; ``mean_logprob`` is per generated token (per scored token when scoring), ``mean_length`` in generated tokens
     per sequence, ``mean_sum`` (scoring) the mean summed logprob per line; ``metrics`` an evaluator's answer (a value
-    that is not finite reads None); ``extra`` holds a step's own fields.
+    that is not finite reads None); ``extra`` keeps the keys of a ledger line this version does not know (written
+    back as they were).
     ``resumed`` is True for a report read back from ``sweep.jsonl`` because an earlier run finished the checkpoint
     (it is not written to the ledger).
     """
