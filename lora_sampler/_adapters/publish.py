@@ -119,8 +119,6 @@ class _Checkpoint:
         signature: What changes when its content may have (JSON: recorded in the published folder's marker).
         archive: Opens the archive's bytes (a local file, or a stored object streamed); None for a folder.
         files: A folder's files, ``(relative path, size, opener)``; empty for an archive.
-        stored: It is in a store: its keys are held to the archive members' rules (a store's object is written
-            whole, so it is not signed again after it was read).
     """
 
     where: str
@@ -128,7 +126,12 @@ class _Checkpoint:
     signature: List[Any]
     archive: Optional[Callable[[], ContextManager[io.RawIOBase]]] = None
     files: Sequence[Tuple[str, int, FileOpener]] = ()
-    stored: bool = False
+
+    @property
+    def stored(self) -> bool:
+        """It is in a store (``where`` is its URL): its keys are held to the archive members' rules (a store's object
+        is written whole, so it is not signed again after it was read)."""
+        return is_storage_url(self.where)
 
 
 def publish_checkpoint(
@@ -221,14 +224,14 @@ def _stored_checkpoint(url: str, options: Optional[Mapping[str, Any]]) -> _Check
     stored = storage.StoredObject(url, 0, None, None, True) if url.endswith("/") else storage.probe(url, options)
     if not stored.is_folder:
         opener = partial(storage.open_object, stored, options)
-        return _Checkpoint(url, _name_stem(url, False), [stored.etag, stored.version, stored.size], opener, stored=True)
+        return _Checkpoint(url, _name_stem(url, False), [stored.etag, stored.version, stored.size], opener)
     found = [f for f in storage.list_folder(url, options) if f.rel != MARKER_FILE]
     if not found:
         raise PublishError(f"cannot publish {url}: the prefix holds no files; pass an adapter folder or archive URL")
     files = [(f.rel, f.size, partial(storage.open_object, f, options)) for f in found]
     signature: List[Any] = [[f.rel, f.etag, f.size] for f in found]
     source = url.rstrip("/")  # prefix and prefix/ are one checkpoint
-    return _Checkpoint(source, _name_stem(url, True), signature, files=files, stored=True)
+    return _Checkpoint(source, _name_stem(url, True), signature, files=files)
 
 
 def _fill(checkpoint: _Checkpoint, temp: str, limits: PublishLimits) -> str:
@@ -238,8 +241,14 @@ def _fill(checkpoint: _Checkpoint, temp: str, limits: PublishLimits) -> str:
         with checkpoint.archive() as reader:
             digest = extract_archive(checkpoint.where, temp, limits=limits, durable=DEFAULT_DURABLE, reader=reader)
     else:
-        stored = checkpoint.stored
-        copy_files(checkpoint.where, checkpoint.files, temp, limits=limits, durable=DEFAULT_DURABLE, untrusted=stored)
+        copy_files(
+            checkpoint.where,
+            checkpoint.files,
+            temp,
+            limits=limits,
+            durable=DEFAULT_DURABLE,
+            untrusted=checkpoint.stored,
+        )
         digest = checkpoint_digest(temp)
     if not checkpoint.stored and _local_signature(checkpoint.where) != checkpoint.signature:
         raise PublishError(f"checkpoint {checkpoint.where} changed while it was being published; publish it again")
