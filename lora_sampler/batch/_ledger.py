@@ -92,12 +92,13 @@ class Ledger:
                 f"cannot write {self.path}", path=self.path, reason=error.strerror or str(error)
             ) from None
         if "error" not in entry:
-            self.finished[ledger_key(entry)] = entry
-            self._dedupe(entry)
+            key = ledger_key(entry)
+            self.finished[key] = entry
+            self._dedupe((key, entry.get("adapter")))
 
-    def _dedupe(self, entry: Dict[str, Any]) -> None:
-        """After a checkpoint with the same content was evaluated again (a touched file), keep its newer line only."""
-        key = (ledger_key(entry), entry.get("adapter"))
+    def _dedupe(self, key: Tuple[str, Any]) -> None:
+        """After a checkpoint with the same content was evaluated again (a touched file), keep its newer line only:
+        ``key`` is the line's ``(ledger_key, adapter)``."""
         if key not in self._lined:
             self._lined.add(key)
             return
