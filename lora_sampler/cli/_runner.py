@@ -62,12 +62,13 @@ def run_batch(
     source: Iterable[bytes],
     line_format: LineFormat,
 ) -> int:
-    """Stream ``args.input`` to ``args.output`` through ``client``; return the exit status.
+    """Stream ``source`` (the input ``job_input`` opened) to ``args.output`` through ``client``; return the exit
+    status.
 
     Args:
         client: A client whose engine (and adapter) passed the preflight; its ``max_workers`` is the concurrency.
-        args: The job's flags (``sample``'s, ``score``'s): ``--input`` (``-`` reads stdin), ``--output`` (``-``
-            writes stdout, no resume; an existing file is resumed), ``--format``, ``--ordered``,
+        args: The job's flags (``sample``'s, ``score``'s): ``--input`` (its name in messages; a file is counted for
+            the bar), ``--output`` (``-`` writes stdout, no resume; an existing file is resumed), ``--ordered``,
             ``--no-retry-failed``, ``--quiet``, ``--max-outage``, ``--limit`` (the first N lines, blank lines not
             counted), ``--prompts-per-request`` and ``--restart``.
         defaults: What every line gets unless it says otherwise; its adapter or base model is what every line
@@ -122,7 +123,7 @@ def _lines_of(
     """The input's lines (parsed lazily in their format, up to ``--limit``), and how many lines the bar counts to
     (None for stdin without a limit: it cannot be counted)."""
     parse = line_format.parse
-    if parse is parse_batch_line and defaults.adapter is None and defaults.base_model is None:
+    if line_format is BATCH_LINES and defaults.adapter is None and defaults.base_model is None:
         # body.model names a base model when the engine serves it (--adapter/--base-model override body.model)
         parse = functools.partial(parse_batch_line, base_models=frozenset(client.served_base_models()))
     lines = read_input(source, defaults, name="<stdin>" if args.input == "-" else args.input, parse=parse)
