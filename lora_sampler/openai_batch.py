@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from typing import Any, Collection, Dict, Iterable, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 from lora_sampler._wire.messages import SAMPLING_FIELDS
 from lora_sampler._wire.routes import CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH
@@ -32,13 +32,13 @@ from lora_sampler.batch._lines import (
     LineDefaults,
     LineId,
     RecordFormat,
+    check_keys,
     error_text,
     id_key,
     is_blank,
     loads_line,
-    read_object,
+    parse_object_line,
     text_problem,
-    unknown_key,
 )
 from lora_sampler.errors import EngineStatusError, status_class
 from lora_sampler.types import AdapterSpec, SampleOutput, SampleRequest, SamplingParams, is_checkpoint_path
@@ -120,40 +120,35 @@ class _Refused(ValueError):
     """A line that cannot be sent as it is; the message names the field."""
 
 
-def parse_batch_line(
-    raw: bytes, line_number: int, defaults: LineDefaults, *, base_models: Collection[str] = ()
-) -> Optional[InputLine]:
+def parse_batch_line(raw: bytes, line_number: int, defaults: LineDefaults) -> Optional[InputLine]:
     """Parse one batch input line; None for a blank line. Never raises for bad content: see ``InputLine.error``.
 
     Args:
         raw: The line.
         line_number: Its 1-based number (named in every refusal).
-        defaults: The sampling defaults; its adapter or base model, when set, overrides ``body.model``.
-        base_models: Names the engine serves as base models (a ``body.model`` among them samples the base model).
+        defaults: The sampling defaults; its adapter or base model, when set, overrides ``body.model``, else a
+            ``body.model`` among its ``base_models`` samples that base model.
 
     Returns:
         The line; its id is the ``custom_id`` (None when it has none that can be one: the line is bad).
     """
-    obj = read_object(raw, line_number)
-    if not isinstance(obj, dict):
-        return obj
+    return parse_object_line(raw, line_number, defaults, _request, _custom_id)
+
+
+def _custom_id(obj: Dict[str, Any], line_number: int) -> LineId:
+    """A line's ``custom_id``: a non-empty text (a ``ValueError`` naming what it is instead)."""
     custom_id = obj.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         problem = "has no custom_id" if custom_id is None else f"has custom_id {custom_id!r}"
-        return InputLine(line_number, None, error=f"the line {problem}; give every line a unique string id")
+        raise ValueError(f"the line {problem}; give every line a unique string id")
     if text_problem(custom_id):
-        error = f"the custom_id {text_problem(custom_id)}; give the line a text custom_id"
-        return InputLine(line_number, None, error=error)
-    try:
-        request = _request(obj, defaults, base_models)
-    except (TypeError, ValueError) as exc:
-        return InputLine(line_number, custom_id, error=str(exc))
-    return InputLine(line_number, custom_id, request)
+        raise ValueError(f"the custom_id {text_problem(custom_id)}; give the line a text custom_id")
+    return custom_id
 
 
-def _request(obj: Dict[str, Any], defaults: LineDefaults, base_models: Collection[str]) -> SampleRequest:
+def _request(obj: Dict[str, Any], defaults: LineDefaults) -> SampleRequest:
     url, rest = _envelope(obj)
-    adapter, base_model = _target(rest.pop("model", None), defaults, base_models)
+    adapter, base_model = _target(rest.pop("model", None), defaults)
     chat = url == CHAT_URL
     text_field, text = _text(rest, url, chat)
     num_samples = _num_samples(rest.pop("n", None), defaults.num_samples)
@@ -187,9 +182,7 @@ def _text(rest: Dict[str, Any], url: str, chat: bool) -> Tuple[str, Any]:
 
 def _envelope(obj: Dict[str, Any]) -> Tuple[str, Dict[str, Any]]:
     """Check a line's keys, method and url; return the url and a copy of its body."""
-    unknown = unknown_key(obj, LINE_KEYS, {})
-    if unknown:
-        raise _Refused(unknown)
+    check_keys(obj, LINE_KEYS, {})
     if obj.get("method") != "POST":
         raise _Refused(f"method must be \"POST\", got {obj.get('method')!r}")
     url = obj.get("url")
@@ -201,16 +194,14 @@ def _envelope(obj: Dict[str, Any]) -> Tuple[str, Dict[str, Any]]:
     return str(url), dict(body)
 
 
-def _target(
-    model: Any, defaults: LineDefaults, base_models: Collection[str]
-) -> Tuple[Optional[AdapterSpec], Optional[str]]:
+def _target(model: Any, defaults: LineDefaults) -> Tuple[Optional[AdapterSpec], Optional[str]]:
     """Return ``(adapter, base_model)``: the command's, else body.model (a base model when the engine serves it)."""
     adapter, base_model = defaults.adapter, defaults.base_model
     if adapter is not None or base_model is not None:
         return adapter, base_model
     if not isinstance(model, str) or not model:
         raise _Refused("body.model must name the adapter (or the base model); or pass --adapter")
-    if model in base_models:  # the engine's served name, which vLLM often spells as its model folder's path
+    if model in defaults.base_models:  # the engine's served name, which vLLM often spells as its model folder's path
         return None, model
     if is_checkpoint_path(model) and not defaults.allow_model_paths:
         raise _Refused(

@@ -15,7 +15,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable, Dict, Iterable, Iterator, Optional, Set, Tuple, Type, Union
+from typing import IO, Any, Callable, Dict, Iterable, Iterator, Optional, Set, Tuple, Union
 
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._client.outage import OutageEvent, OutageHook, is_outage
@@ -75,14 +75,14 @@ class BatchJob:
         output: Text stream the records go to.
         done: Resume-set keys to skip.
         ordered: Write records in input order (bad lines then wait for the requests before them).
-        model: The adapter or base-model name, for error records.
+        model: The adapter or base-model name every line samples, for error records; None when each line names its
+            own (an OpenAI batch file's), so only ``ENGINE_WIDE_ERRORS`` count towards ``fail_fast``.
         on_event: Called in the calling thread with ``("done"|"failed"|"skipped", line, record)``.
         fail_fast: Consecutive prompt-independent failures after which the job stops.
         max_outage: Seconds to hold requests while the engine is away (0: outages count towards ``fail_fast``);
             past it the job stops, saying how long it waited.
         on_outage: Also called with each ``OutageEvent`` (from worker threads), e.g. to show the wait.
         records: The output format (``PROMPT_RECORDS``, or ``openai_batch.OPENAI_BATCH_RECORDS``).
-        unusable_errors: The failures that count towards ``fail_fast``.
         prompts_per_request: Lines sent together in one completion request (``SamplerClient.imap``); None: the
             measured defaults, 1: one line per request.
         memory: What the output remembers of its settings (``ResumeState.memory``): each record's request is
@@ -103,7 +103,6 @@ class BatchJob:
         max_outage: float = 0.0,
         on_outage: Optional[OutageHook] = None,
         records: RecordFormat = PROMPT_RECORDS,
-        unusable_errors: Tuple[Type[BaseException], ...] = UNUSABLE_ERRORS,
         prompts_per_request: Optional[int] = None,
         memory: Optional[OutputMemory] = None,
     ):
@@ -111,7 +110,8 @@ class BatchJob:
         self._ordered, self._model, self._on_event, self._fail_fast = ordered, model, on_event, fail_fast
         self._max_outage, self._on_outage = max_outage, on_outage
         self._gave_up: Optional[OutageEvent] = None  # set (from a worker thread) once the outage outlasted the limit
-        self._records, self._unusable_errors = records, unusable_errors
+        self._records = records
+        self._unusable_errors = UNUSABLE_ERRORS if model is not None else ENGINE_WIDE_ERRORS
         self._prompts_per_request, self._memory = prompts_per_request, memory
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=64)
         self._stopping = threading.Event()

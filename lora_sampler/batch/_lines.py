@@ -107,6 +107,9 @@ class LineDefaults:
     extra_body: Optional[Mapping[str, Any]] = None
     #: Whether an OpenAI batch line's ``body.model`` may name a local checkpoint (else it must be a name).
     allow_model_paths: bool = False
+    #: Names the engine serves as base models: an OpenAI batch line's ``body.model`` among them samples that base
+    #: model (with no adapter or base model above, which override ``body.model``).
+    base_models: Sequence[str] = ()
 
 
 @dataclass(frozen=True)
@@ -127,12 +130,36 @@ class InputLine:
         return id_key(self.id) if self.id is not None else f"#line{self.line_number}"
 
 
-#: Builds the line of one line object (``(object, id, line number, defaults)``): its request, or why it cannot be sent.
-LineRequest = Callable[[Dict[str, Any], LineId, int, LineDefaults], InputLine]
+#: Builds the request of one line object from it and the defaults; raises ``ValueError`` (or ``TypeError``) naming what
+#: is wrong, which becomes the line's error.
+LineRequest = Callable[[Dict[str, Any], LineDefaults], Union[SampleRequest, ScoreRequest]]
+#: Reads the id of one line object (``(object, line number)``); raises ``ValueError`` naming what is wrong with it.
+LineIdOf = Callable[[Dict[str, Any], int], LineId]
 
 
-def read_object(raw: bytes, line_number: int) -> Union[InputLine, Dict[str, Any], None]:
-    """Return a line's JSON object; None for a blank line, and the line's error when it holds no JSON object."""
+def line_id(obj: Mapping[str, Any], line_number: int) -> LineId:
+    """Return a prompt or scoring line's ``id``: a string or an integer, the line number when it has none.
+
+    Raises:
+        ValueError: the id is of another type, or it is no text (a lone surrogate).
+    """
+    found = obj.get("id", line_number)
+    if isinstance(found, bool) or not isinstance(found, (str, int)):
+        raise ValueError(f"id must be a string or an integer, got {found!r}")
+    if isinstance(found, str) and text_problem(found):
+        raise ValueError(f"the id {text_problem(found)}; give the line a text id")
+    return found
+
+
+def parse_object_line(
+    raw: bytes, line_number: int, defaults: LineDefaults, request_of: LineRequest, id_of: LineIdOf = line_id
+) -> Optional[InputLine]:
+    """Parse one line of a format of one JSON object a line (prompt lines, scoring lines, OpenAI batch lines).
+
+    Never raises for bad content. None for a blank line; a line that is not a JSON object, or whose id ``id_of``
+    refuses, is its error (with no id); else the line with ``request_of``'s request, or the error it raised,
+    carrying the object's ``metadata`` (copied to its output row) when it has one.
+    """
     if is_blank(raw):
         return None
     try:
@@ -141,41 +168,32 @@ def read_object(raw: bytes, line_number: int) -> Union[InputLine, Dict[str, Any]
         return InputLine(line_number, None, error=f"not valid JSON ({exc})")
     if not isinstance(obj, dict):
         return InputLine(line_number, None, error=f"a JSON object is needed, got a {type(obj).__name__}")
-    return obj
+    try:
+        found = id_of(obj, line_number)
+    except ValueError as exc:
+        return InputLine(line_number, None, error=str(exc))
+    try:
+        request = request_of(obj, defaults)
+    except (TypeError, ValueError) as exc:
+        return InputLine(line_number, found, error=str(exc), metadata=obj.get(METADATA_KEY))
+    return InputLine(line_number, found, request, metadata=obj.get(METADATA_KEY))
 
 
-def parse_object_line(
-    raw: bytes, line_number: int, defaults: LineDefaults, request_of: LineRequest
-) -> Optional[InputLine]:
-    """Parse one line of a format of one JSON object a line with an ``id`` (prompt lines, scoring lines).
-
-    None for a blank line; a line that is not a JSON object, or whose id is not a string or an integer, is its
-    error; else ``request_of``'s line, carrying the object's ``metadata`` (copied to its output row) when it has one.
-    """
-    obj = read_object(raw, line_number)
-    if not isinstance(obj, dict):
-        return obj
-    line_id = obj.get("id", line_number)
-    if isinstance(line_id, bool) or not isinstance(line_id, (str, int)):
-        return InputLine(line_number, None, error=f"id must be a string or an integer, got {line_id!r}")
-    if isinstance(line_id, str) and text_problem(line_id):
-        return InputLine(line_number, None, error=f"the id {text_problem(line_id)}; give the line a text id")
-    line = request_of(obj, line_id, line_number, defaults)
-    return line if obj.get(METADATA_KEY) is None else dataclasses.replace(line, metadata=obj[METADATA_KEY])
-
-
-def unknown_key(obj: Mapping[str, Any], known: Sequence[str], habits: Mapping[str, str], own: str = "") -> str:
-    """Return the refusal of the first key of ``obj`` not in ``known``, saying what to write instead; "" when none.
+def check_keys(obj: Mapping[str, Any], known: Sequence[str], habits: Mapping[str, str], own: str = "") -> None:
+    """Refuse the first key of ``obj`` not in ``known``, saying what to write instead.
 
     Args:
         obj: The line (or a part of it).
         known: The keys it may hold.
         habits: Keys other tools use, and this format's spelling of each.
         own: Where the user's own fields go, when the format has such a place (``metadata``).
+
+    Raises:
+        ValueError: ``obj`` holds such a key (the message names it).
     """
     unknown = sorted(set(obj) - set(known))
     if not unknown:
-        return ""
+        return
     name = unknown[0]
     close = difflib.get_close_matches(name, known, n=1)
     if name in habits:
@@ -185,7 +203,7 @@ def unknown_key(obj: Mapping[str, Any], known: Sequence[str], habits: Mapping[st
     else:
         fix = f"a line holds {', '.join(known)}"
     where = f"; put your own fields in {own!r}" if own else ""
-    return f"unknown key {name!r} ({fix}){where}"
+    raise ValueError(f"unknown key {name!r} ({fix}){where}")
 
 
 def parse_line(raw: bytes, line_number: int, defaults: LineDefaults) -> Optional[InputLine]:
@@ -193,38 +211,30 @@ def parse_line(raw: bytes, line_number: int, defaults: LineDefaults) -> Optional
     return parse_object_line(raw, line_number, defaults, _line_request)
 
 
-def _line_request(obj: Dict[str, Any], line_id: LineId, line_number: int, defaults: LineDefaults) -> InputLine:
-    """The line of a prompt-line object: its request, or why it cannot be sent."""
-    unknown = unknown_key(obj, LINE_KEYS, LINE_HABITS, own=METADATA_KEY)
-    if unknown:
-        return InputLine(line_number, line_id, error=unknown)
+def _line_request(obj: Dict[str, Any], defaults: LineDefaults) -> SampleRequest:
+    """The request of a prompt-line object (a ``ValueError`` or ``TypeError`` naming what is wrong)."""
+    check_keys(obj, LINE_KEYS, LINE_HABITS, own=METADATA_KEY)
     prompt_logprobs = obj.get("prompt_logprobs", defaults.prompt_logprobs and "messages" not in obj)
     if not isinstance(prompt_logprobs, bool):
-        return InputLine(line_number, line_id, error=f"prompt_logprobs must be true or false, got {prompt_logprobs!r}")
+        raise ValueError(f"prompt_logprobs must be true or false, got {prompt_logprobs!r}")
     if "prompt" not in obj and "messages" not in obj:
-        return InputLine(
-            line_number, line_id, error="the line has no 'prompt' (token ids or text) and no 'messages' (chat)"
-        )
-    try:
-        overrides = {key: obj[key] for key in SAMPLING_KEYS if key in obj}
-        params = defaults.sampling_params
-        if overrides:
-            params = SamplingParams(**{**dataclasses.asdict(params), **overrides})  # its fields are SAMPLING_KEYS
-        request = SampleRequest(
-            obj.get("prompt"),
-            messages=obj.get("messages"),
-            adapter=defaults.adapter,
-            base_model=defaults.base_model,
-            num_samples=obj.get("num_samples", defaults.num_samples),
-            sampling_params=params,
-            # --prompt-logprobs applies to prompt lines; a chat line asking for them itself is refused.
-            prompt_logprobs=prompt_logprobs,
-            session_id=obj.get("session_id"),
-            extra_body=_extra_body(defaults.extra_body, obj.get("extra_body")),
-        )
-    except (TypeError, ValueError) as exc:
-        return InputLine(line_number, line_id, error=str(exc))
-    return InputLine(line_number, line_id, request)
+        raise ValueError("the line has no 'prompt' (token ids or text) and no 'messages' (chat)")
+    overrides = {key: obj[key] for key in SAMPLING_KEYS if key in obj}
+    params = defaults.sampling_params
+    if overrides:
+        params = SamplingParams(**{**dataclasses.asdict(params), **overrides})  # its fields are SAMPLING_KEYS
+    return SampleRequest(
+        obj.get("prompt"),
+        messages=obj.get("messages"),
+        adapter=defaults.adapter,
+        base_model=defaults.base_model,
+        num_samples=obj.get("num_samples", defaults.num_samples),
+        sampling_params=params,
+        # --prompt-logprobs applies to prompt lines; a chat line asking for them itself is refused.
+        prompt_logprobs=prompt_logprobs,
+        session_id=obj.get("session_id"),
+        extra_body=_extra_body(defaults.extra_body, obj.get("extra_body")),
+    )
 
 
 def _extra_body(defaults: Optional[Mapping[str, Any]], own: object) -> Optional[Mapping[str, Any]]:

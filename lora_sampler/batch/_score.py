@@ -17,11 +17,10 @@ from lora_sampler.batch._lines import (
     InputLine,
     LineDefaults,
     LineFormat,
-    LineId,
     RecordFormat,
     add_metadata,
+    check_keys,
     parse_object_line,
-    unknown_key,
 )
 from lora_sampler.batch._steps import SampleStep, answered_records
 from lora_sampler.types import Adapter, ScoreOutput, ScoreRequest
@@ -35,25 +34,19 @@ def parse_score_line(raw: bytes, line_number: int, defaults: LineDefaults) -> Op
     return parse_object_line(raw, line_number, defaults, _score_request)
 
 
-def _score_request(obj: Dict[str, Any], line_id: LineId, line_number: int, defaults: LineDefaults) -> InputLine:
-    """The line of a scoring-line object: its request, or why it cannot be sent."""
+def _score_request(obj: Dict[str, Any], defaults: LineDefaults) -> ScoreRequest:
+    """The request of a scoring-line object (a ``ValueError`` or ``TypeError`` naming what is wrong)."""
     if "prompt" not in obj:
         hint = " (scoring takes prompt lines; chat messages are not scored)" if "messages" in obj else ""
-        return InputLine(line_number, line_id, error=f"the line has no 'prompt' (token ids or text) to score{hint}")
-    unknown = unknown_key(obj, SCORE_KEYS, {"messages": "prompt (chat messages are not scored)"}, own=METADATA_KEY)
-    if unknown:
-        return InputLine(line_number, line_id, error=unknown)
-    try:
-        request = ScoreRequest(
-            obj["prompt"],
-            obj.get("completion"),
-            adapter=defaults.adapter,
-            base_model=defaults.base_model,
-            session_id=obj.get("session_id"),
-        )
-    except (TypeError, ValueError) as exc:
-        return InputLine(line_number, line_id, error=str(exc))
-    return InputLine(line_number, line_id, request)
+        raise ValueError(f"the line has no 'prompt' (token ids or text) to score{hint}")
+    check_keys(obj, SCORE_KEYS, {"messages": "prompt (chat messages are not scored)"}, own=METADATA_KEY)
+    return ScoreRequest(
+        obj["prompt"],
+        obj.get("completion"),
+        adapter=defaults.adapter,
+        base_model=defaults.base_model,
+        session_id=obj.get("session_id"),
+    )
 
 
 def score_record(line: InputLine, output: ScoreOutput) -> Dict[str, Any]:

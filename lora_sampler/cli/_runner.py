@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
+import dataclasses
 import itertools
 import logging
 import os
@@ -18,7 +18,7 @@ from typing import IO, Any, Dict, Iterable, Iterator, Optional, Tuple
 
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._client.progress import ProgressBar
-from lora_sampler.batch._job import ENGINE_WIDE_ERRORS, UNUSABLE_ERRORS, BatchJob, BatchStats
+from lora_sampler.batch._job import BatchJob, BatchStats
 from lora_sampler.batch._lines import (
     PROMPT_RECORDS,
     InputLine,
@@ -34,10 +34,10 @@ from lora_sampler.batch._lines import (
 from lora_sampler.cli._parser import UsageError
 from lora_sampler.cli._terminal import counting_rows, interrupts_stop, logs_above
 from lora_sampler.openai_batch import (
+    OPENAI_BATCH_FORMAT,
     OPENAI_BATCH_RECORDS,
-    PROMPT_FORMAT,
-    detect_format,
     first_line,
+    is_batch_line,
     parse_batch_line,
 )
 from lora_sampler.types import Adapter
@@ -101,7 +101,6 @@ def run_batch(
             max_outage=args.max_outage,
             on_outage=view.on_outage,
             records=records,
-            unusable_errors=UNUSABLE_ERRORS if model is not None else ENGINE_WIDE_ERRORS,  # None: a model per line
             prompts_per_request=args.prompts_per_request,
         )
         with interrupts_stop(job) as interrupts, logs_above(view):
@@ -122,11 +121,11 @@ def _lines_of(
 ) -> Tuple[Iterator[InputLine], Optional[int]]:
     """The input's lines (parsed lazily in their format, up to ``--limit``), and how many lines the bar counts to
     (None for stdin without a limit: it cannot be counted)."""
-    parse = line_format.parse
     if line_format is BATCH_LINES and defaults.adapter is None and defaults.base_model is None:
         # body.model names a base model when the engine serves it (--adapter/--base-model override body.model)
-        parse = functools.partial(parse_batch_line, base_models=frozenset(client.served_base_models()))
-    lines = read_input(source, defaults, name="<stdin>" if args.input == "-" else args.input, parse=parse)
+        defaults = dataclasses.replace(defaults, base_models=client.served_base_models())
+    name = "<stdin>" if args.input == "-" else args.input
+    lines = read_input(source, defaults, name=name, parse=line_format.parse)
     total = None if args.input == "-" else count_lines(args.input)  # cheap for a file
     if args.limit is not None:
         lines = itertools.islice(lines, args.limit)
@@ -212,10 +211,10 @@ def job_input(
 
 def _sample_format(source: Iterable[bytes], args: argparse.Namespace) -> Tuple[Iterable[bytes], LineFormat]:
     """The lines of ``sample``'s input (none consumed) and their kind, by ``--format`` (auto: from the first line)."""
-    found, lines = detect_format(source)
-    if (found if args.format == "auto" else args.format) != PROMPT_FORMAT:
+    first, lines = first_line(source)
+    auto = args.format == "auto" and first is not None and is_batch_line(first)
+    if auto or args.format == OPENAI_BATCH_FORMAT:
         return lines, BATCH_LINES
-    first, lines = first_line(lines)
     if first is not None and not (args.adapter or args.base_model):
         raise UsageError(
             "the input holds prompt lines, which name no model: pass --adapter or --base-model (only OpenAI batch "

@@ -116,7 +116,7 @@ def test_lines_body_model_path_is_an_error_row_unless_allowed(tmp_path: Path) ->
 def test_lines_body_model_naming_the_served_base_model_by_its_path_is_a_base_model_request(tmp_path: Path) -> None:
     """vLLM serves a model under its folder's path: a line naming that path is a base-model request, not refused."""
     served = str(tmp_path / "models" / "tiny-model")
-    parsed = parse_batch_line(batch("c1", served, prompt="hi"), 1, BATCH_DEFAULTS, base_models={served})
+    parsed = parse_batch_line(batch("c1", served, prompt="hi"), 1, LineDefaults(base_models=(served,)))
     assert parsed is not None and parsed.request is not None
     assert (parsed.request.base_model, parsed.request.adapter) == (served, None)
 

@@ -32,8 +32,8 @@ def line(body: Dict[str, Any], url: str = "/v1/chat/completions", **top: Any) ->
     return json.dumps(obj).encode() + b"\n"
 
 
-def parse(raw: bytes, number: int = 3, **kwargs: Any) -> InputLine:
-    parsed = parse_batch_line(raw, number, kwargs.pop("defaults", DEFAULTS), **kwargs)
+def parse(raw: bytes, number: int = 3, defaults: LineDefaults = DEFAULTS) -> InputLine:
+    parsed = parse_batch_line(raw, number, defaults)
     assert parsed is not None
     return parsed
 
@@ -78,8 +78,9 @@ def test_completions_line_becomes_a_prompt_request() -> None:
 
 def test_body_model_is_the_base_model_when_the_engine_serves_it() -> None:
     """body.model names a base model when the engine serves one of that name, else an adapter."""
-    base = parse(line({"model": "tiny", "messages": MESSAGES}), base_models={"tiny"})
-    adapter = parse(line({"model": "lora-1", "messages": MESSAGES}), base_models={"tiny"})
+    serving = LineDefaults(base_models=("tiny",))
+    base = parse(line({"model": "tiny", "messages": MESSAGES}), defaults=serving)
+    adapter = parse(line({"model": "lora-1", "messages": MESSAGES}), defaults=serving)
     assert base.request is not None and base.request.base_model == "tiny" and base.request.adapter is None
     assert adapter.request is not None and adapter.request.adapter == "lora-1"
 
