@@ -22,7 +22,7 @@ import tarfile
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from lora_sampler._adapters import storage
 from lora_sampler._adapters.archive import ADAPTER_FILE_NAMES, CONFIG_FILE
@@ -324,15 +324,15 @@ class Checkpoint:
 class Manifest:
     """A training run's ``checkpoints.jsonl``, as ``lora_sampler.sweep``'s ``checkpoints`` (re-read on a watch).
 
+    Its sampler paths outside the manifest's folder (or store prefix) are taken only with the sweep's
+    ``allow_outside_paths`` setting: a manifest is often written by other code, and every path it names is copied
+    into the shared resolver folder.
+
     Attributes:
         path: The manifest (a local path or a storage URL).
-        allow_outside_paths: Take sampler paths outside the manifest's folder (or store prefix) too. Off by
-            default: a manifest is often written by other code, and every path it names is copied into the shared
-            resolver folder.
     """
 
     path: str
-    allow_outside_paths: bool = False
 
 
 def read_manifest(
@@ -392,7 +392,7 @@ def _manifest_entry(entry: Any, folder: str, path: str, number: int, allow_outsi
         return None  # a state-only save: nothing to sample
     if not isinstance(location, str):
         return _bad_line(path, number, "has a sampler_path that is not a string")
-    location, outside = _located(location, folder)
+    location, real, outside = _located(location, folder)
     step = entry.get("batch", entry.get("step"))
     name = entry.get("name")
     problem = None
@@ -407,29 +407,27 @@ def _manifest_entry(entry: Any, folder: str, path: str, number: int, allow_outsi
         step=step if isinstance(step, int) and not isinstance(step, bool) else step_of(location),
         name=name if isinstance(name, str) else None,
         final=entry.get("final") is True,
+        real=real,
         problem=problem,
     )
 
 
-def _located(location: str, folder: str) -> Tuple[str, bool]:
-    """A manifest's sampler path as the sweep reads it (a relative one beside the manifest), and whether it lies
-    outside the manifest's folder (or store prefix)."""
+def _located(location: str, folder: str) -> Tuple[str, Optional[str], bool]:
+    """A manifest's sampler path as the sweep reads it (a relative one beside the manifest), its real path when that
+    differs (symlinks resolved: what identifies the checkpoint), and whether it lies outside the manifest's folder
+    (or store prefix)."""
     if is_storage_url(location):
-        return location, not location.startswith(folder.rstrip("/") + "/")
+        return location, None, not location.startswith(folder.rstrip("/") + "/")
     if "://" in location:
-        return location, False  # a training service's own (tinker://), kept as written: nothing is copied from it here
+        return location, None, False  # a training service's own (tinker://), kept as written: nothing is copied here
     if is_storage_url(folder):
         relative = posixpath.normpath(location)
         outside = relative.startswith("../") or relative == ".." or location.startswith("/")
-        return f"{folder}/{relative.lstrip('/')}", outside
+        return f"{folder}/{relative.lstrip('/')}", None, outside
     location = os.path.abspath(os.path.join(folder, os.path.expanduser(location)))
-    return location, not _inside(location, folder)
-
-
-def _inside(location: str, folder: str) -> bool:
-    """Whether ``location`` (symlinks resolved) lies inside ``folder`` (resolved too)."""
     real, base = os.path.realpath(location), os.path.realpath(folder)
-    return real == base or real.startswith(base.rstrip(os.sep) + os.sep)
+    inside = real == base or real.startswith(base.rstrip(os.sep) + os.sep)
+    return location, real if real != location else None, not inside
 
 
 # -- the source --------------------------------------------------------------------------------------------------
@@ -447,29 +445,32 @@ class NotAnAdapter:
 
 
 def listing(
-    checkpoints: Union[str, Sequence[str], Manifest], storage_options: Optional[Mapping[str, Any]] = None
+    checkpoints: Union[str, Sequence[str], Manifest],
+    storage_options: Optional[Mapping[str, Any]] = None,
+    *,
+    allow_outside_paths: bool = False,
 ) -> Listing:
-    """Return the function that lists the checkpoints known now: patterns re-globbed, or the manifest re-read.
+    """Return the function that lists the checkpoints known now: patterns re-globbed, or the manifest re-read (its
+    paths outside its folder taken with ``allow_outside_paths``, as ``read_manifest``).
 
     Patterns' matches are merged in natural order, each real path once; a manifest keeps its file order.
     """
     if isinstance(checkpoints, Manifest):
-        return _manifest_listing(checkpoints, storage_options)
+        return _manifest_listing(checkpoints.path, storage_options, allow_outside_paths)
     patterns = [checkpoints] if isinstance(checkpoints, str) else list(checkpoints)
     if not patterns or not all(isinstance(p, str) and p for p in patterns):
         raise ValueError("checkpoints takes a path or glob, a list of them, or a Manifest")
     return lambda: _expand(patterns, storage_options)
 
 
-def _manifest_listing(manifest: Manifest, storage_options: Optional[Mapping[str, Any]]) -> Listing:
+def _manifest_listing(path: str, storage_options: Optional[Mapping[str, Any]], allow_outside_paths: bool) -> Listing:
     """The listing of a manifest: its checkpoints in file order, none while it is not written yet."""
 
     def reread() -> List[Union[Checkpoint, NotAnAdapter]]:
         try:
-            found = read_manifest(manifest.path, storage_options, allow_outside_paths=manifest.allow_outside_paths)
+            return list(read_manifest(path, storage_options, allow_outside_paths=allow_outside_paths))
         except FileNotFoundError:  # not written yet: a watch waits for it
             return []
-        return [_resolved(checkpoint) for checkpoint in found]
 
     return reread
 
@@ -492,24 +493,14 @@ def _expand(patterns: List[str], storage_options: Optional[Mapping[str, Any]]) -
     return sorted(found.values(), key=lambda item: natural_key(item.path))
 
 
-def _resolved(checkpoint: Checkpoint) -> Checkpoint:
-    """A manifest's local checkpoint with its real path (symlinks resolved), once it exists."""
-    if checkpoint.problem is not None or "://" in checkpoint.path:
-        return checkpoint
-    real = os.path.realpath(checkpoint.path)
-    return dataclasses.replace(checkpoint, real=real) if real != checkpoint.path else checkpoint
-
-
+@dataclass
 class _Pending:
-    """A listed checkpoint not handed out yet, and what the source saw of it."""
+    """A listed checkpoint not handed out yet, what the source saw of it (its last fingerprint) and since when."""
 
-    __slots__ = ("checkpoint", "fingerprint", "first_seen", "since")
-
-    def __init__(self, checkpoint: Checkpoint, now: float):
-        self.checkpoint = checkpoint
-        self.first_seen = now
-        self.fingerprint: Tuple[Any, ...] = ()
-        self.since = now
+    checkpoint: Checkpoint
+    first_seen: float
+    fingerprint: Tuple[Any, ...] = ()
+    since: float = 0.0  # when ``fingerprint`` was first seen as it is (set with it, by ``_ready``)
 
 
 _ABSENT: Tuple[Any, ...] = ("absent", None)  # the fingerprint of a checkpoint not (yet) there
@@ -532,9 +523,9 @@ class CheckpointSource:
 
     Args:
         list_checkpoints: The listing (``listing``).
-        skip: Checkpoints already done: their keys, or the ledger's finished lines by ``ledger_key`` (then a
-            checkpoint whose ``content_signature`` differs from the line's ``signature`` is handed out again, naming
-            the line's adapter as ``replaces``).
+        skip: Checkpoints already done: the ledger's finished lines by ``ledger_key`` (a checkpoint whose
+            ``content_signature`` differs from its line's ``signature`` is handed out again, naming the line's adapter
+            as ``replaces``).
         watch: Keep looking for new checkpoints (see above).
         settle: Seconds a fingerprint must stay the same.
         idle_timeout: Seconds of nothing new after which a watch ends.
@@ -547,7 +538,7 @@ class CheckpointSource:
         self,
         list_checkpoints: Listing,
         *,
-        skip: Union[Iterable[str], Mapping[str, Mapping[str, Any]]] = (),
+        skip: Optional[Mapping[str, Mapping[str, Any]]] = None,
         watch: bool = False,
         settle: float = DEFAULT_SETTLE,
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
@@ -559,10 +550,9 @@ class CheckpointSource:
         self._timeout = checkpoint_timeout
         self._storage_options = storage_options
         self._clock = clock
-        lines = skip if isinstance(skip, Mapping) else {key: {} for key in skip}
         #: key -> (signature, adapter) of each checkpoint done (evaluated, or recorded as failed in this run).
         self._done: Dict[str, Tuple[Optional[str], Optional[str]]] = {
-            key: (line.get("signature"), line.get("adapter")) for key, line in lines.items()
+            key: (line.get("signature"), line.get("adapter")) for key, line in (skip or {}).items()
         }
         self._pending: Dict[str, _Pending] = {}
         self._taken: Set[str] = set()

@@ -190,13 +190,13 @@ class Sweep:
         self.on_state = on_state
         self._told = ""
         self.on_row, self.on_outage = on_row, on_outage
-        if isinstance(checkpoints, Manifest) and settings.allow_outside_paths:
-            checkpoints = dataclasses.replace(checkpoints, allow_outside_paths=True)
         self._checkpoints = checkpoints
         #: The store's options, held to the client's timeout (the sweep's listings and change checks use them).
         self.storage_options = client.storage_options_for(settings.storage_options)
-        self._listing = listing(checkpoints, self.storage_options)
+        self._listing = listing(checkpoints, self.storage_options, allow_outside_paths=settings.allow_outside_paths)
         self._stopping = threading.Event()
+        #: The grace of the first ``stop`` (None: not stopped): a checkpoint's work that starts later stops with it.
+        self.grace: Optional[float] = None
         self._finished: queue.Queue[_CheckpointRun] = queue.Queue()
         self._active: List[_CheckpointRun] = []
         self._lock = threading.Lock()
