@@ -47,8 +47,6 @@ class Ledger:
         try:
             #: The finished checkpoints' latest lines, by ``ledger_key``, in file order.
             self.finished: Dict[str, Dict[str, Any]] = {}
-            #: Checkpoints recorded as failed by earlier runs (they run again).
-            self.retried: List[str] = []
             self._lined: Set[Tuple[str, Any]] = set()  # (checkpoint, adapter) of every line
             if restart and os.path.exists(self.path):
                 _replace(self.path, [])
@@ -118,12 +116,8 @@ class Ledger:
         with open(self.path, "rb") as handle:
             for raw in handle:
                 entry = json_object_line(raw)
-                checkpoint = None if entry is None else entry.get("checkpoint")
-                if entry is None or not isinstance(checkpoint, str):
-                    dropped += 1
-                elif "error" in entry:
-                    self.retried.append(checkpoint)
-                    dropped += 1
+                if entry is None or not isinstance(entry.get("checkpoint"), str) or "error" in entry:
+                    dropped += 1  # torn, or failed (it runs again)
                 else:
                     key = (ledger_key(entry), entry.get("adapter"))
                     dropped += key in kept  # the same content again (a touched file): its newer line replaces it
