@@ -145,14 +145,6 @@ _NOT_IN_LEDGER = frozenset({"extra", "resumed"})
 _ONLY_WHEN_SET = frozenset({"error", "path", "replaces", "signature", "mean_sum", "notes", "metrics"})
 
 
-class _SweepFatal(Exception):
-    """The engine (or the input) is unusable for every checkpoint: the sweep stops."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
 class Sweep:
     """One sweep: ``run()`` yields a ``CheckpointReport`` per checkpoint as it finishes; ``stop()`` ends it early.
 
@@ -213,11 +205,13 @@ class Sweep:
 
     def stop(self, grace: float = DEFAULT_DRAIN_SECONDS) -> None:
         """Take no new checkpoint or line; abandon the requests in flight after ``grace`` seconds (0: at once)."""
+        self.grace = grace if self.grace is None else min(grace, self.grace)
         self._stopping.set()
         with self._lock:
             runs = list(self._active)
         for run in runs:
-            run.stop(grace)
+            if run.work is not None:
+                run.work.stop(grace)
 
     def run(self) -> Iterator[CheckpointReport]:
         """Evaluate every checkpoint not yet in the ledger; yield each report once its ledger line is written.
@@ -440,28 +434,20 @@ class _CheckpointRun(threading.Thread):
         #: Set once this checkpoint holds its adapter (or ended): the next one may claim its own.
         self.claimed = threading.Event()
         self.report: Optional[CheckpointReport] = None
+        #: Why the sweep stops: the engine or the input is unusable for every checkpoint, or a bug.
         self.fatal: Optional[BaseException] = None
-        self._work: Optional[Union[BatchJob, EvaluatorRun]] = None
-        self._grace: Optional[float] = None
-        self._lock = threading.Lock()
+        #: The checkpoint's job or evaluator run, once it started (``Sweep.stop`` stops it).
+        self.work: Optional[Union[BatchJob, EvaluatorRun]] = None
         #: The sweep's context, made where the checkpoint is scheduled: inside a ``mix_adapters`` sweep's
         #: ``mixing()`` block, so this checkpoint's requests mix too.
         self._context = contextvars.copy_context()
 
-    def stop(self, grace: float) -> None:
-        """Stop this checkpoint's job (now, or as soon as it starts)."""
-        with self._lock:
-            self._grace = grace if self._grace is None else min(grace, self._grace)
-            work = self._work
-        if work is not None:
-            work.stop(grace)
-
     def _hold(self, work: Union[BatchJob, EvaluatorRun]) -> None:
-        """Hold the checkpoint's job or evaluator run for ``stop``; stop it at once when ``stop`` came first."""
-        with self._lock:
-            self._work, grace = work, self._grace
-        if grace is not None:
-            work.stop(grace)
+        """Hold the checkpoint's job or evaluator run for ``Sweep.stop``; stop it at once when the sweep stopped
+        first (``stop`` sets its grace before it looks at the runs' work)."""
+        self.work = work
+        if self.sweep.grace is not None:
+            work.stop(self.sweep.grace)
 
     def _waited(self, event: threading.Event) -> bool:
         """Wait for the checkpoint before this one to reach ``event``; False: the sweep stopped first."""
@@ -477,8 +463,6 @@ class _CheckpointRun(threading.Thread):
         started = time.monotonic()
         try:
             self.report = self._evaluate(started)
-        except _SweepFatal as fatal:
-            self.fatal = fatal.error
         except OutputWriteError as error:  # a full disk fails every checkpoint after it: stop, resumable
             self.fatal = _resumable(error, self.sweep.settings.output_dir)
         except (LoraSamplerError, OSError, ValueError, TypeError) as error:
@@ -550,9 +534,9 @@ class _CheckpointRun(threading.Thread):
             except EvaluatorError:
                 raise
             except Exception as error:
-                if sweep.stopped:
-                    return None
-                self._judge(error)
+                if not sweep.stopped:
+                    self._judge(error)
+                return None
         finally:
             warm.join()
         if sweep.stopped:
@@ -598,6 +582,7 @@ class _CheckpointRun(threading.Thread):
         notes = self._retire(adapter) + (scoring_notes(adapter) if isinstance(step, ScoreStep) else [])
         if job.fatal is not None:
             self._judge(job.fatal)
+            return None
         return {"output": os.path.basename(output), "notes": notes, **step.summary(output)}
 
     def _gated(self, adapter: Adapter) -> Iterator[InputLine]:
@@ -611,15 +596,17 @@ class _CheckpointRun(threading.Thread):
             self.inputs_done.set()
 
     def _judge(self, error: Exception) -> None:
-        """A job that stopped on its own, or an evaluator that raised: the input or the engine is at fault (the sweep
-        stops), or the checkpoint (its report; a full disk is ``_run``'s to stop the sweep on)."""
+        """A job that stopped on its own, or an evaluator that raised: the input or the engine is at fault (``fatal``:
+        the sweep stops), or the checkpoint (raised: its report; a full disk is ``_run``'s to stop the sweep on)."""
         if isinstance(error, BatchInputError):
-            raise _SweepFatal(error)
+            self.fatal = error
+            return
         if not isinstance(error, OutputWriteError):  # a full disk: ``_run`` stops the sweep, resumable
             try:
                 self.sweep.client.wait_ready(0)
             except LoraSamplerError:
-                raise _SweepFatal(error) from None
+                self.fatal = error
+                return
         raise error  # the engine answers: this checkpoint's adapter (or its evaluator) is at fault
 
     def _retire(self, adapter: Adapter) -> List[str]:
