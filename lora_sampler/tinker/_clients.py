@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import dataclasses
 import os
 import pickle
 import threading
-import warnings
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import tinker
 from tinker.lib.public_interfaces import AwaitableConcurrentFuture
@@ -25,7 +23,7 @@ from lora_sampler._client.client import SamplerClient
 from lora_sampler._client.outage import OutageHook
 from lora_sampler.tinker import _convert
 from lora_sampler.tinker._future import TinkerFuture, done_future
-from lora_sampler.types import Adapter, AdapterSpec, SampleRequest, ScoreOutput, ScoreRequest
+from lora_sampler.types import Adapter, AdapterSpec, SampleRequest, ScoreRequest
 
 #: What ``tokenizer=`` takes: a tokenizer object (returned as is), or a local tokenizer folder.
 TokenizerSpec = Union[None, str, "os.PathLike[str]", Any]
@@ -35,32 +33,25 @@ def _unsupported(argument: str, why: str) -> NotImplementedError:
     return NotImplementedError(f"{argument} is not supported by lora_sampler.tinker: {why}")
 
 
-@dataclasses.dataclass(frozen=True)
-class _Engine:
-    """How to rebuild the client in another process: its URL and options, never the API key."""
-
-    base_url: str
-    options: Tuple[Tuple[str, Any], ...]
-
-    def client(self) -> SamplerClient:
-        """This process's client for these settings (one per process, shared by every unpickled sampling client)."""
-        return _PROCESS_CLIENTS.get(self)
-
-
 class _ProcessClients:
-    """One ``SamplerClient`` per engine settings in a process, for sampling clients unpickled there; closed at exit."""
+    """One ``SamplerClient`` per pickled client in a process, for sampling clients unpickled there; closed at exit.
+
+    The key is the client's pickle (its options, never the API key: ``SamplerClient.__reduce__``), so every copy of
+    sampling clients over one client shares one client here.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._clients: Dict[Tuple[int, bytes], SamplerClient] = {}
         atexit.register(self.close)
 
-    def get(self, engine: _Engine) -> SamplerClient:
-        key = (os.getpid(), pickle.dumps(engine))
+    def get(self, pickled: bytes) -> SamplerClient:
+        """This process's client for a pickled one (made on first use)."""
+        key = (os.getpid(), pickled)
         with self._lock:
             client = self._clients.get(key)
             if client is None:
-                client = self._clients[key] = SamplerClient(engine.base_url, **dict(engine.options))
+                client = self._clients[key] = pickle.loads(pickled)  # noqa: S301  (our own client's pickle)
             return client
 
     def close(self) -> None:
@@ -102,7 +93,6 @@ class SamplingClient(tinker.SamplingClient):  # type: ignore[misc]
         tokenizer: TokenizerSpec = None,
         max_outage: float = 0.0,
         on_outage: Optional[OutageHook] = None,
-        _engine: Optional[_Engine] = None,
     ):
         if not isinstance(client, SamplerClient):
             raise TypeError(f"client must be a lora_sampler.SamplerClient, got {type(client).__name__}")
@@ -117,7 +107,6 @@ class SamplingClient(tinker.SamplingClient):  # type: ignore[misc]
         self._tokenizer: Any = None
         self._max_outage = max_outage
         self._on_outage = on_outage
-        self._engine = _engine
         self._lock = threading.Lock()
         self._model_base: Optional[str] = None
 
@@ -205,7 +194,7 @@ class SamplingClient(tinker.SamplingClient):  # type: ignore[misc]
         tokens = _convert.prompt_tokens(prompt)
         last_n = _convert.checked_last_n(prompt_logprobs_last_n, True, len(tokens))
         request = ScoreRequest(tokens, **self._model())
-        return TinkerFuture(self._submit(request), lambda output: _logprob_list(output, last_n))
+        return TinkerFuture(self._submit(request), lambda output: _convert.logprob_list(output.logprobs, last_n))
 
     async def compute_logprobs_async(self, prompt: Any, prompt_logprobs_last_n: Optional[int] = None) -> Any:
         """``await compute_logprobs(...)``: the list of logprobs."""
@@ -275,21 +264,11 @@ class SamplingClient(tinker.SamplingClient):  # type: ignore[misc]
     # -- pickling ------------------------------------------------------------------------------------------------
 
     def __reduce__(self) -> Any:
-        """Pickle the engine settings and the model, never the API key (the child reads ``$LORA_SAMPLER_API_KEY``)."""
-        engine = self._engine
-        if engine is not None and any(name == "session" for name, _ in engine.options):
-            raise TypeError(
-                "a SamplingClient over a client with its own session= cannot be pickled (a session does not cross "
-                "processes); make the ServiceClient without session= to pass sampling clients to other processes"
-            )
-        if engine is None:
-            engine = _Engine(self._client.base_url, ())
-            warnings.warn(
-                "this SamplingClient wraps a SamplerClient made elsewhere; the copy connects to "
-                f"{self._client.base_url} with default options (make it with ServiceClient to keep them)",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        """Pickle the client (its options, never the API key: the child reads ``$LORA_SAMPLER_API_KEY``) and the model.
+
+        Raises:
+            TypeError: the client sends through a user's ``session=`` (``SamplerClient.__reduce__`` says why).
+        """
         state = {
             "model_path": self._model_path,
             "base_model": self._given_base_model,
@@ -297,17 +276,12 @@ class SamplingClient(tinker.SamplingClient):  # type: ignore[misc]
             "max_outage": self._max_outage,
             "on_outage": self._on_outage,
         }
-        return _restore, (engine, state)
+        return _restore, (pickle.dumps(self._client), state)
 
 
-def _restore(engine: _Engine, state: Dict[str, Any]) -> SamplingClient:
-    """Rebuild a pickled ``SamplingClient`` over this process's client for its engine."""
-    return SamplingClient(engine.client(), _engine=engine, **state)
-
-
-def _logprob_list(output: ScoreOutput, last_n: Optional[int]) -> List[Optional[float]]:
-    """The prompt logprobs as Tinker lists them: float32 values, None first (and before the last ``last_n``)."""
-    return _convert.logprob_list(output.logprobs, last_n)
+def _restore(pickled: bytes, state: Dict[str, Any]) -> SamplingClient:
+    """Rebuild a pickled ``SamplingClient`` over this process's copy of its client."""
+    return SamplingClient(_PROCESS_CLIENTS.get(pickled), **state)
 
 
 class ServiceClient:
@@ -337,7 +311,6 @@ class ServiceClient:
         if lora_base_dir is not None:
             options["lora_base_dir"] = lora_base_dir
         self._client = SamplerClient(base_url, api_key=api_key, **options)
-        self._engine = _Engine(self._client.base_url, tuple(sorted(options.items())))
         self._defaults: Dict[str, Any] = {"tokenizer": tokenizer, "max_outage": max_outage, "on_outage": on_outage}
 
     @property
@@ -383,9 +356,7 @@ class ServiceClient:
             raise _unsupported("retry_config", "pass retry=lora_sampler.RetryPolicy(...) to ServiceClient instead")
         if record_stability_info:
             raise _unsupported("record_stability_info", "vLLM keeps no stability record for training")
-        sampling = SamplingClient(
-            self._client, model_path=model_path, base_model=base_model, _engine=self._engine, **self._defaults
-        )
+        sampling = SamplingClient(self._client, model_path=model_path, base_model=base_model, **self._defaults)
         return tinker.BackcompatSamplingClientFuture(AwaitableConcurrentFuture(done_future(sampling)))
 
     async def create_sampling_client_async(

@@ -278,15 +278,24 @@ def _score_in_child(client: Any, tokens: List[int]) -> str:
         return f"{type(error).__name__}: {error}"
 
 
-def test_a_client_made_over_your_own_sampler_client(tinker: Any, engine: FakeEngine) -> None:
+def test_a_client_made_over_your_own_sampler_client(
+    tinker: Any, engine: FakeEngine, lora_dir: Path, checkpoints: List[Path]
+) -> None:
+    """A copy keeps the client's options (here ``lora_base_dir``, which publishing the checkpoint needs)."""
+    import requests
+
     from lora_sampler.tinker import SamplingClient
 
-    with SamplerClient(engine.url) as own:
-        client = SamplingClient(own, base_model="tiny-base", tokenizer=ByteTokenizer())
+    with SamplerClient(engine.url, lora_base_dir=lora_dir) as own:
+        client = SamplingClient(own, model_path=str(checkpoints[0]), tokenizer=ByteTokenizer())
         assert client.sample(prompt(tinker), 1, tinker.SamplingParams(max_tokens=2)).result().sequences
-        with pytest.warns(RuntimeWarning, match="default options"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
             copy = pickle.loads(pickle.dumps(client))
         assert copy.compute_logprobs(prompt(tinker)).result() == client.compute_logprobs(prompt(tinker)).result()
+    with SamplerClient(engine.url, session=requests.Session()) as own:
+        with pytest.raises(TypeError, match="session="):
+            pickle.dumps(SamplingClient(own, base_model="tiny-base"))
     with pytest.raises(TypeError, match="SamplerClient"):
         SamplingClient("http://127.0.0.1:1")  # type: ignore[arg-type]
 
