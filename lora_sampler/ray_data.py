@@ -14,7 +14,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass, field, fields
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._client.outage import checked_seconds
@@ -22,12 +22,16 @@ from lora_sampler._defaults import API_KEY_ENV, DEFAULT_MAX_WORKERS, DEFAULT_TIM
 from lora_sampler._transport.http import without_userinfo
 from lora_sampler.errors import EngineStatusError
 from lora_sampler.retry import DEFAULT_RETRY_POLICY, RetryPolicy
-from lora_sampler.types import GeneratedSequence, SampleOutput, SampleRequest, SamplingParams, check_count
+from lora_sampler.types import SampleOutput, SampleRequest, SamplingParams, check_count
 
 logger = logging.getLogger(__name__)
 
-#: Columns ``SampleBatches`` adds, one value per row; each sequence column holds one entry per sample.
-RESULT_COLUMNS = ("tokens", "logprobs", "text", "stop_reason", "error", "error_type", "error_status")
+#: The result columns read from each sample's ``GeneratedSequence.to_dict()``: one entry per sample in each.
+SEQUENCE_COLUMNS = ("tokens", "logprobs", "text", "stop_reason")
+#: Columns ``SampleBatches`` adds, one value per row.
+RESULT_COLUMNS = (*SEQUENCE_COLUMNS, "error", "error_type", "error_status")
+#: ``ClientSettings`` fields handed to the worker's ``SamplerClient`` as they are, under the same names.
+CLIENT_OPTIONS = ("lora_base_dir", "engine_lora_base_dir", "timeout", "retry", "max_workers", "verify")
 #: Rows per ``map_batches`` batch: enough to keep ``max_workers`` requests in flight, small enough to stream.
 DEFAULT_BATCH_SIZE = 256
 #: CPUs reserved per sampling actor: it mostly waits on the network, so it should not starve Ray's read tasks.
@@ -92,16 +96,8 @@ class ClientSettings:
 
     def build(self) -> SamplerClient:
         """Build a ``SamplerClient`` from these settings (on the worker that will use it)."""
-        return SamplerClient(
-            self.base_url,
-            api_key=self.read_api_key(),
-            lora_base_dir=self.lora_base_dir,
-            engine_lora_base_dir=self.engine_lora_base_dir,
-            timeout=self.timeout,
-            retry=self.retry,
-            max_workers=self.max_workers,
-            verify=self.verify,
-        )
+        options = {name: getattr(self, name) for name in CLIENT_OPTIONS}
+        return SamplerClient(self.base_url, api_key=self.read_api_key(), **options)
 
 
 class SampleBatches:
@@ -137,10 +133,11 @@ class SampleBatches:
     ):
         if not isinstance(settings, ClientSettings):
             raise TypeError(f"settings must be a ClientSettings, got {type(settings).__name__}")
-        SampleRequest("probe", adapter=adapter, base_model=base_model, num_samples=num_samples)  # validates
+        #: The request fields every row shares, checked here once (a bad one fails now, not in every row).
+        self.shared: Dict[str, Any] = dict(adapter=adapter, base_model=base_model, num_samples=num_samples)
+        self.shared["sampling_params"] = sampling_params
+        SampleRequest("probe", **self.shared)
         self.settings = settings
-        self.adapter, self.base_model, self.num_samples = adapter, base_model, num_samples
-        self.sampling_params = sampling_params
         self.prompt_column, self.session_column = prompt_column, session_column
         self._client: Optional[SamplerClient] = None
 
@@ -151,8 +148,8 @@ class SampleBatches:
         return state
 
     def __repr__(self) -> str:
-        what = f"adapter={self.adapter!r}" if self.adapter is not None else f"base_model={self.base_model!r}"
-        return f"SampleBatches({without_userinfo(self.settings.base_url)!r}, {what})"
+        what = "adapter" if self.shared["adapter"] is not None else "base_model"
+        return f"SampleBatches({without_userinfo(self.settings.base_url)!r}, {what}={self.shared[what]!r})"
 
     @property
     def client(self) -> SamplerClient:
@@ -208,12 +205,9 @@ class SampleBatches:
         cell = _plain_prompt(prompt)
         chat = isinstance(cell, list) and bool(cell) and all(isinstance(item, dict) for item in cell)
         return {
+            **self.shared,
             "prompt": None if chat else cell,
             "messages": cell if chat else None,
-            "adapter": self.adapter,
-            "base_model": self.base_model,
-            "num_samples": self.num_samples,
-            "sampling_params": self.sampling_params,
             "session_id": None if session is None else str(session),
         }
 
@@ -232,21 +226,13 @@ def _plain_prompt(prompt: Any) -> Any:
 def _row(outcome: Any) -> Dict[str, Any]:
     """One row's result columns: one entry per sample in each sequence column, or its error and none."""
     if isinstance(outcome, SampleOutput):
-        return {**_sequence_columns(outcome.sequences), "error": None, "error_type": None, "error_status": None}
+        shown = [sequence.to_dict() for sequence in outcome.sequences]  # a NaN logprob (a null) as None
+        columns = {name: [one[name] for one in shown] for name in SEQUENCE_COLUMNS}
+        return {**columns, "error": None, "error_type": None, "error_status": None}
     status = outcome.status if isinstance(outcome, EngineStatusError) else None
     error = str(outcome) or repr(outcome)  # our messages are redacted; no response is kept
-    empty: Dict[str, Any] = {name: [] for name in ("tokens", "logprobs", "text", "stop_reason")}
+    empty: Dict[str, Any] = {name: [] for name in SEQUENCE_COLUMNS}
     return {**empty, "error": error, "error_type": type(outcome).__name__, "error_status": status}
-
-
-def _sequence_columns(sequences: Sequence[GeneratedSequence]) -> Dict[str, List[Any]]:
-    """The sequence columns of an answered row (a NaN logprob as None)."""
-    return {
-        "tokens": [list(s.tokens) for s in sequences],
-        "logprobs": [[None if lp != lp else lp for lp in s.logprobs] for s in sequences],
-        "text": [s.text for s in sequences],
-        "stop_reason": [s.stop_reason for s in sequences],
-    }
 
 
 def _result_types() -> Dict[str, Any]:
