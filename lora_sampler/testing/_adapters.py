@@ -1,6 +1,7 @@
 """FakeEngine's adapters: the files (writing a minimal valid adapter, judging a directory as vLLM's loader does) and
-the adapter table (registered names, the "GPU" LRU of ``max_loras``, the lazy filesystem resolver, visibility delays,
-load/unload, the reload whose failure kills the engine, and the scheduler's ``lora_slots``).
+the adapter table, a base class of FakeEngine (registered names, the "GPU" LRU of ``max_loras``, the lazy filesystem
+resolver, visibility delays, load/unload, the reload whose failure kills the engine, and the scheduler's
+``lora_slots``, with their public controls and counters).
 
 It answers adapter questions only: it does not route, log or script faults; it reads the engine's settings live and
 shares the engine's lock. Stdlib only.
@@ -15,10 +16,11 @@ import re
 import struct
 import tarfile
 import tempfile
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Iterator
 
 from lora_sampler._locks import KeyedLocks
 from lora_sampler._wire.archives import has_archive_suffix
@@ -120,29 +122,6 @@ def inspect_adapter(path: str, max_lora_rank: int) -> AdapterFiles:
     return AdapterFiles("no_weights", _NO_TENSORS.format(path), config)
 
 
-class AdapterSettings(Protocol):
-    """The engine settings the adapters read live (``FakeEngine``'s attributes, which a test may change)."""
-
-    @property
-    def model(self) -> str: ...
-    @property
-    def lora_dir(self) -> str | None: ...
-    @property
-    def max_loras(self) -> int: ...
-    @property
-    def max_lora_rank(self) -> int: ...
-    @property
-    def max_model_len(self) -> int: ...
-    @property
-    def load_latency(self) -> float: ...
-    @property
-    def unload_latency(self) -> float: ...
-    @property
-    def lora_slots(self) -> int | None: ...
-    @property
-    def swap_latency(self) -> float: ...
-
-
 @dataclass
 class _Delay:
     deadline: float | None
@@ -154,25 +133,35 @@ _CONTENT_NAME = re.compile(r"(.+)-[0-9a-f]{6,64}")
 
 
 class AdapterTable:
-    """Every adapter state of one engine, under the engine's lock: the API server's name table, the engine's LRU of
-    ``max_loras``, the lazy filesystem resolver and its visibility delays, the loads in flight, and the scheduler's
-    ``lora_slots``.
+    """FakeEngine's adapters (a base class of it): every adapter state of one engine, under the engine's lock: the
+    API server's name table, the engine's LRU of ``max_loras``, the lazy filesystem resolver and its visibility
+    delays, the loads in flight, and the scheduler's ``lora_slots``, with the public controls and counters of each.
 
-    ``runtime_updating`` is the ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` flag; ``engine`` supplies the settings (its
-    attributes, read live: a test may change them), ``lifecycle`` the pauses for ``load_latency``, ``unload_latency``
-    and ``swap_latency``, the waits and the engine's death.
+    It reads the engine's settings (the attributes annotated below, read live: a test may change them), and its
+    lifecycle for the pauses of ``load_latency``, ``unload_latency`` and ``swap_latency``, the waits and the death.
 
     Slots (opt-in, ``lora_slots``): vLLM's scheduler puts requests of at most ``--max-loras`` adapters in a batch. A
     request for an adapter in a slot runs at once; otherwise it waits for a free slot or an idle one (no request
     using it; the least recently used goes), then the adapter is swapped in for ``swap_latency`` seconds, during
-    which other requests for it wait too. Every swap is counted (``swaps``, ``swap_log``).
+    which other requests for it wait too. Every swap is counted (``adapter_swaps``, ``swap_log``).
     """
 
-    def __init__(self, engine: AdapterSettings, lifecycle: Lifecycle, *, runtime_updating: bool) -> None:
-        self._engine, self._lifecycle = engine, lifecycle
-        self._lock = lifecycle.lock
-        self._changed = lifecycle.changed  # notified when a slot was given back or swapped in
-        self.runtime_updating = runtime_updating
+    model: str
+    lora_dir: str | None
+    max_loras: int
+    max_lora_rank: int
+    max_model_len: int
+    load_latency: float
+    unload_latency: float
+    lora_slots: int | None
+    swap_latency: float
+    _lifecycle: Lifecycle
+    _lock: threading.Lock  # the engine's one lock (its lifecycle's)
+
+    def _init_adapters(self, runtime_updating: bool) -> None:
+        """Start with no adapter (called by ``FakeEngine.__init__`` once its settings and lifecycle are set)."""
+        self._changed = self._lifecycle.changed  # notified when a slot was given back or swapped in
+        self._runtime_updating = runtime_updating  # VLLM_ALLOW_RUNTIME_LORA_UPDATING
         self._registered: dict[str, str] = {}  # name -> path: the API server's table
         self._cache: OrderedDict[str, str] = OrderedDict()  # the engine's LRU of loaded adapters
         self._slots: OrderedDict[str, int] = OrderedDict()  # adapter in a slot -> requests using it, least recent first
@@ -180,39 +169,82 @@ class AdapterTable:
         self._resolving = KeyedLocks()  # one resolution per name at a time; guards no field
         self._delays: dict[str, _Delay] = {}
         self._loading: dict[str, int] = {}  # name -> /v1/load_lora_adapter requests in flight
-        #: Counters since start or ``reset``: the peaks of loads in flight (all names, and per name), resolver loads,
-        #: and the ``(time.monotonic(), adapter)`` of each swap into a slot.
-        self.max_loads, self.lazy_loads = 0, 0
-        self.max_loads_by_name: dict[str, int] = {}
-        self.swap_log: list[tuple[float, str]] = []
+        #: Counters since start or ``reset_log``: the peaks of loads in flight (all names, and per name), resolver
+        #: loads, and the ``(time.monotonic(), adapter)`` of each swap into a slot.
+        self._max_loads, self._lazy_loads = 0, 0
+        self._max_loads_by_name: dict[str, int] = {}
+        self._swaps: list[tuple[float, str]] = []
 
     # -- queries and controls ----------------------------------------------------------------------------------------
 
-    def names(self) -> list[str]:
+    @property
+    def loaded_adapters(self) -> list[str]:
+        """Registered adapter names (the API table, which keeps names evicted from the LRU)."""
         with self._lock:
             return list(self._registered)
 
-    def cached(self) -> list[str]:
+    @property
+    def cached_adapters(self) -> list[str]:
+        """Adapters in the engine's LRU, least recently used first."""
         with self._lock:
             return list(self._cache)
 
-    def slotted(self) -> list[str]:
-        """The adapters in slots now, least recently used first."""
+    @property
+    def slotted_adapters(self) -> list[str]:
+        """Adapters in slots now (with ``lora_slots``), least recently used first."""
         with self._lock:
             return list(self._slots)
 
     @property
-    def loads(self) -> int:
-        """``/v1/load_lora_adapter`` requests in flight."""
+    def loads_in_flight(self) -> int:
+        """``/v1/load_lora_adapter`` requests being handled now."""
         return sum(self._loading.values())
 
-    def reset(self) -> None:
-        """Clear the load peaks, the resolver loads and the swaps (not the loads in flight). Called with the lock."""
-        self.max_loads = self.lazy_loads = 0
-        self.max_loads_by_name.clear()
-        self.swap_log.clear()
+    @property
+    def max_loads_in_flight(self) -> int:
+        """Peak of ``loads_in_flight`` over all names."""
+        return self._max_loads
 
-    def set_visibility_delay(self, name: str, seconds: float | None, requests: int | None) -> None:
+    def max_loads_in_flight_for(self, name: str) -> int:
+        """Peak number of concurrent ``/v1/load_lora_adapter`` requests for ``name``."""
+        with self._lock:
+            return self._max_loads_by_name.get(name, 0)
+
+    @property
+    def resolver_loads(self) -> int:
+        """Adapters loaded lazily by the filesystem resolver (failed resolutions are not counted)."""
+        return self._lazy_loads
+
+    @property
+    def adapter_swaps(self) -> int:
+        """Swaps of an adapter into a slot (with ``lora_slots``; since start or ``reset_log``)."""
+        return len(self._swaps)
+
+    @property
+    def swap_log(self) -> list[tuple[float, str]]:
+        """``(time.monotonic(), adapter)`` of each swap into a slot, oldest first."""
+        with self._lock:
+            return list(self._swaps)
+
+    def _reset_adapter_counters(self) -> None:
+        """Clear the load peaks, the resolver loads and the swaps (not the loads in flight). Called with the lock."""
+        self._max_loads = self._lazy_loads = 0
+        self._max_loads_by_name.clear()
+        self._swaps.clear()
+
+    def set_runtime_lora_updating(self, on: bool) -> None:
+        """Flip ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``: off hides load/unload and the resolver."""
+        self._runtime_updating = bool(on)
+
+    def set_visibility_delay(self, name: str, *, seconds: float | None = None, requests: int | None = None) -> None:
+        """Hide ``lora_dir/name`` until ``seconds`` pass or ``requests`` completions for ``name`` were answered.
+
+        ``name`` is an adapter folder name, or a checkpoint's stem: ``"step-1"`` also hides ``step-1-<digest>``, the
+        name publishing gives ``step-1.tar.gz`` (whose digest a test does not know before it publishes).
+
+        Raises:
+            ValueError: neither ``seconds`` nor ``requests``, or ``name`` is a path or an archive name.
+        """
         if seconds is None and requests is None:
             raise ValueError("give seconds= or requests=")
         if not name or "/" in name or os.sep in name or name in (".", "..") or has_archive_suffix(name):
@@ -236,7 +268,7 @@ class AdapterTable:
             return match.group(1), self._delays[match.group(1)]
         return None
 
-    def completion_answered(self, model: str | None) -> None:
+    def _completion_answered(self, model: str | None) -> None:
         """Count an answered completion against ``model``'s request-count delay."""
         with self._lock:
             found = self._delay_of(model or "")
@@ -246,7 +278,7 @@ class AdapterTable:
     # -- files ---------------------------------------------------------------------------------------------------------
 
     def _is_visible(self, path: str) -> bool:
-        lora_dir = self._engine.lora_dir
+        lora_dir = self.lora_dir
         if lora_dir is None:
             return True
         name = os.path.relpath(os.path.abspath(path), os.path.abspath(lora_dir))
@@ -265,83 +297,80 @@ class AdapterTable:
         """Read an adapter directory as vLLM does, unless a visibility delay still hides it."""
         if not self._is_visible(path):
             return AdapterFiles("absent")
-        return inspect_adapter(path, self._engine.max_lora_rank)
+        return inspect_adapter(path, self.max_lora_rank)
 
     def _register(self, name: str, path: str) -> None:
         with self._lock:
             self._registered[name] = path
             self._cache[name] = path
             self._cache.move_to_end(name)
-            while len(self._cache) > self._engine.max_loras:
+            while len(self._cache) > self.max_loras:
                 self._cache.popitem(last=False)
 
     # -- serving -------------------------------------------------------------------------------------------------------
 
-    def check_model(self, name: str) -> VllmBody | None:
+    def _check_model(self, name: str) -> VllmBody | None:
         """Accept the base or a registered adapter, else try the lazy filesystem resolver."""
-        engine = self._engine
         with self._lock:
-            if name == engine.model or name in self._registered:
+            if name == self.model or name in self._registered:
                 return None
-        missing = bodies.model_not_found(name, engine.model)
-        if not self.runtime_updating or engine.lora_dir is None:
+        missing = bodies.model_not_found(name, self.model)
+        if not self._runtime_updating or self.lora_dir is None:
             return missing  # without runtime updating the resolver is never consulted
         with self._resolving.hold(name):  # vLLM serializes resolution per name, so racing requests load once
             with self._lock:
                 if name in self._registered:
                     return None
-            path = os.path.join(engine.lora_dir, name)
+            path = os.path.join(self.lora_dir, name)
             files = self._inspect(path)
             if files.verdict == "absent":
                 return missing
             if files.verdict == "json":
                 return bodies.bad_request(files.detail)
             config = files.config if isinstance(files.config, dict) else {}
-            if config.get("peft_type") != "LORA" or config.get("base_model_name_or_path") != engine.model:
+            if config.get("peft_type") != "LORA" or config.get("base_model_name_or_path") != self.model:
                 return missing  # silently ignored by the resolver
             if files.verdict != "ok":
                 return bodies.adapter_not_loadable(name)
-            self._lifecycle.pause(lambda: engine.load_latency)
+            self._lifecycle.pause(lambda: self.load_latency)
             self._register(name, path)
             with self._lock:
-                self.lazy_loads += 1
+                self._lazy_loads += 1
             return None
 
-    def touch(self, name: str) -> VllmBody | None:
+    def _touch(self, name: str) -> VllmBody | None:
         """Use an adapter: reload it from disk when evicted; a failed reload kills the engine."""
-        engine = self._engine
         with self._lock:
-            if name == engine.model:
+            if name == self.model:
                 return None
             path = self._registered.get(name)
             if path is None:
-                return bodies.model_not_found(name, engine.model)
+                return bodies.model_not_found(name, self.model)
             if name in self._cache:
                 self._cache.move_to_end(name)
                 return None
         if self._inspect(path).verdict != "ok":
             self._lifecycle.die()
             return bodies.engine_dead()
-        self._lifecycle.pause(lambda: engine.load_latency)
+        self._lifecycle.pause(lambda: self.load_latency)
         self._register(name, path)
         return None
 
-    def load(self, payload: dict[str, Any]) -> VllmBody:
-        engine = self._engine
+    def _load(self, payload: dict[str, Any]) -> VllmBody:
         name, path = payload.get("lora_name"), payload.get("lora_path")
         if not isinstance(name, str) or not isinstance(path, str):
             field = "lora_path" if isinstance(name, str) else "lora_name"
             return bodies.validation_error(field, len(payload))
-        if name == engine.model:
+        if name == self.model:
             return bodies.base_conflict(name)
         with self._lock:
             if name in self._registered and not payload.get("load_inplace"):
                 return bodies.already_loaded(name)
             self._loading[name] = self._loading.get(name, 0) + 1
-            self.max_loads = max(self.max_loads, self.loads)
-            self.max_loads_by_name[name] = max(self.max_loads_by_name.get(name, 0), self._loading[name])
+            self._max_loads = max(self._max_loads, self.loads_in_flight)
+            self._max_loads_by_name[name] = max(self._max_loads_by_name.get(name, 0), self._loading[name])
         try:
-            self._lifecycle.pause(lambda: engine.load_latency)
+            self._lifecycle.pause(lambda: self.load_latency)
             files = self._inspect(path)
         finally:
             with self._lock:
@@ -353,8 +382,8 @@ class AdapterTable:
         self._register(name, path)
         return bodies.load_success(name)
 
-    def unload(self, payload: dict[str, Any]) -> VllmBody:
-        self._lifecycle.pause(lambda: self._engine.unload_latency)
+    def _unload(self, payload: dict[str, Any]) -> VllmBody:
+        self._lifecycle.pause(lambda: self.unload_latency)
         name = payload.get("lora_name")
         if not isinstance(name, str):
             return bodies.validation_error("lora_name", len(payload))
@@ -364,22 +393,21 @@ class AdapterTable:
             self._cache.pop(name, None)
         return bodies.unload_success(name)
 
-    def models(self, payload: dict[str, Any]) -> VllmBody:
+    def _models(self, payload: dict[str, Any]) -> VllmBody:
         """``GET /v1/models``: the base model's card, then one per registered adapter."""
-        engine = self._engine
         created = int(time.time())
         with self._lock:
             adapters = list(self._registered.items())
-        cards = [bodies.model_card(engine.model, engine.model, None, engine.max_model_len, created)]
-        cards += [bodies.model_card(name, path, engine.model, None, created) for name, path in adapters]
+        cards = [bodies.model_card(self.model, self.model, None, self.max_model_len, created)]
+        cards += [bodies.model_card(name, path, self.model, None, created) for name, path in adapters]
         return bodies.json_body(200, {"object": "list", "data": cards})
 
     # -- slots -------------------------------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def holding(self, name: str) -> Iterator[None]:
+    def _in_slot(self, name: str) -> Iterator[None]:
         """Hold a slot for ``name`` for the block; no slot for the base model or without ``lora_slots``."""
-        held = self._engine.lora_slots is not None and name != self._engine.model and self._acquire(name)
+        held = self.lora_slots is not None and name != self.model and self._acquire(name)
         try:
             yield
         finally:
@@ -396,7 +424,7 @@ class AdapterTable:
             if name not in self._swapping:
                 return True
         try:
-            self._lifecycle.pause(lambda: self._engine.swap_latency)
+            self._lifecycle.pause(lambda: self.swap_latency)
         finally:
             with self._changed:
                 self._swapping.discard(name)
@@ -411,12 +439,12 @@ class AdapterTable:
             self._slots[name] += 1
             self._slots.move_to_end(name)
             return True
-        if len(self._slots) >= max(1, int(self._engine.lora_slots or 1)):
+        if len(self._slots) >= max(1, int(self.lora_slots or 1)):
             idle = next((held for held, users in self._slots.items() if users == 0), None)
             if idle is None:
                 return False
             del self._slots[idle]
         self._slots[name] = 1
         self._swapping.add(name)
-        self.swap_log.append((time.monotonic(), name))
+        self._swaps.append((time.monotonic(), name))
         return True

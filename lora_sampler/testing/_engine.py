@@ -1,8 +1,8 @@
 """FakeEngine: a loopback stand-in for vLLM's OpenAI server with LoRA adapters (see docs/guides/testing.md).
 
-Owns routing, completions, the request log and the public controls; it hands adapter questions to its adapter
-table, threads, connections, waits and death to its lifecycle (which also speaks HTTP), and holds to its hold. It
-does not tokenize, sample or parse adapter files itself. Stdlib only.
+Owns routing, completions, the request log and the faults; its base classes bring the adapter table and the hold
+(each with its public controls and counters), and it hands threads, connections, waits and death to its lifecycle
+(which also speaks HTTP). It does not tokenize, sample or parse adapter files itself. Stdlib only.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def _check_settings(
         raise ValueError(f"request_overhead must be a number of seconds >= 0, got {request_overhead!r}")
 
 
-class FakeEngine:
+class FakeEngine(AdapterTable, Hold):
     """A real HTTP server on loopback speaking the subset of vLLM lora_sampler uses, with its verbatim bodies.
 
     Args:
@@ -197,8 +197,8 @@ class FakeEngine:
         self._lock = threading.Lock()  # the one lock: shared by the adapter table, the faults, the hold and the log
         self._overhead_lock = threading.Lock()  # one request at a time pays its overhead
         self._lifecycle = Lifecycle(self._lock)
-        self._adapters = AdapterTable(self, self._lifecycle, runtime_updating=runtime_lora_updating)
-        self._hold = Hold(self._lifecycle)
+        self._init_adapters(runtime_lora_updating)
+        self._init_hold()
         self._faults: list[Fault] = []
         self._prompt_faults: list[tuple[str, int | str]] = []
         self._records: list[RequestRecord] = []
@@ -244,21 +244,6 @@ class FakeEngine:
 
     # -- controls and observability ----------------------------------------------------------------------------------
 
-    def set_runtime_lora_updating(self, on: bool) -> None:
-        """Flip ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``: off hides load/unload and the resolver."""
-        self._adapters.runtime_updating = bool(on)
-
-    def set_visibility_delay(self, name: str, *, seconds: float | None = None, requests: int | None = None) -> None:
-        """Hide ``lora_dir/name`` until ``seconds`` pass or ``requests`` completions for ``name`` were answered.
-
-        ``name`` is an adapter folder name, or a checkpoint's stem: ``"step-1"`` also hides ``step-1-<digest>``, the
-        name publishing gives ``step-1.tar.gz`` (whose digest a test does not know before it publishes).
-
-        Raises:
-            ValueError: neither ``seconds`` nor ``requests``, or ``name`` is a path or an archive name.
-        """
-        self._adapters.set_visibility_delay(name, seconds, requests)
-
     def inject_fault(
         self,
         kind: str,
@@ -291,47 +276,6 @@ class FakeEngine:
         with self._lock:
             self._prompt_faults.append(fault)
 
-    def hold(
-        self,
-        *,
-        model: str | None = None,
-        until_in_flight: int | None = None,
-        beside: str | None = None,
-        after: int = 0,
-    ) -> None:
-        """Hold completions (for ``model``; None: every one) in flight from now on, until ``release()``.
-
-        A held completion has been read, checked and counted in flight (not yet logged); it is answered once released
-        (then after ``latency``). So a test that interrupts or kills a job first sees it mid-run (``wait_for_held``),
-        and one that needs requests to overlap gets the overlap whatever the machine's speed: with
-        ``until_in_flight=N`` the held completions go on once N completions are in flight together, with
-        ``beside=OTHER`` once a completion for model OTHER is in flight with them (and one arriving while OTHER's is
-        in flight is not held). ``after=N`` lets the next N completions through first (a job that has written some
-        answers). Stop, death and a client hanging up end a hold.
-
-        Raises:
-            ValueError: ``until_in_flight`` is below 2, ``beside`` is ``model``, or ``after`` is negative.
-        """
-        self._hold.hold(model, until_in_flight, beside, after)
-
-    def release(self, *, keep_holding: bool = False) -> None:
-        """Let every held completion go on, and hold no more; with ``keep_holding``, completions arriving later are
-        held as before (a test steps a job through its requests one at a time)."""
-        self._hold.release(keep_holding)
-
-    @property
-    def held_requests(self) -> int:
-        """Completions held now (``hold``)."""
-        return self._hold.held
-
-    def wait_for_held(self, count: int = 1, timeout: float = 60.0) -> None:
-        """Block until ``count`` completions are held at once: the job that sent them is mid-run.
-
-        Raises:
-            TimeoutError: fewer were held after ``timeout`` seconds.
-        """
-        self._hold.wait_for_held(count, timeout)
-
     def clear_faults(self) -> None:
         """Drop every scripted fault."""
         with self._lock:
@@ -354,32 +298,12 @@ class FakeEngine:
         with self._lock:
             self._records.clear()
             self._lifecycle.opened = self._aborted = self._mixed_prompt_logprobs = 0
-            self._adapters.reset()
+            self._reset_adapter_counters()
 
     @property
     def connections_opened(self) -> int:
         """TCP connections accepted (since start or ``reset_log``)."""
         return self._lifecycle.opened
-
-    @property
-    def loads_in_flight(self) -> int:
-        """``/v1/load_lora_adapter`` requests being handled now."""
-        return self._adapters.loads
-
-    @property
-    def max_loads_in_flight(self) -> int:
-        """Peak of ``loads_in_flight`` over all names."""
-        return self._adapters.max_loads
-
-    def max_loads_in_flight_for(self, name: str) -> int:
-        """Peak number of concurrent ``/v1/load_lora_adapter`` requests for ``name``."""
-        with self._lock:
-            return self._adapters.max_loads_by_name.get(name, 0)
-
-    @property
-    def resolver_loads(self) -> int:
-        """Adapters loaded lazily by the filesystem resolver (failed resolutions are not counted)."""
-        return self._adapters.lazy_loads
 
     @property
     def aborted_requests(self) -> int:
@@ -390,32 +314,6 @@ class FakeEngine:
     def requests_in_flight(self) -> int:
         """Requests read but not yet answered."""
         return self._lifecycle.in_flight
-
-    @property
-    def loaded_adapters(self) -> list[str]:
-        """Registered adapter names (the API table, which keeps names evicted from the LRU)."""
-        return self._adapters.names()
-
-    @property
-    def cached_adapters(self) -> list[str]:
-        """Adapters in the engine's LRU, least recently used first."""
-        return self._adapters.cached()
-
-    @property
-    def adapter_swaps(self) -> int:
-        """Swaps of an adapter into a slot (with ``lora_slots``; since start or ``reset_log``)."""
-        return len(self._adapters.swap_log)
-
-    @property
-    def swap_log(self) -> list[tuple[float, str]]:
-        """``(time.monotonic(), adapter)`` of each swap into a slot, oldest first."""
-        with self._lock:
-            return list(self._adapters.swap_log)
-
-    @property
-    def slotted_adapters(self) -> list[str]:
-        """Adapters in slots now (with ``lora_slots``), least recently used first."""
-        return self._adapters.slotted()
 
     @property
     def is_dead(self) -> bool:
@@ -468,7 +366,7 @@ class FakeEngine:
         with self._lock:  # logged before the answer leaves, so a client never sees it first
             self._records.append(record)
         if path in COMPLETION_PATHS and answer is not None:
-            self._adapters.completion_answered(model)  # before the answer leaves: the next request sees it
+            self._completion_answered(model)  # before the answer leaves: the next request sees it
         if answer is not None and self.old_error_shape:
             answer = answer.older()
         return answer, kind == "refuse"
@@ -481,15 +379,15 @@ class FakeEngine:
         if self.api_key is not None and path.startswith(API_PREFIX) and not secrets.compare_digest(got, expected):
             return bodies.unauthorized()  # vLLM guards /v1 only, /health stays open
         routes = {
-            MODELS_PATH: ("GET", self._adapters.models),
+            MODELS_PATH: ("GET", self._models),
             COMPLETIONS_PATH: ("POST", self._complete),
             CHAT_COMPLETIONS_PATH: ("POST", self._chat),
             TOKENIZE_PATH: ("POST", self._tokenize),
             DETOKENIZE_PATH: ("POST", self._detokenize),
-            LOAD_ADAPTER_PATH: ("POST", self._adapters.load),
-            UNLOAD_ADAPTER_PATH: ("POST", self._adapters.unload),
+            LOAD_ADAPTER_PATH: ("POST", self._load),
+            UNLOAD_ADAPTER_PATH: ("POST", self._unload),
         }
-        if path not in routes or (path in ADAPTER_COMMAND_PATHS and not self._adapters.runtime_updating):
+        if path not in routes or (path in ADAPTER_COMMAND_PATHS and not self._runtime_updating):
             return bodies.route_not_found()  # the load/unload routes are not registered
         method, serve = routes[path]
         if handler.command != method:
@@ -506,7 +404,7 @@ class FakeEngine:
         name = payload.get("model") or self.model  # vLLM serves the base when model is omitted
         if not isinstance(name, str):
             return bodies.bad_request("model must be a string", "model")
-        return self._adapters.check_model(name) or serve(dict(payload, model=name))  # the 404 comes first
+        return self._check_model(name) or serve(dict(payload, model=name))  # the 404 comes first
 
     # -- completions -------------------------------------------------------------------------------------------------
 
@@ -524,7 +422,7 @@ class FakeEngine:
         if isinstance(request, VllmBody):
             return request
         self._lifecycle.serving.prompts = len(request.prompts)
-        problem = request.refusal or self._adapters.touch(name)
+        problem = request.refusal or self._touch(name)
         with self._lock:
             spoiler = PromptSpoiler(self._prompt_faults, request)
         problem = problem or spoiler.refusal()
@@ -569,8 +467,8 @@ class FakeEngine:
         try:
             if batched and self.dies_on_batched_prompt_logprobs:
                 self._lifecycle.die()
-            self._hold.wait(name, lambda: [model for model, _, _ in self._flights.values()])
-            with self._adapters.holding(name):
+            self._wait_if_held(name, lambda: [model for model, _, _ in self._flights.values()])
+            with self._in_slot(name):
                 self._lifecycle.pause(lambda: self.latency)
             return None if self._lifecycle.dead else self._prompt_model(name, request, overlapping)
         finally:
