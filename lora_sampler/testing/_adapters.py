@@ -163,7 +163,7 @@ class AdapterTable:
         self._changed = self._lifecycle.changed  # notified when a slot was given back or swapped in
         self._runtime_updating = runtime_updating  # VLLM_ALLOW_RUNTIME_LORA_UPDATING
         self._registered: dict[str, str] = {}  # name -> path: the API server's table
-        self._cache: OrderedDict[str, str] = OrderedDict()  # the engine's LRU of loaded adapters
+        self._cache: OrderedDict[str, None] = OrderedDict()  # the engine's LRU of loaded names (paths: the table's)
         self._slots: OrderedDict[str, int] = OrderedDict()  # adapter in a slot -> requests using it, least recent first
         self._swapping: set[str] = set()
         self._resolving = KeyedLocks()  # one resolution per name at a time; guards no field
@@ -302,7 +302,7 @@ class AdapterTable:
     def _register(self, name: str, path: str) -> None:
         with self._lock:
             self._registered[name] = path
-            self._cache[name] = path
+            self._cache[name] = None
             self._cache.move_to_end(name)
             while len(self._cache) > self.max_loras:
                 self._cache.popitem(last=False)

@@ -40,7 +40,7 @@ from lora_sampler.testing._faults import Fault, PromptSpoiler, prompt_fault, tak
 from lora_sampler.testing._hold import Hold
 from lora_sampler.testing._lifecycle import ClientGone, Handler, Lifecycle
 from lora_sampler.testing._sampling import CompletionRequest, PrefixCache, Sampler, parse_request
-from lora_sampler.testing._tokenizer import BYTE_OFFSET, ByteTokenizer, encode_text
+from lora_sampler.testing._tokenizer import ByteTokenizer, encode_text
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,6 @@ PROMPT_LOGPROBS_DEFECTS = (None, "mixed-adapters", "base-weights")
 
 
 def _check_settings(
-    vocab_size: int,
     max_model_len: int,
     max_loras: int,
     lora_slots: int | None,
@@ -92,8 +91,8 @@ def _check_settings(
     Raises:
         ValueError: naming the setting and the values it takes.
     """
-    if vocab_size < BYTE_OFFSET + 256 or max_model_len < 1 or max_loras < 1:
-        raise ValueError("need vocab_size >= 260, max_model_len >= 1 and max_loras >= 1")
+    if max_model_len < 1 or max_loras < 1:
+        raise ValueError(f"need max_model_len >= 1 and max_loras >= 1, got {max_model_len} and {max_loras}")
     if prompt_logprobs_defect not in PROMPT_LOGPROBS_DEFECTS:
         raise ValueError(
             f"prompt_logprobs_defect must be one of {PROMPT_LOGPROBS_DEFECTS}, got {prompt_logprobs_defect!r}"
@@ -177,7 +176,8 @@ class FakeEngine(AdapterTable, Hold):
         dies_on_batched_prompt_logprobs: bool = False,
         request_overhead: float = 0.0,
     ) -> None:
-        _check_settings(vocab_size, max_model_len, max_loras, lora_slots, prompt_logprobs_defect, request_overhead)
+        self._tokenizer = ByteTokenizer(vocab_size)  # which refuses a vocab_size without room for the bytes
+        _check_settings(max_model_len, max_loras, lora_slots, prompt_logprobs_defect, request_overhead)
         self.model, self.api_key, self.old_error_shape = model, api_key, old_error_shape
         self.chat_template = chat_template
         self.lora_dir = None if lora_dir is None else os.fspath(lora_dir)
@@ -519,10 +519,10 @@ class FakeEngine(AdapterTable, Hold):
     def _detokenize(self, payload: dict[str, Any]) -> VllmBody:
         """``/detokenize``: the text of token ids by the byte tokenizer (specials by name), as ``{"prompt": text}``."""
         tokens = payload.get("tokens")
-        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        if not isinstance(tokens, list):
             return bodies.bad_request("tokens must be a list of token ids", "tokens")
         try:
-            text = ByteTokenizer(self.vocab_size).decode(tokens)
+            text = self._tokenizer.decode(tokens)  # which refuses an id that is no int or outside the vocabulary
         except ValueError as exc:
             return bodies.bad_request(str(exc), "tokens")
         return bodies.json_body(200, {"prompt": text})

@@ -298,6 +298,18 @@ def test_completion_token_out_of_vocab(engine: FakeEngine) -> None:
     assert_body(complete(engine, prompt=[1, 5000]), _bodies.token_out_of_vocab(5000))
 
 
+def test_vocabulary_bounds_are_the_tokenizers(engine: FakeEngine) -> None:
+    """A vocab_size without room for the bytes is refused naming it; /detokenize answers a 400 naming an id that is
+    no int or outside the vocabulary (both checked once, by the engine's ByteTokenizer)."""
+    with pytest.raises(ValueError, match=r"vocab_size must be an int >= 260 .*got 100"):
+        FakeEngine(vocab_size=100)
+    assert post(engine, "/detokenize", {"tokens": [76, 109]}).json() == {"prompt": "Hi"}
+    for tokens, named in (([5, "a"], "'a'"), ([5, 1024], "1024")):
+        answer = post(engine, "/detokenize", {"tokens": tokens})
+        assert answer.status_code == 400
+        assert answer.json()["error"]["message"] == f"token id {named} is not in the vocabulary (0..1023)"
+
+
 def test_completion_unknown_model_before_length(engine: FakeEngine) -> None:
     """An unknown model gets the generic 404 even with an over-length prompt."""
     assert_body(complete(engine, "ghost", prompt=[5] * 300), _bodies.model_not_found("ghost", BASE))
