@@ -13,9 +13,10 @@ The client's own session mounts ``EngineAdapter``: requests' ``HTTPAdapter`` who
 themselves, so deadlines and Ctrl-C can cut them. Only requests' documented extension points are used:
 ``HTTPAdapter`` subclassing, ``get_connection_with_tls_context`` ("exposed for use when subclassing", requests >=
 2.32.2) and ``build_connection_pool_key_attributes``
-(https://requests.readthedocs.io/en/latest/api/#requests.adapters.HTTPAdapter). For a URL reached without a proxy
-the adapter hands out its own urllib3 pools of recording connections (``connections``), built with urllib3's public
-pool constructors from the TLS settings requests computed; through a proxy it is requests' own adapter unchanged.
+(https://requests.readthedocs.io/en/latest/api/#requests.adapters.HTTPAdapter). For the engine reached without a
+proxy the adapter hands out its one urllib3 pool of recording connections (``connections``), built when the session
+is made with urllib3's public pool constructor from the TLS settings requests computed; through a proxy it is
+requests' own adapter unchanged.
 Everything else (sending, retries off, the mapping of urllib3's errors) is requests' ``HTTPAdapter.send``.
 """
 
@@ -38,31 +39,32 @@ from lora_sampler._version import __version__
 
 #: Extra pooled connections beyond ``max_workers``: proactive loads and callers' own threads run beside the pool.
 POOL_HEADROOM = 4
-#: Request paths whose prepared URL is kept, and URLs whose pool is remembered (the client uses a handful).
-MAX_CACHED_URLS = 64
-
-
-#: Hosts (with their TLS settings) whose pools an adapter keeps; requests' own default is 10.
+#: Hosts (with their TLS settings) whose pools requests' own part of an adapter keeps (proxies, other hosts).
 POOLS_PER_ADAPTER = 4
-
-PoolKey = Tuple[str, str, int, Tuple[Tuple[str, Any], ...]]
 
 
 class EngineAdapter(HTTPAdapter):
-    """An ``HTTPAdapter`` with retries off whose direct pools build connections a ``Slot`` can cut.
+    """An ``HTTPAdapter`` with retries off whose pool for the engine builds connections a ``Slot`` can cut.
+
+    Every request of the client's own session goes to one engine, with the TLS settings fixed when the session was
+    made: the adapter builds that one pool when it is made, and hands it out for every request sent straight to the
+    engine with those settings. Anything else (a proxy, another host, other TLS settings) gets requests' own pool.
 
     Args:
+        root: A request prepared for the engine's root URL (its scheme, host and port).
+        verify: The TLS verification the session sends with: True, False, or a CA bundle path.
         pool_maxsize: Connections kept per host (threads that may send at once, plus headroom).
     """
 
-    def __init__(self, pool_maxsize: int):
-        self.pool_maxsize = pool_maxsize
-        #: The recording pool of each host and TLS settings; filled with ``setdefault`` (atomic): no lock.
-        self.recording_pools: Dict[PoolKey, urllib3.HTTPConnectionPool] = {}
-        #: The pool of each (URL, verify, cert) seen: the same few URLs come back on every request, and finding the
-        #: pool from the URL costs 34k instructions a request (2% of bench_instructions' figure).
-        self.pool_of_url: Dict[Tuple[Any, ...], urllib3.HTTPConnectionPool] = {}
+    def __init__(self, root: requests.PreparedRequest, verify: Union[bool, str], pool_maxsize: int):
         super().__init__(pool_connections=POOLS_PER_ADAPTER, pool_maxsize=pool_maxsize, max_retries=0)
+        self.pool_maxsize = pool_maxsize
+        self.verify = verify
+        host_params, pool_kwargs = self.build_connection_pool_key_attributes(root, verify, None)
+        parts = urlsplit(str(root.url))
+        #: What the URL of every request this pool serves starts with: ``scheme://host[:port]/``.
+        self.origin = f"{parts.scheme}://{parts.netloc}/"
+        self.engine_pool = _recording_pool(host_params, pool_kwargs, pool_maxsize)
 
     def get_connection_with_tls_context(
         self,
@@ -71,33 +73,13 @@ class EngineAdapter(HTTPAdapter):
         proxies: Optional[Mapping[str, str]] = None,
         cert: Any = None,
     ) -> urllib3.HTTPConnectionPool:
-        """Return the pool for ``request``: a recording pool when no proxy applies, requests' own otherwise."""
-        if proxies and requests.utils.select_proxy(str(request.url), proxies):
-            pool = super().get_connection_with_tls_context(request, verify, proxies, cert)
-            return cast(urllib3.HTTPConnectionPool, pool)
-        known = (request.url, verify, cert)
-        found = self.pool_of_url.get(known)
-        if found is None:
-            found = self._recording_pool_for(request, verify, cert)
-            if len(self.pool_of_url) >= MAX_CACHED_URLS:
-                self.pool_of_url.clear()
-            self.pool_of_url[known] = found
-        return found
-
-    def _recording_pool_for(
-        self, request: requests.PreparedRequest, verify: Any, cert: Any
-    ) -> urllib3.HTTPConnectionPool:
-        host_params, pool_kwargs = self.build_connection_pool_key_attributes(request, verify, cert)
-        scheme = str(host_params["scheme"])
-        host = str(host_params["host"])
-        port = int(host_params["port"] or (443 if scheme == "https" else 80))
-        key: PoolKey = (scheme, host, port, tuple(sorted(pool_kwargs.items(), key=lambda item: item[0])))
-        found = self.recording_pools.get(key)
-        if found is None:  # two threads may build one each: one is kept, the other has no connection yet
-            found = self.recording_pools.setdefault(
-                key, _recording_pool(scheme, host, port, self.pool_maxsize, dict(pool_kwargs))
-            )
-        return found
+        """Return the pool for ``request``: the engine's recording pool when it is sent straight to the engine with
+        the session's TLS settings, requests' own otherwise."""
+        url = str(request.url)
+        direct = not (proxies and requests.utils.select_proxy(url, proxies))
+        if direct and url.startswith(self.origin) and verify == self.verify and cert is None:
+            return self.engine_pool
+        return cast(urllib3.HTTPConnectionPool, super().get_connection_with_tls_context(request, verify, proxies, cert))
 
     def request_url(self, request: requests.PreparedRequest, proxies: Optional[Mapping[str, str]]) -> str:
         """Return the request target: the URL's path and query when no proxy is configured, as requests does.
@@ -113,25 +95,20 @@ class EngineAdapter(HTTPAdapter):
         return "/" + path.lstrip("/") if path.startswith("//") else path
 
     def close(self) -> None:
-        """Close every pooled connection now: requests' pools (proxies) and the recording ones."""
+        """Close every pooled connection now: requests' pools (proxies) and the engine's."""
         super().close()
-        self.pool_of_url.clear()
-        for key in list(self.recording_pools):
-            pool = self.recording_pools.pop(key, None)  # atomic: each pool is closed once
-            if pool is not None:
-                pool.close()
+        self.engine_pool.close()
 
 
 def _recording_pool(
-    scheme: str, host: str, port: int, maxsize: int, pool_kwargs: Dict[str, Any]
+    host_params: Mapping[str, Any], pool_kwargs: Mapping[str, Any], maxsize: int
 ) -> urllib3.HTTPConnectionPool:
     """Build a recording pool as urllib3's ``PoolManager`` would: TLS settings only for https."""
+    scheme, host, port = host_params["scheme"], host_params["host"], host_params["port"]
     if scheme == "https":
-        return RecordingHTTPSConnectionPool(host, port, maxsize=maxsize, block=False, **pool_kwargs)
-    if scheme != "http":
-        raise requests.exceptions.InvalidSchema(f"no connection adapter for {scheme}:// URLs")
+        return RecordingHTTPSConnectionPool(host, port or 443, maxsize=maxsize, block=False, **pool_kwargs)
     plain = {name: value for name, value in pool_kwargs.items() if name not in SSL_KEYWORDS}
-    return RecordingHTTPConnectionPool(host, port, maxsize=maxsize, block=False, **plain)
+    return RecordingHTTPConnectionPool(host, port or 80, maxsize=maxsize, block=False, **plain)
 
 
 class EngineSession:
@@ -163,7 +140,8 @@ class EngineSession:
         self._request_auth: Optional[Tuple[str, str]] = None
         self._send_settings: Optional[Dict[str, Any]] = None
         self._fixed_headers: Optional[Dict[str, str]] = None
-        self._urls: Dict[str, str] = {}
+        #: The prepared (quoted, IDNA-encoded) engine root of the client's own session, no trailing slash.
+        self._root = ""
         if session is None:
             self.session = self._own_session(api_key, basic, max_workers, verify)
         else:
@@ -197,9 +175,6 @@ class EngineSession:
         self, api_key: Optional[str], basic: Optional[Tuple[str, str]], max_workers: int, verify: Union[bool, str]
     ) -> requests.Session:
         session = requests.Session()
-        adapter = EngineAdapter(pool_maxsize=max_workers + POOL_HEADROOM)
-        session.mount("http://", adapter)
-        session.mount("https://", adapter)
         # ``merge_environment_settings`` is what ``Session.request`` calls on every request; once is enough here.
         settings: Dict[str, Any] = dict(session.merge_environment_settings(self.base_url, {}, True, verify, None))
         session.trust_env = False  # read above; prepare_request must not read ~/.netrc again on every request
@@ -217,6 +192,10 @@ class EngineSession:
         # The session's headers with its auth applied, as prepare_request merges them into every request.
         template = session.prepare_request(requests.Request("GET", self.base_url + "/"))
         self._fixed_headers = {name: value for name, value in template.headers.items() if name != "Content-Length"}
+        self._root = str(template.url).removesuffix("/")  # every request's URL is this root and its path
+        adapter = EngineAdapter(template, settings["verify"], max_workers + POOL_HEADROOM)
+        session.mount("http://", adapter)
+        session.mount("https://", adapter)
         return session
 
     def _prepare_fixed(self, exchange: Exchange) -> requests.PreparedRequest:
@@ -224,7 +203,7 @@ class EngineSession:
         assert self._fixed_headers is not None
         prepared = requests.PreparedRequest()
         prepared.method = exchange.method
-        prepared.url = self._url(exchange.path)
+        prepared.url = self._root + exchange.path  # the client's paths are plain ASCII: quoting leaves them as they are
         # The fixed headers were checked by prepare_headers when the session was made; http.client checks each
         # header again as it is sent (a newline in a session id is refused there).
         prepared.headers = CaseInsensitiveDict(self._fixed_headers)
@@ -233,17 +212,6 @@ class EngineSession:
         # The session's cookies (a router or a gateway may set some) are sent back, as requests would.
         prepared.prepare_cookies(self.session.cookies)
         return prepared
-
-    def _url(self, path: str) -> str:
-        """Return the prepared (quoted, IDNA-encoded) URL of ``path`` under the base URL, prepared once per path."""
-        url = self._urls.get(path)
-        if url is None:
-            probe = requests.PreparedRequest()
-            probe.prepare_url(self.base_url + path, None)
-            if len(self._urls) >= MAX_CACHED_URLS:
-                self._urls.clear()
-            url = self._urls[path] = str(probe.url)
-        return url
 
     def send(self, exchange: Exchange) -> requests.Response:
         """Send one request through the session and return its response, status and headers read, body not.

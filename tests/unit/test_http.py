@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import requests
 import responses
 
 from lora_sampler import SamplerClient
+from lora_sampler._transport.connections import RecordingHTTPConnectionPool
 from lora_sampler._transport.http import POOL_HEADROOM, normalise_base_url
 
 OK = {
@@ -62,6 +64,20 @@ def test_http_pool_is_sized_to_max_workers() -> None:
         adapter = client._transport.session.get_adapter("http://h")
         assert adapter.pool_maxsize == 48 + POOL_HEADROOM  # type: ignore[attr-defined]
         assert adapter.max_retries.total == 0  # type: ignore[attr-defined]
+
+
+def test_http_the_engine_has_one_recording_pool_and_other_urls_get_requests_own() -> None:
+    """Requests to the engine share the one pool whose connections a deadline can cut; another host gets requests'."""
+    with SamplerClient("http://h:8000/llm", max_workers=2) as client:
+        session = client._transport.session
+        adapter = session.get_adapter("http://h:8000")
+        engine = requests.Request("GET", "http://h:8000/llm/v1/models").prepare()
+        other = requests.Request("GET", "http://other:8000/v1/models").prepare()
+        pool = adapter.get_connection_with_tls_context(engine, session.verify)  # type: ignore[attr-defined]
+        assert isinstance(pool, RecordingHTTPConnectionPool) and (pool.host, pool.port) == ("h", 8000)
+        assert adapter.get_connection_with_tls_context(engine, session.verify) is pool  # type: ignore[attr-defined]
+        elsewhere = adapter.get_connection_with_tls_context(other, session.verify)  # type: ignore[attr-defined]
+        assert not isinstance(elsewhere, RecordingHTTPConnectionPool) and elsewhere.host == "other"
 
 
 def test_http_closed_client_refuses_work() -> None:
