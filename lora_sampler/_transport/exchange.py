@@ -186,14 +186,12 @@ def _b64(text: str) -> str:
 
 #: Bytes asked for per read of an answer body.
 READ_CHUNK_BYTES = 256 * 1024
+#: What an answer not in by its deadline is told by, whichever part of the transport saw it late.
+LATE = "the whole answer did not arrive within the read timeout"
 
 
 class TooLargeError(Exception):
-    """The answer is over the size limit; ``what`` says how it showed it."""
-
-    def __init__(self, what: str = ""):
-        super().__init__(what)
-        self.what = what
+    """The answer is over the size limit; the message says how it showed it and names the limit."""
 
 
 def read_whole(raw: Any, deadline: Callable[[], float], limit: int) -> bytes:
@@ -208,7 +206,7 @@ def read_whole(raw: Any, deadline: Callable[[], float], limit: int) -> bytes:
         The body. When it is not read to its end, the connection is closed (it cannot be reused).
 
     Raises:
-        requests.ReadTimeout: the answer was not complete by ``deadline()``.
+        requests.ReadTimeout: the answer was not complete by ``deadline()`` (``LATE``).
         TooLargeError: it declares or sends more than ``limit`` bytes.
         urllib3.exceptions.HTTPError, OSError: reading it failed (a reset, a bad encoding).
     """
@@ -221,16 +219,16 @@ def read_whole(raw: Any, deadline: Callable[[], float], limit: int) -> bytes:
     encoded = "Content-Encoding" in raw.headers
     try:
         if declared and declared.isdigit() and int(declared) > limit:
-            raise TooLargeError(f"declares {declared} bytes")
+            raise TooLargeError(f"an answer that declares {declared} bytes, over max_response_bytes={limit}")
         while True:
             if time.monotonic() >= deadline():
-                raise requests.ReadTimeout("the whole answer took longer than the read timeout")
+                raise requests.ReadTimeout(LATE)
             chunk = read(READ_CHUNK_BYTES, decode_content=encoded)
             if not chunk:
                 break
             size += len(chunk)
             if size > limit:
-                raise TooLargeError(f"sent more than {limit} bytes")
+                raise TooLargeError(f"an answer that sent more than {limit} bytes, over max_response_bytes={limit}")
             chunks.append(chunk)
             if raw.length_remaining == 0:  # the declared length is in: no extra read to find the end
                 break

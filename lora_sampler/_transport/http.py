@@ -21,6 +21,7 @@ import requests
 from lora_sampler._defaults import DEFAULT_MAX_WORKERS, DEFAULT_TIMEOUT
 from lora_sampler._transport.connections import CUT_DEADLINE, answer_deadline, current_slot, watchdog
 from lora_sampler._transport.exchange import (
+    LATE,
     Answer,
     Exchange,
     Secrets,
@@ -51,8 +52,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_RESPONSE_BYTES = 256 * 1024 * 1024
 
 T = TypeVar("T")
-
-_LATE = "the whole answer did not arrive within the read timeout"
 
 
 class EngineTransport:
@@ -98,7 +97,7 @@ class EngineTransport:
         )
         self._engine_session = self._new_session(session=session)
         secrets = Secrets(api_key, self._engine_session.basic or userinfo)
-        self._translator = Translator(self.base_url, secrets, max_response_bytes, self._engine_session.proxy)
+        self._translator = Translator(self.base_url, secrets, self._engine_session.proxy)
         self._pid = os.getpid()
 
     @property
@@ -232,13 +231,14 @@ class EngineTransport:
             finally:
                 guard.disarm(slot)
                 slot.end()  # no cut can reach the connection once it may serve another thread's request
-            if slot.cut == CUT_DEADLINE:  # shut down while read: a close-delimited body looks complete
-                raise requests.ReadTimeout(_LATE)
+            if slot.cut != CUT_DEADLINE:
+                return Answer(response.status_code, str(response.reason or ""), response.headers, content)
         except CAUGHT as exc:  # the one translation of the libraries' exceptions
-            # A connection the watchdog shut down fails as a reset or a short read: it is the deadline that passed.
-            cause = requests.ReadTimeout(_LATE) if slot.cut == CUT_DEADLINE else exc
-            raise self._translator.transport_error(cause, exchange, response) from None
+            if slot.cut != CUT_DEADLINE:
+                raise self._translator.transport_error(exc, exchange, response) from None
         finally:
             if response is not None:  # urllib3's documented call: the connection (closed if unfinished) goes back
                 response.raw.release_conn()
-        return Answer(response.status_code, str(response.reason or ""), response.headers, content)
+        # The watchdog shut the connection down: what it did to the answer (a reset, a short read, a close-delimited
+        # body that looks complete) is the deadline passing.
+        raise self._translator.transport_error(requests.ReadTimeout(LATE), exchange, response)

@@ -59,13 +59,9 @@ TRANSPORT_ERRORS: Tuple[Tuple[Tuple[Type[BaseException], ...], Type[EngineError]
         EngineProtocolError,
         "its Content-Encoding does not decode",
     ),
-    (
-        (requests.ConnectionError, requests.exceptions.ChunkedEncodingError, ProtocolError, SSLError),
-        EngineConnectionError,
-        "could not be reached or dropped the connection",
-    ),
-    ((OSError,), EngineConnectionError, "could not be reached or dropped the connection"),
-    ((requests.RequestException, urllib3.exceptions.HTTPError), EngineError, "request failed"),
+    # requests' exceptions are OSErrors (its ConnectionError, ChunkedEncodingError, InvalidURL): no answer came.
+    ((OSError, ProtocolError, SSLError), EngineConnectionError, "could not be reached or dropped the connection"),
+    ((urllib3.exceptions.HTTPError,), EngineError, "request failed"),
 )
 #: urllib3's connection and pool objects as its messages show them, with the separator after them.
 _INTERNAL_OBJECT = re.compile(r"(<[\w.]+ object at 0x[0-9a-fA-F]+>|\b\w*HTTPS?Connection(?:Pool)?\([^()]*\))(:\s*)?")
@@ -129,14 +125,12 @@ class Translator:
     Args:
         base_url: The printable engine root, named in every message.
         secrets: The credentials to redact.
-        max_response_bytes: The size limit, named when an answer is over it.
         proxy: The proxy requests go through ("" when direct), named as what failed or answered in its place.
     """
 
-    def __init__(self, base_url: str, secrets: Secrets, max_response_bytes: int, proxy: str = ""):
+    def __init__(self, base_url: str, secrets: Secrets, proxy: str = ""):
         self.base_url = base_url
         self.secrets = secrets
-        self.max_response_bytes = max_response_bytes
         self.proxy = proxy
 
     def transport_error(self, exc: BaseException, exchange: Exchange, response: Any = None) -> EngineError:
@@ -152,8 +146,7 @@ class Translator:
         head = None if response is None else Answer(response.status_code, response.reason or "", response.headers, b"")
         if isinstance(exc, TooLargeError):
             fix = "raise max_response_bytes if such answers are expected"
-            problem = f"an answer that {exc.what}, over max_response_bytes={self.max_response_bytes}"
-            return self.protocol_error(exchange, head or _NO_ANSWER, problem, fix)
+            return self.protocol_error(exchange, head or _NO_ANSWER, str(exc), fix)
         chain = _causes(exc)
         error_class, problem = next(
             (row[1], row[2]) for row in TRANSPORT_ERRORS if any(isinstance(link, row[0]) for link in chain)
