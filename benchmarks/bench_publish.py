@@ -250,8 +250,8 @@ def download_in_one_get(url: str, local: str) -> None:
     """Copy the object to ``local`` over the same single streamed GET the URL publish reads (no ranged parts)."""
     from lora_sampler._adapters import storage
 
-    with storage.open_object(storage.probe(url)) as reader, open(local, "wb") as out:
-        shutil.copyfileobj(reader, out, 1 << 20)
+    with open(local, "wb") as out:
+        out.writelines(storage.open_object(storage.probe(url)))
 
 
 def storage_case(case: str, url: str, root: str) -> float:

@@ -56,8 +56,7 @@ def readers(bucket: str, key: str) -> Dict[str, Callable[[], int]]:
             return drain(handle.read)
 
     def streamed_get() -> int:
-        with storage.open_object(storage.probe(url)) as reader:
-            return drain(reader.read)
+        return sum(len(chunk) for chunk in storage.open_object(storage.probe(url)))
 
     def boto3_body() -> int:
         return drain(client.get_object(Bucket=bucket, Key=key)["Body"].read)

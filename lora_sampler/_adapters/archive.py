@@ -16,7 +16,8 @@ import socket
 import stat
 import tarfile
 import time
-from typing import Callable, Dict, Iterable, List, Optional, Tuple, Union
+from functools import partial
+from typing import Callable, Dict, Generator, Iterable, List, Optional, Tuple, Union
 
 from lora_sampler.errors import PublishError, UnsafeArchiveError
 
@@ -33,6 +34,9 @@ DEFAULT_STALE_AFTER = 3600.0
 
 StrPath = Union[str, "os.PathLike[str]"]
 Signature = Tuple[int, int, int, int]
+#: A checkpoint file's bytes (a local file, or an object in a store), chunk by chunk, each read when the reader asks
+#: for it; closing the generator ends the read (closes the file, or the download).
+Chunks = Generator[bytes, None, None]
 
 #: The fix every refusal of a hostile member suggests.
 ARCHIVE_FIX = "re-create it from the adapter folder with plain files only, e.g. tar -czf step.tar.gz -C parent step"
@@ -59,11 +63,16 @@ def file_signature(path: str) -> Signature:
     return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
 
+def file_chunks(path: str) -> Chunks:
+    """Read a local file in ``CHUNK_SIZE`` chunks, opened on the first read and closed with the generator."""
+    with open(path, "rb", buffering=0) as f:
+        yield from iter(partial(f.read, CHUNK_SIZE), b"")
+
+
 def _sha256_file(path: str) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(CHUNK_SIZE), b""):
-            digest.update(chunk)
+    for chunk in file_chunks(path):
+        digest.update(chunk)
     return digest.hexdigest()
 
 
@@ -71,9 +80,8 @@ def _sha256_folder(files: List[Tuple[str, str]]) -> str:
     digest = hashlib.sha256(b"lora_sampler-folder-v1\0")
     for rel, full in files:
         digest.update(rel.encode("utf-8", "surrogateescape") + b"\0" + str(os.path.getsize(full)).encode() + b"\0")
-        with open(full, "rb") as f:
-            for chunk in iter(lambda: f.read(CHUNK_SIZE), b""):
-                digest.update(chunk)
+        for chunk in file_chunks(full):
+            digest.update(chunk)
     return digest.hexdigest()
 
 

@@ -21,16 +21,18 @@ import shutil
 import tarfile
 import threading
 import zlib
-from contextlib import nullcontext, suppress
+from contextlib import closing, suppress
 from dataclasses import dataclass
 from functools import partial
-from typing import IO, Any, Callable, ContextManager, Dict, Optional, Sequence, Tuple, Union, cast
+from typing import IO, Any, Callable, Dict, Iterable, Optional, Sequence, Tuple, cast
 
 from lora_sampler._adapters.archive import (
     ARCHIVE_FIX,
     MARKER_FILE,
+    Chunks,
     check_layout,
     check_member,
+    file_chunks,
     fsync_folders,
     run_data_filter,
 )
@@ -39,8 +41,8 @@ from lora_sampler.types import check_count
 
 #: Bytes per step when extracting or copying: measured faster than 64 KiB and 1 MiB on a 64 MiB payload.
 COPY_CHUNK_SIZE = 1 << 18
-#: Chunks read ahead of the hashing thread, at most (bounds its memory to 4 MiB).
-HASH_QUEUE_CHUNKS = 16
+#: Chunks handed to the hashing thread and not hashed yet, at most (bounds its memory to 4 MiB of 1 MiB chunks).
+HASH_QUEUE_CHUNKS = 4
 #: Most bytes of zero padding read after a tar end-of-archive marker (tar's largest blocking factor is 1 MiB).
 MAX_TAR_PADDING = 16 << 20
 #: Longest file name component when the filesystem does not say (``NAME_MAX`` on Linux and macOS).
@@ -94,8 +96,8 @@ _FADV_DONTNEED: Optional[int] = getattr(os, "POSIX_FADV_DONTNEED", None) if hasa
 _O_BINARY = getattr(os, "O_BINARY", 0)
 
 
-#: Opens one file of a folder checkpoint for reading (a local file, or an object in storage).
-FileOpener = Callable[[], ContextManager[Union[IO[bytes], io.RawIOBase]]]
+#: Starts reading one file of a folder checkpoint (a local file, or an object in storage).
+FileOpener = Callable[[], Chunks]
 
 
 def copy_files(
@@ -105,16 +107,15 @@ def copy_files(
     *,
     limits: PublishLimits = DEFAULT_LIMITS,
     durable: bool = True,
-    untrusted: bool = False,
 ) -> None:
     """Copy ``(relative path, size, opener)`` files into the existing, empty folder ``dest``, as plain files.
 
     The sizes are known up front, so ``limits.max_total_bytes`` and the free space of ``dest``'s filesystem are
-    checked before the first byte is written. ``untrusted`` paths (object keys in storage, which may hold ``..``
-    or absolute parts) go through the archive members' rules and bounds first.
+    checked before the first byte is written. The paths (object keys in storage may hold ``..`` or absolute parts)
+    go through the archive members' rules and bounds first.
 
     Raises:
-        UnsafeArchiveError: an untrusted path is hostile, or the files exceed one of ``limits``.
+        UnsafeArchiveError: a path is hostile, or the files exceed one of ``limits``.
         PublishError: there is not enough free space, or a file cannot be read or written.
     """
     total = sum(size for _, size, _ in files)
@@ -125,12 +126,11 @@ def copy_files(
             f"{size} bytes), more than max_total_bytes={limits.max_total_bytes}; " + _raise_hint("max_total_bytes")
         )
     writer = _Writer(source, dest, durable)
-    if untrusted:
-        _check_stored_paths(source, [rel for rel, _, _ in files], limits, writer.name_max)
+    _check_stored_paths(source, [rel for rel, _, _ in files], limits, writer.name_max)
     writer.check_free_space(total, files[0][0] if files else "")
     for rel, size, opener in files:
-        with opener() as src:
-            writer.write_file(rel, src, size)
+        with closing(opener()) as chunks:
+            writer.write_file(rel, chunks, size)
     writer.finish()
 
 
@@ -167,7 +167,7 @@ def extract_archive(
     *,
     limits: PublishLimits = DEFAULT_LIMITS,
     durable: bool = True,
-    reader: Optional[io.RawIOBase] = None,
+    chunks: Optional[Chunks] = None,
 ) -> str:
     """Extract a tar archive (plain, gzip, bzip2 or xz) into the existing, empty folder ``dest``; return its sha256.
 
@@ -186,12 +186,12 @@ def extract_archive(
     mid-archive leaves partial files in ``dest``, which the caller removes.
 
     Args:
-        archive: The archive file (or, with ``stream``, its URL, named in errors).
+        archive: The archive file (or, with ``chunks``, its URL, named in errors).
         dest: An existing, empty folder on the target filesystem.
         limits: Bounds on the total size, the member count and the member name length.
         durable: fsync every file and folder written.
-        reader: A raw stream of the archive's bytes to read instead of the file (an object in storage), read once
-            front to back: no local copy of the archive is made. Its owner closes it.
+        chunks: The archive's bytes to read instead of the file (an object in storage), read once front to back:
+            no local copy of the archive is made. Closed here, read to the end or not.
 
     Raises:
         UnsafeArchiveError: a member is hostile, or the archive exceeds one of ``limits``.
@@ -199,7 +199,7 @@ def extract_archive(
     """
     writer = _Writer(archive, dest, durable)
     try:
-        with _opened(archive, reader) as file, _HashingReader(file) as raw:
+        with _HashingReader(file_chunks(archive) if chunks is None else chunks) as raw:
             compressed = io.BufferedReader(raw, buffer_size=COPY_CHUNK_SIZE)
             stream = _TarStream(_decompressor(compressed), archive, limits.max_header_bytes)
             with tarfile.open(fileobj=cast(IO[bytes], stream), mode="r:") as tar:
@@ -217,11 +217,6 @@ def extract_archive(
         ) from error
     writer.finish()
     return digest
-
-
-def _opened(archive: str, reader: Optional[io.RawIOBase]) -> ContextManager[io.RawIOBase]:
-    """The archive's raw bytes: the reader handed in (its owner closes it), or the file opened unbuffered."""
-    return nullcontext(reader) if reader is not None else cast(io.RawIOBase, open(archive, "rb", buffering=0))
 
 
 def _extract_members(tar: tarfile.TarFile, archive: str, dest: str, limits: PublishLimits, writer: _Writer) -> None:
@@ -259,22 +254,25 @@ def _extract_file(
     if src is None:  # pragma: no cover - check_member admits only regular files here
         raise UnsafeArchiveError(f"refusing archive {archive}: member {member.name!r} has no data")
     with src:
-        writer.write_file(rel, src, member.size)
+        writer.write_file(rel, iter(partial(src.read, COPY_CHUNK_SIZE), b""), member.size)
 
 
 class _HashingReader(io.RawIOBase):
-    """A raw reader that hashes every byte it hands out, in a thread of its own (sha256 releases the GIL).
+    """A raw reader of a checkpoint's chunks that hashes every byte it hands out, in a thread of its own (sha256
+    releases the GIL).
 
     The archive is read once, for the digest and the data; hashing beside the decompression keeps an
-    incompressible archive's publish near the cost of the extraction alone. Call ``hexdigest`` after the last read,
-    and ``close`` in any case (it stops the thread).
+    incompressible archive's publish near the cost of the extraction alone. A chunk is read only when the reader
+    needs one (no reading ahead). Call ``hexdigest`` after the last read, and ``close`` in any case (it stops the
+    thread and closes the chunks: a download ends there).
     """
 
-    def __init__(self, file: io.RawIOBase) -> None:
+    def __init__(self, chunks: Chunks) -> None:
         super().__init__()
-        self._file = file
+        self._chunks = chunks
+        self._pending = memoryview(b"")
         self._sha256 = hashlib.sha256()
-        self._chunks: queue.Queue[Optional[bytes]] = queue.Queue(maxsize=HASH_QUEUE_CHUNKS)
+        self._to_hash: queue.Queue[Optional[bytes]] = queue.Queue(maxsize=HASH_QUEUE_CHUNKS)
         self._thread = threading.Thread(target=self._hash_chunks, name="lora_sampler-sha256", daemon=True)
         self._thread.start()
 
@@ -282,13 +280,18 @@ class _HashingReader(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
-        count = self._file.readinto(buffer) or 0
-        if count:
-            self._chunks.put(bytes(memoryview(buffer)[:count]))  # a copy: the caller reuses its buffer
+        if not self._pending:
+            chunk = next(self._chunks, b"")
+            if chunk:
+                self._to_hash.put(chunk)
+            self._pending = memoryview(chunk)
+        count = min(len(buffer), len(self._pending))
+        buffer[:count] = self._pending[:count]
+        self._pending = self._pending[count:]
         return count
 
     def _hash_chunks(self) -> None:
-        for chunk in iter(self._chunks.get, None):
+        for chunk in iter(self._to_hash.get, None):
             self._sha256.update(chunk)
 
     def hexdigest(self) -> str:
@@ -297,8 +300,9 @@ class _HashingReader(io.RawIOBase):
         return self._sha256.hexdigest()
 
     def close(self) -> None:
+        self._chunks.close()
         if self._thread.is_alive():
-            self._chunks.put(None)
+            self._to_hash.put(None)
             self._thread.join()
         super().close()
 
@@ -457,7 +461,7 @@ class _Writer:
                 "into a folder on a larger filesystem"
             )
 
-    def write_file(self, rel: str, src: Union[IO[bytes], io.RawIOBase], size: int) -> None:
+    def write_file(self, rel: str, chunks: Iterable[bytes], size: int) -> None:
         target = os.path.join(self.dest, *rel.split("/"))
         self._make_folder(os.path.dirname(target))
         try:
@@ -467,7 +471,7 @@ class _Writer:
         try:
             written = 0
             # Read errors are the archive's (corruption, truncation): they are not caught here.
-            for chunk in iter(partial(src.read, COPY_CHUNK_SIZE), b""):
+            for chunk in chunks:
                 try:
                     _write_all(fd, chunk)
                 except OSError as error:

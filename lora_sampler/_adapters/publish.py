@@ -15,7 +15,6 @@ here; the client reads the engine's model and calls ``check_adapter_config`` its
 from __future__ import annotations
 
 import errno
-import io
 import json
 import logging
 import os
@@ -23,15 +22,17 @@ import re
 import shutil
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, ContextManager, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from lora_sampler._adapters import storage
 from lora_sampler._adapters.archive import (
     CONFIG_FILE,
     MARKER_FILE,
+    Chunks,
     StrPath,
     checkpoint_digest,
     clean_stale_temporaries,
+    file_chunks,
     file_signature,
     fsync_folders,
     list_folder_files,
@@ -117,20 +118,20 @@ class _Checkpoint:
         where: Its absolute path or URL (what the published folder records as its source).
         stem: The readable part of its default name.
         signature: What changes when its content may have (JSON: recorded in the published folder's marker).
-        archive: Opens the archive's bytes (a local file, or a stored object streamed); None for a folder.
+        archive: Starts reading the archive's bytes (a local file, or a stored object streamed); None for a folder.
         files: A folder's files, ``(relative path, size, opener)``; empty for an archive.
     """
 
     where: str
     stem: str
     signature: List[Any]
-    archive: Optional[Callable[[], ContextManager[io.RawIOBase]]] = None
+    archive: Optional[Callable[[], Chunks]] = None
     files: Sequence[Tuple[str, int, FileOpener]] = ()
 
     @property
     def stored(self) -> bool:
-        """It is in a store (``where`` is its URL): its keys are held to the archive members' rules (a store's object
-        is written whole, so it is not signed again after it was read)."""
+        """It is in a store (``where`` is its URL): a store's object is written whole, so it is not signed again
+        after it was read, and it is never a folder already in place."""
         return is_storage_url(self.where)
 
 
@@ -207,8 +208,8 @@ def _local_checkpoint(source: str) -> _Checkpoint:
         raise PublishError(f"checkpoint {source} does not exist; pass an adapter archive or folder")
     signature = _local_signature(source)  # before the files are listed: a file added after it is a change
     if not os.path.isdir(source):
-        return _Checkpoint(source, _name_stem(source, False), signature, archive=partial(io.FileIO, source))
-    files = [(rel, os.path.getsize(full), partial(io.FileIO, full)) for rel, full in list_folder_files(source)]
+        return _Checkpoint(source, _name_stem(source, False), signature, archive=partial(file_chunks, source))
+    files = [(rel, os.path.getsize(full), partial(file_chunks, full)) for rel, full in list_folder_files(source)]
     return _Checkpoint(source, _name_stem(source, True), signature, files=files)
 
 
@@ -238,17 +239,10 @@ def _fill(checkpoint: _Checkpoint, temp: str, limits: PublishLimits) -> str:
     """Extract the archive (one pass, hashed as it is read) or copy the folder's files into ``temp``; return the
     checkpoint's digest. A local checkpoint whose signature changed meanwhile is refused (it may mix two versions)."""
     if checkpoint.archive is not None:
-        with checkpoint.archive() as reader:
-            digest = extract_archive(checkpoint.where, temp, limits=limits, durable=DEFAULT_DURABLE, reader=reader)
+        chunks = checkpoint.archive()
+        digest = extract_archive(checkpoint.where, temp, limits=limits, durable=DEFAULT_DURABLE, chunks=chunks)
     else:
-        copy_files(
-            checkpoint.where,
-            checkpoint.files,
-            temp,
-            limits=limits,
-            durable=DEFAULT_DURABLE,
-            untrusted=checkpoint.stored,
-        )
+        copy_files(checkpoint.where, checkpoint.files, temp, limits=limits, durable=DEFAULT_DURABLE)
         digest = checkpoint_digest(temp)
     if not checkpoint.stored and _local_signature(checkpoint.where) != checkpoint.signature:
         raise PublishError(f"checkpoint {checkpoint.where} changed while it was being published; publish it again")

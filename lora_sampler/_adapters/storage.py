@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime
 import importlib
-import io
 import logging
 import os
 import re
@@ -29,6 +28,7 @@ from typing import (
     Awaitable,
     Callable,
     Dict,
+    Generator,
     Iterator,
     List,
     Mapping,
@@ -47,6 +47,7 @@ from lora_sampler.types import Timeout, is_storage_url, split_timeout
 
 __all__ = [
     "DOWNLOAD_CHUNK_SIZE",
+    "Chunks",
     "Deadlines",
     "StorageOptions",
     "StoredObject",
@@ -93,6 +94,8 @@ _UNREACHABLE = {"EndpointConnectionError", "ConnectTimeoutError", "ClientConnect
 _S3_READ_KEYS = ("RequestPayer", "ExpectedBucketOwner", "SSECustomerAlgorithm", "SSECustomerKey", "SSECustomerKeyMD5")
 
 T = TypeVar("T")
+#: An object's bytes, chunk by chunk, each read when the reader asks for it; closing it ends the read.
+Chunks = Generator[bytes, None, None]
 
 
 class StoreTimeoutError(OSError):
@@ -353,9 +356,9 @@ def _absent_as_not_found(url: str) -> Iterator[None]:
         raise
 
 
-def open_object(stored: StoredObject, options: Optional[Mapping[str, Any]] = None) -> io.RawIOBase:
-    """Open one object as a raw stream, read as the caller asks for it (one chunk in memory at a time); closing it
-    (``with open_object(...) as reader:``) ends the download, also when the reader stops early.
+def open_object(stored: StoredObject, options: Optional[Mapping[str, Any]] = None) -> Chunks:
+    """Read one object as its chunks, each fetched when the reader asks for the next (one chunk in memory at a time);
+    closing the generator ends the download, also when the reader stops early.
 
     On S3 the object is one GET (``If-Match`` its probed ETag, so a rewrite mid-way fails instead of mixing two
     versions) read in ``DOWNLOAD_CHUNK_SIZE`` steps; elsewhere ``RANGED_BLOCK_SIZE`` ranges (fsspec's ``_cat_file``).
@@ -367,12 +370,30 @@ def open_object(stored: StoredObject, options: Optional[Mapping[str, Any]] = Non
             store did not send it within its deadline.
     """
     fs, path, limits = _filesystem(stored.url, options)
-    return _Stream(_chunks(fs, path, stored, limits, options), stored.url, stored.size, options)
+    return _download(_chunks(fs, path, stored, limits, options), stored, options)
+
+
+def _download(chunks: Chunks, stored: StoredObject, options: Optional[Mapping[str, Any]]) -> Chunks:
+    """Hand on an object's chunks: a download error raised as a ``PublishError`` naming the URL (secrets blanked),
+    an object that ends before its size refused, the download closed when the reader closes this generator."""
+    received = 0
+    try:
+        with translated(stored.url, options, "download"):
+            for chunk in chunks:
+                received += len(chunk)
+                yield chunk
+    finally:
+        chunks.close()
+    if received != stored.size:
+        raise PublishError(
+            f"cannot download {stored.url}: the object ended after {received} of its {stored.size} bytes (it "
+            "changed, or the connection dropped); nothing was published. Publish it again"
+        )
 
 
 def _chunks(
     fs: Any, path: str, stored: StoredObject, limits: Deadlines, options: Optional[Mapping[str, Any]]
-) -> Iterator[bytes]:
+) -> Chunks:
     """Yield the object's bytes in order: on S3 the chunks of one streamed GET, elsewhere its ranges.
 
     fsspec reads a range whole per request (``_cat_file``; gcsfs has nothing else), and s3fs's ``open_async``
@@ -572,60 +593,6 @@ def _bounded(fs: Any, coroutine: Awaitable[T], seconds: float, what: str) -> T:
         return sync(fs.loop, bounded, timeout=max(seconds, 0.001))  # type: ignore[no-any-return]
     except FSTimeoutError:
         raise StoreTimeoutError(what, seconds) from None
-
-
-class _Stream(io.RawIOBase):
-    """A raw reader over an object's chunks, each fetched when the reader needs it (bounded memory, no thread).
-
-    Each chunk's read is bounded where it is made (what is left of the transfer's deadline). A download error is
-    raised to the reader as a ``PublishError``; so is an object that ends before its size. ``close`` releases the
-    connection, also when the reader stops early.
-    """
-
-    def __init__(self, chunks: Iterator[bytes], url: str, size: int, options: Optional[Mapping[str, Any]]) -> None:
-        super().__init__()
-        self._chunks = chunks
-        self._url = url
-        self._size = size
-        self._options = options
-        self._pending = memoryview(b"")
-        self._received = 0
-        self._done = False
-
-    def readable(self) -> bool:
-        return True
-
-    def _next(self) -> None:
-        try:
-            chunk = next(self._chunks)
-        except StopIteration:
-            self._done = True
-            if self._received != self._size:
-                raise PublishError(
-                    f"cannot download {self._url}: the object ended after {self._received} of its {self._size} "
-                    "bytes (it changed, or the connection dropped); nothing was published. Publish it again"
-                ) from None
-            return
-        except Exception as error:
-            self._done = True
-            raise _translate(error, self._url, self._options, "download") from error
-        self._pending = memoryview(chunk)
-        self._received += len(chunk)
-
-    def readinto(self, buffer: Any) -> int:
-        while not self._pending and not self._done:
-            self._next()
-        count = min(len(buffer), len(self._pending))
-        buffer[:count] = self._pending[:count]
-        self._pending = self._pending[count:]
-        return count
-
-    def close(self) -> None:
-        close = getattr(self._chunks, "close", None)
-        if close is not None:
-            with suppress(Exception):
-                close()
-        super().close()
 
 
 @contextmanager

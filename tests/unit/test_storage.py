@@ -6,7 +6,7 @@ import pathlib
 import sys
 import tarfile
 import threading
-from typing import Iterator, List
+from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 
@@ -28,7 +28,12 @@ def make_archive(tmp_path: pathlib.Path) -> pathlib.Path:
 
 
 def chunks_of(data: bytes, size: int) -> Iterator[bytes]:
-    return iter([data[i : i + size] for i in range(0, len(data), size)])
+    yield from (data[i : i + size] for i in range(0, len(data), size))
+
+
+def download(chunks: Iterator[bytes], size: int, options: Optional[Dict[str, Any]] = None) -> storage.Chunks:
+    """What ``open_object`` hands out, over ``chunks`` instead of a store's."""
+    return storage._download(chunks, storage.StoredObject("s3://b/k", size, None, None, False), options)
 
 
 @pytest.mark.parametrize("url", ["s3://ckpts/run/step-1.tar.gz", "gs://ckpts/run/step-1/", "GCS://b/k", "S3://b/k"])
@@ -69,26 +74,19 @@ def test_extract_archive_reads_a_stream_like_the_file(tmp_path: pathlib.Path) ->
     """An archive streamed in odd-sized chunks extracts the same files and gives the file's digest."""
     archive = make_archive(tmp_path)
     data = archive.read_bytes()
-    stream = storage._Stream(chunks_of(data, 777), "s3://b/step-9.tar.gz", len(data), None)
     dest = tmp_path / "dest"
     dest.mkdir()
-    try:
-        digest = extract_archive("s3://b/step-9.tar.gz", str(dest), reader=stream)
-    finally:
-        stream.close()
+    digest = extract_archive("s3://b/step-9.tar.gz", str(dest), chunks=download(chunks_of(data, 777), len(data)))
     assert digest == checkpoint_digest(archive)
     assert (dest / "step-9" / "adapter_config.json").is_file()
 
 
 def test_storage_short_object_is_a_publish_error(tmp_path: pathlib.Path) -> None:
     """A stream that ends before the object's size is a PublishError naming the URL and both sizes."""
-    stream = storage._Stream(iter([b"abc"]), "s3://b/k", 10, None)
-    try:
-        assert stream.read(100) == b"abc"
-        with pytest.raises(PublishError, match=r"s3://b/k: the object ended after 3 of its 10 bytes"):
-            stream.read(100)
-    finally:
-        stream.close()
+    chunks = download(chunks_of(b"abc", 100), 10)
+    assert next(chunks) == b"abc"
+    with pytest.raises(PublishError, match=r"s3://b/k: the object ended after 3 of its 10 bytes"):
+        next(chunks)
 
 
 def test_storage_download_error_blanks_the_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -100,21 +98,16 @@ def test_storage_download_error_blanks_the_secrets(monkeypatch: pytest.MonkeyPat
         raise ConnectionError("reset by peer; key=hunter2secret token-from-env-123")
 
     options = {"key": "AKIDEXAMPLE", "secret": "hunter2secret", "client_kwargs": {"region_name": "us-east-1"}}
-    stream = storage._Stream(failing(), "s3://b/k", 10, options)
-    try:
-        with pytest.raises(PublishError) as caught:
-            while stream.read(100):
-                pass
-    finally:
-        stream.close()
+    with pytest.raises(PublishError) as caught:
+        list(download(failing(), 10, options))
     message = str(caught.value)
     assert "s3://b/k" in message and "ConnectionError" in message
     assert "hunter2secret" not in message and "token-from-env-123" not in message
 
 
-def test_storage_reader_reads_only_what_is_asked_and_closing_ends_the_download() -> None:
-    """The reader fetches a chunk only when the extraction needs one (bounded memory, no thread reading ahead), and
-    closing it before the end closes the download (an endless source is not drained)."""
+def test_storage_reader_reads_only_what_is_asked_and_closing_ends_the_download(tmp_path: pathlib.Path) -> None:
+    """The extraction fetches a chunk only when it needs one (bounded memory, no thread reading ahead), and closing
+    the download before its end closes the store's (an endless source is not drained)."""
     fetched: List[int] = []
     closed = threading.Event()
 
@@ -126,10 +119,10 @@ def test_storage_reader_reads_only_what_is_asked_and_closing_ends_the_download()
         finally:
             closed.set()
 
-    stream = storage._Stream(forever(), "s3://b/k", 1 << 40, None)
-    assert stream.read(10) == b"x" * 10
-    assert stream.read(2000) == b"x" * 1014 and len(fetched) == 1
-    stream.close()
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with pytest.raises(PublishError, match="not a tar archive"):  # the first block is no tar header
+        extract_archive("s3://b/k", str(dest), chunks=download(forever(), 1 << 40))
     assert closed.is_set() and len(fetched) == 1
 
 
