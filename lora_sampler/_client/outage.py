@@ -182,13 +182,13 @@ OutageHook = Callable[[OutageEvent], None]
 class OutageGate:
     """Holds the requests of one fan-out while the engine is away, and runs them again once it answers.
 
-    A request that fails outage-class is held (its worker thread waits here); no new request is sent; one held
-    thread probes the engine. When the engine answers, every held request runs again (so the adapter-load race
-    heals whatever the restart forgot). Past ``max_outage`` the held requests fail with their own last error and
-    requests not yet sent fail without being sent; the gate stays failed. A request whose attempts straddled an
-    outage runs again whatever its error (its retries were spent on a dead engine, and the restarted engine may
-    have forgotten the adapter). A request only runs again after it failed, so none runs twice to completion, and
-    none is dropped.
+    A request that fails outage-class is held (its worker thread waits here); no new request is sent; the held
+    request that started the outage probes the engine. When the engine answers, every held request runs again (so
+    the adapter-load race heals whatever the restart forgot). Past ``max_outage`` the held requests fail with their
+    own last error and requests not yet sent fail without being sent; the gate stays failed. A request whose
+    attempts straddled an outage runs again whatever its error (its retries were spent on a dead engine, and the
+    restarted engine may have forgotten the adapter). A request only runs again after it failed, so none runs twice
+    to completion, and none is dropped.
 
     Args:
         max_outage: Seconds to wait for the engine, > 0.
@@ -216,7 +216,6 @@ class OutageGate:
         self._since: Optional[float] = None  # monotonic start of the current outage; None while the engine answers
         self._since_wall = 0.0
         self._episode = 0  # bumped whenever an outage ends
-        self._probing = False
         self._held = 0
         self._last: Optional[BaseException] = None
         self._failed: Optional[str] = None  # why requests are no longer sent, once the gate gave up or was closed
@@ -278,12 +277,17 @@ class OutageGate:
     def _hold(self, error: Exception, episode: int) -> None:
         """Hold one failed request until the engine answers (return) or the wait is over (raise ``error``).
 
-        One held thread at a time probes, without the lock; the others wait on the condition meanwhile.
+        The request that starts an outage probes the engine, without the lock, until the outage ends; the others
+        wait on the condition meanwhile.
         """
-        if not self._join(error, episode):
+        probes = self._join(error, episode)
+        if probes is None:
             return  # the outage this request ran into has ended meanwhile: run it again now
         try:
-            while self._take_probe_turn(episode):
+            if not probes:
+                with self._cond:
+                    self._cond.wait_for(lambda: self._episode != episode or self._failed is not None)
+            else:
                 assert self._since is not None
                 try:  # probe until the engine answers (None) or the outage outlasts max_outage (the last error)
                     outcome = probe_until(
@@ -295,7 +299,6 @@ class OutageGate:
                 except Exception:  # the engine answered, with a refusal: held requests run and report it
                     outcome = None
                 with self._cond:
-                    self._probing = False
                     self._end(outcome)
         finally:
             with self._cond:
@@ -304,8 +307,11 @@ class OutageGate:
         if failed:
             raise error
 
-    def _join(self, error: Exception, episode: int) -> bool:
-        """Count a failed request as held, starting the outage if it is the first; False if that outage is over.
+    def _join(self, error: Exception, episode: int) -> Optional[bool]:
+        """Count a failed request as held, starting the outage if it is the first.
+
+        Returns:
+            None if the outage it ran into is over, True if it started this outage (it probes), else False.
 
         Raises:
             Exception: ``error`` itself, once the gate has failed.
@@ -314,31 +320,22 @@ class OutageGate:
             if self._failed is not None:
                 raise error
             if self._episode != episode:
-                return False
+                return None
             self._last = error
             self._held += 1
-            if self._since is None:
-                self._since, self._since_wall = time.monotonic(), time.time()
-                logger.warning(
-                    "engine unreachable since %s; waiting up to %g s (the engine at %s: %s)%s",
-                    time.strftime("%H:%M:%S", time.localtime(self._since_wall)),
-                    self.max_outage,
-                    self._base_url,
-                    short_cause(error),
-                    self._cause_note(),
-                )
-                self._emit("held")
+            if self._since is not None:
+                return False
+            self._since, self._since_wall = time.monotonic(), time.time()
+            logger.warning(
+                "engine unreachable since %s; waiting up to %g s (the engine at %s: %s)%s",
+                time.strftime("%H:%M:%S", time.localtime(self._since_wall)),
+                self.max_outage,
+                self._base_url,
+                short_cause(error),
+                self._cause_note(),
+            )
+            self._emit("held")
             return True
-
-    def _take_probe_turn(self, episode: int) -> bool:
-        """Wait while another held thread probes; True when this one is to probe, False once ``episode`` is over."""
-        with self._cond:
-            while self._episode == episode and self._failed is None:
-                if not self._probing:
-                    self._probing = True
-                    return True
-                self._cond.wait()
-            return False
 
     def _closed_within(self, seconds: float) -> bool:
         """Wait ``seconds`` between probes; True as soon as the gate is closed (probing stops at once)."""
