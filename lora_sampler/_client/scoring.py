@@ -8,7 +8,6 @@ tokens' own logprobs (vLLM's ``prompt_logprobs=0``) and a single generated token
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union, cast
 
 from lora_sampler._client.calls import SampleCalls
@@ -20,15 +19,6 @@ from lora_sampler.types import Prompt, SampleOutput, SampleRequest, SamplingPara
 #: vLLM computes prompt logprobs only alongside generation: one token is the least it generates. The logprobs are
 #: the model's own (vLLM's default ``logprobs_mode`` is raw), so temperature does not change them.
 SCORING_PARAMS = SamplingParams(max_tokens=1)
-
-
-@dataclass(frozen=True)
-class _Prepared:
-    """A score request made ready to send: its completion request, the sequence scored and where scoring starts."""
-
-    sample: SampleRequest
-    sequence: Prompt
-    start: int
 
 
 class Scorer:
@@ -90,31 +80,32 @@ class Scorer:
         """
         session = requests[0].session_id or new_id()
         outcomes: List[Any] = []
-        ready: List[Tuple[int, _Prepared]] = []
+        ready: List[Tuple[int, SampleRequest, int]] = []  # (position, its completion request, where scoring starts)
         for position, request in enumerate(requests):
             try:
-                prepared = self._prepare(request, session)
+                sample, start = self._prepare(request, session)
             except (ValueError, EngineError) as error:
                 if is_outage(error):
                     raise  # the engine is away: the whole batch is held or fails, not this prompt alone
                 outcomes.append(error)
                 continue
             outcomes.append(None)
-            ready.append((position, prepared))
+            ready.append((position, sample, start))
         if ready:
-            answers = self._calls.run_many([prepared.sample for _, prepared in ready])
-            for (position, prepared), answer in zip(ready, answers):
+            answers = self._calls.run_many([sample for _, sample, _ in ready])
+            for (position, sample, start), answer in zip(ready, answers):
                 if isinstance(answer, BaseException):
                     outcomes[position] = answer
                     continue
                 try:
-                    outcomes[position] = self._finish(requests[position], prepared, answer)
+                    outcomes[position] = self._finish(sample, start, answer)
                 except EngineProtocolError as error:
                     outcomes[position] = error
         return outcomes
 
-    def _prepare(self, request: ScoreRequest, session: str) -> _Prepared:
-        """Return the completion request that scores ``request`` (its texts tokenized where they must be split)."""
+    def _prepare(self, request: ScoreRequest, session: str) -> Tuple[SampleRequest, int]:
+        """Return the completion request that scores ``request`` (its texts tokenized where they must be split), and
+        the position in its prompt where scoring starts."""
         if request.completion is None:
             sequence, start = request.prompt, 1
         else:
@@ -138,19 +129,19 @@ class Scorer:
             prompt_logprobs=True,
             session_id=session,
         )
-        return _Prepared(sample, sequence, start)
+        return sample, start
 
-    def _finish(self, request: ScoreRequest, prepared: _Prepared, output: SampleOutput) -> ScoreOutput:
-        """Read the scores of ``prepared``'s sequence from the engine's answer."""
-        tokens = _prompt_tokens(output, prepared.sequence)
+    def _finish(self, sample: SampleRequest, start: int, output: SampleOutput) -> ScoreOutput:
+        """Read the scores of the sequence ``sample`` sent, from ``start`` on, from the engine's answer."""
+        tokens = _prompt_tokens(output, sample.prompt)
         if output.prompt_logprobs is None or tokens is None:  # from_json checked the logprobs of known tokens
             raise EngineProtocolError(
                 f"the engine at {self._base_url} answered a text prompt without its prompt_token_ids, so its "
                 "logprobs cannot be matched to tokens; score token ids instead, or use a vLLM that sends them",
                 model=output.model,
-                adapter=request.adapter is not None,
+                adapter=sample.adapter is not None,
             )
-        return ScoreOutput(tokens, output.prompt_logprobs, prepared.start, output.model)
+        return ScoreOutput(tokens, output.prompt_logprobs, start, output.model)
 
     def _tokens(self, part: Prompt, model: str, special_tokens: bool, session: str) -> Tuple[int, ...]:
         if not isinstance(part, str):
@@ -158,10 +149,11 @@ class Scorer:
         return self._calls.tokenize(part, model, add_special_tokens=special_tokens, session_id=session)
 
 
-def _prompt_tokens(output: SampleOutput, sent: Prompt) -> Optional[Tuple[int, ...]]:
-    """Return the prompt's token ids: those sent, or for text those the engine reports (``prompt_token_ids``)."""
-    if not isinstance(sent, str):
-        return tuple(sent)
+def _prompt_tokens(output: SampleOutput, sent: Optional[Prompt]) -> Optional[Tuple[int, ...]]:
+    """Return the prompt's token ids: those sent (a validated prompt holds them as a tuple), or for text those the
+    engine reports (``prompt_token_ids``)."""
+    if isinstance(sent, tuple):
+        return sent
     choices: Optional[Sequence[Any]] = (output.body or {}).get("choices")
     ids = choices[0].get("prompt_token_ids") if choices else None
     return tuple(ids) if isinstance(ids, list) and set(map(type, ids)) <= {int} else None
