@@ -70,16 +70,15 @@ class AdapterRegistry:
         self.engine_lora_base_dir = os.fspath(engine_dir) if engine_dir is not None else None
         self._lock = threading.Lock()
         self._work = KeyedLocks()
-        self._published: Dict[str, Adapter] = {}
+        #: What each ``adapter=`` value resolved to, by its key (``_key_of``): a checkpoint published, a name found.
+        self._resolved: Dict[str, Adapter] = {}
         self._checked: Set[str] = set()
-        self._base: Optional[List[Tuple[str, str]]] = None
-        self._context: Optional[int] = None  # the engine's max_model_len (0: its card does not say)
+        self._base: Optional[List[Tuple[str, str, int]]] = None  # the base cards: (id, root, max_model_len or 0)
         self._in_flight: Counter[str] = collections.Counter()
         self._lineage_of: Dict[str, str] = {}
         self._lineages: Dict[str, List[str]] = {}
         self._newest_served: Dict[str, int] = {}
         self._retired: Set[str] = set()
-        self._named: Dict[str, Adapter] = {}
         self._leases: Dict[str, Lease] = {}  # adapter name -> this client's lease on its published folder
 
     # -- resolution -----------------------------------------------------------------------------------------
@@ -89,23 +88,31 @@ class AdapterRegistry:
         if isinstance(spec, Adapter):
             adapter = spec
             validate_adapter_name(adapter.name, argument="adapter")  # its name is a path and the wire's model field
-        elif is_checkpoint_path(spec):
-            adapter = self._publish_once(spec)
         else:
-            adapter = self._named.get(str(spec)) or self._resolve_name(str(spec))
+            key = _key_of(spec)
+            adapter = self._resolved.get(key) or self._resolve_once(spec, key)
         if adapter.path is not None and adapter.name not in self._checked:
             self._preflight(adapter)
         return adapter
 
-    def _resolve_name(self, name: str) -> Adapter:
+    def _resolve_once(self, spec: Union[str, PathLike], key: str) -> Adapter:
+        """Publish a checkpoint path, or find a bare name, once however many threads ask for it at once."""
+        with self._work.hold(("resolve", key)):
+            with self._lock:
+                adapter = self._resolved.get(key)
+            if adapter is None:
+                adapter = self.publish(spec) if is_checkpoint_path(spec) else self._find(key)
+                with self._lock:
+                    self._resolved[key] = adapter
+            return adapter
+
+    def _find(self, name: str) -> Adapter:
         validate_adapter_name(name, argument="adapter")  # before the engine or lora_base_dir ever sees it
         # Looked up once per name: lora_base_dir is often a network mount, where a stat per request costs. Without
         # lora_base_dir the engine's own resolver folder may hold the name, so it is sent as given.
         adapter = find_adapter(name, self.lora_base_dir, self._transport) if self.lora_base_dir else Adapter(name)
         if adapter.path is not None:
             self._lease(adapter.name)
-        with self._lock:
-            self._named[name] = adapter
         return adapter
 
     def engine_path(self, adapter: Adapter) -> Optional[str]:
@@ -130,20 +137,6 @@ class AdapterRegistry:
             "sees it) and cannot load it at runtime; run lora-sampler doctor --base-url "
             f"{self._transport.base_url} --lora-base-dir {self.lora_base_dir} to see which"
         )
-
-    def _publish_once(self, checkpoint: PathLike) -> Adapter:
-        key = str(checkpoint) if is_storage_url(checkpoint) else os.path.abspath(os.fspath(checkpoint))
-        adapter = self._published.get(key)
-        if adapter is not None:
-            return adapter
-        with self._work.hold(("publish", key)):  # threads asking for one new checkpoint publish it once
-            with self._lock:
-                adapter = self._published.get(key)
-            if adapter is None:
-                adapter = self.publish(checkpoint)
-                with self._lock:
-                    self._published[key] = adapter
-            return adapter
 
     def storage_options_for(self, options: Optional[Mapping[str, Any]] = None) -> StorageOptions:
         """``options`` (None: the registry's own) held to the transport's timeout, as every store request is."""
@@ -256,21 +249,16 @@ class AdapterRegistry:
 
     def served_base_models(self) -> Tuple[str, ...]:
         """Return the names the engine serves its base model under (the ids of its base cards; cached)."""
-        return tuple(name for name, _ in self._base_cards())
+        return tuple(name for name, _, _ in self._base_cards())
 
     def max_model_len(self) -> Optional[int]:
         """Return the engine's context length (``max_model_len`` of its base card in ``GET /v1/models``; cached).
 
         None when the card does not say (an engine that is not vLLM).
         """
-        context = self._context
-        if context is None:
-            context = self._transport.get_json(MODELS_PATH, parse=_context_of)
-            with self._lock:
-                self._context = context
-        return context or None
+        return next((length for _, _, length in self._base_cards() if length), None)
 
-    def _base_cards(self) -> List[Tuple[str, str]]:
+    def _base_cards(self) -> List[Tuple[str, str, int]]:
         base = self._base
         if base is None:
             base = self._transport.get_json(MODELS_PATH, parse=_base_cards_of)
@@ -297,11 +285,10 @@ class AdapterRegistry:
             self._fleet.unload_everywhere(name)  # raises naming the replicas that did not let go
         else:
             self._unload_from_engine(name, session_id)
-        with self._lock:  # in place: a publish-once entry written meanwhile for another adapter is kept
+        with self._lock:  # in place: a resolution written meanwhile for another adapter is kept
             self._checked.discard(name)
-            for key in [key for key, published in self._published.items() if published.name == name]:
-                del self._published[key]
-            self._named.pop(name, None)
+            for key in [key for key, resolved in self._resolved.items() if resolved.name == name]:
+                del self._resolved[key]
         self.release_lease(name)
         if delete_files:
             if self.lora_base_dir is None:
@@ -360,17 +347,21 @@ class AdapterRegistry:
                 logger.warning("Could not retire adapter %r (its files are kept): %s", older, exc)
 
 
-def _context_of(body: Any) -> int:
-    """Read the base card's ``max_model_len`` from a ``GET /v1/models`` body (0 when it has none)."""
-    lengths = [card.get("max_model_len") for card in model_cards(body) if not card.get("parent")]
-    usable = [n for n in lengths if isinstance(n, int) and not isinstance(n, bool) and n > 0]
-    return usable[0] if usable else 0
+def _key_of(spec: Union[str, PathLike]) -> str:
+    """What an ``adapter=`` value is remembered by: a local checkpoint by its absolute path, else as written."""
+    if is_checkpoint_path(spec) and not is_storage_url(spec):
+        return os.path.abspath(os.fspath(spec))
+    return str(spec)
 
 
-def _base_cards_of(body: Any) -> List[Tuple[str, str]]:
-    """Read ``(id, root)`` of each base-model card (no ``parent``) from a ``GET /v1/models`` body."""
-    cards = model_cards(body)
-    base = [(str(card["id"]), str(card.get("root") or card["id"])) for card in cards if not card.get("parent")]
+def _base_cards_of(body: Any) -> List[Tuple[str, str, int]]:
+    """Read ``(id, root, max_model_len)`` of each base-model card (no ``parent``) from a ``GET /v1/models`` body;
+    the length is 0 where the card does not say."""
+    base = [
+        (str(card["id"]), str(card.get("root") or card["id"]), card.get("max_model_len"))
+        for card in model_cards(body)
+        if not card.get("parent")
+    ]
     if not base:
         raise ValueError("it lists no base model")
-    return base
+    return [(name, root, length if type(length) is int and length > 0 else 0) for name, root, length in base]
