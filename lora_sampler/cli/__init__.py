@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lora_sampler.cli._main import COMMANDS, TESTING_ENV, build_parser, main
+from lora_sampler.cli._main import TESTING_ENV, build_parser, main
 from lora_sampler.cli._parser import UsageError
 
-__all__ = ["COMMANDS", "TESTING_ENV", "UsageError", "build_parser", "main"]
+__all__ = ["TESTING_ENV", "UsageError", "build_parser", "main"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib
 import importlib.metadata
 import inspect
@@ -17,7 +18,7 @@ import logging
 import os
 import signal
 import sys
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 from lora_sampler._adapters.extract import DEFAULT_LIMITS, PublishLimits
 from lora_sampler._adapters.storage import DEFAULT_MAX_LISTED_KEYS, MAX_LISTED_KEYS_OPTION
@@ -63,6 +64,8 @@ TESTING_ENV = "LORA_SAMPLER_TESTING"
 DEFAULT_TIMEOUT = ",".join(f"{seconds:g}" for seconds in CLIENT_TIMEOUT)
 #: Bytes in a GiB (``--max-adapter-gib``).
 GIB = 1 << 30
+#: What runs a command: its parsed flags in, its exit status out (each command's parser holds its own as ``run``).
+Command = Callable[[argparse.Namespace], int]
 
 
 #: ``--restart``'s help (``sample``, ``score``, ``sweep``).
@@ -76,7 +79,8 @@ RESTART_HELP = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Return the ``lora-sampler`` argument parser."""
+    """Return the ``lora-sampler`` argument parser; each command's parser holds the function that runs it
+    (``run``)."""
     epilog = (
         f"Exit status: 0 ok, 1 some prompts failed (or a doctor check), 2 usage, input or engine error, 130 "
         f"interrupted. Environment: {API_KEY_ENV}, else {VLLM_API_KEY_ENV} (the engine's API key)"
@@ -87,68 +91,70 @@ def build_parser() -> argparse.ArgumentParser:
     job = _job_flags(pace)
     sub = parser.commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(name: str, text: str, *parents: CommandParser, log_level: str = "WARNING") -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=text, description=text, parents=[_log_flags(log_level), *parents])
-
+    add = functools.partial(_add_command, sub)
     _add_sample_arguments(
-        add("sample", "sample every prompt of a JSONL file (resumable)", engine, publishing, job, sampling), epilog
+        add("sample", "sample every prompt of a JSONL file (resumable)", cmd_sample, engine, publishing, job, sampling),
+        epilog,
     )
-    _add_sweep_flags(
-        add(
-            "sweep",
-            "sample the same prompts from every checkpoint of a training run",
-            engine,
-            publishing,
-            pace,
-            sampling,
-        )
-    )
-    _add_score_arguments(
-        add("score", "score the tokens of every line of a JSONL file (resumable)", engine, publishing, job)
-    )
-
-    _add_doctor_arguments(add("doctor", "check that the engine can serve adapters, and say what to fix", engine))
-    add("demo", "run a small batch through the built-in test engine, load race included", log_level="INFO")
-    _add_lm_eval_command(sub.add_parser)
-    _add_serve_test_engine(sub.add_parser)
-    _add_publish_arguments(
-        add("publish", "publish a checkpoint into --lora-base-dir; print the adapter name", engine, publishing)
-    )
+    sweep_help = "sample the same prompts from every checkpoint of a training run"
+    _add_sweep_flags(add("sweep", sweep_help, cmd_sweep, engine, publishing, pace, sampling))
+    score_help = "score the tokens of every line of a JSONL file (resumable)"
+    _add_score_arguments(add("score", score_help, cmd_score, engine, publishing, job))
+    doctor_help = "check that the engine can serve adapters, and say what to fix"
+    _add_doctor_arguments(add("doctor", doctor_help, cmd_doctor, engine))
+    add("demo", "run a small batch through the built-in test engine, load race included", cmd_demo, log_level="INFO")
+    _add_lm_eval_command(add)
+    _add_serve_test_engine(add)
+    publish_help = "publish a checkpoint into --lora-base-dir; print the adapter name"
+    _add_publish_arguments(add("publish", publish_help, cmd_publish, engine, publishing))
     add_adapters_arguments(
         add(
             "adapters",
             "list the adapters published in --lora-base-dir (source, size, age); --older-than removes old ones",
+            cmd_adapters,
             _engine_flags(
                 base_url="the engine's root URL: shows which adapters it has loaded, and is needed by "
                 "--older-than, which never removes those"
             ),
         )
     )
-    _add_unload_arguments(add("unload", "unload an adapter from the engine; print its name", engine))
+    _add_unload_arguments(add("unload", "unload an adapter from the engine; print its name", cmd_unload, engine))
     return parser
 
 
-def _log_flags(default: str) -> CommandParser:
-    """Return ``--log-level``, every command's, with the command's default (``demo`` shows its retries: INFO)."""
-    flags = CommandParser(add_help=False)
-    flags.add_argument(
-        "--log-level",
-        type=_log_level,
-        default=default,
-        help="DEBUG, INFO (shows every retry), WARNING or ERROR",
-    )
-    return flags
+def _add_command(
+    sub: Any,
+    name: str,
+    text: str,
+    run: Optional[Command],
+    *parents: CommandParser,
+    log_level: Optional[str] = "WARNING",
+    **more: Any,
+) -> argparse.ArgumentParser:
+    """Add the command ``name`` to the subcommands ``sub``, run by ``run``, with the flags of ``parents`` and
+    ``--log-level`` (its default ``log_level``; None: none). ``more``: ``add_parser``'s other keywords."""
+    more.setdefault("description", text)
+    command: argparse.ArgumentParser = sub.add_parser(name, help=text, parents=list(parents), **more)
+    if log_level is not None:
+        command.add_argument(
+            "--log-level",
+            type=_log_level,
+            default=log_level,
+            help="DEBUG, INFO (shows every retry), WARNING or ERROR",
+        )
+    command.set_defaults(run=run)
+    return command
 
 
-def _add_serve_test_engine(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
+def _add_serve_test_engine(add: Callable[..., argparse.ArgumentParser]) -> None:
     """``serve-test-engine``: the test engine's own flags, from its module (stdlib only: it needs no client)."""
     from lora_sampler.testing._serve import add_arguments as add_engine_arguments
 
     add_engine_arguments(
-        add_parser(
+        add(
             "serve-test-engine",
-            parents=[_log_flags("WARNING")],
-            help="serve the built-in test engine (a vLLM stand-in) on a port until Ctrl-C, to try the commands",
+            "serve the built-in test engine (a vLLM stand-in) on a port until Ctrl-C, to try the commands",
+            cmd_serve_test_engine,
             description="Serve the built-in test engine (a vLLM stand-in, no GPU needed) on a port until Ctrl-C. "
             "It prints its URL on stdout, and on stderr the resolver folder to pass as --lora-base-dir.",
         )
@@ -281,9 +287,11 @@ def _add_score_arguments(score: argparse.ArgumentParser) -> None:
 
 
 def add_timeout_flag(parser: argparse.ArgumentParser) -> None:
-    """Add ``--timeout CONNECT,READ``: each engine request's and each storage request's bound (``parse_timeout``)."""
+    """Add ``--timeout CONNECT,READ``: each engine request's and each storage request's bound, read as a pair of
+    seconds (``parse_timeout``)."""
     parser.add_argument(
         "--timeout",
+        type=parse_timeout,
         default=DEFAULT_TIMEOUT,
         metavar="CONNECT,READ",
         help=f"seconds to connect and to wait for each answer of the engine and the store (default: "
@@ -388,6 +396,20 @@ def _positive_int(value: str) -> int:
     return number
 
 
+def parse_timeout(text: str) -> Tuple[float, float]:
+    """Parse ``--timeout``: ``CONNECT,READ`` seconds, or one number for both."""
+    parts = text.split(",")
+    try:
+        values = [float(part) for part in parts]
+    except ValueError:
+        values = []
+    if len(values) == 1:
+        values *= 2
+    if len(values) != 2 or not all(0 < v < float("inf") for v in values):
+        raise argparse.ArgumentTypeError(f"takes CONNECT,READ seconds > 0 such as 10,300 (or one number), got {text!r}")
+    return values[0], values[1]
+
+
 def _log_level(value: str) -> str:
     """Parse ``--log-level``: a level name of ``logging`` (DEBUG, INFO, WARNING, ERROR, ...), in any case."""
     if not isinstance(logging.getLevelName(value.upper()), int):
@@ -428,7 +450,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     """Publish a checkpoint and print the adapter name."""
     if not args.lora_base_dir:
         raise UsageError("publish needs --lora-base-dir (the engine's resolver folder)")
-    with _client(args, timeout=parse_timeout(args.timeout)) as client:
+    with _client(args, timeout=args.timeout) as client:
         print(client.publish(args.checkpoint, name=args.name).name)
     return EXIT_OK
 
@@ -488,25 +510,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(lambda argv: cmd_sample(build_parser().parse_args(["sample", *argv])))
 
 
-def parse_timeout(text: str) -> Tuple[float, float]:
-    """Parse ``--timeout``: ``CONNECT,READ`` seconds, or one number for both."""
-    parts = text.split(",")
-    try:
-        values = [float(part) for part in parts]
-    except ValueError:
-        values = []
-    if len(values) == 1:
-        values *= 2
-    if len(values) != 2 or not all(0 < v < float("inf") for v in values):
-        raise UsageError(f"--timeout takes CONNECT,READ seconds > 0 such as 10,300 (or one number), got {text!r}")
-    return values[0], values[1]
-
-
 def run_job(args: argparse.Namespace, job: Callable[[SamplerClient], int]) -> int:
     """Build the client of a job (``sample``, ``score``, ``sweep``) from its flags, fail at once on a dead or hung
     engine or a refused key, then run ``job`` on the client and return its status."""
-    timeout = parse_timeout(args.timeout)
-    client = _client(args, max_workers=args.concurrency, timeout=timeout, mix_adapters=args.mix_adapters)
+    client = _client(args, max_workers=args.concurrency, timeout=args.timeout, mix_adapters=args.mix_adapters)
     abandoned = False
     try:
         client.wait_ready(0)  # one probe: the connect timeout and a short read timeout, a hung engine shows in seconds
@@ -683,28 +690,17 @@ def _silence_stdout() -> None:
 LM_EVAL_COMMAND = "lm-eval"
 
 
-def _add_lm_eval_command(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
-    """``lora-sampler lm-eval``, listed in the help; ``main`` hands its arguments to lm-eval unparsed."""
-    add_parser(
+def _add_lm_eval_command(add: Callable[..., argparse.ArgumentParser]) -> None:
+    """``lora-sampler lm-eval``, listed in the help; ``main`` hands its arguments to lm-eval unparsed (no ``run``)."""
+    add(
         LM_EVAL_COMMAND,
-        help="lm-eval's own command line with --model lora-sampler (needs lora_sampler[lm-eval], Python >= 3.10)",
+        "lm-eval's own command line with --model lora-sampler (needs lora_sampler[lm-eval], Python >= 3.10)",
+        None,
+        log_level=None,
         description="lm-eval's own command line, its arguments unchanged, with --model lora-sampler registered: "
         "lora-sampler lm-eval run --model lora-sampler --model_args base_url=URL,adapter=CKPT --tasks T",
         add_help=False,
     ).add_argument("arguments", nargs=argparse.REMAINDER, help="lm-eval's arguments")
-
-
-COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
-    "sample": cmd_sample,
-    "score": cmd_score,
-    "sweep": cmd_sweep,
-    "doctor": cmd_doctor,
-    "demo": cmd_demo,
-    "serve-test-engine": cmd_serve_test_engine,
-    "publish": cmd_publish,
-    "unload": cmd_unload,
-    "adapters": cmd_adapters,
-}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -740,7 +736,8 @@ def _run_command(argv: Optional[Sequence[str]]) -> int:
         if os.environ.get(TESTING_ENV) == "1":
             set_testing(True)
         with logs_to_stderr(args.log_level):
-            return COMMANDS[args.command](args)
+            run: Command = args.run
+            return run(args)
     except SystemExit as exc:  # argparse: --help and --version are 0
         return exc.code if isinstance(exc.code, int) else EXIT_ERROR
     except BatchAbandoned:

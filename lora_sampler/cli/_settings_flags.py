@@ -15,7 +15,6 @@ import json
 import re
 from typing import Any, Callable, Dict, Iterable, List
 
-from lora_sampler._wire.messages import validated_extra_body
 from lora_sampler.batch._settings import SweepSettings, setting_of
 from lora_sampler.cli._parser import UsageError
 
@@ -35,27 +34,13 @@ SAMPLING_FIELDS = (
 PACE_FIELDS = ("max_outage", "prompts_per_request", "mix_adapters")
 
 
-def json_object(value: str) -> Dict[str, Any]:
-    """Parse ``--extra-body``: a JSON object of body fields, none of those the request sets itself."""
+def json_object(value: str) -> Any:
+    """Parse a flag that takes a JSON object (``--extra-body``, ``--lm-eval-args``); what the object may hold is its
+    setting's to check (``SweepSettings``: ``settings_from`` reports it under the flag)."""
     try:
-        body = json.loads(value)
+        return json.loads(value)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"takes a JSON object such as '{{\"min_tokens\": 4}}' ({exc})") from None
-    try:
-        return validated_extra_body(body)
-    except (TypeError, ValueError) as exc:
-        raise argparse.ArgumentTypeError(str(exc).replace("extra_body", "a JSON object", 1)) from None
-
-
-def any_json_object(value: str) -> Dict[str, Any]:
-    """Parse a flag that takes a JSON object of any keys (``--lm-eval-args``)."""
-    try:
-        parsed = json.loads(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"takes a JSON object such as '{{\"log_samples\": true}}' ({exc})") from None
-    if not isinstance(parsed, dict):
-        raise argparse.ArgumentTypeError(f"takes a JSON object, got {type(parsed).__name__}")
-    return parsed
+        raise argparse.ArgumentTypeError(f"takes a JSON object, as its help shows ({exc})") from None
 
 
 #: A check's ``None (the measured defaults), ``: the Python spelling of a flag left out.
@@ -66,7 +51,7 @@ _READERS: Dict[Any, Callable[[str], Any]] = {
     int: int,
     float: float,
     dict: json_object,
-    collections.abc.Mapping: any_json_object,
+    collections.abc.Mapping: json_object,
 }
 
 
@@ -110,8 +95,8 @@ def settings_from(args: argparse.Namespace, **given: Any) -> SweepSettings:
     Raises:
         UsageError: a bad value or combination (a ``ValueError``); the message names the flags.
     """
-    if not 0 <= args.max_outage < float("inf"):
-        raise UsageError(f"--max-outage takes seconds >= 0 (0 stops at once), got {args.max_outage:g}")
+    if args.max_outage == float("inf"):  # the value checks the rest (>= 0), as for Python
+        raise UsageError("--max-outage takes a finite number of seconds on the command line (0 stops at once), got inf")
     flags = vars(args)  # argparse's documented dict view of its Namespace
     values = {name: flags[name] for name in flag_fields() if name in flags}
     try:
@@ -134,11 +119,13 @@ def flags_named(message: str) -> str:
 
 
 def _snake_to_flags(text: str) -> str:
-    """``text`` with every setting named in snake case (``idle_timeout``) spelled as its flag."""
+    """``text`` with every setting named in snake case (``idle_timeout``, or Python's keyword ``num_samples=``) spelled
+    as its flag (``--num-samples``); a name quoted (a line's own ``"extra_body"``) or inside a call
+    (``SamplingParams(max_tokens=...)``) is left as it is."""
     fields = _fields()
 
     def flag(match: re.Match[str]) -> str:
         name = match[1]
-        return (setting_of(fields[name]).flag_of(name) or name) if name in fields else name
+        return (setting_of(fields[name]).flag_of(name) or match[0]) if name in fields else match[0]
 
-    return re.sub(r"(?<![-\w])([a-z]+(?:_[a-z]+)+)\b", flag, text)
+    return re.sub(r"(?<![-\w(\"'])([a-z]+(?:_[a-z]+)+)\b(?:=(?![^\s;,)]))?", flag, text)

@@ -269,10 +269,11 @@ def test_cli_max_outage_0_keeps_failing_fast(lora_dir: Path, tmp_path: Path) -> 
 @pytest.mark.parametrize(
     "flags, phrase",
     [
-        (["--timeout", "abc"], "--timeout takes CONNECT,READ"),
-        (["--timeout", "1,2,3"], "--timeout takes CONNECT,READ"),
-        (["--timeout", "0,5"], "--timeout takes CONNECT,READ"),
-        (["--max-outage", "-1"], "--max-outage takes seconds >= 0"),
+        (["--timeout", "abc"], "--timeout: takes CONNECT,READ"),
+        (["--timeout", "1,2,3"], "--timeout: takes CONNECT,READ"),
+        (["--timeout", "0,5"], "--timeout: takes CONNECT,READ"),
+        (["--max-outage", "-1"], "--max-outage must be a number of seconds >= 0"),
+        (["--max-outage", "inf"], "--max-outage takes a finite number of seconds"),
     ],
 )
 def test_cli_bad_timeout_or_max_outage_is_a_usage_error(

@@ -12,9 +12,11 @@ from types import ModuleType
 
 import pytest
 
-from lora_sampler.cli._main import COMMANDS, build_parser
+from lora_sampler.cli._main import LM_EVAL_COMMAND, build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
+#: Every command of the parser.
+COMMANDS = sorted(build_parser().commands.choices)
 
 
 def load_tool() -> ModuleType:
@@ -43,13 +45,17 @@ def test_cli_guide_holds_the_command_table_between_its_markers() -> None:
     assert found and found["table"] == tool.command_table(build_parser())
 
 
-def test_command_table_names_every_command() -> None:
-    """Every command main runs is a row (serve-test-engine and adapters included)."""
-    table = tool.command_table(build_parser())
+def test_command_table_names_every_command_and_each_has_its_function() -> None:
+    """Every command main runs is a row (serve-test-engine and adapters included), and each holds the function that
+    runs it: all but lm-eval, whose arguments main hands to lm-eval unparsed."""
+    parser = build_parser()
+    table = tool.command_table(parser)
     assert all(f"`lora-sampler {name}`" in table for name in COMMANDS)
+    unrun = [name for name, command in parser.commands.choices.items() if not callable(command.get_default("run"))]
+    assert unrun == [LM_EVAL_COMMAND]
 
 
-@pytest.mark.parametrize("name", sorted(COMMANDS))
+@pytest.mark.parametrize("name", COMMANDS)
 def test_reference_lists_every_flag_the_usage_shows(name: str) -> None:
     """Every flag argparse's usage line shows is one the parser knows and a row of the command's table, a mutually
     exclusive group's included (a flag added some way the parser does not see would be missing from the reference
