@@ -66,6 +66,8 @@ DEFAULT_TIMEOUT = ",".join(f"{seconds:g}" for seconds in CLIENT_TIMEOUT)
 GIB = 1 << 30
 #: What runs a command: its parsed flags in, its exit status out (each command's parser holds its own as ``run``).
 Command = Callable[[argparse.Namespace], int]
+#: Adds flags several commands share to a command's parser (``_add_engine_flags``, ``_add_job_flags``, ...).
+AddFlags = Callable[[argparse.ArgumentParser], None]
 
 
 #: ``--restart``'s help (``sample``, ``score``, ``sweep``).
@@ -87,10 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser = CommandParser(prog="lora-sampler", description="Sample LoRA adapters from a vLLM engine.", epilog=epilog)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    engine, pace, sampling, publishing = _engine_flags(), _pace_flags(), _sampling_flags(), _publishing_flags()
-    job = _job_flags(pace)
+    engine, publishing, pace, job = _add_engine_flags, _add_publishing_flags, _add_pace_flags, _add_job_flags
+    sampling = functools.partial(add_flags, names=SAMPLING_FIELDS)
     sub = parser.commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
     add = functools.partial(_add_command, sub)
     _add_sample_arguments(
         add("sample", "sample every prompt of a JSONL file (resumable)", cmd_sample, engine, publishing, job, sampling),
@@ -112,9 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
             "adapters",
             "list the adapters published in --lora-base-dir (source, size, age); --older-than removes old ones",
             cmd_adapters,
-            _engine_flags(
+            functools.partial(
+                _add_engine_flags,
                 base_url="the engine's root URL: shows which adapters it has loaded, and is needed by "
-                "--older-than, which never removes those"
+                "--older-than, which never removes those",
             ),
         )
     )
@@ -127,14 +129,16 @@ def _add_command(
     name: str,
     text: str,
     run: Optional[Command],
-    *parents: CommandParser,
+    *flags: AddFlags,
     log_level: Optional[str] = "WARNING",
     **more: Any,
 ) -> argparse.ArgumentParser:
-    """Add the command ``name`` to the subcommands ``sub``, run by ``run``, with the flags of ``parents`` and
-    ``--log-level`` (its default ``log_level``; None: none). ``more``: ``add_parser``'s other keywords."""
+    """Add the command ``name`` to the subcommands ``sub``, run by ``run``, with the shared flags each of ``flags``
+    adds and ``--log-level`` (its default ``log_level``; None: none). ``more``: ``add_parser``'s other keywords."""
     more.setdefault("description", text)
-    command: argparse.ArgumentParser = sub.add_parser(name, help=text, parents=list(parents), **more)
+    command: argparse.ArgumentParser = sub.add_parser(name, help=text, **more)
+    for add_shared in flags:
+        add_shared(command)
     if log_level is not None:
         command.add_argument(
             "--log-level",
@@ -196,13 +200,12 @@ def _add_unload_arguments(unload: argparse.ArgumentParser) -> None:
     unload.add_argument("--delete-files", action="store_true", help="then delete its folder (needs --lora-base-dir)")
 
 
-def _engine_flags(base_url: Optional[str] = None) -> CommandParser:
-    """Return the flags every command that talks to an engine takes: where it is, its key, folder and fleet.
+def _add_engine_flags(engine: argparse.ArgumentParser, base_url: Optional[str] = None) -> None:
+    """Add the flags every command that talks to an engine takes: where it is, its key, folder and fleet.
 
     ``base_url``, when given, is the help of an optional ``--base-url`` (``adapters`` lists a folder without an
     engine); otherwise every command that takes these flags needs it.
     """
-    engine = CommandParser(add_help=False)
     if base_url is None:
         engine.add_argument("--base-url", required=True, help="engine root URL, e.g. http://127.0.0.1:8000")
     else:
@@ -220,12 +223,10 @@ def _engine_flags(base_url: Optional[str] = None) -> CommandParser:
         help="a fleet: 'router' (--base-url is a vllm-router; ask it for its workers) or URL,URL,... (replica "
         "roots); adapters are then loaded on, checked on and unloaded from every replica",
     )
-    return engine
 
 
-def _publishing_flags() -> CommandParser:
-    """Return the flags of every command that publishes checkpoints (``sample``, ``score``, ``sweep``, ``publish``)."""
-    publishing = CommandParser(add_help=False)
+def _add_publishing_flags(publishing: argparse.ArgumentParser) -> None:
+    """Add the flags of every command that publishes checkpoints (``sample``, ``score``, ``sweep``, ``publish``)."""
     publishing.add_argument(
         "--max-adapter-gib",
         type=_positive_gib,
@@ -240,7 +241,6 @@ def _publishing_flags() -> CommandParser:
         help=f"most keys one storage listing may hold (a glob, a folder checkpoint, a sweep's listing; default: "
         f"{DEFAULT_MAX_LISTED_KEYS:,}, one request per 1,000 keys); a store whose listing goes on past it is refused",
     )
-    return publishing
 
 
 def _add_sample_arguments(sample: argparse.ArgumentParser, epilog: str) -> None:
@@ -300,19 +300,17 @@ def add_timeout_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _pace_flags() -> CommandParser:
-    """Return the flags of every command that runs many requests (``sample``, ``score``, ``sweep``)."""
-    pace = CommandParser(add_help=False)
+def _add_pace_flags(pace: argparse.ArgumentParser) -> None:
+    """Add the flags of every command that runs many requests (``sample``, ``score``, ``sweep``)."""
     add_timeout_flag(pace)
     pace.add_argument("--concurrency", type=_positive_int, default=16, help="requests in flight (default: 16)")
     pace.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
     add_flags(pace, PACE_FIELDS)
-    return pace
 
 
-def _job_flags(pace: CommandParser) -> CommandParser:
-    """Return the flags every one-output batch job takes (``sample``, ``score``): output, order, resume, pace."""
-    job = CommandParser(add_help=False, parents=[pace])
+def _add_job_flags(job: argparse.ArgumentParser) -> None:
+    """Add the flags every one-output batch job takes (``sample``, ``score``): pace, output, order, resume."""
+    _add_pace_flags(job)
     job.add_argument(
         "-o",
         "--output",
@@ -331,14 +329,6 @@ def _job_flags(pace: CommandParser) -> CommandParser:
         ("--restart", RESTART_HELP),
     ]:
         job.add_argument(flag, action="store_true", help=text)
-    return job
-
-
-def _sampling_flags() -> CommandParser:
-    """Return the sampling defaults of every line (``sample``, ``sweep``)."""
-    sampling = CommandParser(add_help=False)
-    add_flags(sampling, SAMPLING_FIELDS)
-    return sampling
 
 
 def _add_sweep_flags(sweep: argparse.ArgumentParser) -> None:

@@ -32,29 +32,18 @@ class CommandParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` that raises ``UsageError`` in one line, and knows the flags it takes (``flags``)."""
 
     def __init__(self, *args: Any, **kwargs: Any):
-        #: Every argument this parser takes, in the order they were added: its parents' first (argparse copies
-        #: theirs without ``add_argument``), then its own, a mutually exclusive group's included.
-        self.arguments: List[argparse.Action] = [
-            action
-            for parent in kwargs.get("parents", ())
-            if isinstance(parent, CommandParser)
-            for action in parent.arguments
-        ]
+        #: Every argument this parser takes, in the order they were added, a mutually exclusive group's included.
+        self.arguments: List[argparse.Action] = []
         #: The mutually exclusive groups among ``arguments``: whether one is required, and its arguments (the
         #: reference's defaults, ``tools/cli_reference.py``).
-        self.exclusive: List[Tuple[bool, List[argparse.Action]]] = [
-            group
-            for parent in kwargs.get("parents", ())
-            if isinstance(parent, CommandParser)
-            for group in parent.exclusive
-        ]
+        self.exclusive: List[Tuple[bool, List[argparse.Action]]] = []
         #: The subcommands (what ``add_subparsers`` returned), for the reference (``tools/cli_reference.py``).
         self.commands: Any = None
         super().__init__(*args, **kwargs)
 
     @property
     def flags(self) -> List[str]:
-        """Every option string this parser takes (its parents' and its groups' included), for the "did you mean"."""
+        """Every option string this parser takes (its groups' included), for the "did you mean"."""
         return [flag for action in self.arguments for flag in action.option_strings]
 
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
