@@ -26,8 +26,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, 
 
 from lora_sampler._adapters import storage
 from lora_sampler._adapters.archive import ADAPTER_FILE_NAMES, CONFIG_FILE
-from lora_sampler._defaults import DEFAULT_CHECKPOINT_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_SETTLE
 from lora_sampler._views import printable
+from lora_sampler.batch._settings import SweepSettings
 from lora_sampler.errors import (
     BatchInputError,
     CheckpointIncompleteError,
@@ -513,23 +513,21 @@ class CheckpointSource:
 
     The listing runs once, then again only when nothing already listed is ready (and at most every
     ``RELIST_SECONDS``, or ten times as long as a listing takes), so its cost per checkpoint does not grow with the
-    folder. A checkpoint is ready once its fingerprint stayed the same for ``settle`` seconds (or its newest file is
-    older than that) and it reads to its end. Every wait is bounded: an absent or unfinished checkpoint is waited for
-    at most ``checkpoint_timeout`` seconds from when it was first seen (absent ones only under a watch; without a
-    watch an absent one and a settled one that does not read to its end are given up on at once), then it comes out
-    with its ``problem`` set (the error its ledger line records). A watch ends ``idle_timeout`` seconds after the
-    last news once nothing is pending, or once the manifest's ``final`` checkpoint is finished. A match that holds
-    no adapter file at all is noted once (a log warning) and looked at again at the next listings.
+    folder. A checkpoint is ready once its fingerprint stayed the same for the ``settle`` seconds of the settings (or
+    its newest file is older than that) and it reads to its end. Every wait is bounded: an absent or unfinished
+    checkpoint is waited for at most ``checkpoint_timeout`` seconds from when it was first seen (absent ones only
+    under a ``watch``; without one an absent checkpoint and a settled one that does not read to its end are given up
+    on at once), then it comes out with its ``problem`` set (the error its ledger line records). A watch ends
+    ``idle_timeout`` seconds after the last news once nothing is pending, or once the manifest's ``final`` checkpoint
+    is finished. A match that holds no adapter file at all is noted once (a log warning) and looked at again at the
+    next listings.
 
     Args:
         list_checkpoints: The listing (``listing``).
+        settings: The sweep's settings: its ``watch``, ``settle``, ``idle_timeout`` and ``checkpoint_timeout``.
         skip: Checkpoints already done: the ledger's finished lines by ``ledger_key`` (a checkpoint whose
             ``content_signature`` differs from its line's ``signature`` is handed out again, naming the line's adapter
             as ``replaces``).
-        watch: Keep looking for new checkpoints (see above).
-        settle: Seconds a fingerprint must stay the same.
-        idle_timeout: Seconds of nothing new after which a watch ends.
-        checkpoint_timeout: Seconds one checkpoint is waited for, from when it was first seen.
         storage_options: Passed to ``checkpoint_fingerprint``.
         clock: The monotonic clock (tests drive it).
     """
@@ -537,23 +535,16 @@ class CheckpointSource:
     def __init__(
         self,
         list_checkpoints: Listing,
+        settings: SweepSettings,
         *,
         skip: Optional[Mapping[str, Mapping[str, Any]]] = None,
-        watch: bool = False,
-        settle: float = DEFAULT_SETTLE,
-        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-        checkpoint_timeout: float = DEFAULT_CHECKPOINT_TIMEOUT,
         storage_options: Optional[Mapping[str, Any]] = None,
         clock: Callable[[], float] = time.monotonic,
     ):
-        self._list, self._watch, self._settle, self._idle = list_checkpoints, watch, settle, idle_timeout
-        self._timeout = checkpoint_timeout
-        self._storage_options = storage_options
-        self._clock = clock
-        #: key -> (signature, adapter) of each checkpoint done (evaluated, or recorded as failed in this run).
-        self._done: Dict[str, Tuple[Optional[str], Optional[str]]] = {
-            key: (line.get("signature"), line.get("adapter")) for key, line in (skip or {}).items()
-        }
+        self._list, self._settings = list_checkpoints, settings
+        self._storage_options, self._clock = storage_options, clock
+        #: The ledger line of each checkpoint done (evaluated, or recorded as failed in this run), by its key.
+        self._done: Dict[str, Mapping[str, Any]] = dict(skip or {})
         self._pending: Dict[str, _Pending] = {}
         self._taken: Set[str] = set()
         self._noted: Set[str] = set()
@@ -569,11 +560,11 @@ class CheckpointSource:
         #: manifest's final checkpoint is done.
         self.end_reason = ""
 
-    def finished(self, key: str, *, signature: Optional[str] = None, adapter: Optional[str] = None) -> None:
-        """Record that checkpoint ``key`` was evaluated (with the content ``signature``, as ``adapter``) or given up
-        on: a watch counts its idle time from here."""
+    def finished(self, key: str, line: Mapping[str, Any]) -> None:
+        """Record that checkpoint ``key`` was evaluated or given up on (its ledger ``line``, whose ``signature`` and
+        ``adapter`` tell a later change of its content): a watch counts its idle time from here."""
         self._taken.discard(key)
-        self._done[key] = (signature, adapter)
+        self._done[key] = line
         self._last_news = self._clock()
 
     def listed(self) -> int:
@@ -598,14 +589,14 @@ class CheckpointSource:
                 if final_done
                 else None
             )
-        if not self._watch:
+        if not self._settings.watch:
             self.end_reason = "every checkpoint listed was taken (pass --watch to follow a run still training)"
         elif final_done:
             self.end_reason = f"the manifest's final checkpoint ({printable(self._final or '')}) is done"
-        elif now - self._last_news < self._idle:
+        elif now - self._last_news < self._settings.idle_timeout:
             return None
         else:
-            self.end_reason = f"--watch saw nothing new for {self._idle:g} s (--idle-timeout)"
+            self.end_reason = f"--watch saw nothing new for {self._settings.idle_timeout:g} s (--idle-timeout)"
         self.ended = True
         return None
 
@@ -614,17 +605,17 @@ class CheckpointSource:
         now = self._clock()
         for pending in self._pending.values():
             name = printable(pending.checkpoint.path)
-            left = max(0.0, self._timeout - (now - pending.first_seen))
+            left = max(0.0, self._settings.checkpoint_timeout - (now - pending.first_seen))
             if pending.fingerprint and pending.fingerprint[0] != "absent":
                 return (
-                    f"waiting for {name} to be complete (still being written; {self._settle:g} s unchanged; "
-                    f"--checkpoint-timeout {self._timeout:g} s, {left:.0f} s left)"
+                    f"waiting for {name} to be complete (still being written; {self._settings.settle:g} s unchanged; "
+                    f"--checkpoint-timeout {self._settings.checkpoint_timeout:g} s, {left:.0f} s left)"
                 )
-            bound = f"--checkpoint-timeout {self._timeout:g} s, {left:.0f} s left"
+            bound = f"--checkpoint-timeout {self._settings.checkpoint_timeout:g} s, {left:.0f} s left"
             return f"waiting for {name}, named but not there yet; {bound}"  # the countdown after the ";"
-        left = max(0.0, self._idle - (now - self._last_news))
+        left = max(0.0, self._settings.idle_timeout - (now - self._last_news))
         return (
-            f"waiting for a new checkpoint; the watch ends after {self._idle:g} s with nothing new "
+            f"waiting for a new checkpoint; the watch ends after {self._settings.idle_timeout:g} s with nothing new "
             f"(--idle-timeout; {left:.0f} s left)"
         )
 
@@ -639,7 +630,7 @@ class CheckpointSource:
         assert self._listed_at is not None
         if now - self._listed_at >= self._relist_interval():
             return True
-        return not self._watch and self._emptied_at is not None and self._listed_at < self._emptied_at
+        return not self._settings.watch and self._emptied_at is not None and self._listed_at < self._emptied_at
 
     def _relist(self, now: float) -> None:
         started = self._clock()
@@ -674,12 +665,12 @@ class CheckpointSource:
             "%s holds no adapter file (no archive suffix; a folder without %s or adapter weights): skipped%s",
             printable(item.path),
             CONFIG_FILE,
-            ", looked at again at the next listings" if self._watch else "",
+            ", looked at again at the next listings" if self._settings.watch else "",
         )
 
     def _changed(self, item: Checkpoint) -> Optional[Checkpoint]:
         """A done checkpoint whose content changed since (its signature differs): to evaluate again."""
-        signature, adapter = self._done[item.key]
+        signature, adapter = self._done[item.key].get("signature"), self._done[item.key].get("adapter")
         if signature is None or adapter is None:
             return None  # failed, or done by a version that recorded no signature
         path = item.real or item.path
@@ -749,15 +740,15 @@ class CheckpointSource:
 
     def _settled(self, fingerprint: Tuple[Any, ...], since: float, now: float) -> bool:
         """Unchanged for ``settle`` seconds, as we watched it or by its modification time (not absent: the callers')."""
-        return now - since >= self._settle or time.time() - float(fingerprint[0]) >= self._settle
+        return now - since >= self._settings.settle or time.time() - float(fingerprint[0]) >= self._settings.settle
 
     def _hopeless(self, pending: _Pending, now: float) -> Optional[str]:
         """Why a checkpoint that is not ready is given up on now, or None while it is worth waiting for."""
         fingerprint, waited = pending.fingerprint, now - pending.first_seen
         absent = fingerprint[0] == "absent"
-        if waited >= self._timeout:
-            return f"waited {waited:.0f} s (--checkpoint-timeout {self._timeout:g})"
-        if self._watch:
+        if waited >= self._settings.checkpoint_timeout:
+            return f"waited {waited:.0f} s (--checkpoint-timeout {self._settings.checkpoint_timeout:g})"
+        if self._settings.watch:
             return None
         if absent:
             return "not waited for without --watch"

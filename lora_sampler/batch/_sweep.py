@@ -227,15 +227,7 @@ class Sweep:
             settings = self.settings
             unanswered, earlier = self._check_finished(ledger), dict(ledger.finished)
             done = {key: line for key, line in earlier.items() if key not in unanswered}
-            source = CheckpointSource(
-                self._listing,
-                skip=done,
-                watch=settings.watch,
-                settle=settings.settle,
-                idle_timeout=settings.idle_timeout,
-                checkpoint_timeout=settings.checkpoint_timeout,
-                storage_options=self.storage_options,
-            )
+            source = CheckpointSource(self._listing, settings, skip=done, storage_options=self.storage_options)
             if not settings.watch and not ledger.finished and not source.listed():
                 raise ValueError(f"{_describe(self._checkpoints)} names no checkpoint archive or adapter folder")
             self._adapters.remember(ledger.finished.values())
@@ -347,11 +339,12 @@ class Sweep:
             self.on_state(state)
 
     def _record(self, report: CheckpointReport, source: CheckpointSource, ledger: Ledger) -> CheckpointReport:
+        line = report.ledger_line()
         try:
-            ledger.append(report.ledger_line())
+            ledger.append(line)
         except OutputWriteError as error:
             raise _resumable(error, self.settings.output_dir) from None
-        source.finished(report.path or report.checkpoint, signature=report.signature, adapter=report.adapter)
+        source.finished(report.path or report.checkpoint, line)
         return report
 
 

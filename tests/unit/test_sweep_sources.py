@@ -6,12 +6,13 @@ import json
 import os
 import tarfile
 from pathlib import Path
-from typing import List
+from typing import Any, List
 
 import pytest
 from _sweeps import aged
 
 from lora_sampler.batch._ledger import LEDGER_NAME, Ledger, read_ledger
+from lora_sampler.batch._settings import SweepSettings
 from lora_sampler.batch._sources import (
     CheckpointSource,
     Manifest,
@@ -108,6 +109,11 @@ def test_checkpoint_fingerprint_tells_a_folder_still_being_written(tmp_path: Pat
     assert checkpoint_fingerprint(folder)[1] is None
 
 
+def _settings(folder: Path, **fields: Any) -> SweepSettings:
+    """A sweep's settings (its output folder unused here) with the source's ``fields``."""
+    return SweepSettings(output_dir=str(folder / "out"), **fields)
+
+
 def test_source_waits_for_a_changing_checkpoint_then_takes_it(tmp_path: Path) -> None:
     """A fresh archive is taken only after it stayed unchanged for the settle time.
 
@@ -115,7 +121,9 @@ def test_source_waits_for_a_changing_checkpoint_then_takes_it(tmp_path: Path) ->
     machine, so the archive's own modification time never settles it first) passes at once, with no sleep."""
     archive = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), "tiny-base")
     now = [1000.0]
-    source = CheckpointSource(listing(str(tmp_path / "step-*.tar.gz")), settle=30.0, clock=lambda: now[0])
+    source = CheckpointSource(
+        listing(str(tmp_path / "step-*.tar.gz")), _settings(tmp_path, settle=30.0), clock=lambda: now[0]
+    )
     assert source.poll() is None  # seen for the first time, modified just now
     now[0] += 30.05  # unchanged for longer than the settle time, as the source watched it
     taken = source.poll()
@@ -132,7 +140,7 @@ def test_a_folder_settles_on_its_adapter_files_whatever_else_it_holds(tmp_path: 
         aged(os.path.join(folder, name))
     (Path(folder) / "trainer_log.txt").write_text("step 1\n")  # written just now, and again at each step
     now = [1000.0]
-    source = CheckpointSource(listing(str(tmp_path / "step-*")), settle=30.0, clock=lambda: now[0])
+    source = CheckpointSource(listing(str(tmp_path / "step-*")), _settings(tmp_path, settle=30.0), clock=lambda: now[0])
     taken = source.poll()
     assert taken is not None and taken.problem is None and taken.path == folder
     assert taken.signature is not None and taken.signature == content_signature(folder)
@@ -144,7 +152,7 @@ def test_source_without_watch_gives_up_on_an_incomplete_archive(tmp_path: Path) 
     data = Path(archive).read_bytes()
     Path(archive).write_bytes(data[: len(data) // 2])
     aged(archive)
-    source = CheckpointSource(listing(str(tmp_path / "*.tar.gz")), settle=0.1)
+    source = CheckpointSource(listing(str(tmp_path / "*.tar.gz")), _settings(tmp_path, settle=0.1))
     gave_up = source.poll()
     assert gave_up is not None and "incomplete" in str(gave_up.problem)
     assert source.poll() is None and source.ended
@@ -154,7 +162,7 @@ def test_source_skips_checkpoints_done_before(tmp_path: Path) -> None:
     """Checkpoints in the ledger are not handed out again."""
     done = aged(write_adapter_archive(str(tmp_path / "step-1.tar.gz"), "tiny-base"))
     new = aged(write_adapter_archive(str(tmp_path / "step-2.tar.gz"), "tiny-base", rank=2))
-    source = CheckpointSource(listing([str(tmp_path / "*.tar.gz")]), skip={done: {}}, settle=0.1)
+    source = CheckpointSource(listing([str(tmp_path / "*.tar.gz")]), _settings(tmp_path, settle=0.1), skip={done: {}})
     taken = source.poll()
     assert taken is not None and taken.problem is None and taken.path == new
 
@@ -164,11 +172,13 @@ def test_source_watch_ends_once_the_final_checkpoint_is_done(tmp_path: Path) -> 
     archive = aged(write_adapter_archive(str(tmp_path / "step-1.tar.gz"), "tiny-base"))
     manifest = tmp_path / "checkpoints.jsonl"
     manifest.write_text(json.dumps({"sampler_path": archive, "batch": 1, "final": True}) + "\n")
-    source = CheckpointSource(listing(Manifest(str(manifest))), watch=True, settle=0.1, idle_timeout=3600)
+    source = CheckpointSource(
+        listing(Manifest(str(manifest))), _settings(tmp_path, watch=True, settle=0.1, idle_timeout=3600)
+    )
     taken = source.poll()
     assert taken is not None and taken.problem is None and taken.final
     assert source.poll() is None and not source.ended  # still watching while it runs
-    source.finished(archive)
+    source.finished(archive, {})
     assert source.poll() is None and source.ended
 
 
@@ -220,5 +230,7 @@ def test_an_older_ledgers_line_without_path_is_done_under_a_symlinked_folder(tmp
     (out / LEDGER_NAME).write_text(json.dumps({"checkpoint": named, "adapter": "a", "output": "a.jsonl"}) + "\n")
     with Ledger(str(out)) as ledger:
         assert list(ledger.finished) == [str(real / "step-1.tar.gz")]
-        source = CheckpointSource(listing(str(tmp_path / "run" / "*.tar.gz")), skip=ledger.finished, settle=0.0)
+        source = CheckpointSource(
+            listing(str(tmp_path / "run" / "*.tar.gz")), _settings(out, settle=0.0), skip=ledger.finished
+        )
         assert source.poll() is None and source.ended
