@@ -353,13 +353,13 @@ class _SharedAdapters:
 
     def __init__(self, client: SamplerClient, storage_options: Optional[Mapping[str, Any]]) -> None:
         self._client, self._storage_options = client, storage_options
-        self._changed = threading.Condition()
-        self._in_use: Set[str] = set()
+        self._lock = threading.Lock()
+        self._holders: Dict[str, threading.Event] = {}  # an adapter -> the ``ended`` of the last run to hold it
         self._by_content: Dict[str, str] = {}  # the digest part of an adapter name -> the first adapter of it
 
     def remember(self, lines: Iterable[Mapping[str, Any]]) -> None:
         """The adapters an earlier run published (its ledger lines): later checkpoints with their content share them."""
-        with self._changed:
+        with self._lock:
             for line in lines:
                 name = line.get("adapter")
                 if isinstance(name, str):
@@ -371,7 +371,7 @@ class _SharedAdapters:
         suffix = adapter.name.rsplit("-", 1)[-1]
         if adapter.digest is None or not adapter.digest.startswith(suffix):
             return adapter  # an explicit or foreign name: nothing to share
-        with self._changed:
+        with self._lock:
             first = self._by_content.setdefault(suffix, adapter.name)
         if first == adapter.name:
             return adapter
@@ -382,25 +382,17 @@ class _SharedAdapters:
             logger.debug("Could not remove the extra folder %r: %s", adapter.name, error)
         return shared
 
-    @contextlib.contextmanager
-    def using(self, adapter: str, claimed: threading.Event) -> Iterator[None]:
-        """Hold ``adapter`` for one checkpoint: two checkpoints with the same content (the same adapter and output
-        file) run one after the other, so the second finds the rows the first wrote and sends nothing again.
+    def hold(self, adapter: str, ended: threading.Event) -> Optional[threading.Event]:
+        """Make the run whose end sets ``ended`` the last holder of ``adapter``; return the ``ended`` of the one before
+        it (None: none), which it waits for: two checkpoints with the same content (the same adapter and output file)
+        run one after the other, so the second finds the rows the first wrote and sends nothing again.
 
-        Checkpoints claim in their order (each after the one before it set ``claimed``), so a later one never holds
-        an adapter an earlier one waits for while it waits for the earlier one's rows.
+        Checkpoints hold in their order (each after the one before it set ``claimed``), so the run a checkpoint waits
+        for is an earlier one, which never waits for it.
         """
-        with self._changed:
-            while adapter in self._in_use:
-                self._changed.wait(POLL_SECONDS)
-            self._in_use.add(adapter)
-        claimed.set()
-        try:
-            yield
-        finally:
-            with self._changed:
-                self._in_use.discard(adapter)
-                self._changed.notify_all()
+        with self._lock:
+            before, self._holders[adapter] = self._holders.get(adapter), ended
+        return before
 
 
 class _CheckpointRun(threading.Thread):
@@ -408,7 +400,7 @@ class _CheckpointRun(threading.Thread):
 
     ``inputs_done`` is set once every one of its requests was handed to the client (or it ended early): the next
     checkpoint's requests then queue right behind its last ones, so the client's workers never run dry. ``claimed``
-    orders the checkpoints' hold on their adapters (``_SharedAdapters.using``).
+    orders the checkpoints' hold on their adapters (``_SharedAdapters.hold``), ``ended`` ends it.
     """
 
     def __init__(
@@ -426,6 +418,8 @@ class _CheckpointRun(threading.Thread):
         self.inputs_done = threading.Event()
         #: Set once this checkpoint holds its adapter (or ended): the next one may claim its own.
         self.claimed = threading.Event()
+        #: Set once it ended: a later checkpoint with the same adapter goes on.
+        self.ended = threading.Event()
         self.report: Optional[CheckpointReport] = None
         #: Why the sweep stops: the engine or the input is unusable for every checkpoint, or a bug.
         self.fatal: Optional[BaseException] = None
@@ -472,6 +466,7 @@ class _CheckpointRun(threading.Thread):
         finally:
             self.claimed.set()
             self.inputs_done.set()
+            self.ended.set()
             self.finished.put(self)
 
     def _evaluate(self, started: float) -> Optional[CheckpointReport]:
@@ -480,11 +475,12 @@ class _CheckpointRun(threading.Thread):
         adapter = self.adapters.same_content(published, self.checkpoint)
         if not self._waited(self.claimed_before):
             return None
-        with self.adapters.using(adapter.name, self.claimed):
-            if sweep.evaluator is not None:
-                fields = self._run_evaluator(sweep.evaluator, adapter)
-            else:
-                fields = self._sample(adapter)
+        holder = self.adapters.hold(adapter.name, self.ended)
+        self.claimed.set()
+        if holder is not None and not self._waited(holder):
+            return None
+        evaluator = sweep.evaluator
+        fields = self._sample(adapter) if evaluator is None else self._run_evaluator(evaluator, adapter)
         if fields is None:
             return None  # stopped, or abandoned: not finished, so the next run resumes it
         checkpoint, notes = self.checkpoint, fields.pop("notes")
