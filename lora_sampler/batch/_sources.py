@@ -272,17 +272,16 @@ def content_signature(path: str, storage_options: Optional[Mapping[str, Any]] = 
     """
     try:
         if is_storage_url(path):
-            newest, problem, signature = storage.settle_signature(path, storage_options)
-            return _signature_digest((newest, problem, *signature))
-        return _signature_digest((0.0, None, *_stat_signature(path)[1]))
+            return _signature_digest(storage.settle_signature(path, storage_options)[2])
+        return _signature_digest(_stat_signature(path)[1])
     except (OSError, PublishError):  # absent (FileNotFoundError) or unreachable: no signature to compare
         return None
 
 
-def _signature_digest(fingerprint: Tuple[Any, ...]) -> str:
-    """Return ``content_signature`` of a checkpoint from its fingerprint (what a look at it saw)."""
-    kind = fingerprint[2]
-    text = repr(fingerprint[3]) if kind in ("file", "folder") else repr(("stored", tuple(fingerprint[2:])))
+def _signature_digest(signature: Tuple[Any, ...]) -> str:
+    """Return ``content_signature`` of a checkpoint from the signature a look at it saw (a fingerprint's third item
+    on: ``("file" | "folder", files)``, a stored one's own, or ``("unreachable",)``)."""
+    text = repr(signature[1]) if signature[0] in ("file", "folder") else repr(("stored", tuple(signature)))
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
@@ -710,7 +709,7 @@ class CheckpointSource:
             if checkpoint.problem is not None:
                 return self._hand_out(key, checkpoint, now)
             if self._ready(pending, now):
-                signature = _signature_digest(pending.fingerprint)
+                signature = _signature_digest(pending.fingerprint[2:])
                 return self._hand_out(key, dataclasses.replace(checkpoint, signature=signature), now)
             why = self._hopeless(pending, now)
             if why is not None:
