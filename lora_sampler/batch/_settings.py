@@ -67,7 +67,8 @@ class Setting:
 
 
 def _setting(default: Any, **about: Any) -> Any:
-    """A ``SweepSettings`` field with its default and its ``Setting`` (``about``) as its metadata."""
+    """A ``SweepSettings`` field with its default (``dataclasses.MISSING``: none) and its ``Setting`` (``about``) as
+    its metadata."""
     return field(default=default, metadata={SETTING_KEY: Setting(**about)})
 
 
@@ -86,10 +87,8 @@ class SweepSettings:
     value raises ``ValueError`` or ``TypeError`` naming the field, before any request.
     """
 
-    output_dir: str = field(
-        metadata={
-            SETTING_KEY: Setting(metavar="DIR", help="where DIR/<adapter>.jsonl per checkpoint and DIR/sweep.jsonl go")
-        }
+    output_dir: str = _setting(
+        dataclasses.MISSING, metavar="DIR", help="where DIR/<adapter>.jsonl per checkpoint and DIR/sweep.jsonl go"
     )
     # -- what runs on each checkpoint
     score: bool = _setting(
