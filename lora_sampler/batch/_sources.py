@@ -159,7 +159,7 @@ def expand_pattern(pattern: str, storage_options: Optional[Mapping[str, Any]] = 
     come back absolute, each real path once. A storage URL's pattern globs the store's listing (archive objects and
     prefixes), with ``storage_options``.
     """
-    return [item.path for item in _expand([pattern], storage_options) if isinstance(item, Checkpoint)]
+    return [item.path for item in _expand([pattern], storage_options)]
 
 
 # -- the settle/complete probe -----------------------------------------------------------------------------------
@@ -432,52 +432,61 @@ def _located(location: str, folder: str) -> Tuple[str, Optional[str], bool]:
 # -- the source --------------------------------------------------------------------------------------------------
 
 
-Listing = Callable[[], List[Union[Checkpoint, "NotAnAdapter"]]]
-
-
-@dataclass(frozen=True)
-class NotAnAdapter:
-    """A pattern's match that holds no adapter file at all (``logs/``): noted once, looked at again later."""
-
-    path: str
-    real: str
+Listing = Callable[[], List[Checkpoint]]
 
 
 def listing(
     checkpoints: Union[str, Sequence[str], Manifest],
+    settings: SweepSettings,
     storage_options: Optional[Mapping[str, Any]] = None,
-    *,
-    allow_outside_paths: bool = False,
 ) -> Listing:
     """Return the function that lists the checkpoints known now: patterns re-globbed, or the manifest re-read (its
-    paths outside its folder taken with ``allow_outside_paths``, as ``read_manifest``).
+    paths outside its folder taken with the settings' ``allow_outside_paths``, as ``read_manifest``).
 
-    Patterns' matches are merged in natural order, each real path once; a manifest keeps its file order.
+    Patterns' matches are merged in natural order, each real path once; a manifest keeps its file order. A glob's
+    match that holds no adapter file at all (``logs/``) is noted once (a log warning) and looked at again at the
+    next listings.
     """
     if isinstance(checkpoints, Manifest):
-        return _manifest_listing(checkpoints.path, storage_options, allow_outside_paths)
+        return _manifest_listing(checkpoints.path, storage_options, settings.allow_outside_paths)
     patterns = [checkpoints] if isinstance(checkpoints, str) else list(checkpoints)
     if not patterns or not all(isinstance(p, str) and p for p in patterns):
         raise ValueError("checkpoints takes a path or glob, a list of them, or a Manifest")
-    return lambda: _expand(patterns, storage_options)
+    noted: Set[str] = set()
+
+    def note(path: str, real: str) -> None:
+        if real not in noted:
+            noted.add(real)
+            logger.warning(
+                "%s holds no adapter file (no archive suffix; a folder without %s or adapter weights): skipped%s",
+                printable(path),
+                CONFIG_FILE,
+                ", looked at again at the next listings" if settings.watch else "",
+            )
+
+    return lambda: _expand(patterns, storage_options, note)
 
 
 def _manifest_listing(path: str, storage_options: Optional[Mapping[str, Any]], allow_outside_paths: bool) -> Listing:
     """The listing of a manifest: its checkpoints in file order, none while it is not written yet."""
 
-    def reread() -> List[Union[Checkpoint, NotAnAdapter]]:
+    def reread() -> List[Checkpoint]:
         try:
-            return list(read_manifest(path, storage_options, allow_outside_paths=allow_outside_paths))
+            return read_manifest(path, storage_options, allow_outside_paths=allow_outside_paths)
         except FileNotFoundError:  # not written yet: a watch waits for it
             return []
 
     return reread
 
 
-def _expand(patterns: List[str], storage_options: Optional[Mapping[str, Any]]) -> List[Union[Checkpoint, NotAnAdapter]]:
+def _expand(
+    patterns: List[str],
+    storage_options: Optional[Mapping[str, Any]],
+    note: Callable[[str, str], None] = lambda path, real: None,
+) -> List[Checkpoint]:
     """Every pattern's matches now, each real path once, in natural order; a glob's match without an adapter file
-    is a ``NotAnAdapter`` (a plain path names its checkpoint, whatever it holds)."""
-    found: Dict[str, Union[Checkpoint, NotAnAdapter]] = {}
+    is handed to ``note`` (with its real path) instead (a plain path names its checkpoint, whatever it holds)."""
+    found: Dict[str, Checkpoint] = {}
     for pattern in patterns:
         if is_storage_url(pattern):
             for url in storage.expand(pattern, storage_options):
@@ -488,7 +497,7 @@ def _expand(patterns: List[str], storage_options: Optional[Mapping[str, Any]]) -
             if named or _holds_adapter(path, real):
                 found.setdefault(real, Checkpoint(path, step=step_of(path), real=real if real != path else None))
             else:
-                found.setdefault(real, NotAnAdapter(path, real))
+                note(path, real)
     return sorted(found.values(), key=lambda item: natural_key(item.path))
 
 
@@ -518,8 +527,7 @@ class CheckpointSource:
     under a ``watch``; without one an absent checkpoint and a settled one that does not read to its end are given up
     on at once), then it comes out with its ``problem`` set (the error its ledger line records). A watch ends
     ``idle_timeout`` seconds after the last news once nothing is pending, or once the manifest's ``final`` checkpoint
-    is finished. A match that holds no adapter file at all is noted once (a log warning) and looked at again at the
-    next listings.
+    is finished. A match that holds no adapter file at all is the listing's to note (``listing``).
 
     Args:
         list_checkpoints: The listing (``listing``).
@@ -546,7 +554,6 @@ class CheckpointSource:
         self._done: Dict[str, Mapping[str, Any]] = dict(skip or {})
         self._pending: Dict[str, _Pending] = {}
         self._taken: Set[str] = set()
-        self._noted: Set[str] = set()
         self._final: Optional[str] = None
         self._listed_at: Optional[float] = None
         self._listing_seconds = 0.0
@@ -637,9 +644,6 @@ class CheckpointSource:
         self._listed_at = now
         self._store_unanswered = False
         for item in listed:
-            if isinstance(item, NotAnAdapter):
-                self._note(item)
-                continue
             key = item.key
             if item.final:
                 self._final = key
@@ -655,17 +659,6 @@ class CheckpointSource:
         # The change checks of done checkpoints count too (a stored one costs a request): the next listing waits ten
         # times as long as this one took, so listing never takes more than a tenth of a watch's time.
         self._listing_seconds = self._clock() - started
-
-    def _note(self, item: NotAnAdapter) -> None:
-        if item.real in self._noted:
-            return
-        self._noted.add(item.real)
-        logger.warning(
-            "%s holds no adapter file (no archive suffix; a folder without %s or adapter weights): skipped%s",
-            printable(item.path),
-            CONFIG_FILE,
-            ", looked at again at the next listings" if self._settings.watch else "",
-        )
 
     def _changed(self, item: Checkpoint) -> Optional[Checkpoint]:
         """A done checkpoint whose content changed since (its signature differs): to evaluate again."""

@@ -185,7 +185,7 @@ class Sweep:
         self._checkpoints = checkpoints
         #: The store's options, held to the client's timeout (the sweep's listings and change checks use them).
         self.storage_options = client.storage_options_for(settings.storage_options)
-        self._listing = listing(checkpoints, self.storage_options, allow_outside_paths=settings.allow_outside_paths)
+        self._listing = listing(checkpoints, settings, self.storage_options)
         self._stopping = threading.Event()
         #: The grace of the first ``stop`` (None: not stopped): a checkpoint's work that starts later stops with it.
         self.grace: Optional[float] = None

@@ -53,6 +53,17 @@ def test_expand_pattern_takes_archives_and_folders_in_natural_order(tmp_path: Pa
     assert expand_pattern(str(tmp_path / "step-7.tar.gz")) == []  # not there yet: a watch waits for it
 
 
+def test_a_listing_notes_a_match_without_adapter_files_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A glob's match that holds no adapter file (a logs folder) is left out of every listing and warned of once."""
+    aged(write_adapter_archive(str(tmp_path / "step-1.tar.gz"), "tiny-base"))
+    (tmp_path / "logs").mkdir()
+    listed = listing(str(tmp_path / "*"), _settings(tmp_path / "elsewhere", watch=True))
+    with caplog.at_level("WARNING", logger="lora_sampler.batch._sources"):
+        assert [c.path for c in listed()] == [c.path for c in listed()] == [str(tmp_path / "step-1.tar.gz")]
+    noted = [r.getMessage() for r in caplog.records if "holds no adapter file" in r.getMessage()]
+    assert len(noted) == 1 and "logs" in noted[0] and "looked at again" in noted[0]
+
+
 def test_step_of_reads_the_last_number_of_the_name() -> None:
     """The step is the last run of digits of the name, without the archive suffix."""
     assert step_of("/runs/r3/step-1200.tar.gz") == 1200
@@ -121,9 +132,8 @@ def test_source_waits_for_a_changing_checkpoint_then_takes_it(tmp_path: Path) ->
     machine, so the archive's own modification time never settles it first) passes at once, with no sleep."""
     archive = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), "tiny-base")
     now = [1000.0]
-    source = CheckpointSource(
-        listing(str(tmp_path / "step-*.tar.gz")), _settings(tmp_path, settle=30.0), clock=lambda: now[0]
-    )
+    settings = _settings(tmp_path, settle=30.0)
+    source = CheckpointSource(listing(str(tmp_path / "step-*.tar.gz"), settings), settings, clock=lambda: now[0])
     assert source.poll() is None  # seen for the first time, modified just now
     now[0] += 30.05  # unchanged for longer than the settle time, as the source watched it
     taken = source.poll()
@@ -140,7 +150,8 @@ def test_a_folder_settles_on_its_adapter_files_whatever_else_it_holds(tmp_path: 
         aged(os.path.join(folder, name))
     (Path(folder) / "trainer_log.txt").write_text("step 1\n")  # written just now, and again at each step
     now = [1000.0]
-    source = CheckpointSource(listing(str(tmp_path / "step-*")), _settings(tmp_path, settle=30.0), clock=lambda: now[0])
+    settings = _settings(tmp_path, settle=30.0)
+    source = CheckpointSource(listing(str(tmp_path / "step-*"), settings), settings, clock=lambda: now[0])
     taken = source.poll()
     assert taken is not None and taken.problem is None and taken.path == folder
     assert taken.signature is not None and taken.signature == content_signature(folder)
@@ -152,7 +163,8 @@ def test_source_without_watch_gives_up_on_an_incomplete_archive(tmp_path: Path) 
     data = Path(archive).read_bytes()
     Path(archive).write_bytes(data[: len(data) // 2])
     aged(archive)
-    source = CheckpointSource(listing(str(tmp_path / "*.tar.gz")), _settings(tmp_path, settle=0.1))
+    settings = _settings(tmp_path, settle=0.1)
+    source = CheckpointSource(listing(str(tmp_path / "*.tar.gz"), settings), settings)
     gave_up = source.poll()
     assert gave_up is not None and "incomplete" in str(gave_up.problem)
     assert source.poll() is None and source.ended
@@ -162,7 +174,8 @@ def test_source_skips_checkpoints_done_before(tmp_path: Path) -> None:
     """Checkpoints in the ledger are not handed out again."""
     done = aged(write_adapter_archive(str(tmp_path / "step-1.tar.gz"), "tiny-base"))
     new = aged(write_adapter_archive(str(tmp_path / "step-2.tar.gz"), "tiny-base", rank=2))
-    source = CheckpointSource(listing([str(tmp_path / "*.tar.gz")]), _settings(tmp_path, settle=0.1), skip={done: {}})
+    settings = _settings(tmp_path, settle=0.1)
+    source = CheckpointSource(listing([str(tmp_path / "*.tar.gz")], settings), settings, skip={done: {}})
     taken = source.poll()
     assert taken is not None and taken.problem is None and taken.path == new
 
@@ -172,9 +185,8 @@ def test_source_watch_ends_once_the_final_checkpoint_is_done(tmp_path: Path) -> 
     archive = aged(write_adapter_archive(str(tmp_path / "step-1.tar.gz"), "tiny-base"))
     manifest = tmp_path / "checkpoints.jsonl"
     manifest.write_text(json.dumps({"sampler_path": archive, "batch": 1, "final": True}) + "\n")
-    source = CheckpointSource(
-        listing(Manifest(str(manifest))), _settings(tmp_path, watch=True, settle=0.1, idle_timeout=3600)
-    )
+    settings = _settings(tmp_path, watch=True, settle=0.1, idle_timeout=3600)
+    source = CheckpointSource(listing(Manifest(str(manifest)), settings), settings)
     taken = source.poll()
     assert taken is not None and taken.problem is None and taken.final
     assert source.poll() is None and not source.ended  # still watching while it runs
@@ -230,7 +242,6 @@ def test_an_older_ledgers_line_without_path_is_done_under_a_symlinked_folder(tmp
     (out / LEDGER_NAME).write_text(json.dumps({"checkpoint": named, "adapter": "a", "output": "a.jsonl"}) + "\n")
     with Ledger(str(out)) as ledger:
         assert list(ledger.finished) == [str(real / "step-1.tar.gz")]
-        source = CheckpointSource(
-            listing(str(tmp_path / "run" / "*.tar.gz")), _settings(out, settle=0.0), skip=ledger.finished
-        )
+        settings = _settings(out, settle=0.0)
+        source = CheckpointSource(listing(str(tmp_path / "run" / "*.tar.gz"), settings), settings, skip=ledger.finished)
         assert source.poll() is None and source.ended
