@@ -30,8 +30,8 @@ from lora_sampler.batch._lines import (
     UTF8_BOM,
     InputLine,
     LineDefaults,
+    LineFormat,
     LineId,
-    RecordFormat,
     check_keys,
     error_text,
     id_key,
@@ -44,12 +44,12 @@ from lora_sampler.errors import EngineStatusError, status_class
 from lora_sampler.types import AdapterSpec, SampleOutput, SampleRequest, SamplingParams, is_checkpoint_path
 
 __all__ = [
+    "BATCH_LINES",
     "BATCH_URLS",
     "CHAT_URL",
     "COMPLETIONS_URL",
     "LINE_KEYS",
     "OPENAI_BATCH_FORMAT",
-    "OPENAI_BATCH_RECORDS",
     "PROMPT_FORMAT",
     "batch_error_record",
     "batch_record_key",
@@ -346,7 +346,7 @@ def _batch_error_message(record: Dict[str, Any]) -> str:
     return f"custom_id {record['custom_id']!r}: {f'HTTP {status}: ' if status else ''}{message}"
 
 
-#: The batch output format, resumed by custom_id.
-OPENAI_BATCH_RECORDS = RecordFormat(
-    batch_result_record, batch_error_record, batch_record_key, _batch_error_message, kind="openai-batch"
+#: OpenAI batch lines (``parse_batch_line``) and their output lines, resumed by custom_id.
+BATCH_LINES = LineFormat(
+    parse_batch_line, batch_result_record, batch_error_record, batch_record_key, _batch_error_message, "openai-batch"
 )

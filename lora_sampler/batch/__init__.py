@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from lora_sampler.batch._evaluator import CheckpointEvaluator, EvaluatedCheckpoint, EvaluatorError
 from lora_sampler.batch._lines import (
-    PROMPT_RECORDS,
+    PROMPT_LINES,
     SAMPLING_KEYS,
     UTF8_BOM,
     InputLine,
@@ -12,7 +12,6 @@ from lora_sampler.batch._lines import (
     LineFormat,
     LineId,
     LineParser,
-    RecordFormat,
     RecordKey,
     ResumeState,
     count_lines,
@@ -28,7 +27,7 @@ from lora_sampler.batch._lines import (
     to_json_line,
     write_record,
 )
-from lora_sampler.batch._score import SCORE_FORMAT, SCORE_RECORDS, ScoreStep, parse_score_line, score_record
+from lora_sampler.batch._score import SCORE_FORMAT, ScoreStep, parse_score_line, score_record
 from lora_sampler.batch._settings import SweepSettings
 from lora_sampler.batch._sources import Checkpoint, Manifest, checkpoint_fingerprint, expand_pattern
 from lora_sampler.batch._steps import SampleStep
@@ -44,7 +43,6 @@ __all__ = [
     "SampleStep",
     "ScoreStep",
     "SCORE_FORMAT",
-    "SCORE_RECORDS",
     "parse_score_line",
     "score_record",
     "Sweep",
@@ -57,8 +55,7 @@ __all__ = [
     "LineId",
     "LineParser",
     "LineFormat",
-    "PROMPT_RECORDS",
-    "RecordFormat",
+    "PROMPT_LINES",
     "RecordKey",
     "ResumeState",
     "SAMPLING_KEYS",

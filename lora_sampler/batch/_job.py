@@ -19,7 +19,7 @@ from typing import IO, Any, Callable, Dict, Iterable, Iterator, Optional, Set, T
 
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._client.outage import OutageEvent, OutageHook, is_outage
-from lora_sampler.batch._lines import PROMPT_RECORDS, InputLine, OutputMemory, RecordFormat, write_record
+from lora_sampler.batch._lines import PROMPT_LINES, InputLine, LineFormat, OutputMemory, write_record
 from lora_sampler.errors import (
     AdapterNotReadyError,
     AuthenticationError,
@@ -82,7 +82,8 @@ class BatchJob:
         max_outage: Seconds to hold requests while the engine is away (0: outages count towards ``fail_fast``);
             past it the job stops, saying how long it waited.
         on_outage: Also called with each ``OutageEvent`` (from worker threads), e.g. to show the wait.
-        records: The output format (``PROMPT_RECORDS``, or ``openai_batch.OPENAI_BATCH_RECORDS``).
+        line_format: The lines' format, whose records are written (``PROMPT_LINES``, or
+            ``openai_batch.BATCH_LINES``).
         prompts_per_request: Lines sent together in one completion request (``SamplerClient.imap``); None: the
             measured defaults, 1: one line per request.
         memory: What the output remembers of its settings (``ResumeState.memory``): each record's request is
@@ -102,7 +103,7 @@ class BatchJob:
         fail_fast: int = DEFAULT_FAIL_FAST,
         max_outage: float = 0.0,
         on_outage: Optional[OutageHook] = None,
-        records: RecordFormat = PROMPT_RECORDS,
+        line_format: LineFormat = PROMPT_LINES,
         prompts_per_request: Optional[int] = None,
         memory: Optional[OutputMemory] = None,
     ):
@@ -110,7 +111,7 @@ class BatchJob:
         self._ordered, self._model, self._on_event, self._fail_fast = ordered, model, on_event, fail_fast
         self._max_outage, self._on_outage = max_outage, on_outage
         self._gave_up: Optional[OutageEvent] = None  # set (from a worker thread) once the outage outlasted the limit
-        self._records = records
+        self._format = line_format
         self._unusable_errors = UNUSABLE_ERRORS if model is not None else ENGINE_WIDE_ERRORS
         self._prompts_per_request, self._memory = prompts_per_request, memory
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=64)
@@ -160,12 +161,12 @@ class BatchJob:
         if kind == "skipped":
             self.stats.skipped += 1
         elif not isinstance(outcome, (BaseException, str)):  # a SampleOutput, or a ScoreOutput
-            record = self._records.result(line, outcome)
+            record = self._format.result(line, outcome)
             self.stats.done += 1
             self._consecutive = 0
             kind = "done"
         else:
-            record = self._records.error(line, outcome, None if isinstance(outcome, str) else self._model)
+            record = self._format.error(line, outcome, None if isinstance(outcome, str) else self._model)
             self.stats.failed += 1
             kind = "failed"
             self._note_failure(outcome)
@@ -176,7 +177,7 @@ class BatchJob:
                 write_record(self._output, record)
             except RecursionError:  # an answer nested too deep to write back: its line gets an error record
                 problem = EngineProtocolError("the engine's answer is nested too deep to write as JSON")
-                record = self._records.error(line, problem, self._model)
+                record = self._format.error(line, problem, self._model)
                 write_record(self._output, record)
                 self.stats.done, self.stats.failed, kind = self.stats.done - 1, self.stats.failed + 1, "failed"
         if self._on_event is not None:

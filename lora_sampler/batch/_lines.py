@@ -498,7 +498,7 @@ def open_output(
         path: The output file (created when missing).
         retry_failed: Drop error lines, so their ids run again (``prepare_output``).
         key_of: The output format's resume key.
-        settings: The job's settings that change answers (``RecordFormat.settings``): remembered beside the output, and
+        settings: The job's settings that change answers (``LineFormat.settings``): remembered beside the output, and
             compared with what it remembers (``ResumeState.memory``); None remembers nothing.
         restart: Empty the output (and forget its settings) first: every line runs again.
 
@@ -666,7 +666,7 @@ class OutputMemory:
 
     Args:
         output: The output file.
-        settings: The job's settings that change answers (``RecordFormat.settings``).
+        settings: The job's settings that change answers (``LineFormat.settings``).
         done: The resume set (the ids the output already holds); the others' digests are dropped.
         restart: Forget what the output remembers (the caller empties the output too).
 
@@ -821,10 +821,12 @@ def error_record(line: InputLine, error: Union[BaseException, str], model: Optio
 
 
 @dataclass(frozen=True)
-class RecordFormat:
-    """How an output format writes records and reads them back on resume.
+class LineFormat:
+    """One kind of input line and its output records: how a raw line becomes a request, how its outcome becomes a
+    record, and how a record is read back on resume.
 
     Attributes:
+        parse: Parses one raw input line (``parse_line``'s signature; ``None`` for a blank line).
         result: Builds the record of an answered line (from its ``SampleOutput``, or its ``ScoreOutput``).
         error: Builds the record of a failed line (the error, or a bad line's reason; the model name when known).
         key_of: Reads a record's resume key (see ``prepare_output``).
@@ -832,11 +834,12 @@ class RecordFormat:
         kind: What the records hold (``sample``, ``score``, ``openai-batch``): an output remembers it.
     """
 
+    parse: LineParser
     result: Callable[[InputLine, Any], Dict[str, Any]]
     error: Callable[[InputLine, Union[BaseException, str], Optional[str]], Dict[str, Any]]
     key_of: RecordKey
     message_of: Callable[[Dict[str, Any]], str]
-    kind: str = ""
+    kind: str
 
     def settings(self, defaults: LineDefaults, model: Union[AdapterSpec, None]) -> Dict[str, Any]:
         """Return the named settings of a job of these records that change its answers (remembered beside its
@@ -862,16 +865,9 @@ def _error_message(record: Dict[str, Any]) -> str:
     )
 
 
-#: The plain output format: ``{"id", "model", "sequences"}`` or ``{"id", "error"}``.
-PROMPT_RECORDS = RecordFormat(result_record, error_record, record_key, _error_message, kind="sample")
-
-
-@dataclass(frozen=True)
-class LineFormat:
-    """One kind of input line and its records: how a line becomes a request, how its outcome becomes a record."""
-
-    parse: LineParser
-    records: RecordFormat
+#: Prompt or messages lines (``parse_line``), and their records: ``{"id", "model", "sequences"}`` or
+#: ``{"id", "error"}``.
+PROMPT_LINES = LineFormat(parse_line, result_record, error_record, record_key, _error_message, kind="sample")
 
 
 def to_json_line(record: Dict[str, Any], default: Optional[Callable[[Any], Any]] = None) -> str:

@@ -7,17 +7,16 @@ streaming, resume and outages are ``BatchJob``'s, the same as for sampling.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Dict, List, Optional
 
 from lora_sampler._adapters.publish import LM_HEAD_NOTE, adapter_targets_lm_head
 from lora_sampler._views import json_number
 from lora_sampler.batch._lines import (
     METADATA_KEY,
-    PROMPT_RECORDS,
+    PROMPT_LINES,
     InputLine,
     LineDefaults,
-    LineFormat,
-    RecordFormat,
     add_metadata,
     check_keys,
     parse_object_line,
@@ -61,12 +60,8 @@ def score_record(line: InputLine, output: ScoreOutput) -> Dict[str, Any]:
     return add_metadata(record, line)
 
 
-#: Scoring records; errors, resume keys and messages as the sampling records'.
-SCORE_RECORDS = RecordFormat(
-    score_record, PROMPT_RECORDS.error, PROMPT_RECORDS.key_of, PROMPT_RECORDS.message_of, kind="score"
-)
-#: ``lora-sampler score``'s lines and records.
-SCORE_FORMAT = LineFormat(parse_score_line, SCORE_RECORDS)
+#: ``lora-sampler score``'s lines and records; errors, resume keys and messages as the prompt lines'.
+SCORE_FORMAT = dataclasses.replace(PROMPT_LINES, parse=parse_score_line, result=score_record, kind="score")
 
 
 def scoring_notes(adapter: Adapter) -> List[str]:
@@ -83,8 +78,7 @@ class ScoreStep(SampleStep):
         defaults: Only the model fields matter (replaced per checkpoint).
     """
 
-    records = SCORE_RECORDS
-    parse = staticmethod(parse_score_line)
+    line_format = SCORE_FORMAT
 
     def summary(self, output_path: str) -> Dict[str, Any]:
         """``rows``, ``failed``, ``tokens`` (scored), ``mean_logprob`` (per scored token), ``mean_sum`` (per answered

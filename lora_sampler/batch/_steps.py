@@ -12,15 +12,7 @@ import json
 import os
 from typing import Any, Dict, Generator, Iterator, Mapping, Optional, Sequence, Union
 
-from lora_sampler.batch._lines import (
-    PROMPT_RECORDS,
-    InputLine,
-    LineDefaults,
-    LineParser,
-    RecordFormat,
-    parse_line,
-    read_input,
-)
+from lora_sampler.batch._lines import PROMPT_LINES, InputLine, LineDefaults, LineFormat, LineParser, read_input
 from lora_sampler.errors import BatchInputError
 from lora_sampler.types import Adapter, SampleRequest, ScoreRequest
 
@@ -38,10 +30,9 @@ class SampleStep:
         defaults: What every line gets unless it says otherwise (its ``adapter`` is replaced per checkpoint).
     """
 
-    #: The output's record format (what ``BatchJob`` writes and resume reads).
-    records: RecordFormat = PROMPT_RECORDS
-    #: How a line of the input becomes a request (``parse_line``'s signature).
-    parse: LineParser = staticmethod(parse_line)
+    #: The input's lines and the output's records (how a line becomes a request, what ``BatchJob`` writes and
+    #: resume reads).
+    line_format: LineFormat = PROMPT_LINES
 
     def __init__(self, source: SweepInput, defaults: Optional[LineDefaults] = None):
         if isinstance(source, (str, os.PathLike)):
@@ -64,11 +55,11 @@ class SampleStep:
         defaults = dataclasses.replace(self._defaults, adapter=adapter, base_model=None)
         if self._path is not None:
             with open(self._path, "rb") as handle:
-                yield from read_input(handle, defaults, name=self._path, parse=self.parse)
+                yield from read_input(handle, defaults, name=self._path, parse=self.line_format.parse)
             return
         seen: Dict[str, int] = {}
         for number, item in enumerate(self._items, 1):
-            line = _item_line(item, number, defaults, adapter, self.parse)
+            line = _item_line(item, number, defaults, adapter, self.line_format.parse)
             first = seen.setdefault(line.key, number)
             if first != number:
                 raise BatchInputError(
@@ -79,7 +70,7 @@ class SampleStep:
 
     def settings(self, adapter: Union[Adapter, str]) -> Dict[str, Any]:
         """Return the settings that change ``adapter``'s answers: the records' kind and the lines' defaults."""
-        return self.records.settings(self._defaults, adapter)
+        return self.line_format.settings(self._defaults, adapter)
 
     def summary(self, output_path: str) -> Dict[str, Any]:
         """``rows``, ``failed``, ``tokens`` (generated), ``mean_logprob`` (per generated token) and ``mean_length``

@@ -262,7 +262,7 @@ class Sweep:
                 check_remembered(output, self.step.settings(adapter), self.step.lines(adapter))
                 if wanted is None:
                     wanted = {each.key for each in self.step.lines(adapter) if each.request is not None}
-                if not wanted <= answered_keys(output, self.step.records.key_of):
+                if not wanted <= answered_keys(output, self.step.line_format.key_of):
                     unanswered.add(key)
         if unanswered:
             logger.info("%d finished checkpoints lack lines appended to the input: resumed for those", len(unanswered))
@@ -540,7 +540,7 @@ class _CheckpointRun(threading.Thread):
         client, step, settings = sweep.client, sweep.step, sweep.settings
         output = os.path.join(settings.output_dir, f"{adapter.name}.jsonl")
         opened = open_output(
-            output, key_of=step.records.key_of, settings=step.settings(adapter), restart=settings.restart
+            output, key_of=step.line_format.key_of, settings=step.settings(adapter), restart=settings.restart
         )
         with opened as (state, out):  # the output's one writer
             first = _first_request(step, adapter, state.done)
@@ -557,7 +557,7 @@ class _CheckpointRun(threading.Thread):
                     fail_fast=settings.fail_fast,
                     max_outage=settings.max_outage,
                     on_outage=sweep.on_outage,
-                    records=step.records,
+                    line_format=step.line_format,
                     prompts_per_request=settings.prompts_per_request,
                 )
                 self._hold(job)

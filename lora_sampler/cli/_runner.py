@@ -20,35 +20,24 @@ from lora_sampler._client.client import SamplerClient
 from lora_sampler._client.progress import ProgressBar
 from lora_sampler.batch._job import BatchJob, BatchStats
 from lora_sampler.batch._lines import (
-    PROMPT_RECORDS,
+    PROMPT_LINES,
     InputLine,
     LineDefaults,
     LineFormat,
-    RecordFormat,
     ResumeState,
     count_lines,
     open_output,
-    parse_line,
     read_input,
 )
 from lora_sampler.cli._parser import UsageError
 from lora_sampler.cli._terminal import counting_rows, interrupts_stop, logs_above
-from lora_sampler.openai_batch import (
-    OPENAI_BATCH_FORMAT,
-    OPENAI_BATCH_RECORDS,
-    first_line,
-    is_batch_line,
-    parse_batch_line,
-)
+from lora_sampler.openai_batch import BATCH_LINES, OPENAI_BATCH_FORMAT, first_line, is_batch_line
 from lora_sampler.types import Adapter
 
 logger = logging.getLogger(__name__)
 
 #: Exit statuses: 0 ok, 1 some prompts failed, 2 usage, input or engine-unusable error, 130 interrupted.
 EXIT_OK, EXIT_FAILED, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
-#: ``sample``'s two kinds of line: prompt or messages lines, and OpenAI batch lines (which name their model).
-PROMPT_LINES = LineFormat(parse_line, PROMPT_RECORDS)
-BATCH_LINES = LineFormat(parse_batch_line, OPENAI_BATCH_RECORDS)
 
 
 class BatchAbandoned(Exception):
@@ -83,10 +72,9 @@ def run_batch(
     model = defaults.adapter.name if isinstance(defaults.adapter, Adapter) else defaults.base_model
     with contextlib.ExitStack() as stack:
         lines, total = _lines_of(client, source, args, defaults, line_format)
-        records = line_format.records
         state, output = (ResumeState(), sys.stdout)
         if args.output != "-":
-            state, output = _resume(stack, args, records, records.settings(defaults, model))
+            state, output = _resume(stack, args, line_format, line_format.settings(defaults, model))
         view = ProgressBar(total, lambda: client.retries, unit="line", terminal=True, quiet=args.quiet)
         stack.callback(view.close)
         job = BatchJob(
@@ -97,10 +85,10 @@ def run_batch(
             memory=state.memory,
             ordered=args.ordered,
             model=model,
-            on_event=counting_rows(view, records.message_of),
+            on_event=counting_rows(view, line_format.message_of),
             max_outage=args.max_outage,
             on_outage=view.on_outage,
-            records=records,
+            line_format=line_format,
             prompts_per_request=args.prompts_per_request,
         )
         with interrupts_stop(job) as interrupts, logs_above(view):
@@ -151,7 +139,7 @@ def exit_status(interrupts: int, failed: bool, resume: str, fatal: Optional[Base
 
 
 def _resume(
-    stack: contextlib.ExitStack, args: argparse.Namespace, records: RecordFormat, settings: Dict[str, Any]
+    stack: contextlib.ExitStack, args: argparse.Namespace, line_format: LineFormat, settings: Dict[str, Any]
 ) -> Tuple[ResumeState, IO[str]]:
     """Open the output for the rest of the run (its one-writer lock held), say what resuming repaired.
 
@@ -161,7 +149,7 @@ def _resume(
     opened = open_output(
         args.output,
         retry_failed=not args.no_retry_failed,
-        key_of=records.key_of,
+        key_of=line_format.key_of,
         settings=settings,
         restart=args.restart,
     )

@@ -12,7 +12,7 @@ from lora_sampler._client.client import SamplerClient
 from lora_sampler._client.progress import ProgressBar
 from lora_sampler._views import printable
 from lora_sampler.batch._ledger import read_ledger
-from lora_sampler.batch._lines import PROMPT_RECORDS, InputLine
+from lora_sampler.batch._lines import PROMPT_LINES, InputLine
 from lora_sampler.batch._settings import SweepSettings
 from lora_sampler.batch._sources import Checkpoint, Manifest
 from lora_sampler.batch._sweep import CheckpointReport, Sweep
@@ -50,7 +50,7 @@ def check_plot_dependency() -> None:
 def run_sweep(client: SamplerClient, args: argparse.Namespace, settings: SweepSettings) -> int:
     """Sweep the checkpoints the flags name; print each as it finishes and the table at the end; return the status."""
     bar = ProgressBar(None, lambda: client.retries, unit="line", terminal=True, quiet=args.quiet)
-    on_event = counting_rows(bar, PROMPT_RECORDS.message_of)
+    on_event = counting_rows(bar, PROMPT_LINES.message_of)
 
     def on_row(checkpoint: Checkpoint, kind: str, line: InputLine, record: Optional[Dict[str, Any]]) -> None:
         on_event(kind, line, record)  # from several checkpoints' threads: the bar counts under its own lock

@@ -166,10 +166,10 @@ def test_output_settings_error_pickles_with_its_fields() -> None:
 
 def test_sampling_params_defaults_are_remembered_by_name() -> None:
     """Every SamplingParams field is a named setting (a new field is compared by name too)."""
-    from lora_sampler.batch._lines import PROMPT_RECORDS, LineDefaults, settings_changes
+    from lora_sampler.batch._lines import PROMPT_LINES, LineDefaults, settings_changes
 
-    one = PROMPT_RECORDS.settings(LineDefaults(sampling_params=SamplingParams(temperature=0.5, stop=["a"])), "m")
-    two = PROMPT_RECORDS.settings(LineDefaults(sampling_params=SamplingParams(temperature=0.5, stop=("a",))), "m")
+    one = PROMPT_LINES.settings(LineDefaults(sampling_params=SamplingParams(temperature=0.5, stop=["a"])), "m")
+    two = PROMPT_LINES.settings(LineDefaults(sampling_params=SamplingParams(temperature=0.5, stop=("a",))), "m")
     assert settings_changes(one, two) == ""
     assert settings_changes({"kind": "sample"}, one) == ""  # settings an older version did not remember
 
