@@ -24,7 +24,7 @@ import dataclasses
 import uuid
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
-from lora_sampler._wire.messages import SAMPLING_FIELDS
+from lora_sampler._wire.messages import SAMPLING_FIELDS, text_problem
 from lora_sampler._wire.routes import CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH
 from lora_sampler.batch._lines import (
     UTF8_BOM,
@@ -38,7 +38,6 @@ from lora_sampler.batch._lines import (
     is_blank,
     loads_line,
     parse_object_line,
-    text_problem,
 )
 from lora_sampler.errors import EngineStatusError, status_class
 from lora_sampler.types import AdapterSpec, SampleOutput, SampleRequest, SamplingParams, is_checkpoint_path
@@ -116,10 +115,6 @@ def file_format(path: str, requested: str = "auto") -> str:
         return detect_format(f)[0]
 
 
-class _Refused(ValueError):
-    """A line that cannot be sent as it is; the message names the field."""
-
-
 def parse_batch_line(raw: bytes, line_number: int, defaults: LineDefaults) -> Optional[InputLine]:
     """Parse one batch input line; None for a blank line. Never raises for bad content: see ``InputLine.error``.
 
@@ -167,16 +162,16 @@ def _request(obj: Dict[str, Any], defaults: LineDefaults) -> SampleRequest:
             extra_body={**(defaults.extra_body or {}), **rest} or None,  # the line's body over --extra-body
         )
     except (TypeError, ValueError) as exc:  # the prompt or the messages: SampleRequest names them
-        raise _Refused(f"body.{exc}" if str(exc).startswith(text_field) else str(exc)) from None
+        raise ValueError(f"body.{exc}" if str(exc).startswith(text_field) else str(exc)) from None
 
 
 def _text(rest: Dict[str, Any], url: str, chat: bool) -> Tuple[str, Any]:
     """Pop the line's text (body.messages in a chat line, body.prompt in a completions line): its field and it."""
     text_field, other_field = ("messages", "prompt") if chat else ("prompt", "messages")
     if other_field in rest:
-        raise _Refused(f"body.{other_field} does not belong in a {url} line; use body.{text_field}")
+        raise ValueError(f"body.{other_field} does not belong in a {url} line; use body.{text_field}")
     if text_field not in rest:
-        raise _Refused(f"body.{text_field} is missing")
+        raise ValueError(f"body.{text_field} is missing")
     return text_field, rest.pop(text_field)
 
 
@@ -184,13 +179,13 @@ def _envelope(obj: Dict[str, Any]) -> Tuple[str, Dict[str, Any]]:
     """Check a line's keys, method and url; return the url and a copy of its body."""
     check_keys(obj, LINE_KEYS, {})
     if obj.get("method") != "POST":
-        raise _Refused(f"method must be \"POST\", got {obj.get('method')!r}")
+        raise ValueError(f"method must be \"POST\", got {obj.get('method')!r}")
     url = obj.get("url")
     if url not in BATCH_URLS:
-        raise _Refused(f"url {url!r} is not supported; use {' or '.join(BATCH_URLS)}")
+        raise ValueError(f"url {url!r} is not supported; use {' or '.join(BATCH_URLS)}")
     body = obj.get("body")
     if not isinstance(body, dict):
-        raise _Refused(f"body must be a JSON object, got {type(body).__name__}")
+        raise ValueError(f"body must be a JSON object, got {type(body).__name__}")
     return str(url), dict(body)
 
 
@@ -200,11 +195,11 @@ def _target(model: Any, defaults: LineDefaults) -> Tuple[Optional[AdapterSpec], 
     if adapter is not None or base_model is not None:
         return adapter, base_model
     if not isinstance(model, str) or not model:
-        raise _Refused("body.model must name the adapter (or the base model); or pass --adapter")
+        raise ValueError("body.model must name the adapter (or the base model); or pass --adapter")
     if model in defaults.base_models:  # the engine's served name, which vLLM often spells as its model folder's path
         return None, model
     if is_checkpoint_path(model) and not defaults.allow_model_paths:
-        raise _Refused(
+        raise ValueError(
             f"body.model {model!r} is a local path: a batch file names adapters and models by name, so it cannot "
             "copy folders into the shared adapter folder. Publish it first (lora-sampler publish), or pass "
             "--allow-model-paths if this file may name checkpoints"
@@ -217,7 +212,7 @@ def _num_samples(value: Any, default: int) -> int:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise _Refused(f"body.n must be an integer >= 1, got {value!r}")
+        raise ValueError(f"body.n must be an integer >= 1, got {value!r}")
     return value
 
 
@@ -226,7 +221,7 @@ def _sampling_params(rest: Dict[str, Any], defaults: SamplingParams, chat: bool)
     given = {name: rest.pop(name, None) for name in (*SAMPLING_FIELDS, "max_completion_tokens")}
     limit = given.pop("max_completion_tokens")
     if limit is not None and not chat:
-        raise _Refused("body.max_completion_tokens belongs to chat lines; use body.max_tokens in a completions line")
+        raise ValueError("body.max_completion_tokens belongs to chat lines; use body.max_tokens in a completions line")
     if limit is not None:  # vLLM's chat takes max_completion_tokens over max_tokens
         given["max_tokens"] = limit
     values = {**dataclasses.asdict(defaults), **{name: value for name, value in given.items() if value is not None}}
@@ -236,41 +231,41 @@ def _sampling_params(rest: Dict[str, Any], defaults: SamplingParams, chat: bool)
     try:
         return SamplingParams(**values)
     except (TypeError, ValueError) as exc:
-        raise _Refused(f"body: {exc}") from None
+        raise ValueError(f"body: {exc}") from None
 
 
 def _stop(stop: Any, stop_ids: Any) -> Optional[List[Union[str, int]]]:
     """Return body.stop (a string or strings) and body.stop_token_ids as one ``stop`` list (None when empty)."""
     strings = [stop] if isinstance(stop, str) else stop or []
     if not isinstance(strings, list) or not all(isinstance(s, str) for s in strings):
-        raise _Refused(f"body.stop must be a string or a list of strings, got {stop!r}")
+        raise ValueError(f"body.stop must be a string or a list of strings, got {stop!r}")
     if not isinstance(stop_ids or [], list):
-        raise _Refused(f"body.stop_token_ids must be a list of token ids, got {stop_ids!r}")
+        raise ValueError(f"body.stop_token_ids must be a list of token ids, got {stop_ids!r}")
     return [*strings, *(stop_ids or [])] or None
 
 
 def _refuse_unsendable(rest: Dict[str, Any], chat: bool) -> Optional[int]:
     """Pop the fields lora_sampler sets itself, refusing values it would change; return prompt_logprobs."""
     if rest.pop("stream", None):
-        raise _Refused("body.stream=true is not supported: batch answers are read whole; remove it")
+        raise ValueError("body.stream=true is not supported: batch answers are read whole; remove it")
     if rest.pop("return_token_ids", True) is False:
-        raise _Refused("body.return_token_ids=false is not supported: token ids are always returned; remove it")
+        raise ValueError("body.return_token_ids=false is not supported: token ids are always returned; remove it")
     _check_logprobs(rest.pop("logprobs", None), chat)
     prompt_logprobs = rest.pop("prompt_logprobs", None)
     if prompt_logprobs is not None and (
         chat or isinstance(prompt_logprobs, bool) or not isinstance(prompt_logprobs, int)
     ):
         where = "a chat line" if chat else "a completions line (an integer >= 0 is)"
-        raise _Refused(f"body.prompt_logprobs={prompt_logprobs!r} is not supported in {where}")
+        raise ValueError(f"body.prompt_logprobs={prompt_logprobs!r} is not supported in {where}")
     return prompt_logprobs
 
 
 def _check_logprobs(logprobs: Any, chat: bool) -> None:
     """Refuse a body.logprobs that asks for other logprobs than the sampled token's (always returned)."""
     if chat and logprobs not in (None, True, False):
-        raise _Refused(f"body.logprobs must be true or false in a chat line, got {logprobs!r}")
+        raise ValueError(f"body.logprobs must be true or false in a chat line, got {logprobs!r}")
     if not chat and logprobs not in (None, 0, 1):
-        raise _Refused(
+        raise ValueError(
             f"body.logprobs={logprobs!r} is not supported in a completions line: the sampled token's logprob "
             "(logprobs=1) is always returned; remove it or set it to 1"
         )

@@ -15,11 +15,11 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable, Dict, Iterable, Iterator, Optional, Set, Tuple, Union
+from typing import IO, Any, Callable, Dict, Iterable, Iterator, Optional, Tuple, Union
 
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._client.outage import OutageEvent, OutageHook, is_outage
-from lora_sampler.batch._lines import PROMPT_LINES, InputLine, LineFormat, OutputMemory, write_record
+from lora_sampler.batch._lines import PROMPT_LINES, InputLine, LineFormat, ResumeState, write_record
 from lora_sampler.errors import (
     AdapterNotReadyError,
     AuthenticationError,
@@ -73,7 +73,9 @@ class BatchJob:
         client: The client (its ``max_workers`` is the concurrency).
         lines: Parsed input lines (``read_input``).
         output: Text stream the records go to.
-        done: Resume-set keys to skip.
+        resume: What the output already holds (``open_output``'s): the ids of its ``done`` are skipped, and its
+            ``memory`` (when the output remembers its settings) remembers each record's request; an answered
+            line that now asks something else stops the job (``fatal``).
         ordered: Write records in input order (bad lines then wait for the requests before them).
         model: The adapter or base-model name every line samples, for error records; None when each line names its
             own (an OpenAI batch file's), so only ``ENGINE_WIDE_ERRORS`` count towards ``fail_fast``.
@@ -86,8 +88,6 @@ class BatchJob:
             ``openai_batch.BATCH_LINES``).
         prompts_per_request: Lines sent together in one completion request (``SamplerClient.imap``); None: the
             measured defaults, 1: one line per request.
-        memory: What the output remembers of its settings (``ResumeState.memory``): each record's request is
-            remembered, and an answered line that now asks something else stops the job (``fatal``).
     """
 
     def __init__(
@@ -96,7 +96,7 @@ class BatchJob:
         lines: Iterable[InputLine],
         output: IO[str],
         *,
-        done: Set[str],
+        resume: ResumeState,
         ordered: bool = False,
         model: Optional[str] = None,
         on_event: Optional[Event] = None,
@@ -105,15 +105,14 @@ class BatchJob:
         on_outage: Optional[OutageHook] = None,
         line_format: LineFormat = PROMPT_LINES,
         prompts_per_request: Optional[int] = None,
-        memory: Optional[OutputMemory] = None,
     ):
-        self._client, self._lines, self._output, self._done = client, iter(lines), output, done
+        self._client, self._lines, self._output, self._done = client, iter(lines), output, resume.done
         self._ordered, self._model, self._on_event, self._fail_fast = ordered, model, on_event, fail_fast
         self._max_outage, self._on_outage = max_outage, on_outage
         self._gave_up: Optional[OutageEvent] = None  # set (from a worker thread) once the outage outlasted the limit
         self._format = line_format
         self._unusable_errors = UNUSABLE_ERRORS if model is not None else ENGINE_WIDE_ERRORS
-        self._prompts_per_request, self._memory = prompts_per_request, memory
+        self._prompts_per_request, self._memory = prompts_per_request, resume.memory
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=64)
         self._stopping = threading.Event()
         self._deadline: Optional[float] = None

@@ -21,8 +21,7 @@ from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Mapping, O
 
 from lora_sampler._files import HAS_FLOCK, TEMP_SUFFIX, json_object_line, replacing, temp_prefix, try_flock
 from lora_sampler._views import json_number
-from lora_sampler._wire.messages import SAMPLING_FIELDS
-from lora_sampler._wire.messages import text_problem as text_problem  # re-exported for the batch readers
+from lora_sampler._wire.messages import SAMPLING_FIELDS, text_problem
 from lora_sampler.errors import (
     BatchInputError,
     EngineStatusError,
