@@ -107,10 +107,8 @@ def first_line(lines: Iterable[bytes]) -> Tuple[Optional[bytes], Iterator[bytes]
     return (head[-1] if head and head[-1].strip() else None), replay()
 
 
-def file_format(path: str, requested: str = "auto") -> str:
-    """Return the format of the input file at ``path`` (``requested`` unless it is ``auto``)."""
-    if requested != "auto":
-        return requested
+def file_format(path: str) -> str:
+    """Return the format of the input file at ``path``, from its first non-blank line (``detect_format``)."""
     with open(path, "rb") as f:
         return detect_format(f)[0]
 

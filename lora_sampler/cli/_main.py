@@ -629,7 +629,7 @@ def _check_sweep_input(path: str) -> None:
     """A sweep's input is a file of prompt or messages lines (batch lines name their own models)."""
     if not os.path.isfile(path):
         raise UsageError(f"--input {path} is not a file; pass a JSONL file of prompt or messages lines")
-    if file_format(path, "auto") != PROMPT_FORMAT:
+    if file_format(path) != PROMPT_FORMAT:
         raise UsageError(
             f"--input {path} holds OpenAI batch lines, which name their own models; a sweep takes prompt or "
             "messages lines and samples each from every checkpoint"
