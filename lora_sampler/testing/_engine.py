@@ -176,13 +176,13 @@ class FakeEngine(AdapterTable, Hold):
         dies_on_batched_prompt_logprobs: bool = False,
         request_overhead: float = 0.0,
     ) -> None:
-        self._tokenizer = ByteTokenizer(vocab_size)  # which refuses a vocab_size without room for the bytes
         _check_settings(max_model_len, max_loras, lora_slots, prompt_logprobs_defect, request_overhead)
         self.model, self.api_key, self.old_error_shape = model, api_key, old_error_shape
         self.chat_template = chat_template
         self.lora_dir = None if lora_dir is None else os.fspath(lora_dir)
         self.max_loras, self.max_lora_rank = max_loras, max_lora_rank
-        self.max_model_len, self.vocab_size = max_model_len, vocab_size
+        self.max_model_len = max_model_len
+        self.vocab_size = ByteTokenizer(vocab_size).vocab_size  # the tokenizer refuses one without room for the bytes
         self.latency, self.load_latency, self.host = latency, load_latency, host
         self.lora_slots, self.swap_latency = lora_slots, swap_latency
         self.unload_latency = 0.0
@@ -522,7 +522,7 @@ class FakeEngine(AdapterTable, Hold):
         if not isinstance(tokens, list):
             return bodies.bad_request("tokens must be a list of token ids", "tokens")
         try:
-            text = self._tokenizer.decode(tokens)  # which refuses an id that is no int or outside the vocabulary
+            text = ByteTokenizer(self.vocab_size).decode(tokens)  # refuses an id no int or out of the vocabulary
         except ValueError as exc:
             return bodies.bad_request(str(exc), "tokens")
         return bodies.json_body(200, {"prompt": text})
