@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from lora_sampler._wire.messages import OWN_FIELDS
 from lora_sampler._wire.routes import (
     ADAPTER_COMMAND_PATHS,
     API_PREFIX,
@@ -68,12 +69,9 @@ class RequestRecord:
     prompts: int = 0
 
 
-#: Body fields every completion or chat request carries: the log keeps only the others (``extra_fields``).
-USUAL_FIELDS = frozenset(
-    {"model", "prompt", "messages", "n", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k"}
-    | {"seed", "stop", "stop_token_ids", "logprobs", "top_logprobs", "return_token_ids", "prompt_logprobs"}
-    | {"lora_name", "lora_path", "load_inplace"}
-)
+#: Body fields lora_sampler's requests carry (those its client sets itself, chat's ``top_logprobs`` and the adapter
+#: commands'): the log keeps only the others (``extra_fields``), ``stream`` among them (lora_sampler never sends it).
+USUAL_FIELDS = (frozenset(OWN_FIELDS) - {"stream"}) | {"top_logprobs", "lora_name", "lora_path", "load_inplace"}
 
 #: The values of ``FakeEngine(prompt_logprobs_defect=...)``.
 PROMPT_LOGPROBS_DEFECTS = (None, "mixed-adapters", "base-weights")
