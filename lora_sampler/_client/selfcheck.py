@@ -23,7 +23,6 @@ from lora_sampler.types import (
     SampleOutput,
     SampleRequest,
     SamplingParams,
-    ScoreOutput,
     ScoreRequest,
 )
 
@@ -140,6 +139,7 @@ class ScoringClient(Protocol):
     def isolation(self) -> ModelIsolation: ...
     def resolve_adapter(self, adapter: AdapterSpec) -> Adapter: ...
     def served_base_models(self) -> Tuple[str, ...]: ...
+    def tokenize(self, text: str, *, base_model: Optional[str] = None) -> Tuple[int, ...]: ...
     def sample_many(self, requests: Iterable[Union[SampleRequest, ScoreRequest]]) -> List[Any]: ...
     def imap_unordered(
         self, requests: Iterable[ScoreRequest], *, return_exceptions: bool, prompts_per_request: Optional[int]
@@ -191,14 +191,10 @@ class ScoringSelfCheck:
             ids = choices[0].get("prompt_token_ids")
             prompt = tuple(ids) if isinstance(ids, list) and ids else None
             if prompt is None:  # not a vLLM that returns prompt ids: the engine's tokenizer splits the text
-                prompt = self._tokens(model, text)
+                prompt = self.client.tokenize(text, base_model=self.base)
             sequence = output.sequences[0]
             probes.append(_Probe(prompt, sequence.tokens, sequence.logprobs))
         return probes
-
-    def _tokens(self, model: str, text: str) -> Tuple[int, ...]:
-        scored: ScoreOutput = self.client.sample_many([ScoreRequest(text, **self._which(model))])[0]
-        return scored.tokens
 
     def _score_requests(self, model: str, probes: Sequence[_Probe]) -> List[ScoreRequest]:
         return [ScoreRequest(p.prompt, p.tokens, **self._which(model)) for p in probes if p.tokens]
