@@ -39,16 +39,19 @@ ROUTER = "router"
 #: Replicas talked to at once; a larger fleet is served in waves of this many.
 MAX_PARALLEL_REPLICAS = 64
 
-ReplicasSpec = Union[str, Sequence[str], None]
+#: A fleet's replicas: ``"router"`` or replica root URLs; ``replicas=`` also takes None (one engine, no fleet).
+Replicas = Union[str, Sequence[str]]
+ReplicasSpec = Optional[Replicas]
 
 
-def check_replicas(replicas: ReplicasSpec) -> Union[str, Tuple[str, ...], None]:
-    """Validate a ``replicas=`` value before any request: None, ``"router"`` or a sequence of engine root URLs.
+def check_replicas(replicas: Replicas) -> Union[str, Tuple[str, ...]]:
+    """Validate a ``replicas=`` value other than None before any request: ``"router"`` or a sequence of engine root
+    URLs (None, one engine, makes no fleet).
 
     Raises:
         ValueError, TypeError: anything else (an empty list, a URL that is not http(s), a bare word).
     """
-    if replicas is None or replicas == ROUTER:
+    if replicas == ROUTER:
         return replicas
     if isinstance(replicas, str):
         raise ValueError(
@@ -74,13 +77,10 @@ class Fleet:
     """
 
     def __init__(
-        self, front: EngineTransport, replicas: ReplicasSpec, retry: RetryPolicy, transport_options: Dict[str, Any]
+        self, front: EngineTransport, replicas: Replicas, retry: RetryPolicy, transport_options: Dict[str, Any]
     ):
-        spec = check_replicas(replicas)  # ValueError, TypeError: before any request
-        if spec is None:
-            raise ValueError("a Fleet needs replicas: 'router' or replica root URLs")
         self._front = front
-        self._spec = spec
+        self._spec = check_replicas(replicas)  # ValueError, TypeError: before any request
         self._settings = dict(transport_options, max_workers=1)
         self._load_timeout = retry.load_timeout
         self._lock = threading.Lock()
