@@ -108,7 +108,6 @@ class SamplingClient(tinker.SamplingClient):  # type: ignore[misc]
         self._max_outage = max_outage
         self._on_outage = on_outage
         self._lock = threading.Lock()
-        self._model_base: Optional[str] = None
 
     def __repr__(self) -> str:
         if self._model_path is not None:
@@ -121,15 +120,11 @@ class SamplingClient(tinker.SamplingClient):  # type: ignore[misc]
     # -- what is sampled -----------------------------------------------------------------------------------------
 
     def _model(self) -> Dict[str, Any]:
-        """``adapter=`` or ``base_model=`` of every request of this client."""
+        """``adapter=`` or ``base_model=`` of every request of this client (by default the engine's first served base
+        model: the client caches the list)."""
         if self._model_path is not None:
             return {"adapter": self._model_path}
-        if self._given_base_model is not None:
-            return {"base_model": self._given_base_model}
-        with self._lock:
-            if self._model_base is None:
-                self._model_base = self._client.served_base_models()[0]
-            return {"base_model": self._model_base}
+        return {"base_model": self._given_base_model or self._client.served_base_models()[0]}
 
     # -- sampling ------------------------------------------------------------------------------------------------
 
