@@ -6,26 +6,14 @@ so the switch needs neither the client nor ``backoff``, and ``lora_sampler.testi
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 _lock = threading.Lock()
 _on = False
 
 
-class _TestingMode:
-    """Restores the previous testing state when used as a context manager."""
-
-    def __init__(self, previous: bool):
-        self._previous = previous
-
-    def __enter__(self) -> _TestingMode:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        set_testing(self._previous)
-
-
-def set_testing(on: bool = True) -> _TestingMode:
+def set_testing(on: bool = True) -> contextlib.ExitStack:
     """Turn every retry wait into 0 s (attempts are kept), for users' own fast tests.
 
     Works as a call and as a context manager that restores the previous state::
@@ -36,7 +24,9 @@ def set_testing(on: bool = True) -> _TestingMode:
     global _on
     with _lock:
         previous, _on = _on, bool(on)
-    return _TestingMode(previous)
+    restore = contextlib.ExitStack()  # its exit (the with block's end) puts the previous state back
+    restore.callback(set_testing, previous)
+    return restore
 
 
 def is_testing() -> bool:
