@@ -724,15 +724,7 @@ def _evaluator_of(
         raise TypeError("lm_eval_tasks runs lm-eval's tasks on each checkpoint: pass no requests and no evaluator")
     from lora_sampler.lm_eval import LmEvalTasks  # the one import up: the settings name lm-eval's tasks
 
-    return LmEvalTasks(
-        settings.lm_eval_tasks,
-        output_dir=settings.output_dir,
-        include_path=settings.lm_eval_include_path,
-        limit=settings.lm_eval_limit,
-        num_fewshot=settings.lm_eval_num_fewshot,
-        arguments=settings.lm_eval_args,
-        prompts_per_request=settings.prompts_per_request,
-    )
+    return LmEvalTasks(settings)
 
 
 def sweep(

@@ -15,10 +15,11 @@ import json
 import math
 import numbers
 import os
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional
 
 from lora_sampler._files import replacing
 from lora_sampler.batch._evaluator import CheckpointEvaluator, EvaluatedCheckpoint
+from lora_sampler.batch._settings import SweepSettings
 from lora_sampler.lm_eval._model import LoraSamplerLM
 from lora_sampler.lm_eval._tokens import TokenCache, local_tokenizer
 
@@ -34,39 +35,26 @@ class LmEvalTasks(CheckpointEvaluator):
     """Run lm-eval tasks on each checkpoint; its metrics are every number lm-eval reports, as ``<task>/<key>``.
 
     Args:
-        tasks: lm-eval task (or group) names.
-        output_dir: The sweep's output folder: lm-eval's results go to ``<output_dir>/lm-eval/<adapter>.json``.
-        include_path: A folder of task YAMLs of your own.
-        limit: The first N documents of each task (below 1: a fraction).
-        num_fewshot: Examples per prompt.
-        arguments: What else ``simple_evaluate`` takes (``gen_kwargs``, ``apply_chat_template``, ``log_samples``,
-            seeds, ...); its ``model_args`` (a dict, or lm-eval's ``key=value,...``) set each checkpoint's model's
+        settings: The sweep's settings, read as they are: ``lm_eval_tasks`` (task or group names),
+            ``lm_eval_include_path`` (a folder of task YAMLs of your own), ``lm_eval_limit`` (the first N documents
+            of each task; below 1, a fraction), ``lm_eval_num_fewshot``, ``output_dir`` (lm-eval's results go to
+            ``<output_dir>/lm-eval/<adapter>.json``), ``prompts_per_request``, and ``lm_eval_args``: what else
+            ``simple_evaluate`` takes (``gen_kwargs``, ``apply_chat_template``, ``log_samples``, seeds, ...), whose
+            ``model_args`` (a dict, or lm-eval's ``key=value,...``) set each checkpoint's model's
             ``prefix_token_id``, ``max_length`` and ``max_gen_toks``, and ``tokenizer`` (the base model's own, read
             once for every checkpoint).
-        prompts_per_request: Prompts per completion request (the sweep's setting).
     """
 
-    def __init__(
-        self,
-        tasks: Sequence[str],
-        *,
-        output_dir: str,
-        include_path: Optional[str] = None,
-        limit: Optional[float] = None,
-        num_fewshot: Optional[int] = None,
-        arguments: Optional[Mapping[str, Any]] = None,
-        prompts_per_request: Optional[int] = None,
-    ):
-        own = sorted(set(arguments or {}) & set(OWN_ARGUMENTS))
+    def __init__(self, settings: SweepSettings):
+        own = sorted(set(settings.lm_eval_args or {}) & set(OWN_ARGUMENTS))
         if own:
             raise ValueError(
                 f"lm_eval_args sets {', '.join(own)}, which the sweep sets itself: use lm_eval_tasks, "
                 "lm_eval_limit and lm_eval_num_fewshot (the model is each checkpoint)"
             )
-        self.tasks, self.include_path, self.output_dir = list(tasks), include_path, output_dir
+        self.settings, limit = settings, settings.lm_eval_limit
         self.limit = int(limit) if limit is not None and float(limit).is_integer() else limit
-        self.num_fewshot, self.prompts_per_request = num_fewshot, prompts_per_request
-        self.arguments: Dict[str, Any] = {"log_samples": False, **(arguments or {})}
+        self.arguments: Dict[str, Any] = {"log_samples": False, **(settings.lm_eval_args or {})}
         self.model_args = _model_args(self.arguments.pop("model_args", None))
         #: The token cache's tokenizer (one cache serves every checkpoint), not each checkpoint model's setting: read
         #: once, now, so a bad path fails the sweep before any checkpoint.
@@ -86,20 +74,20 @@ class LmEvalTasks(CheckpointEvaluator):
             client=client,
             adapter=adapter,
             token_cache=self.tokens,
-            prompts_per_request=self.prompts_per_request,
+            prompts_per_request=self.settings.prompts_per_request,
             max_outage=checkpoint.max_outage,
             on_outage=checkpoint.on_outage,
             **self.model_args,
         )
         results = simple_evaluate(
             model=model,
-            tasks=self.tasks,
+            tasks=list(self.settings.lm_eval_tasks or ()),  # lm-eval reads a list, not a tuple
             limit=self.limit,
-            num_fewshot=self.num_fewshot,
+            num_fewshot=self.settings.lm_eval_num_fewshot,
             task_manager=self._tasks_index(),
             **self.arguments,
         )
-        _write_results(os.path.join(self.output_dir, RESULTS_FOLDER, f"{adapter.name}.json"), results)
+        _write_results(os.path.join(self.settings.output_dir, RESULTS_FOLDER, f"{adapter.name}.json"), results)
         return metrics_of(results)
 
     def _tasks_index(self) -> Any:
@@ -112,12 +100,13 @@ class LmEvalTasks(CheckpointEvaluator):
         if self._task_manager is None:
             from lm_eval.tasks import TaskManager
 
-            if self.include_path is not None:
-                own = TaskManager(include_path=self.include_path, include_defaults=False)
-                if set(self.tasks) <= set(own.all_subtasks):
+            folder = self.settings.lm_eval_include_path
+            if folder is not None:
+                own = TaskManager(include_path=folder, include_defaults=False)
+                if set(self.settings.lm_eval_tasks or ()) <= set(own.all_subtasks):
                     self._task_manager = own
                     return own
-            self._task_manager = TaskManager(include_path=self.include_path)
+            self._task_manager = TaskManager(include_path=folder)
         return self._task_manager
 
 

@@ -19,7 +19,7 @@ import pytest
 from _lm_eval_tasks import write_byte_tokenizer
 
 import lora_sampler
-from lora_sampler import OutageEvent, RetryPolicy, SamplerClient
+from lora_sampler import OutageEvent, RetryPolicy, SamplerClient, SweepSettings
 from lora_sampler._wire.routes import COMPLETIONS_PATH, TOKENIZE_PATH
 from lora_sampler.batch import EvaluatedCheckpoint
 from lora_sampler.cli import main
@@ -165,7 +165,11 @@ def test_lm_eval_evaluator_holds_its_requests_through_an_outage_and_says_so(
     probed, and runs again; ``on_outage`` hears of it. The numbers are those of a run without the outage.
     """
     attempts = RetryPolicy().max_attempts
-    evaluator = LmEvalTasks(["tiny_mc"], output_dir=str(tmp_path / "out"), include_path=str(tasks), arguments=ARGUMENTS)
+    evaluator = LmEvalTasks(
+        SweepSettings(
+            str(tmp_path / "out"), lm_eval_tasks=["tiny_mc"], lm_eval_include_path=str(tasks), lm_eval_args=ARGUMENTS
+        )
+    )
     events: List[OutageEvent] = []
     with SamplerClient(engine.url, lora_base_dir=lora_dir, max_workers=1) as client:
         adapter = client.publish(checkpoint)

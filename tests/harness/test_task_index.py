@@ -12,7 +12,7 @@ from typing import Any, Dict, List
 import lm_eval.tasks
 import pytest
 
-from lora_sampler import SamplerClient
+from lora_sampler import SamplerClient, SweepSettings
 from lora_sampler.batch import EvaluatedCheckpoint
 from lora_sampler.lm_eval import LmEvalTasks
 from lora_sampler.testing import FakeEngine
@@ -41,7 +41,11 @@ def write_group(folder: Path) -> None:
 
 def evaluate(engine: FakeEngine, tasks: Path, names: List[str], checkpoint: str, tmp_path: Path) -> Dict[str, float]:
     """The tasks on one checkpoint, twice (as a sweep's two checkpoints): the same numbers each time."""
-    evaluator = LmEvalTasks(names, output_dir=str(tmp_path / "out"), include_path=str(tasks), arguments=ARGUMENTS)
+    evaluator = LmEvalTasks(
+        SweepSettings(
+            str(tmp_path / "out"), lm_eval_tasks=names, lm_eval_include_path=str(tasks), lm_eval_args=ARGUMENTS
+        )
+    )
     with SamplerClient(engine.url, lora_base_dir=engine.lora_dir) as client:
         adapter = client.publish(checkpoint)
         first = evaluator(EvaluatedCheckpoint(client, adapter))
