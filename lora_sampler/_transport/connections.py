@@ -212,8 +212,12 @@ class Watchdog:
         self._next = math.inf
         self._thread: Optional[threading.Thread] = None
 
-    def arm(self, slot: Slot, started: float, overall: float, read: float) -> None:
-        """Watch the exchange in ``slot``, started at ``started``: cut it at ``answer_deadline``."""
+    def arm(self, slot: Slot, connect: float, read: float) -> float:
+        """Begin an exchange in ``slot`` now and watch it: cut it at ``answer_deadline``; return its overall deadline
+        (``connect + read`` seconds from now)."""
+        slot.begin()
+        started = time.monotonic()
+        overall = started + connect + read
         with self._lock:
             self._armed[slot] = (overall, read)
             if self._thread is None:
@@ -223,11 +227,13 @@ class Watchdog:
             # (rare: most exchanges share one timeout, so each new deadline is later than those armed before).
             if min(overall, started + read) < self._next:
                 self._wakeup.notify()
+        return overall
 
     def disarm(self, slot: Slot) -> None:
-        """Stop watching ``slot`` (its exchange is over)."""
+        """Stop watching ``slot`` and end its exchange: no cut can reach its connection any more."""
         with self._lock:
             self._armed.pop(slot, None)
+        slot.end()
 
     def _run(self) -> None:
         with self._lock:

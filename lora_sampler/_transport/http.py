@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import time
 from typing import Any, Callable, Mapping, Optional, TypeVar, Union
 
 import requests
@@ -215,12 +214,9 @@ class EngineTransport:
         if self._pid != os.getpid():
             self.check_process()
         connect, read = split_timeout(exchange.timeout)
-        started = time.monotonic()
-        overall = started + connect + read
         slot = current_slot()
-        slot.begin()
         guard = watchdog()
-        guard.arm(slot, started, overall, read)
+        overall = guard.arm(slot, connect, read)
         response: Optional[requests.Response] = None
         try:
             try:
@@ -229,8 +225,7 @@ class EngineTransport:
                     response.raw, lambda: answer_deadline(slot, overall, read), self.max_response_bytes
                 )
             finally:
-                guard.disarm(slot)
-                slot.end()  # no cut can reach the connection once it may serve another thread's request
+                guard.disarm(slot)  # no cut can reach the connection once it may serve another thread's request
             if slot.cut != CUT_DEADLINE:
                 return Answer(response.status_code, str(response.reason or ""), response.headers, content)
         except CAUGHT as exc:  # the one translation of the libraries' exceptions

@@ -66,11 +66,8 @@ class WatchdogMachine(RuleBasedStateMachine):
         if index in self.exchanges:
             self.disarm(index)
         slot = self.slots[index]
-        slot.begin()
-        started = time.monotonic()
-        exchange = Exchange(slot, started + connect + read, read)
+        exchange = Exchange(slot, self.watchdog.arm(slot, connect, read), read)
         slot.attach(exchange.connection)  # type: ignore[arg-type]
-        self.watchdog.arm(slot, started, exchange.overall, read)
         self.exchanges[index] = exchange
 
     @rule(index=st.integers(0, 3))
@@ -84,9 +81,8 @@ class WatchdogMachine(RuleBasedStateMachine):
         exchange = self.exchanges.pop(index, None)
         if exchange is None:
             return
+        exchange.final_deadline = exchange.deadline  # before disarm ends the exchange (the slot may then serve another)
         self.watchdog.disarm(exchange.slot)
-        exchange.final_deadline = exchange.deadline
-        exchange.slot.end()
         exchange.disarmed_with = len(exchange.connection.sock.shutdowns)
         self.finished.append(exchange)
 
