@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import pytest
 import requests
 import responses
 
-from lora_sampler import SamplerClient
+from lora_sampler import BadRequestError, SamplerClient
 from lora_sampler._transport.connections import RecordingHTTPConnectionPool
 from lora_sampler._transport.http import POOL_HEADROOM, normalise_base_url
 
@@ -56,6 +57,25 @@ def test_http_explicit_key_wins_and_no_key_sends_no_header(monkeypatch: Any) -> 
         client.sample([1], base_model="b")
     assert responses.calls[0].request.headers["Authorization"] == "Bearer arg-key"
     assert "Authorization" not in responses.calls[1].request.headers
+
+
+@responses.activate
+def test_http_netrc_login_is_sent_as_basic_auth_and_its_password_redacted(monkeypatch: Any, tmp_path: Any) -> None:
+    """With no API key and no user:password@, $NETRC's login for the host is sent, as requests sends it; an engine
+    echoing the password in an error shows it as ***."""
+    for variable in ("LORA_SAMPLER_API_KEY", "VLLM_API_KEY"):
+        monkeypatch.delenv(variable, raising=False)
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine h login alice password pw-netrc-secret\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    echo = {"error": {"message": "bad request from alice:pw-netrc-secret"}}
+    responses.add(responses.POST, "http://h/v1/completions", status=400, json=echo)
+    with SamplerClient("http://h") as client, pytest.raises(BadRequestError) as info:
+        client.sample([1], base_model="b")
+    sent = responses.calls[0].request.headers["Authorization"]
+    assert sent == "Basic " + base64.b64encode(b"alice:pw-netrc-secret").decode()
+    assert "pw-netrc-secret" not in str(info.value) and "***" in str(info.value)
 
 
 def test_http_pool_is_sized_to_max_workers() -> None:
