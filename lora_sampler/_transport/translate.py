@@ -212,9 +212,9 @@ class Translator:
                 adapter=exchange.adapter,
             )
         else:
-            sent = bool(self.secrets) or "Authorization" in exchange.headers
+            # The key (or a basic-auth password) is what the secrets hold; an exchange's own headers never carry one.
             error = EngineStatusError.from_response(
-                response, model=exchange.model, adapter=exchange.adapter, key_sent=sent, proxy=self.proxy
+                response, model=exchange.model, adapter=exchange.adapter, key_sent=bool(self.secrets), proxy=self.proxy
             )
         error.message = self.secrets.redact(error.message)
         error.engine_message = self.secrets.redact(error.engine_message)
