@@ -548,24 +548,26 @@ def _run_lines(args: argparse.Namespace, line_format: Optional[LineFormat] = Non
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Check the flags and the engine, then sweep every checkpoint through one client."""
     settings = settings_from(args)  # every sweep setting, checked once (the messages name the flags)
-    _check_sweep_args(args)
-    return run_job(args, lambda client: run_sweep(client, args, settings))  # each checkpoint checked as published
+    evaluator = _check_sweep_args(args)
+    return run_job(args, lambda client: run_sweep(client, args, settings, evaluator))  # each checked as published
 
 
-def _check_sweep_args(args: argparse.Namespace) -> None:
-    """Refuse sweep flags that cannot work, before any request."""
+def _check_sweep_args(args: argparse.Namespace) -> Optional[CheckpointEvaluator]:
+    """Refuse sweep flags that cannot work, before any request; return the ``--evaluator``'s evaluator (None
+    without one)."""
     if not args.lora_base_dir:
         raise UsageError("sweep needs --lora-base-dir (the engine's resolver folder) to publish each checkpoint into")
-    _check_sweep_work(args)
+    evaluator = _sweep_evaluator(args)
     if args.manifest and not args.watch and not is_storage_url(args.manifest) and not os.path.isfile(args.manifest):
         raise UsageError(f"--manifest {args.manifest} is not a file (pass --watch to wait for it)")
     if args.plot:
         check_plot_dependency()  # its ImportError names the plot extra
+    return evaluator
 
 
-def _check_sweep_work(args: argparse.Namespace) -> None:
-    """Exactly one of --input, --evaluator and --lm-eval-tasks, and that one usable (an --evaluator is loaded into
-    ``args.evaluator_object``)."""
+def _sweep_evaluator(args: argparse.Namespace) -> Optional[CheckpointEvaluator]:
+    """Exactly one of --input, --evaluator and --lm-eval-tasks, and that one usable; return the --evaluator's
+    evaluator, loaded (None for the other two)."""
     works = {"--input": args.input, "--evaluator": args.evaluator, "--lm-eval-tasks": args.lm_eval_tasks}
     given = [flag for flag, value in works.items() if value is not None]
     if len(given) != 1:
@@ -579,9 +581,10 @@ def _check_sweep_work(args: argparse.Namespace) -> None:
     elif args.evaluator is not None:
         if args.score:
             raise UsageError("--score scores --input lines; an --evaluator computes its own metrics")
-        args.evaluator_object = _load_evaluator(args.evaluator)
+        return _load_evaluator(args.evaluator)
     else:
         _check_sweep_input(args.input)
+    return None
 
 
 def _load_evaluator(spec: str) -> CheckpointEvaluator:

@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._client.progress import ProgressBar
 from lora_sampler._views import printable
+from lora_sampler.batch._evaluator import CheckpointEvaluator
 from lora_sampler.batch._ledger import read_ledger
 from lora_sampler.batch._lines import PROMPT_LINES, InputLine
 from lora_sampler.batch._settings import SweepSettings
@@ -47,8 +48,14 @@ def check_plot_dependency() -> None:
         raise ImportError(_PLOT_EXTRA) from None
 
 
-def run_sweep(client: SamplerClient, args: argparse.Namespace, settings: SweepSettings) -> int:
-    """Sweep the checkpoints the flags name; print each as it finishes and the table at the end; return the status."""
+def run_sweep(
+    client: SamplerClient,
+    args: argparse.Namespace,
+    settings: SweepSettings,
+    evaluator: Optional[CheckpointEvaluator] = None,
+) -> int:
+    """Sweep the checkpoints the flags name (each through ``evaluator`` when given, else ``--input``'s lines); print
+    each as it finishes and the table at the end; return the status."""
     bar = ProgressBar(None, lambda: client.retries, unit="line", terminal=True, quiet=args.quiet)
     on_event = counting_rows(bar, PROMPT_LINES.message_of)
 
@@ -56,7 +63,6 @@ def run_sweep(client: SamplerClient, args: argparse.Namespace, settings: SweepSe
         on_event(kind, line, record)  # from several checkpoints' threads: the bar counts under its own lock
 
     checkpoints = Manifest(args.manifest) if args.manifest else list(args.checkpoints)
-    evaluator = getattr(args, "evaluator_object", None)
 
     def on_state(state: str) -> None:
         if not args.quiet:
@@ -77,7 +83,7 @@ def run_sweep(client: SamplerClient, args: argparse.Namespace, settings: SweepSe
             with logs_above(bar):
                 for report in sweep.run():
                     if not args.quiet:
-                        bar.say(report_line(report, evaluator is not None or settings.lm_eval_tasks is not None))
+                        bar.say(report_line(report))
                     for note in report.notes if not report.resumed else ():
                         bar.say(printable(f"lora-sampler: {report.checkpoint}: note: {note}"))
         finally:
@@ -88,14 +94,14 @@ def run_sweep(client: SamplerClient, args: argparse.Namespace, settings: SweepSe
         return _finish(entries, args, interrupts)
 
 
-def report_line(report: CheckpointReport, metrics: bool = False) -> str:
-    """The line printed for a finished checkpoint: its name (control characters escaped), rows (an evaluator's
-    metrics) or its error."""
+def report_line(report: CheckpointReport) -> str:
+    """The line printed for a finished checkpoint: its name (control characters escaped), its rows (an evaluator's
+    metrics, when it has any) or its error."""
     name = printable(report.checkpoint)
     if report.resumed:
         return f"lora-sampler: {name}: done by an earlier run ({report.rows} rows)"
     detail = report.error["message"] if report.error else f"{report.rows} rows, {report.failed} failed"
-    if metrics and not report.error:
+    if report.metrics and not report.error:
         detail = ", ".join(f"{metric} {_cell(value)}" for metric, value in report.metrics.items())
     return printable(f"lora-sampler: {name}: {detail} ({report.seconds:.1f} s)")
 
