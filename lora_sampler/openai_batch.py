@@ -21,6 +21,7 @@ Parsing and records only: no HTTP and no threads.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import uuid
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
@@ -99,12 +100,7 @@ def first_line(lines: Iterable[bytes]) -> Tuple[Optional[bytes], Iterator[bytes]
         head.append(raw)
         if not is_blank(raw):
             break
-
-    def replay() -> Iterator[bytes]:
-        yield from head
-        yield from source
-
-    return (head[-1] if head and head[-1].strip() else None), replay()
+    return (head[-1] if head and not is_blank(head[-1]) else None), itertools.chain(head, source)
 
 
 def file_format(path: str) -> str:
@@ -292,13 +288,12 @@ def batch_error_record(
     line: InputLine, error: Union[BaseException, str], model: Optional[str] = None
 ) -> Dict[str, Any]:
     """Return the output line of a failed request (the status and the engine's error body, or the reason)."""
-    custom_id = line.id if isinstance(line.id, str) else None
     if isinstance(error, EngineStatusError):
-        request_id = getattr(error, "request_id", None) or _output_id()
+        request_id = error.request_id or _output_id()
         response = {"status_code": error.status, "request_id": request_id, "body": None}
-        return _output_line(custom_id, response, _engine_error_body(error))
+        return _output_line(line.id, response, _engine_error_body(error))
     kind, message = error_text(line, error)
-    return _output_line(custom_id, None, {"message": message, "type": kind, "line": line.line_number})
+    return _output_line(line.id, None, {"message": message, "type": kind, "line": line.line_number})
 
 
 def _engine_error_body(error: EngineStatusError) -> Dict[str, Any]:

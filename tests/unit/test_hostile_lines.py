@@ -15,7 +15,7 @@ import pytest
 
 from lora_sampler.batch import LineDefaults, parse_line, read_input, to_json_line, write_record
 from lora_sampler.errors import BatchInputError, LoraSamplerError
-from lora_sampler.openai_batch import detect_format, parse_batch_line
+from lora_sampler.openai_batch import detect_format, first_line, parse_batch_line
 
 DEFAULTS = LineDefaults(base_model="m")
 #: What the batch format needs besides the model: the defaults name none, so body.model does.
@@ -68,6 +68,13 @@ def test_lines_of_vertical_tab_or_form_feed_get_a_row(raw: bytes) -> None:
     """A line of \\x0b or \\x0c is not blank to JSON: it gets an error row (it vanished before)."""
     for parsed in (parse_line(raw, 2, DEFAULTS), parse_batch_line(raw, 2, BATCH_DEFAULTS)):
         assert parsed is not None and parsed.request is None and "not valid JSON" in parsed.error
+
+
+def test_lines_a_first_line_of_vertical_tab_is_no_blank_line_to_format_detection() -> None:
+    """The input's first line is found by the readers' blank rule: a line of \\x0b is a line (it was skipped)."""
+    first, lines = first_line([b"\n", b"\x0b\n", b"{}\n"])
+    assert first == b"\x0b\n" and list(lines) == [b"\n", b"\x0b\n", b"{}\n"]
+    assert first_line([b"\n", b" \t\r\n"])[0] is None
 
 
 def test_lines_blank_lines_of_json_whitespace_still_vanish() -> None:
