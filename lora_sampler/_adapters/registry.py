@@ -207,11 +207,10 @@ class AdapterRegistry:
         try:
             removed = remove_if_unleased(self.lora_base_dir, name)
         except OSError as exc:
-            removed, why = False, f"; its folder {name} could not be removed from lora_base_dir ({exc})"
+            why = f"; its folder {name} could not be removed from lora_base_dir ({exc})"
         else:
-            why = "" if removed else f"; its folder {name} is kept: another run holds a lease on it"
-        if removed:
-            why = f"; the adapter folder {name} it published was removed again"
+            kept = f"; its folder {name} is kept: another run holds a lease on it"
+            why = f"; the adapter folder {name} it published was removed again" if removed else kept
         return AdapterConfigError(f"{error}{why}")
 
     def close(self) -> None:
@@ -281,6 +280,9 @@ class AdapterRegistry:
         from lora_sampler._adapters.lease import remove_if_unleased
 
         validate_adapter_name(name, argument="adapter")
+        folder = self.lora_base_dir if delete_files else None
+        if delete_files and folder is None:
+            raise ValueError("delete_files=True needs lora_base_dir= (the folder to delete the adapter's files from)")
         if self._fleet is not None:
             self._fleet.unload_everywhere(name)  # raises naming the replicas that did not let go
         else:
@@ -290,15 +292,12 @@ class AdapterRegistry:
             for key in [key for key, resolved in self._resolved.items() if resolved.name == name]:
                 del self._resolved[key]
         self.release_lease(name)
-        if delete_files:
-            if self.lora_base_dir is None:
-                raise ValueError("delete_files=True needs lora_base_dir=")
-            if not remove_if_unleased(self.lora_base_dir, name):
-                logger.warning(
-                    "Kept the folder of adapter %r in %s: another run holds a lease on it (it is still sampling it)",
-                    name,
-                    self.lora_base_dir,
-                )
+        if folder is not None and not remove_if_unleased(folder, name):
+            logger.warning(
+                "Kept the folder of adapter %r in %s: another run holds a lease on it (it is still sampling it)",
+                name,
+                folder,
+            )
 
     def _unload_from_engine(self, name: str, session_id: Optional[str]) -> None:
         transport = self._transport

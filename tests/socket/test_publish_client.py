@@ -204,6 +204,13 @@ def test_publish_needs_a_resolver_dir(engine: FakeEngine, tmp_path: Path) -> Non
         client.publish(make_archive(tmp_path, "x", engine.model))
 
 
+def test_unload_delete_files_without_a_resolver_dir_is_refused_before_the_unload(engine: FakeEngine) -> None:
+    """delete_files=True without lora_base_dir names the missing argument, and the engine is not asked to unload."""
+    with SamplerClient(engine.url) as client, pytest.raises(ValueError, match="delete_files=True needs lora_base_dir"):
+        client.unload("some-adapter", delete_files=True)
+    assert engine.calls("/v1/unload_lora_adapter") == 0
+
+
 def test_publish_adapter_value_is_accepted(engine: FakeEngine, tmp_path: Path) -> None:
     """An Adapter value samples by its name."""
     with client_for(engine, tmp_path) as client:
