@@ -24,7 +24,7 @@ import zlib
 from contextlib import closing, suppress
 from dataclasses import dataclass
 from functools import partial
-from typing import IO, Any, Callable, Dict, Iterable, Optional, Sequence, Tuple, cast
+from typing import IO, Any, Callable, Dict, Iterable, Iterator, Optional, Sequence, Tuple, cast
 
 from lora_sampler._adapters.archive import (
     ARCHIVE_FIX,
@@ -110,9 +110,9 @@ def copy_files(
 ) -> None:
     """Copy ``(relative path, size, opener)`` files into the existing, empty folder ``dest``, as plain files.
 
-    The sizes are known up front, so ``limits.max_total_bytes`` and the free space of ``dest``'s filesystem are
-    checked before the first byte is written. The paths (object keys in storage may hold ``..`` or absolute parts)
-    go through the archive members' rules and bounds first.
+    Each file is a member like an archive's, held to the same rules (object keys in storage may hold ``..`` or
+    absolute parts) and bounds and written by the same loop. The paths and sizes are known up front, so every path,
+    ``limits.max_total_bytes`` and the free space of ``dest``'s filesystem are checked before the first byte is read.
 
     Raises:
         UnsafeArchiveError: a path is hostile, or the files exceed one of ``limits``.
@@ -126,39 +126,31 @@ def copy_files(
             f"{size} bytes), more than max_total_bytes={limits.max_total_bytes}; " + _raise_hint("max_total_bytes")
         )
     writer = _Writer(source, dest, durable)
-    _check_stored_paths(source, [rel for rel, _, _ in files], limits, writer.name_max)
+    members = [(tarfile.TarInfo(rel), size, opener) for rel, size, opener in files]
+    checked = list(_checked(members, source, limits, writer.name_max))  # every path before any byte
     writer.check_free_space(total, files[0][0] if files else "")
-    for rel, size, opener in files:
-        with closing(opener()) as chunks:
-            writer.write_file(rel, chunks, size)
+    _write_members(checked, source, limits, writer)
     writer.finish()
 
 
-def _check_stored_paths(source: str, rels: Sequence[str], limits: PublishLimits, name_max: int) -> None:
-    """Hold object keys to the rules of archive members: relative, no ``..``, no duplicates, within the bounds."""
-    if len(rels) > limits.max_members:
-        raise UnsafeArchiveError(
-            f"refusing checkpoint {source}: {len(rels)} files, more than max_members={limits.max_members}; an "
-            "adapter checkpoint holds a handful of files. " + _raise_hint("max_members")
-        )
-    kinds: Dict[str, bool] = {}
-    for rel in rels:
-        if _admitted(tarfile.TarInfo(rel), source, limits, name_max, kinds) != rel:
+def _checked(
+    members: Iterable[Tuple[tarfile.TarInfo, int, FileOpener]], source: str, limits: PublishLimits, name_max: int
+) -> Iterator[Tuple[str, tarfile.TarInfo, int, FileOpener]]:
+    """Hold each member (of an archive, or a folder's file) to the member count, the members' rules, its name to the
+    bounds and the filesystem, and the layout so far; yield it with its relative path (the archive's root left out).
+    """
+    kinds: Dict[str, bool] = {}  # relative path -> is a folder
+    for count, (member, size, opener) in enumerate(members, 1):
+        if count > limits.max_members:
             raise UnsafeArchiveError(
-                f"refusing checkpoint {source}: the file {rel!r} has an unusual path; {ARCHIVE_FIX}"
+                f"refusing archive {source}: more than max_members={limits.max_members} members (member "
+                f"{member.name!r}); an adapter checkpoint holds a handful of files. " + _raise_hint("max_members")
             )
-
-
-def _admitted(
-    member: tarfile.TarInfo, source: str, limits: PublishLimits, name_max: int, kinds: Dict[str, bool]
-) -> Optional[str]:
-    """Hold one member (of an archive, or a stored folder's key) to the members' rules, its name to the bounds and
-    the filesystem, and the layout so far (``kinds``); return its relative path (None for the archive's root)."""
-    rel = check_member(member, source)
-    if rel is not None:
-        _check_name(rel, member, source, limits, name_max)
-        check_layout(rel, member, kinds, source)
-    return rel
+        rel = check_member(member, source)
+        if rel is not None:
+            _check_name(rel, member, source, limits, name_max)
+            check_layout(rel, member, kinds, source)
+            yield rel, member, size, opener
 
 
 def extract_archive(
@@ -203,7 +195,8 @@ def extract_archive(
             compressed = io.BufferedReader(raw, buffer_size=COPY_CHUNK_SIZE)
             stream = _TarStream(_decompressor(compressed), archive, limits.max_header_bytes)
             with tarfile.open(fileobj=cast(IO[bytes], stream), mode="r:") as tar:
-                _extract_members(tar, archive, dest, limits, writer)
+                members = _checked(_tar_members(tar, archive), archive, limits, writer.name_max)
+                _write_members(members, archive, limits, writer)
                 end = tar.offset  # where the end-of-archive marker (or a damaged header) starts
             stream.finish(end, archive)  # the gzip CRC and length, bzip2's and xz's checks are verified here
             while compressed.read(COPY_CHUNK_SIZE):  # bytes after the last compressed stream (bz2/xz ignore them)
@@ -219,42 +212,40 @@ def extract_archive(
     return digest
 
 
-def _extract_members(tar: tarfile.TarFile, archive: str, dest: str, limits: PublishLimits, writer: _Writer) -> None:
-    """Check each member of ``tar`` and write the folders and regular files among them into ``dest``."""
-    data_filter = getattr(tarfile, "data_filter", None)
-    kinds: Dict[str, bool] = {}  # relative path -> is a folder
-    for count, member in enumerate(tar, 1):
-        if count > limits.max_members:
-            raise UnsafeArchiveError(
-                f"refusing archive {archive}: more than max_members={limits.max_members} members (member "
-                f"{member.name!r}); an adapter checkpoint holds a handful of files. " + _raise_hint("max_members")
-            )
-        rel = _admitted(member, archive, limits, writer.name_max, kinds)
-        if rel is None:
-            continue
-        if data_filter is not None:
-            run_data_filter(data_filter, member, dest, archive)
-        if member.isdir():
-            writer.make_folder(rel)
-        else:
-            _extract_file(tar, member, rel, archive, limits, writer)
+def _tar_members(tar: tarfile.TarFile, archive: str) -> Iterator[Tuple[tarfile.TarInfo, int, FileOpener]]:
+    """Each member of ``tar`` with its size and the reader of its data (read before the next member is)."""
+    for member in tar:
+        yield member, member.size, partial(_member_chunks, tar, member, archive)
 
 
-def _extract_file(
-    tar: tarfile.TarFile, member: tarfile.TarInfo, rel: str, archive: str, limits: PublishLimits, writer: _Writer
-) -> None:
-    """Write one regular file member, within the total size bound and the free space."""
-    if writer.total + member.size > limits.max_total_bytes:
-        raise UnsafeArchiveError(
-            f"refusing archive {archive}: member {member.name!r} ({member.size} bytes) brings the "
-            f"extracted size past max_total_bytes={limits.max_total_bytes}; " + _raise_hint("max_total_bytes")
-        )
-    writer.check_free_space(member.size, member.name)
+def _member_chunks(tar: tarfile.TarFile, member: tarfile.TarInfo, archive: str) -> Chunks:
     src = tar.extractfile(member)
-    if src is None:  # pragma: no cover - check_member admits only regular files here
+    if src is None:  # pragma: no cover - check_member admits only regular files and folders
         raise UnsafeArchiveError(f"refusing archive {archive}: member {member.name!r} has no data")
     with src:
-        writer.write_file(rel, iter(partial(src.read, COPY_CHUNK_SIZE), b""), member.size)
+        yield from iter(partial(src.read, COPY_CHUNK_SIZE), b"")
+
+
+def _write_members(
+    members: Iterable[Tuple[str, tarfile.TarInfo, int, FileOpener]], source: str, limits: PublishLimits, writer: _Writer
+) -> None:
+    """Write checked members into the writer's folder: folders, and regular files within the total size bound and
+    the free space. tarfile's ``data`` filter, where it exists, has the last word on each."""
+    data_filter = getattr(tarfile, "data_filter", None)
+    for rel, member, size, opener in members:
+        if data_filter is not None:
+            run_data_filter(data_filter, member, writer.dest, source)
+        if member.isdir():
+            writer.make_folder(rel)
+            continue
+        if writer.total + size > limits.max_total_bytes:
+            raise UnsafeArchiveError(
+                f"refusing archive {source}: member {member.name!r} ({size} bytes) brings the "
+                f"extracted size past max_total_bytes={limits.max_total_bytes}; " + _raise_hint("max_total_bytes")
+            )
+        writer.check_free_space(size, member.name)
+        with closing(opener()) as chunks:
+            writer.write_file(rel, chunks, size)
 
 
 class _HashingReader(io.RawIOBase):
