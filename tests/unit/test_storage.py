@@ -6,14 +6,15 @@ import pathlib
 import sys
 import tarfile
 import threading
-from typing import Any, Dict, Iterator, List, Optional
+from functools import partial
+from typing import Any, Dict, List, Optional
 
 import pytest
 
 from lora_sampler._adapters import storage
-from lora_sampler._adapters.extract import extract_archive
+from lora_sampler._adapters.extract import PublishLimits, copy_files, extract_archive
 from lora_sampler._defaults import DEFAULT_STORAGE_MIN_RATE, DEFAULT_TIMEOUT
-from lora_sampler.errors import PublishError
+from lora_sampler.errors import PublishError, UnsafeArchiveError
 from lora_sampler.publish import checkpoint_digest, publish_checkpoint
 from lora_sampler.testing import write_adapter
 from lora_sampler.types import is_checkpoint_path, is_storage_url
@@ -27,11 +28,11 @@ def make_archive(tmp_path: pathlib.Path) -> pathlib.Path:
     return archive
 
 
-def chunks_of(data: bytes, size: int) -> Iterator[bytes]:
+def chunks_of(data: bytes, size: int) -> storage.Chunks:
     yield from (data[i : i + size] for i in range(0, len(data), size))
 
 
-def download(chunks: Iterator[bytes], size: int, options: Optional[Dict[str, Any]] = None) -> storage.Chunks:
+def download(chunks: storage.Chunks, size: int, options: Optional[Dict[str, Any]] = None) -> storage.Chunks:
     """What ``open_object`` hands out, over ``chunks`` instead of a store's."""
     return storage._download(chunks, storage.StoredObject("s3://b/k", size, None, None, False), options)
 
@@ -93,7 +94,7 @@ def test_storage_download_error_blanks_the_secrets(monkeypatch: pytest.MonkeyPat
     """A download error naming a secret of the options or the environment is raised with the secret blanked."""
     monkeypatch.setenv("AWS_SESSION_TOKEN", "token-from-env-123")
 
-    def failing() -> Iterator[bytes]:
+    def failing() -> storage.Chunks:
         yield b"ab"
         raise ConnectionError("reset by peer; key=hunter2secret token-from-env-123")
 
@@ -111,7 +112,7 @@ def test_storage_reader_reads_only_what_is_asked_and_closing_ends_the_download(t
     fetched: List[int] = []
     closed = threading.Event()
 
-    def forever() -> Iterator[bytes]:
+    def forever() -> storage.Chunks:
         try:
             while True:
                 fetched.append(1)
@@ -154,3 +155,34 @@ def test_storage_deadlines_come_from_the_options_else_the_timeout() -> None:
 def test_storage_glob_translation(pattern: str, name: str, matches: bool) -> None:
     """``*``/``?`` stay in a segment, ``**`` crosses them, sets work, and regex characters in keys are literal."""
     assert bool(storage._glob_regex(pattern).fullmatch(name)) is matches
+
+
+@pytest.mark.parametrize(
+    ("keys", "limits", "refusal"),
+    [
+        (["adapter_config.json", "sub/../../escape.bin"], PublishLimits(), r"'\.\.' segment"),
+        (["adapter_config.json", "b", "c"], PublishLimits(max_members=2), r"max_members=2 members \(member 'c'\)"),
+        (["a/b", "a//b"], PublishLimits(), "appears twice"),
+    ],
+)
+def test_storage_folder_keys_are_checked_before_any_download(
+    tmp_path: pathlib.Path, keys: List[str], limits: PublishLimits, refusal: str
+) -> None:
+    """A stored folder's keys go through the archive members' checks, every one before the first object is read."""
+    opened: List[str] = []
+
+    def opener(key: str) -> storage.Chunks:
+        opened.append(key)
+        yield b"{}"
+
+    files = [(key, 2, partial(opener, key)) for key in keys]
+    with pytest.raises(UnsafeArchiveError, match=refusal):
+        copy_files("s3://b/step-7", files, str(tmp_path), limits=limits)
+    assert opened == [] and list(tmp_path.iterdir()) == []
+
+
+def test_storage_folder_key_is_taken_like_the_tar_member_of_that_name(tmp_path: pathlib.Path) -> None:
+    """``sub//x`` and ``./y`` are the files ``sub/x`` and ``y``, as the tar members of those names would be."""
+    files = [(key, 1, partial(chunks_of, b"z", 1)) for key in ("sub//x", "./y")]
+    copy_files("s3://b/step-7", files, str(tmp_path))
+    assert (tmp_path / "sub" / "x").read_bytes() == b"z" and (tmp_path / "y").read_bytes() == b"z"
