@@ -1,10 +1,11 @@
 """One pass from a checkpoint to files on the target filesystem: hashing, decompression, bounds, verification.
 
-``extract_archive`` reads an archive (a file, or a stream from storage) once, front to back: it hashes the raw
-bytes, decompresses them with the standard library's buffered readers, lets tarfile read the uncompressed stream,
-writes each checked member, and reads to the end so the compressed stream's own checks run. ``copy_files`` copies a
-folder checkpoint's files. Both stay inside the folder they are handed and raise ``PublishError`` for what goes
-wrong on either side (a corrupted archive, a bound, a full disk).
+``extract_archive`` reads an archive (a file, or an object's chunks from storage) once, front to back: it hashes
+the raw bytes, decompresses them with the standard library's buffered readers, lets tarfile read the uncompressed
+stream, writes each checked member, and reads to the end so the compressed stream's own checks run. ``copy_files``
+copies a folder checkpoint's files, each taken as a member: one loop checks (``_checked``) and writes
+(``_write_members``) both. Both stay inside the folder they are handed and raise ``PublishError`` for what goes wrong
+on either side (a corrupted archive, a bound, a full disk).
 """
 
 from __future__ import annotations
