@@ -89,17 +89,22 @@ def read_published(lora_base_dir: str, name: str) -> Optional[PublishedAdapter]:
     )
 
 
+def local_adapter_names(lora_base_dir: str) -> List[str]:
+    """Return the adapter folders in ``lora_base_dir`` (hidden folders, such as publish temporaries, left out)."""
+    try:
+        entries = list(os.scandir(lora_base_dir))
+    except OSError:
+        return []
+    return [entry.name for entry in entries if not entry.name.startswith(".") and entry.is_dir()]
+
+
 def published_adapters(lora_base_dir: str) -> List[PublishedAdapter]:
     """Return every adapter folder of ``lora_base_dir``, oldest first (hidden folders such as leases left out).
 
     A folder counts when it holds ``adapter_config.json`` or lora_sampler's marker.
     """
-    try:
-        names = [entry.name for entry in os.scandir(lora_base_dir) if not entry.name.startswith(".") and entry.is_dir()]
-    except OSError:
-        return []
     found = []
-    for name in names:
+    for name in local_adapter_names(lora_base_dir):
         adapter = read_published(lora_base_dir, name)
         if adapter is not None and (
             os.path.isfile(os.path.join(adapter.path, CONFIG_FILE)) or adapter.digest is not None

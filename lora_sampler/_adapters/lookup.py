@@ -17,6 +17,7 @@ import re
 import time
 from typing import Any, List, Optional, Sequence
 
+from lora_sampler._adapters.inventory import local_adapter_names, read_published
 from lora_sampler._transport.http import EngineTransport
 from lora_sampler._wire.answers import model_cards
 from lora_sampler._wire.routes import MODELS_PATH
@@ -73,8 +74,6 @@ def find_adapter(name: str, lora_base_dir: str, transport: EngineTransport) -> A
 
 def _described(names: Sequence[str], lora_base_dir: str) -> str:
     """The suggestions, each with where it comes from and its age, so look-alikes can be told apart."""
-    from lora_sampler._adapters.inventory import read_published  # only when a name was mistyped
-
     now = time.time()
     parts = []
     for name in names:
@@ -125,15 +124,6 @@ def is_content_name_of(stem: str, candidate: str) -> bool:
 def adapter_ids(body: Any) -> List[str]:
     """Read the ids of the adapter cards (those with a ``parent``) from a ``GET /v1/models`` body."""
     return [str(card["id"]) for card in model_cards(body) if card.get("parent")]
-
-
-def local_adapter_names(lora_base_dir: str) -> List[str]:
-    """Return the adapter folders in ``lora_base_dir`` (hidden folders, such as publish temporaries, left out)."""
-    try:
-        entries = list(os.scandir(lora_base_dir))
-    except OSError:
-        return []
-    return [entry.name for entry in entries if not entry.name.startswith(".") and entry.is_dir()]
 
 
 def closest_names(name: str, candidates: Sequence[str], limit: int = MAX_SUGGESTIONS, cutoff: float = 0.6) -> List[str]:
