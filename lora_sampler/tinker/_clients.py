@@ -303,9 +303,7 @@ class ServiceClient:
         on_outage: Optional[OutageHook] = None,
         **options: Any,
     ):
-        if lora_base_dir is not None:
-            options["lora_base_dir"] = lora_base_dir
-        self._client = SamplerClient(base_url, api_key=api_key, **options)
+        self._client = SamplerClient(base_url, api_key=api_key, lora_base_dir=lora_base_dir, **options)
         self._defaults: Dict[str, Any] = {"tokenizer": tokenizer, "max_outage": max_outage, "on_outage": on_outage}
 
     @property
