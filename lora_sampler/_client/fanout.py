@@ -457,7 +457,7 @@ class FanOut:
                 yield _take(window, done, return_exceptions)
             finished = True
         finally:
-            _end(work, gate, window, finished)
+            _end(work, gate, finished)
         source.check()
 
 
@@ -477,16 +477,15 @@ def _take(
     return value if done is None else (index, value)
 
 
-def _end(work: CancelScope, gate: Optional[OutageGate], window: Iterable[Future[Any]], finished: bool) -> None:
+def _end(work: CancelScope, gate: Optional[OutageGate], finished: bool) -> None:
     """Wind a fan-out down: if it stopped early, cancel what it has not finished; release its held requests.
 
-    A fan-out that stopped early (Ctrl-C, an error raised to the caller, or its iterator closed) has its requests not
-    started cancelled (those that went alone are the pool's tasks, the others its batches') and those in flight cut:
-    their connections are shut, so the engine aborts them and nothing waits for them.
+    A fan-out that stopped early (Ctrl-C, an error raised to the caller, or its iterator closed) has its scope
+    cancelled: its batches not started are cancelled, a request that went alone and was not started is refused by the
+    scope when a worker takes it (nothing is sent), and those in flight are cut: their connections are shut, so the
+    engine aborts them and nothing waits for them.
     """
     if not finished:
-        for future in list(window):
-            future.cancel()
         work.cancel()
     if gate is not None:
         gate.close()
