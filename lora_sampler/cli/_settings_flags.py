@@ -34,13 +34,16 @@ SAMPLING_FIELDS = (
 PACE_FIELDS = ("max_outage", "prompts_per_request", "mix_adapters")
 
 
-def json_object(value: str) -> Any:
-    """Parse a flag that takes a JSON object (``--extra-body``, ``--lm-eval-args``); what the object may hold is its
-    setting's to check (``SweepSettings``: ``settings_from`` reports it under the flag)."""
+def json_object(value: str) -> Dict[str, Any]:
+    """Parse a flag that takes a JSON object (``--extra-body``, ``--lm-eval-args``); which fields the object may hold
+    is its setting's to check (``SweepSettings``: ``settings_from`` reports it under the flag)."""
     try:
-        return json.loads(value)
+        parsed = json.loads(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"takes a JSON object, as its help shows ({exc})") from None
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError(f"takes a JSON object (a dict of fields), got {type(parsed).__name__}")
+    return parsed
 
 
 #: A check's ``None (the measured defaults), ``: the Python spelling of a flag left out.

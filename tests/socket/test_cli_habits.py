@@ -79,7 +79,9 @@ def test_extra_body_reaches_the_engine_and_a_line_overrides_it(engine: FakeEngin
     ]
 
 
-@pytest.mark.parametrize("value, problem", [("{", "JSON object"), ('{"n": 2}', "use --num-samples"), ("[1]", "dict")])
+@pytest.mark.parametrize(
+    "value, problem", [("{", "JSON object"), ('{"n": 2}', "use --num-samples"), ("[1]", "dict"), ("null", "dict")]
+)
 def test_extra_body_refuses_what_cannot_be_sent(
     engine: FakeEngine, tmp_path: Path, value: str, problem: str, capsys: Any
 ) -> None:
