@@ -527,7 +527,7 @@ class _CheckpointRun(threading.Thread):
                     self._judge(error)
                 return None
         finally:
-            warm.join()
+            self._waited(warm)  # the unload comes after it; a stop waits for it no more
         if sweep.stopped:
             return None
         # Retired before the next evaluator starts (run() sets inputs_done): the reports come in order.
@@ -563,7 +563,7 @@ class _CheckpointRun(threading.Thread):
                 job.run()
             finally:
                 if warm is not None:
-                    warm.join()
+                    self._waited(warm)  # the unload comes after it; a stop waits for it no more
         sweep.abandoned = sweep.abandoned or job.abandoned
         if job.abandoned or sweep.stopped:
             return None
@@ -658,8 +658,9 @@ def _first_request(step: SampleStep, adapter: Adapter, done: Set[str]) -> Option
 WARM_UP_PROMPT = "Hello"
 
 
-def _warm_up(client: SamplerClient, adapter: Adapter, first: Optional[Request]) -> threading.Thread:
-    """Have the engine load the adapter in the background, before its rows (or its evaluator) come.
+def _warm_up(client: SamplerClient, adapter: Adapter, first: Optional[Request]) -> threading.Event:
+    """Have the engine load the adapter in the background, before its rows (or its evaluator) come; return the event
+    set once the warm-up ended (its unload waits for it, a stopped sweep does not: it is held to the client's timeout).
 
     One short request: ``first`` (the first line still to run) cut to one token, or ``WARM_UP_PROMPT`` before an
     evaluator (``first`` None); its answer is dropped. When the work may score (lines asking for prompt logprobs, or
@@ -681,17 +682,20 @@ def _warm_up(client: SamplerClient, adapter: Adapter, first: Optional[Request]) 
         functools.partial(client.preload, adapter) if load else functools.partial(client.run, short)
     )
 
+    warmed = threading.Event()
+
     def send() -> None:
         try:
             warm()
         except Exception as error:
             logger.debug("Warm-up of %r failed: %s", adapter.name, error)
+        finally:
+            warmed.set()
 
-    thread = threading.Thread(
+    threading.Thread(
         target=contextvars.copy_context().run, args=(send,), name=f"lora_sampler-warm-{adapter.name}", daemon=True
-    )
-    thread.start()
-    return thread
+    ).start()
+    return warmed
 
 
 def _describe(checkpoints: Checkpoints) -> str:

@@ -21,6 +21,7 @@ from _waits import wait_until
 
 from lora_sampler import SamplerClient, sweep
 from lora_sampler._adapters.publish import default_adapter_name
+from lora_sampler.batch import Sweep, SweepSettings
 from lora_sampler.batch._sources import Manifest
 from lora_sampler.cli import main
 from lora_sampler.testing import FakeEngine, write_adapter_archive
@@ -332,3 +333,32 @@ def test_sweep_two_checkpoints_with_the_same_content_answer_each_id_once(
     assert lines[0]["rows"] == lines[1]["rows"] == 30
     assert engine.calls(COMPLETIONS, lines[0]["adapter"]) <= 30 + 2  # the rows once, plus at most two warm-ups
     assert sorted(ids_per_output(out)[lines[0]["output"]]) == sorted(f"p{n}" for n in range(30))
+
+
+def test_a_sweep_stopped_at_once_leaves_its_held_warm_ups_behind(
+    engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
+) -> None:
+    """``Sweep.stop(0.0)`` while the engine holds every request, the checkpoints' warm-ups included, ends the sweep at
+    once and resumably (was: each checkpoint's thread joined its held warm-up, so the sweep waited for the client's
+    read timeout, 600 s here); the run afterwards answers every id once."""
+    make_run(tmp_path / "run", engine.model, (1, 2, 3))
+    pattern, out = str(tmp_path / "run" / "*.tar.gz"), tmp_path / "out"
+    prompts = [{"id": number, "prompt": [5 + number, 6]} for number in range(8)]
+    with SamplerClient(engine.url, lora_base_dir=lora_dir, max_workers=2, timeout=(10, 600)) as client:
+        running = Sweep(client, pattern, prompts, SweepSettings(output_dir=str(out), window=2))
+        reports: List[Any] = []
+        thread = threading.Thread(target=lambda: reports.extend(running.run()), daemon=True)
+        engine.hold()
+        try:
+            thread.start()
+            engine.wait_for_held(2)
+            running.stop(0.0)
+            thread.join(60)
+            waited = thread.is_alive()
+        finally:
+            engine.release()
+        assert not waited, "the stopped sweep still waits for a held request"
+        assert reports == [] and running.abandoned
+        again = list(sweep(client, pattern, prompts, output_dir=out, window=2))
+    assert [(report.rows, report.failed) for report in again] == [(8, 0)] * 3
+    assert all(sorted(ids) == list(range(8)) for ids in ids_per_output(out).values())
