@@ -25,7 +25,7 @@ import zlib
 from contextlib import closing, suppress
 from dataclasses import dataclass
 from functools import partial
-from typing import IO, Any, Callable, Dict, Iterable, Iterator, Optional, Sequence, Tuple, cast
+from typing import IO, Any, Dict, Iterable, Iterator, Optional, Sequence, Tuple, cast
 
 from lora_sampler._adapters.archive import (
     ARCHIVE_FIX,
@@ -97,19 +97,15 @@ _FADV_DONTNEED: Optional[int] = getattr(os, "POSIX_FADV_DONTNEED", None) if hasa
 _O_BINARY = getattr(os, "O_BINARY", 0)
 
 
-#: Starts reading one file of a folder checkpoint (a local file, or an object in storage).
-FileOpener = Callable[[], Chunks]
-
-
 def copy_files(
     source: str,
-    files: Sequence[Tuple[str, int, FileOpener]],
+    files: Sequence[Tuple[str, int, Chunks]],
     dest: str,
     *,
     limits: PublishLimits = DEFAULT_LIMITS,
     durable: bool = True,
 ) -> None:
-    """Copy ``(relative path, size, opener)`` files into the existing, empty folder ``dest``, as plain files.
+    """Copy ``(relative path, size, chunks)`` files into the existing, empty folder ``dest``, as plain files.
 
     Each file is a member like an archive's, held to the same rules (object keys in storage may hold ``..`` or
     absolute parts) and bounds and written by the same loop. The paths and sizes are known up front, so every path,
@@ -127,7 +123,7 @@ def copy_files(
             f"{size} bytes), more than max_total_bytes={limits.max_total_bytes}; " + _raise_hint("max_total_bytes")
         )
     writer = _Writer(source, dest, durable)
-    members = [(tarfile.TarInfo(rel), size, opener) for rel, size, opener in files]
+    members = [(tarfile.TarInfo(rel), size, chunks) for rel, size, chunks in files]
     checked = list(_checked(members, source, limits, writer.name_max))  # every path before any byte
     writer.check_free_space(total, files[0][0] if files else "")
     _write_members(checked, source, limits, writer)
@@ -135,13 +131,13 @@ def copy_files(
 
 
 def _checked(
-    members: Iterable[Tuple[tarfile.TarInfo, int, FileOpener]], source: str, limits: PublishLimits, name_max: int
-) -> Iterator[Tuple[str, tarfile.TarInfo, int, FileOpener]]:
+    members: Iterable[Tuple[tarfile.TarInfo, int, Chunks]], source: str, limits: PublishLimits, name_max: int
+) -> Iterator[Tuple[str, tarfile.TarInfo, int, Chunks]]:
     """Hold each member (of an archive, or a folder's file) to the member count, the members' rules, its name to the
     bounds and the filesystem, and the layout so far; yield it with its relative path (the archive's root left out).
     """
     kinds: Dict[str, bool] = {}  # relative path -> is a folder
-    for count, (member, size, opener) in enumerate(members, 1):
+    for count, (member, size, chunks) in enumerate(members, 1):
         if count > limits.max_members:
             raise UnsafeArchiveError(
                 f"refusing archive {source}: more than max_members={limits.max_members} members (member "
@@ -151,7 +147,7 @@ def _checked(
         if rel is not None:
             _check_name(rel, member, source, limits, name_max)
             check_layout(rel, member, kinds, source)
-            yield rel, member, size, opener
+            yield rel, member, size, chunks
 
 
 def extract_archive(
@@ -213,10 +209,10 @@ def extract_archive(
     return digest
 
 
-def _tar_members(tar: tarfile.TarFile, archive: str) -> Iterator[Tuple[tarfile.TarInfo, int, FileOpener]]:
-    """Each member of ``tar`` with its size and the reader of its data (read before the next member is)."""
+def _tar_members(tar: tarfile.TarFile, archive: str) -> Iterator[Tuple[tarfile.TarInfo, int, Chunks]]:
+    """Each member of ``tar`` with its size and its data's chunks (read, if at all, before the next member is)."""
     for member in tar:
-        yield member, member.size, partial(_member_chunks, tar, member, archive)
+        yield member, member.size, _member_chunks(tar, member, archive)
 
 
 def _member_chunks(tar: tarfile.TarFile, member: tarfile.TarInfo, archive: str) -> Chunks:
@@ -228,12 +224,12 @@ def _member_chunks(tar: tarfile.TarFile, member: tarfile.TarInfo, archive: str) 
 
 
 def _write_members(
-    members: Iterable[Tuple[str, tarfile.TarInfo, int, FileOpener]], source: str, limits: PublishLimits, writer: _Writer
+    members: Iterable[Tuple[str, tarfile.TarInfo, int, Chunks]], source: str, limits: PublishLimits, writer: _Writer
 ) -> None:
     """Write checked members into the writer's folder: folders, and regular files within the total size bound and
     the free space. tarfile's ``data`` filter, where it exists, has the last word on each."""
     data_filter = getattr(tarfile, "data_filter", None)
-    for rel, member, size, opener in members:
+    for rel, member, size, chunks in members:
         if data_filter is not None:
             run_data_filter(data_filter, member, writer.dest, source)
         if member.isdir():
@@ -245,7 +241,7 @@ def _write_members(
                 f"extracted size past max_total_bytes={limits.max_total_bytes}; " + _raise_hint("max_total_bytes")
             )
         writer.check_free_space(size, member.name)
-        with closing(opener()) as chunks:
+        with closing(chunks):
             writer.write_file(rel, chunks, size)
 
 

@@ -21,8 +21,7 @@ import os
 import re
 import shutil
 from dataclasses import dataclass
-from functools import partial
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from lora_sampler._adapters import storage
 from lora_sampler._adapters.archive import (
@@ -40,7 +39,6 @@ from lora_sampler._adapters.archive import (
 )
 from lora_sampler._adapters.extract import (
     DEFAULT_LIMITS,
-    FileOpener,
     PublishLimits,
     copy_files,
     extract_archive,
@@ -118,15 +116,16 @@ class _Checkpoint:
         where: Its absolute path or URL (what the published folder records as its source).
         stem: The readable part of its default name.
         signature: What changes when its content may have (JSON: recorded in the published folder's marker).
-        archive: Starts reading the archive's bytes (a local file, or a stored object streamed); None for a folder.
-        files: A folder's files, ``(relative path, size, opener)``; empty for an archive.
+        archive: The archive's bytes (a local file, or a stored object streamed), read if it is published anew;
+            None for a folder.
+        files: A folder's files, ``(relative path, size, chunks)``; empty for an archive.
     """
 
     where: str
     stem: str
     signature: List[Any]
-    archive: Optional[Callable[[], Chunks]] = None
-    files: Sequence[Tuple[str, int, FileOpener]] = ()
+    archive: Optional[Chunks] = None
+    files: Sequence[Tuple[str, int, Chunks]] = ()
 
     @property
     def stored(self) -> bool:
@@ -208,8 +207,8 @@ def _local_checkpoint(source: str) -> _Checkpoint:
         raise PublishError(f"checkpoint {source} does not exist; pass an adapter archive or folder")
     signature = _local_signature(source)  # before the files are listed: a file added after it is a change
     if not os.path.isdir(source):
-        return _Checkpoint(source, _name_stem(source, False), signature, archive=partial(file_chunks, source))
-    files = [(rel, os.path.getsize(full), partial(file_chunks, full)) for rel, full in list_folder_files(source)]
+        return _Checkpoint(source, _name_stem(source, False), signature, archive=file_chunks(source))
+    files = [(rel, os.path.getsize(full), file_chunks(full)) for rel, full in list_folder_files(source)]
     return _Checkpoint(source, _name_stem(source, True), signature, files=files)
 
 
@@ -224,12 +223,12 @@ def _stored_checkpoint(url: str, options: Optional[Mapping[str, Any]]) -> _Check
     # A trailing slash names a prefix: its listing is the one request (a probe would add a HEAD and a listing).
     stored = storage.StoredObject(url, 0, None, None, True) if url.endswith("/") else storage.probe(url, options)
     if not stored.is_folder:
-        opener = partial(storage.open_object, stored, options)
-        return _Checkpoint(url, _name_stem(url, False), [stored.etag, stored.version, stored.size], opener)
+        chunks = storage.open_object(stored, options)
+        return _Checkpoint(url, _name_stem(url, False), [stored.etag, stored.version, stored.size], chunks)
     found = [f for f in storage.list_folder(url, options) if f.rel != MARKER_FILE]
     if not found:
         raise PublishError(f"cannot publish {url}: the prefix holds no files; pass an adapter folder or archive URL")
-    files = [(f.rel, f.size, partial(storage.open_object, f, options)) for f in found]
+    files = [(f.rel, f.size, storage.open_object(f, options)) for f in found]
     signature: List[Any] = [[f.rel, f.etag, f.size] for f in found]
     source = url.rstrip("/")  # prefix and prefix/ are one checkpoint
     return _Checkpoint(source, _name_stem(url, True), signature, files=files)
@@ -239,8 +238,9 @@ def _fill(checkpoint: _Checkpoint, temp: str, limits: PublishLimits) -> str:
     """Extract the archive (one pass, hashed as it is read) or copy the folder's files into ``temp``; return the
     checkpoint's digest. A local checkpoint whose signature changed meanwhile is refused (it may mix two versions)."""
     if checkpoint.archive is not None:
-        chunks = checkpoint.archive()
-        digest = extract_archive(checkpoint.where, temp, limits=limits, durable=DEFAULT_DURABLE, chunks=chunks)
+        digest = extract_archive(
+            checkpoint.where, temp, limits=limits, durable=DEFAULT_DURABLE, chunks=checkpoint.archive
+        )
     else:
         copy_files(checkpoint.where, checkpoint.files, temp, limits=limits, durable=DEFAULT_DURABLE)
         digest = checkpoint_digest(temp)

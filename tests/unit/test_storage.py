@@ -6,7 +6,6 @@ import pathlib
 import sys
 import tarfile
 import threading
-from functools import partial
 from typing import Any, Dict, List, Optional
 
 import pytest
@@ -175,7 +174,7 @@ def test_storage_folder_keys_are_checked_before_any_download(
         opened.append(key)
         yield b"{}"
 
-    files = [(key, 2, partial(opener, key)) for key in keys]
+    files = [(key, 2, opener(key)) for key in keys]
     with pytest.raises(UnsafeArchiveError, match=refusal):
         copy_files("s3://b/step-7", files, str(tmp_path), limits=limits)
     assert opened == [] and list(tmp_path.iterdir()) == []
@@ -183,6 +182,6 @@ def test_storage_folder_keys_are_checked_before_any_download(
 
 def test_storage_folder_key_is_taken_like_the_tar_member_of_that_name(tmp_path: pathlib.Path) -> None:
     """``sub//x`` and ``./y`` are the files ``sub/x`` and ``y``, as the tar members of those names would be."""
-    files = [(key, 1, partial(chunks_of, b"z", 1)) for key in ("sub//x", "./y")]
+    files = [(key, 1, chunks_of(b"z", 1)) for key in ("sub//x", "./y")]
     copy_files("s3://b/step-7", files, str(tmp_path))
     assert (tmp_path / "sub" / "x").read_bytes() == b"z" and (tmp_path / "y").read_bytes() == b"z"
