@@ -30,8 +30,6 @@ logger = logging.getLogger(__name__)
 MAX_SUGGESTIONS = 3
 #: Wrong characters a name may hold and still be taken for a slip of a published name.
 MAX_TYPOS = 2
-#: What publish appends to a checkpoint's stem: a dash and hex digits of the content digest.
-_CONTENT_SUFFIX = re.compile(r"-[0-9a-f]{6,64}")
 #: A content name: the checkpoint's stem, a dash, the hex digits of its content digest.
 _CONTENT_NAME = re.compile(r"(.+)-([0-9a-f]{6,64})")
 #: Digest characters a name cut short must still hold to be taken for a slip (``step-400-1`` is not one).
@@ -114,11 +112,6 @@ def _within(a: str, b: str, limit: int) -> bool:
             return False
         previous = current
     return previous[-1] <= limit
-
-
-def is_content_name_of(stem: str, candidate: str) -> bool:
-    """Tell whether ``candidate`` is the content-derived name publish gives a checkpoint whose stem is ``stem``."""
-    return _CONTENT_SUFFIX.fullmatch(candidate[len(stem) :]) is not None if candidate.startswith(stem) else False
 
 
 def adapter_ids(body: Any) -> List[str]:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from lora_sampler import AdapterNotFoundError, ModelNotFoundError, NotFoundError, RetryEvent, RetryPolicy, SamplerClient
-from lora_sampler._adapters.lookup import closest_names, is_content_name_of
+from lora_sampler._adapters.lookup import closest_names, is_slip_of
 from lora_sampler.cli import main
 from lora_sampler.testing import FakeEngine, write_adapter, write_adapter_archive
 
@@ -81,11 +81,11 @@ def test_lookup_unknown_name_without_a_content_named_sibling_rides_the_race(
 
 
 def test_lookup_content_suffix_is_dash_and_hex_digits() -> None:
-    """Only `<stem>-<hex digest>` counts as the stem's content name; `<stem>0` or `<stem>-extra` do not."""
-    assert is_content_name_of("step-4", "step-4-0123456789ab")
-    assert not is_content_name_of("step-4", "step-40-0123456789ab")
-    assert not is_content_name_of("step-4", "step-4-final")
-    assert not is_content_name_of("u-1", "u-10")
+    """Only `<stem>-<hex digest>` is a content name, whose stem is a slip of it; `<stem>-extra` or `<stem>0` is not."""
+    assert is_slip_of("step-4", "step-4-0123456789ab")
+    assert not is_slip_of("step-4", "step-4-final")
+    assert not is_slip_of("u-1", "u-10")
+    assert not is_slip_of("step-4", "step-4-01234")  # five hex digits are no digest
 
 
 def test_lookup_cli_unknown_adapter_stops_with_one_message(
