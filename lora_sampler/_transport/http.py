@@ -32,7 +32,7 @@ from lora_sampler._transport.exchange import (
 )
 from lora_sampler._transport.session import POOL_HEADROOM, EngineSession
 from lora_sampler._transport.translate import CAUGHT, Translator
-from lora_sampler.types import Timeout, check_count, split_timeout
+from lora_sampler.types import Timeout, check_count, split_timeout, validated_timeout
 
 __all__ = [
     "DEFAULT_MAX_RESPONSE_BYTES",
@@ -87,7 +87,7 @@ class EngineTransport:
         check_count("max_workers", max_workers, 1)
         check_count("max_response_bytes", max_response_bytes, 1)
         self.base_url, userinfo = split_base_url(base_url)
-        self.timeout = timeout
+        self.timeout = validated_timeout(timeout)
         self.max_response_bytes = max_response_bytes
         self._api_key = api_key
         #: Makes the engine session (again in a forked child).

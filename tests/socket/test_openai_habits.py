@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from typing import Any, Dict
 
 import pytest
@@ -88,10 +87,8 @@ def test_habits_timeout_per_call_overrides_the_clients(make_engine: Any) -> None
     """timeout= on one call bounds that call's attempts; the client's own timeout serves the others."""
     slow = make_engine(latency=1.0)
     with SamplerClient(slow.url, retry=ONE_TRY, timeout=(5.0, 30.0)) as client:
-        started = time.monotonic()
-        with pytest.raises(EngineTimeoutError):
+        with pytest.raises(EngineTimeoutError):  # the client's 30 s read timeout would wait out the 1 s latency
             client.sample([1], base_model=slow.model, timeout=(5.0, 0.2))
-        assert time.monotonic() - started < 0.9
         assert client.sample([1], base_model=slow.model).model == slow.model
     with pytest.raises(ValueError, match="timeout takes seconds > 0"):
         SampleRequest([1], base_model="m", timeout=0)

@@ -220,3 +220,27 @@ def test_every_count_a_caller_passes_is_refused_by_one_rule_naming_it(
     ValueError naming the argument, in the same words wherever it is passed."""
     with pytest.raises(ValueError, match=re.escape(f"{name} must be an int >= {least}")):
         make(bad)
+
+
+@pytest.mark.parametrize("bad", [0, -1, (0, 5), (1, 2, 3), "abc", math.inf, math.nan, True, (10, None)])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda v: lora_sampler.SamplerClient("http://127.0.0.1:9", timeout=v),
+        lambda v: lora_sampler.SamplerClient("http://127.0.0.1:9", replicas=["http://127.0.0.1:8"], timeout=v),
+        lambda v: SampleRequest([1], base_model="m", timeout=v),
+    ],
+)
+def test_a_timeout_that_is_not_seconds_above_zero_is_refused_where_it_is_given(make: Any, bad: Any) -> None:
+    """A client's or a request's timeout (one number, or (connect, read)) of 0, a negative, a non-number or a
+    pair that is not two positive finite numbers is a ValueError naming ``timeout``, when it is given, not at the
+    first request."""
+    with pytest.raises(ValueError, match=re.escape("timeout takes seconds > 0")):
+        make(bad)
+
+
+def test_a_client_takes_one_number_or_a_connect_read_pair_as_its_timeout() -> None:
+    """The forms the docs give are accepted (the check refuses none of them)."""
+    for timeout in (5, 2.5, (10, 300), (0.5, 1)):
+        with lora_sampler.SamplerClient("http://127.0.0.1:9", timeout=timeout) as client:
+            assert client.base_url == "http://127.0.0.1:9"
