@@ -17,7 +17,14 @@ import pytest
 from _sweeps import ledger, sweep_args
 
 from lora_sampler import AdapterConfigError, Finding, SamplerClient
-from lora_sampler._client.selfcheck import DEFECT_ENGINE_FAILED, DEFECT_LM_HEAD, DEFECT_MIXED_ADAPTERS, FIXES
+from lora_sampler._client.selfcheck import (
+    DEFECT_ENGINE_FAILED,
+    DEFECT_LM_HEAD,
+    DEFECT_MIXED_ADAPTERS,
+    FIXES,
+    PROBE_PROMPTS,
+    ScoringSelfCheck,
+)
 from lora_sampler.cli import main
 from lora_sampler.testing import FakeEngine, write_adapter, write_adapter_archive
 
@@ -255,3 +262,40 @@ def test_doctor_advice_for_an_engine_that_dies_on_mixed_steps_keeps_it_alive_whe
     rows = [json.loads(line) for line in output.read_text().splitlines()]
     failed = [row for row in rows if row.get("error")]
     assert (status, len(rows), len(failed), restarted.is_dead) == (0, 64, 0, False)
+
+
+class _GenerationsWithoutPromptIds:
+    """A client whose generations come back as from an engine that echoes no prompt token ids (older vLLM)."""
+
+    def __init__(self, client: SamplerClient) -> None:
+        self.client = client
+        self.tokenized: list = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+    def sample_many(self, requests: Any) -> Any:
+        outputs = self.client.sample_many(requests)
+        for output in outputs:
+            for choice in (getattr(output, "body", None) or {}).get("choices", []):
+                choice.pop("prompt_token_ids", None)
+        return outputs
+
+    def tokenize(self, text: str, *, base_model: Any = None) -> Any:
+        self.tokenized.append(text)
+        return self.client.tokenize(text, base_model=base_model)
+
+
+def test_check_scoring_splits_a_prompt_by_the_engines_tokenizer_when_no_prompt_ids_are_echoed(
+    engine: FakeEngine, lora_dir: Path, tmp_path: Path
+) -> None:
+    """A generation answered without prompt token ids has its prompt split by the engine's tokenizer
+    (``/tokenize``), and the comparisons run on those ids: the check passes on a healthy engine."""
+    write_adapter(tmp_path / "ckpt", engine.model)
+    with SamplerClient(engine.url, lora_base_dir=lora_dir) as client:
+        adapter = client.resolve_adapter(str(tmp_path / "ckpt"))
+        wrapped = _GenerationsWithoutPromptIds(client)
+        result = ScoringSelfCheck(wrapped, adapter, other=None, tolerance=1e-3, lm_head=False).run(False)
+    assert result.ok and result.findings == (), result.findings
+    assert result.measured == {ADAPTER_CHECK: 0.0, BASE_CHECK: 0.0}
+    assert len(wrapped.tokenized) == 2 * len(PROBE_PROMPTS)  # each probe, for the adapter and the base model
