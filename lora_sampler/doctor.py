@@ -16,12 +16,11 @@ import logging
 import os
 import secrets
 import tarfile
-import tempfile
 import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from lora_sampler._adapters.fleet import ReplicasSpec
-from lora_sampler._adapters.publish import CONFIG_FILE, check_adapter_config, remove_adapter_dir
+from lora_sampler._adapters.publish import CONFIG_FILE, check_adapter_config, check_config_content, remove_adapter_dir
 from lora_sampler._adapters.storage import probe
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._client.selfcheck import Finding
@@ -335,14 +334,7 @@ def _check_archive_config(archive: str, model: str) -> None:
             raise AdapterConfigError(f"{archive} holds no {CONFIG_FILE} at its root or in a single top-level folder")
         data = tar.extractfile(member)
         content = data.read() if data is not None else b""
-    with tempfile.TemporaryDirectory() as temp:
-        with open(os.path.join(temp, CONFIG_FILE), "wb") as f:
-            f.write(content)
-        try:
-            check_adapter_config(temp, model)
-        except AdapterConfigError as exc:
-            message = str(exc).replace(os.path.join(temp, CONFIG_FILE), f"{archive}:{member.name}")
-            raise AdapterConfigError(message) from None
+    check_config_content(content, f"{archive}:{member.name}", model)
 
 
 #: What ``doctor --scoring --concurrent`` says before it runs.

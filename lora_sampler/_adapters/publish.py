@@ -58,6 +58,7 @@ __all__ = [
     "LM_HEAD_NOTE",
     "adapter_targets_lm_head",
     "check_adapter_config",
+    "check_config_content",
     "default_adapter_name",
     "publish_checkpoint",
     "read_published_digest",
@@ -457,13 +458,29 @@ def check_adapter_config(adapter_dir: StrPath, engine_model: Optional[str]) -> D
     """
     path = os.path.join(os.fspath(adapter_dir), CONFIG_FILE)
     try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
+        with open(path, "rb") as f:
+            content = f.read()
     except FileNotFoundError:
         raise AdapterConfigError(
             f"{path} is missing; an adapter folder needs the {CONFIG_FILE} written by peft's save_pretrained"
         ) from None
-    except (OSError, ValueError) as error:
+    except OSError as error:
+        raise AdapterConfigError(
+            f"{path} is not readable JSON ({error}); re-save the adapter with peft's save_pretrained"
+        ) from error
+    return check_config_content(content, path, engine_model)
+
+
+def check_config_content(content: bytes, path: str, engine_model: Optional[str]) -> Dict[str, Any]:
+    """Check the content of an ``adapter_config.json`` read elsewhere (a folder's file, an archive's member), and
+    return it parsed: the rules of ``check_adapter_config``, in messages that name the file as ``path``.
+
+    Raises:
+        AdapterConfigError: naming ``path``, the values found and expected, and the fix.
+    """
+    try:
+        config = json.loads(content.decode("utf-8"))  # a decode error is unreadable JSON too
+    except ValueError as error:
         raise AdapterConfigError(
             f"{path} is not readable JSON ({error}); re-save the adapter with peft's save_pretrained"
         ) from error

@@ -464,11 +464,12 @@ def test_cli_doctor_runtime_updating_off(
 
 
 def test_cli_doctor_base_model_mismatch(engine: FakeEngine, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """An adapter made for another base model is reported with both names."""
+    """An adapter made for another base model is reported with both names, and the archive member it read."""
     wrong = write_adapter_archive(str(tmp_path / "wrong.tar.gz"), "other-model")
     assert main(["doctor", "--base-url", engine.url, "--adapter", wrong]) == 1
     out = capsys.readouterr().out
     assert "PROBLEM  adapter config" in out and "other-model" in out and repr(engine.model) in out
+    assert f"{wrong}:adapter_config.json has base_model_name_or_path='other-model'" in out
 
 
 def test_cli_doctor_wrong_resolver_folder(
