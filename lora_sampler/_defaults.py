@@ -20,6 +20,8 @@ API_KEY_ENV = "LORA_SAMPLER_API_KEY"
 #: vLLM's own server reads its key from this variable; read after ``API_KEY_ENV`` (never the OpenAI SDK's
 #: ``OPENAI_API_KEY``: that key must not travel to an engine nobody said to trust).
 VLLM_API_KEY_ENV = "VLLM_API_KEY"
+#: A batch job stops after this many consecutive failures that no prompt can get past (dead engine, bad adapter).
+DEFAULT_FAIL_FAST = 8
 #: Checkpoints of a sweep with requests in flight at once (``--window``): the next one loads while one finishes.
 DEFAULT_WINDOW = 2
 #: Seconds a checkpoint's fingerprint must stay the same before a sweep takes it (``--settle``).

@@ -20,6 +20,7 @@ from typing import IO, Any, Callable, Dict, Iterable, Iterator, Optional, Tuple,
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._client.outage import OutageEvent, OutageHook, is_outage
 from lora_sampler.batch._lines import PROMPT_LINES, InputLine, LineFormat, ResumeState, write_record
+from lora_sampler.batch._settings import SweepSettings
 from lora_sampler.errors import (
     AdapterNotReadyError,
     AuthenticationError,
@@ -32,8 +33,6 @@ from lora_sampler.errors import (
     PublishError,
 )
 
-#: Stop the job after this many consecutive failures that no prompt can get past (dead engine, bad adapter).
-DEFAULT_FAIL_FAST = 8
 #: Seconds in-flight requests get to finish after a stop request before they are abandoned.
 DEFAULT_DRAIN_SECONDS = 5.0
 #: Errors that do not depend on the line at all: a run of them means the engine is unusable.
@@ -76,18 +75,17 @@ class BatchJob:
         resume: What the output already holds (``open_output``'s): the ids of its ``done`` are skipped, and its
             ``memory`` (when the output remembers its settings) remembers each record's request; an answered
             line that now asks something else stops the job (``fatal``).
+        settings: The settings the job follows: ``fail_fast`` (consecutive prompt-independent failures after which
+            it stops), ``max_outage`` (seconds to hold requests while the engine is away; 0: outages count towards
+            ``fail_fast``; past it the job stops, saying how long it waited) and ``prompts_per_request`` (lines sent
+            together in one completion request, as ``SamplerClient.imap`` takes it; None: the measured defaults).
         ordered: Write records in input order (bad lines then wait for the requests before them).
         model: The adapter or base-model name every line samples, for error records; None when each line names its
             own (an OpenAI batch file's), so only ``ENGINE_WIDE_ERRORS`` count towards ``fail_fast``.
         on_event: Called in the calling thread with ``("done"|"failed"|"skipped", line, record)``.
-        fail_fast: Consecutive prompt-independent failures after which the job stops.
-        max_outage: Seconds to hold requests while the engine is away (0: outages count towards ``fail_fast``);
-            past it the job stops, saying how long it waited.
         on_outage: Also called with each ``OutageEvent`` (from worker threads), e.g. to show the wait.
         line_format: The lines' format, whose records are written (``PROMPT_LINES``, or
             ``openai_batch.BATCH_LINES``).
-        prompts_per_request: Lines sent together in one completion request (``SamplerClient.imap``); None: the
-            measured defaults, 1: one line per request.
     """
 
     def __init__(
@@ -97,22 +95,20 @@ class BatchJob:
         output: IO[str],
         *,
         resume: ResumeState,
+        settings: SweepSettings,
         ordered: bool = False,
         model: Optional[str] = None,
         on_event: Optional[Event] = None,
-        fail_fast: int = DEFAULT_FAIL_FAST,
-        max_outage: float = 0.0,
         on_outage: Optional[OutageHook] = None,
         line_format: LineFormat = PROMPT_LINES,
-        prompts_per_request: Optional[int] = None,
     ):
         self._client, self._lines, self._output, self._done = client, iter(lines), output, resume.done
-        self._ordered, self._model, self._on_event, self._fail_fast = ordered, model, on_event, fail_fast
-        self._max_outage, self._on_outage = max_outage, on_outage
+        self._ordered, self._model, self._on_event, self._settings = ordered, model, on_event, settings
+        self._on_outage = on_outage
         self._gave_up: Optional[OutageEvent] = None  # set (from a worker thread) once the outage outlasted the limit
         self._format = line_format
         self._unusable_errors = UNUSABLE_ERRORS if model is not None else ENGINE_WIDE_ERRORS
-        self._prompts_per_request, self._memory = prompts_per_request, resume.memory
+        self._memory = resume.memory
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=64)
         self._stopping = threading.Event()
         self._deadline: Optional[float] = None
@@ -187,13 +183,13 @@ class BatchJob:
         if gave_up is not None and not isinstance(error, str) and is_outage(error) and self.fatal is None:
             self.fatal = LoraSamplerError(
                 f"the engine at {self._client.base_url} was unreachable for {gave_up.waited:.1f} s, longer than "
-                f"--max-outage {self._max_outage:g} s; stopped. Run again with the same --output to resume. "
+                f"--max-outage {self._settings.max_outage:g} s; stopped. Run again with the same --output to resume. "
                 f"The last error: {error}"
             )
             self._stopping.set()  # what is in flight is no longer sent: it fails at once and is written
             return
         self._consecutive = self._consecutive + 1 if isinstance(error, self._unusable_errors) else 0
-        if self._consecutive >= self._fail_fast and self.fatal is None:
+        if self._consecutive >= self._settings.fail_fast and self.fatal is None:
             self.fatal = LoraSamplerError(
                 f"stopped after {self._consecutive} consecutive failures that do not depend on the prompt; the "
                 f"engine or the adapter is unusable. The last one: {error}"
@@ -234,9 +230,9 @@ class BatchJob:
         outcomes = fan_out(
             self._requests(sent),
             return_exceptions=True,
-            max_outage=self._max_outage,
+            max_outage=self._settings.max_outage,
             on_outage=self._outage,
-            prompts_per_request=self._prompts_per_request,
+            prompts_per_request=self._settings.prompts_per_request,
         )
         for index, outcome in enumerate(outcomes) if self._ordered else outcomes:
             line = sent.pop(index)

@@ -19,6 +19,7 @@ from lora_sampler._client.fanout import checked_prompts_per_request
 from lora_sampler._client.outage import checked_seconds
 from lora_sampler._defaults import (
     DEFAULT_CHECKPOINT_TIMEOUT,
+    DEFAULT_FAIL_FAST,
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_SCORING_PROMPTS_PER_REQUEST,
     DEFAULT_SETTLE,
@@ -26,7 +27,6 @@ from lora_sampler._defaults import (
     MAX_PROMPTS_PER_REQUEST,
 )
 from lora_sampler._wire.messages import validated_extra_body
-from lora_sampler.batch._job import DEFAULT_FAIL_FAST
 from lora_sampler.batch._lines import LineDefaults
 from lora_sampler.batch._score import ScoreStep
 from lora_sampler.batch._steps import SampleStep, SweepInput

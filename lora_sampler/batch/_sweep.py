@@ -551,13 +551,11 @@ class _CheckpointRun(threading.Thread):
                     self._gated(adapter),
                     out,
                     resume=state,
+                    settings=settings,
                     model=adapter.name,
                     on_event=None if sweep.on_row is None else functools.partial(sweep.on_row, self.checkpoint),
-                    fail_fast=settings.fail_fast,
-                    max_outage=settings.max_outage,
                     on_outage=sweep.on_outage,
                     line_format=step.line_format,
-                    prompts_per_request=settings.prompts_per_request,
                 )
                 self._hold(job)
                 job.run()

@@ -537,7 +537,7 @@ def _run_lines(args: argparse.Namespace, line_format: Optional[LineFormat] = Non
             for _, note in notes:
                 print(f"lora-sampler: note: {note}", file=sys.stderr)
             defaults = settings.line_defaults(adapter=adapter, base_model=args.base_model, **more)
-            status = run_batch(client, args, defaults, source, lines)
+            status = run_batch(client, args, settings, defaults, source, lines)
             for name, note in notes:
                 print(f"lora-sampler: note: {name}: {note}", file=sys.stderr)
             return status

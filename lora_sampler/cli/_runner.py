@@ -29,6 +29,7 @@ from lora_sampler.batch._lines import (
     open_output,
     read_input,
 )
+from lora_sampler.batch._settings import SweepSettings
 from lora_sampler.cli._parser import UsageError
 from lora_sampler.cli._terminal import counting_rows, interrupts_stop, logs_above
 from lora_sampler.openai_batch import BATCH_LINES, OPENAI_BATCH_FORMAT, first_line, is_batch_line
@@ -47,6 +48,7 @@ class BatchAbandoned(Exception):
 def run_batch(
     client: SamplerClient,
     args: argparse.Namespace,
+    settings: SweepSettings,
     defaults: LineDefaults,
     source: Iterable[bytes],
     line_format: LineFormat,
@@ -58,8 +60,9 @@ def run_batch(
         client: A client whose engine (and adapter) passed the preflight; its ``max_workers`` is the concurrency.
         args: The job's flags (``sample``'s, ``score``'s): ``--input`` (its name in messages; a file is counted for
             the bar), ``--output`` (``-`` writes stdout, no resume; an existing file is resumed), ``--ordered``,
-            ``--no-retry-failed``, ``--quiet``, ``--max-outage``, ``--limit`` (the first N lines, blank lines not
-            counted), ``--prompts-per-request`` and ``--restart``.
+            ``--no-retry-failed``, ``--quiet``, ``--limit`` (the first N lines, blank lines not counted) and
+            ``--restart``.
+        settings: The job's settings (``settings_from``'s, checked): ``--max-outage``, ``--prompts-per-request``.
         defaults: What every line gets unless it says otherwise; its adapter or base model is what every line
             samples (neither: OpenAI batch lines name theirs, in body.model).
         source: The input's lines and ``line_format`` their kind and records (``job_input``).
@@ -82,13 +85,12 @@ def run_batch(
             lines,
             output,
             resume=state,
+            settings=settings,
             ordered=args.ordered,
             model=model,
             on_event=counting_rows(view, line_format.message_of),
-            max_outage=args.max_outage,
             on_outage=view.on_outage,
             line_format=line_format,
-            prompts_per_request=args.prompts_per_request,
         )
         with interrupts_stop(job) as interrupts, logs_above(view):
             stats = job.run()
