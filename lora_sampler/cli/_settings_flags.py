@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 import collections.abc
 import dataclasses
-import json
 import re
 from typing import Any, Callable, Dict, Iterable, List
 
+from lora_sampler import _json
 from lora_sampler.batch._settings import SweepSettings, setting_of
 from lora_sampler.cli._parser import UsageError
 
@@ -36,9 +36,10 @@ PACE_FIELDS = ("max_outage", "prompts_per_request", "mix_adapters")
 
 def json_object(value: str) -> Dict[str, Any]:
     """Parse a flag that takes a JSON object (``--extra-body``, ``--lm-eval-args``); which fields the object may hold
-    is its setting's to check (``SweepSettings``: ``settings_from`` reports it under the flag)."""
+    is its setting's to check (``SweepSettings``: ``settings_from`` reports it under the flag). Read strictly, as
+    every engine answer is: NaN and Infinity are no JSON, and no request could carry them."""
     try:
-        parsed = json.loads(value)
+        parsed = _json.loads(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"takes a JSON object, as its help shows ({exc})") from None
     if not isinstance(parsed, dict):

@@ -80,12 +80,24 @@ def test_extra_body_reaches_the_engine_and_a_line_overrides_it(engine: FakeEngin
 
 
 @pytest.mark.parametrize(
-    "value, problem", [("{", "JSON object"), ('{"n": 2}', "use --num-samples"), ("[1]", "dict"), ("null", "dict")]
+    "value, problem",
+    [
+        ("{", "JSON object"),
+        ('{"n": 2}', "use --num-samples"),
+        ("[1]", "dict"),
+        ("null", "dict"),
+        ('{"min_p": NaN}', "NaN, which is not JSON"),
+        ('{"x": [-Infinity]}', "-Infinity, which is not JSON"),
+    ],
 )
 def test_extra_body_refuses_what_cannot_be_sent(
     engine: FakeEngine, tmp_path: Path, value: str, problem: str, capsys: Any
 ) -> None:
-    """Bad JSON, a field the request sets itself, or not an object: a usage error naming the fix, nothing sent."""
+    """Bad JSON, a field the request sets itself, or not an object: a usage error naming the fix, nothing sent.
+
+    NaN and Infinity (Python's extension of JSON) are refused as the flag is read: no request could carry them, so
+    every line failed with the encoder's "Out of range float values are not JSON compliant".
+    """
     inp = _prompts(tmp_path / "in.jsonl", 1)
     assert main(["sample", *_base(engine), "-i", str(inp), "--extra-body", value]) == 2
     assert problem in capsys.readouterr().err and engine.requests == []
