@@ -861,10 +861,13 @@ _NOT_PICKLED = ("self", "api_key", "session")
 
 
 def _constructor_options(names: Dict[str, Any]) -> Dict[str, Any]:
-    """The constructor's arguments from its ``locals()``, as pickled: no key, no session, no userinfo in the URL."""
+    """The constructor's arguments from its ``locals()``, as pickled: no key, no session, no userinfo in the URL nor
+    in a replica's."""
     options = {name: value for name, value in names.items() if name not in _NOT_PICKLED}
     if isinstance(options.get("base_url"), str):
         options["base_url"] = without_userinfo(options["base_url"])
+    if isinstance(options.get("replicas"), (list, tuple)):
+        options["replicas"] = [without_userinfo(url) if isinstance(url, str) else url for url in options["replicas"]]
     return options
 
 

@@ -116,6 +116,16 @@ def test_lifecycle_pickled_client_has_no_key_and_reads_it_in_its_process(
         assert copy.sample("x", base_model=engine.model, max_tokens=1).sequences
 
 
+def test_lifecycle_pickled_client_carries_no_replica_password() -> None:
+    """A replica URL's password is no more pickled than the base URL's: the copy has each replica without it."""
+    replicas = ["http://user:r3plica-pw@127.0.0.1:9", "http://127.0.0.2:9"]
+    with SamplerClient("http://127.0.0.1:9", replicas=replicas) as client:
+        data = pickle.dumps(client)
+    assert b"r3plica-pw" not in data
+    with pickle.loads(data) as copy:
+        assert copy.replicas() == ("http://127.0.0.1:9", "http://127.0.0.2:9")
+
+
 def test_lifecycle_pickled_client_works_in_a_spawned_worker(engine: FakeEngine) -> None:
     """multiprocessing's spawn start method (pickling the client into the worker) gets a working client."""
     context = multiprocessing.get_context("spawn")
