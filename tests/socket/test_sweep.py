@@ -362,3 +362,46 @@ def test_a_sweep_stopped_at_once_leaves_its_held_warm_ups_behind(
         again = list(sweep(client, pattern, prompts, output_dir=out, window=2))
     assert [(report.rows, report.failed) for report in again] == [(8, 0)] * 3
     assert all(sorted(ids) == list(range(8)) for ids in ids_per_output(out).values())
+
+
+def test_a_sweep_stopped_at_once_while_two_checkpoints_share_an_adapter_leaves_another_thread_s_request_alone(
+    engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
+) -> None:
+    """Two checkpoints with the same bytes (one adapter, one output; the second waits for the first's end) and
+    another thread scoring on the same client, held by the engine: the sweep's requests wait for it (scoring
+    isolation); ``Sweep.stop(0.0)`` then ends the sweep (the second checkpoint's wait for the first included) and cuts
+    none of the other thread's requests; the run afterwards answers every id once for both checkpoints."""
+    first = make_run(tmp_path / "run-a", engine.model, (5,))[0]
+    (tmp_path / "run-b").mkdir()
+    copy = tmp_path / "run-b" / "step-5.tar.gz"
+    copy.write_bytes(Path(first).read_bytes())
+    aged(str(copy))
+    pattern, out = str(tmp_path / "run-*" / "step-5.tar.gz"), tmp_path / "out"
+    prompts = [{"id": number, "prompt": [5 + number, 6]} for number in range(8)]
+    scored: List[Any] = []
+    with SamplerClient(engine.url, lora_base_dir=lora_dir, max_workers=4, timeout=(10, 600)) as client:
+        running = Sweep(client, pattern, prompts, SweepSettings(output_dir=str(out), window=2))
+        reports: List[Any] = []
+        thread = threading.Thread(target=lambda: reports.extend(running.run()), daemon=True)
+        scorer = threading.Thread(
+            target=lambda: scored.append(client.compute_logprobs([5, 6, 7], base_model=engine.model)), daemon=True
+        )
+        engine.hold()
+        try:
+            scorer.start()
+            engine.wait_for_held(1)  # the other thread's request is in flight
+            thread.start()
+            wait_until(lambda: client.isolation.waits >= 1, "a sweep request waiting for the scoring one")
+            running.stop(0.0)
+            thread.join(60)
+            waited = thread.is_alive()
+        finally:
+            engine.release()
+        scorer.join(60)
+        assert not waited, "the stopped sweep still waits"
+        assert not scorer.is_alive() and len(scored) == 1 and len(scored[0]) == 3, "the other thread's request was cut"
+        assert reports == [] and running.abandoned
+        again = list(sweep(client, pattern, prompts, output_dir=out, window=2))
+    assert [(report.rows, report.failed) for report in again] == [(8, 0)] * 2
+    assert again[0].adapter == again[1].adapter
+    assert [sorted(ids) for ids in ids_per_output(out).values()] == [list(range(8))]
