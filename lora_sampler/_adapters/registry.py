@@ -253,14 +253,15 @@ class AdapterRegistry:
     def max_model_len(self) -> Optional[int]:
         """Return the engine's context length (``max_model_len`` of its base card in ``GET /v1/models``; cached).
 
-        None when the card does not say (an engine that is not vLLM).
+        None when the card does not say, or there is no base card (an engine that is not vLLM).
         """
-        return next((length for _, _, length in self._base_cards() if length), None)
+        return next((length for _, _, length in self._base_cards(required=False) if length), None)
 
-    def _base_cards(self) -> List[Tuple[str, str, int]]:
+    def _base_cards(self, *, required: bool = True) -> List[Tuple[str, str, int]]:
+        """The base cards, read once (``required``: again while none was listed, and listing none is an error)."""
         base = self._base
-        if base is None:
-            base = self._transport.get_json(MODELS_PATH, parse=_base_cards_of)
+        if base is None or (required and not base):
+            base = self._transport.get_json(MODELS_PATH, parse=_base_cards_of if required else _listed_base_cards)
             with self._lock:
                 self._base = base
         return base
@@ -353,7 +354,7 @@ def _key_of(spec: Union[str, PathLike]) -> str:
     return str(spec)
 
 
-def _base_cards_of(body: Any) -> List[Tuple[str, str, int]]:
+def _listed_base_cards(body: Any) -> List[Tuple[str, str, int]]:
     """Read ``(id, root, max_model_len)`` of each base-model card (no ``parent``) from a ``GET /v1/models`` body;
     the length is 0 where the card does not say."""
     base = [
@@ -361,6 +362,12 @@ def _base_cards_of(body: Any) -> List[Tuple[str, str, int]]:
         for card in model_cards(body)
         if not card.get("parent")
     ]
+    return [(name, root, length if type(length) is int and length > 0 else 0) for name, root, length in base]
+
+
+def _base_cards_of(body: Any) -> List[Tuple[str, str, int]]:
+    """``_listed_base_cards``, refusing an answer that lists no base model (the engine's model is its base card)."""
+    base = _listed_base_cards(body)
     if not base:
         raise ValueError("it lists no base model")
-    return [(name, root, length if type(length) is int and length > 0 else 0) for name, root, length in base]
+    return base

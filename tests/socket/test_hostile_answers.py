@@ -134,3 +134,16 @@ def test_hostile_parser_bug_is_not_reported_as_an_engine_fault() -> None:
                 transport.get_json("/v1/models", parse=buggy)
         finally:
             transport.close()
+
+
+@pytest.mark.parametrize("cards", [[], [{"id": "lora-a", "parent": "base"}]], ids=["no card", "adapters only"])
+def test_hostile_models_without_a_base_card_have_no_context_length(cards: Any) -> None:
+    """An engine whose ``/v1/models`` lists no base model does not say its context length: ``max_model_len`` is None
+    (a ``max_tokens=None`` request is sent without the field), while ``engine_model``, which needs the base card, is
+    an EngineProtocolError saying it lists none (since the one cached read of the base cards, max_model_len raised it
+    too, so every ``max_tokens=None`` request failed)."""
+    with RawServer(answering(json.dumps({"object": "list", "data": cards}).encode())) as server:
+        with SamplerClient(server.url, retry=ONCE) as client:
+            assert client.max_model_len() is None
+            with pytest.raises(EngineProtocolError, match="lists no base model"):
+                client.engine_model()
