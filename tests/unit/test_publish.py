@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import io
 import json
 import os
@@ -11,13 +12,14 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import threading
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, Generator, List, Optional, Tuple
 
 import pytest
 
 from lora_sampler._adapters import archive as _archive
-from lora_sampler._adapters import publish
+from lora_sampler._adapters import extract, publish
 from lora_sampler.errors import AdapterConfigError, PublishError, UnsafeArchiveError
 from lora_sampler.names import NAME_RULE
 from lora_sampler.publish import (
@@ -230,6 +232,45 @@ def test_publish_truncated_archive(tmp_path: pathlib.Path, base: pathlib.Path) -
     with pytest.raises(PublishError, match="cannot read"):
         publish_checkpoint(archive, base)
     assert os.listdir(base) == []
+
+
+@pytest.mark.parametrize("layout", ["archive", "folder"])
+def test_publish_interrupted_mid_read_closes_its_file_and_leaves_no_temporary_folder(
+    tmp_path: pathlib.Path, base: pathlib.Path, monkeypatch: pytest.MonkeyPatch, layout: str
+) -> None:
+    """Ctrl-C while a checkpoint's file is being written (its chunks' generator suspended mid-file): the
+    KeyboardInterrupt propagates as itself, the file being read is closed (its generator finished), the hashing thread
+    ends and no temporary folder is left; the next publish publishes it whole."""
+    weights = os.urandom(3 * _archive.CHUNK_SIZE)
+    if layout == "archive":
+        checkpoint = write_archive(tmp_path / "step.tar", adapter_members(weights=weights), mode="w")
+    else:
+        checkpoint = write_adapter_dir(tmp_path / "step", weights=weights)
+    opened: List[Generator[bytes, None, None]] = []
+
+    def recorded(path: str) -> Generator[bytes, None, None]:
+        opened.append(_archive.file_chunks(path))
+        return opened[-1]
+
+    written: List[int] = []
+    write_all = extract._write_all
+
+    def interrupt(fd: int, data: bytes) -> None:
+        if sum(written) > _archive.CHUNK_SIZE:  # mid-way through the weights
+            raise KeyboardInterrupt
+        written.append(len(data))
+        write_all(fd, data)
+
+    monkeypatch.setattr(publish, "file_chunks", recorded)
+    monkeypatch.setattr(extract, "_write_all", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        publish_checkpoint(checkpoint, base)
+    assert opened and all(inspect.getgeneratorstate(chunks) == inspect.GEN_CLOSED for chunks in opened)
+    assert os.listdir(base) == []
+    assert not [thread for thread in threading.enumerate() if thread.name == "lora_sampler-sha256"]
+    monkeypatch.undo()
+    adapter = publish_checkpoint(checkpoint, base)
+    assert os.listdir(base) == [adapter.name]
 
 
 # -- layouts -------------------------------------------------------------------------------------------------------
