@@ -96,14 +96,19 @@ class AdapterRegistry:
         return adapter
 
     def _resolve_once(self, spec: Union[str, PathLike], key: str) -> Adapter:
-        """Publish a checkpoint path, or find a bare name, once however many threads ask for it at once."""
+        """Publish a checkpoint path, or find a bare name, once however many threads ask for it at once.
+
+        An adapter with a folder is remembered only while this client still leases it: an unload that came meanwhile
+        let go of it (and maybe deleted it), so the next resolve publishes or finds it again.
+        """
         with self._work.hold(("resolve", key)):
             with self._lock:
                 adapter = self._resolved.get(key)
             if adapter is None:
                 adapter = self.publish(spec) if is_checkpoint_path(spec) else self._find(key)
                 with self._lock:
-                    self._resolved[key] = adapter
+                    if adapter.path is None or adapter.name in self._leases:
+                        self._resolved[key] = adapter
             return adapter
 
     def _find(self, name: str) -> Adapter:
