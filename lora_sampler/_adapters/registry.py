@@ -37,8 +37,8 @@ class AdapterRegistry:
     """Per-client adapter bookkeeping.
 
     Locking: every field is written under ``_lock``, and read under it except single-key lookups on the sampling
-    path (a dict or set lookup is atomic). ``_work`` serialises the slow work on one key (one checkpoint's publish,
-    one adapter's preflight) and guards no field.
+    path (a dict or set lookup is atomic). ``_work`` serialises the slow work on one key (one ``adapter=`` value's
+    resolution, one adapter's preflight) and guards no field.
 
     Args:
         transport: The engine transport (for ``GET /v1/models`` and unloads).
@@ -293,11 +293,12 @@ class AdapterRegistry:
             self._fleet.unload_everywhere(name)  # raises naming the replicas that did not let go
         else:
             self._unload_from_engine(name, session_id)
+        # The lease goes first: a resolution recorded before it is purged below, one after it sees no lease.
+        self.release_lease(name)
         with self._lock:  # in place: a resolution written meanwhile for another adapter is kept
             self._checked.discard(name)
             for key in [key for key, resolved in self._resolved.items() if resolved.name == name]:
                 del self._resolved[key]
-        self.release_lease(name)
         if folder is not None and not remove_if_unleased(folder, name):
             logger.warning(
                 "Kept the folder of adapter %r in %s: another run holds a lease on it (it is still sampling it)",

@@ -178,3 +178,48 @@ def test_registry_forgets_a_resolution_its_adapter_was_unloaded_during(
     assert not first.is_alive() and not errors
     registry.resolve(checkpoint)
     assert published == [checkpoint, checkpoint]
+
+
+def test_registry_forgets_a_resolution_recorded_while_the_unload_lets_go_of_the_lease(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """The same race at the unload's other step: the paused resolve goes on and records while the unload is letting go
+    of the lease (the resolve sees it still held). The record must not outlive the unload: the next resolve publishes
+    again."""
+    published: List[str] = []
+    in_preflight, go_on = threading.Event(), threading.Event()
+    (tmp_path / "step-5-0123456789ab").mkdir()
+
+    def fake_publish(checkpoint: Any, lora_base_dir: Any, **kwargs: Any) -> Adapter:
+        published.append(str(checkpoint))
+        return Adapter("step-5-0123456789ab", path=str(tmp_path / "step-5-0123456789ab"))
+
+    def paused_check(path: Any, model: str) -> None:
+        if len(published) == 1:
+            in_preflight.set()
+            assert go_on.wait(30), "the test never let the preflight go on"
+
+    monkeypatch.setattr(publish_module, "publish_checkpoint", fake_publish)
+    monkeypatch.setattr(publish_module, "check_adapter_config", paused_check)
+    registry = AdapterRegistry(_Transport(), tmp_path, None)  # type: ignore[arg-type]
+    checkpoint = str(tmp_path / "step-5.tar.gz")
+    errors: List[BaseException] = []
+    first = threading.Thread(target=recording(errors, registry.resolve), args=(checkpoint,))
+    let_go = registry.release_lease
+
+    def release_after_the_resolve_recorded(name: str) -> None:
+        go_on.set()  # the paused resolve finishes (and records, if it still sees the lease) before the lease goes
+        first.join(30)
+        let_go(name)
+
+    monkeypatch.setattr(registry, "release_lease", release_after_the_resolve_recorded)
+    first.start()
+    try:
+        assert in_preflight.wait(30), "the first resolve never reached its preflight"
+        registry.unload("step-5-0123456789ab")
+    finally:
+        go_on.set()
+        first.join(30)
+    assert not first.is_alive() and not errors
+    registry.resolve(checkpoint)
+    assert published == [checkpoint, checkpoint]
