@@ -42,7 +42,8 @@ from lora_sampler.types import check_count
 
 #: Bytes per step when extracting or copying: measured faster than 64 KiB and 1 MiB on a 64 MiB payload.
 COPY_CHUNK_SIZE = 1 << 18
-#: Chunks handed to the hashing thread and not hashed yet, at most (bounds its memory to 4 MiB of 1 MiB chunks).
+#: Chunks handed to the hashing thread and not hashed yet, at most: the source's own chunks (4 MiB of a file's or
+#: S3's 1 MiB chunks, 64 MiB of another store's 16 MiB ranges).
 HASH_QUEUE_CHUNKS = 4
 #: Most bytes of zero padding read after a tar end-of-archive marker (tar's largest blocking factor is 1 MiB).
 MAX_TAR_PADDING = 16 << 20

@@ -465,10 +465,13 @@ def check_adapter_config(adapter_dir: StrPath, engine_model: Optional[str]) -> D
             f"{path} is missing; an adapter folder needs the {CONFIG_FILE} written by peft's save_pretrained"
         ) from None
     except OSError as error:
-        raise AdapterConfigError(
-            f"{path} is not readable JSON ({error}); re-save the adapter with peft's save_pretrained"
-        ) from error
+        raise _unreadable(path, error) from error
     return check_config_content(content, path, engine_model)
+
+
+def _unreadable(path: str, error: Exception) -> AdapterConfigError:
+    """The error for an ``adapter_config.json`` that cannot be read or parsed (either way, re-saving mends it)."""
+    return AdapterConfigError(f"{path} is not readable JSON ({error}); re-save the adapter with peft's save_pretrained")
 
 
 def check_config_content(content: bytes, path: str, engine_model: Optional[str]) -> Dict[str, Any]:
@@ -481,9 +484,7 @@ def check_config_content(content: bytes, path: str, engine_model: Optional[str])
     try:
         config = json.loads(content.decode("utf-8"))  # a decode error is unreadable JSON too
     except ValueError as error:
-        raise AdapterConfigError(
-            f"{path} is not readable JSON ({error}); re-save the adapter with peft's save_pretrained"
-        ) from error
+        raise _unreadable(path, error) from error
     if not isinstance(config, dict):
         raise AdapterConfigError(f"{path} holds a {type(config).__name__}, not a JSON object; re-save the adapter")
     peft_type = config.get("peft_type")

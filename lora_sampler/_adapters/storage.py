@@ -28,7 +28,6 @@ from typing import (
     Awaitable,
     Callable,
     Dict,
-    Generator,
     Iterator,
     List,
     Mapping,
@@ -39,7 +38,7 @@ from typing import (
     TypeVar,
 )
 
-from lora_sampler._adapters.archive import CONFIG_FILE
+from lora_sampler._adapters.archive import CONFIG_FILE, Chunks
 from lora_sampler._defaults import DEFAULT_STORAGE_MIN_RATE, DEFAULT_TIMEOUT
 from lora_sampler._wire.archives import has_archive_suffix
 from lora_sampler.errors import LoraSamplerError, PublishError
@@ -94,8 +93,6 @@ _UNREACHABLE = {"EndpointConnectionError", "ConnectTimeoutError", "ClientConnect
 _S3_READ_KEYS = ("RequestPayer", "ExpectedBucketOwner", "SSECustomerAlgorithm", "SSECustomerKey", "SSECustomerKeyMD5")
 
 T = TypeVar("T")
-#: An object's bytes, chunk by chunk, each read when the reader asks for it; closing it ends the read.
-Chunks = Generator[bytes, None, None]
 
 
 class StoreTimeoutError(OSError):
