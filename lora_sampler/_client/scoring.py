@@ -133,7 +133,7 @@ class Scorer:
 
     def _finish(self, sample: SampleRequest, start: int, output: SampleOutput) -> ScoreOutput:
         """Read the scores of the sequence ``sample`` sent, from ``start`` on, from the engine's answer."""
-        tokens = _prompt_tokens(output, sample.prompt)
+        tokens = prompt_tokens(output, sample.prompt)
         if output.prompt_logprobs is None or tokens is None:  # from_json checked the logprobs of known tokens
             raise EngineProtocolError(
                 f"the engine at {self._base_url} answered a text prompt without its prompt_token_ids, so its "
@@ -149,7 +149,7 @@ class Scorer:
         return self._calls.tokenize(part, model, add_special_tokens=special_tokens, session_id=session)
 
 
-def _prompt_tokens(output: SampleOutput, sent: Optional[Prompt]) -> Optional[Tuple[int, ...]]:
+def prompt_tokens(output: SampleOutput, sent: Optional[Prompt]) -> Optional[Tuple[int, ...]]:
     """Return the prompt's token ids: those sent (a validated prompt holds them as a tuple), or for text those the
     engine reports (``prompt_token_ids``)."""
     if isinstance(sent, tuple):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Protocol, Sequence, Tuple, Union
 
 from lora_sampler._client.isolation import ModelIsolation
+from lora_sampler._client.scoring import prompt_tokens
 from lora_sampler.errors import EngineError
 from lora_sampler.types import (
     Adapter,
@@ -187,11 +188,8 @@ class ScoringSelfCheck:
         )
         probes = []
         for text, output in zip(PROBE_PROMPTS, outputs):
-            choices = (output.body or {}).get("choices") or [{}]
-            ids = choices[0].get("prompt_token_ids")
-            prompt = tuple(ids) if isinstance(ids, list) and ids else None
-            if prompt is None:  # not a vLLM that returns prompt ids: the engine's tokenizer splits the text
-                prompt = self.client.tokenize(text, base_model=self.base)
+            # the ids the engine reports for the text; a vLLM that reports none: its tokenizer splits the text
+            prompt = prompt_tokens(output, text) or self.client.tokenize(text, base_model=self.base)
             sequence = output.sequences[0]
             probes.append(_Probe(prompt, sequence.tokens, sequence.logprobs))
         return probes
