@@ -8,7 +8,6 @@ the Python call and the docs together, and it is checked once, here, whichever w
 
 from __future__ import annotations
 
-import collections.abc
 import dataclasses
 import difflib
 import os
@@ -149,7 +148,7 @@ class SweepSettings:
     )
     lm_eval_args: Optional[Mapping[str, Any]] = _setting(
         None,
-        value=collections.abc.Mapping,
+        value=dict,
         metavar="JSON",
         help='what else lm-eval\'s simple_evaluate takes, as a JSON object, e.g. {"gen_kwargs": "temperature=0", '
         '"apply_chat_template": true, "log_samples": true}',

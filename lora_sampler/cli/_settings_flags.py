@@ -9,7 +9,6 @@ are the command line's and their messages name the flags.
 from __future__ import annotations
 
 import argparse
-import collections.abc
 import dataclasses
 import re
 from typing import Any, Callable, Dict, Iterable, List
@@ -55,7 +54,6 @@ _READERS: Dict[Any, Callable[[str], Any]] = {
     int: int,
     float: float,
     dict: json_object,
-    collections.abc.Mapping: json_object,
 }
 
 

@@ -3,7 +3,6 @@ guide's table are built from its fields, and each value is checked once, in the 
 
 from __future__ import annotations
 
-import collections.abc
 import dataclasses
 import inspect
 import re
@@ -41,7 +40,6 @@ def test_the_guide_lists_every_setting_as_the_fields_say() -> None:
 
 #: A value for each kind of flag, and what the value holds then.
 SAMPLES = {int: ("3", 3), float: ("0.5", 0.5), dict: ('{"min_tokens": 4}', {"min_tokens": 4}), list: ("X", ["X"])}
-SAMPLES[collections.abc.Mapping] = ('{"log_samples": true}', {"log_samples": True})
 #: Text settings, by name: the text, and the value it becomes.
 TEXT_SAMPLES = {"lm_eval_tasks": ("t1,t2", ("t1", "t2")), "lm_eval_include_path": ("tasks/", "tasks/")}
 #: The lm-eval settings go with the tasks to run.
