@@ -662,7 +662,8 @@ class CheckpointSource:
 
     def _changed(self, item: Checkpoint) -> Optional[Checkpoint]:
         """A done checkpoint whose content changed since (its signature differs): to evaluate again."""
-        signature, adapter = self._done[item.key].get("signature"), self._done[item.key].get("adapter")
+        line = self._done[item.key]
+        signature, adapter = line.get("signature"), line.get("adapter")
         if signature is None or adapter is None:
             return None  # failed, or done by a version that recorded no signature
         path = item.real or item.path

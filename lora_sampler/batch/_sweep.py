@@ -400,7 +400,7 @@ class _CheckpointRun(threading.Thread):
 
     ``inputs_done`` is set once every one of its requests was handed to the client (or it ended early): the next
     checkpoint's requests then queue right behind its last ones, so the client's workers never run dry. ``claimed``
-    orders the checkpoints' hold on their adapters (``_SharedAdapters.hold``), ``ended`` ends it.
+    orders the checkpoints' hold on their adapters (``_SharedAdapters.hold``), ``ended`` releases it.
     """
 
     def __init__(
@@ -416,7 +416,7 @@ class _CheckpointRun(threading.Thread):
         self.sweep, self.checkpoint, self.after, self.claimed_before = sweep, checkpoint, after, claimed_before
         self.adapters, self.finished = adapters, finished
         self.inputs_done = threading.Event()
-        #: Set once this checkpoint holds its adapter (or ended): the next one may claim its own.
+        #: Set once this checkpoint took its place among its adapter's holders (or ended): the next one may claim.
         self.claimed = threading.Event()
         #: Set once it ended: a later checkpoint with the same adapter goes on.
         self.ended = threading.Event()
@@ -437,7 +437,7 @@ class _CheckpointRun(threading.Thread):
             work.stop(self.sweep.grace)
 
     def _waited(self, event: threading.Event) -> bool:
-        """Wait for the checkpoint before this one to reach ``event``; False: the sweep stopped first."""
+        """Wait for ``event`` (an earlier checkpoint's, or this one's warm-up); False: the sweep stopped first."""
         while not event.wait(0.05):
             if self.sweep.stopped:
                 return False

@@ -54,6 +54,7 @@ class LmEvalTasks(CheckpointEvaluator):
             )
         self.settings, limit = settings, settings.lm_eval_limit
         self.limit = int(limit) if limit is not None and float(limit).is_integer() else limit
+        self.tasks = tuple(settings.lm_eval_tasks or ())
         self.arguments: Dict[str, Any] = {"log_samples": False, **(settings.lm_eval_args or {})}
         self.model_args = _model_args(self.arguments.pop("model_args", None))
         #: The token cache's tokenizer (one cache serves every checkpoint), not each checkpoint model's setting: read
@@ -81,7 +82,7 @@ class LmEvalTasks(CheckpointEvaluator):
         )
         results = simple_evaluate(
             model=model,
-            tasks=list(self.settings.lm_eval_tasks or ()),  # lm-eval reads a list, not a tuple
+            tasks=list(self.tasks),  # lm-eval reads a list, not a tuple (a fresh one: it is lm-eval's to change)
             limit=self.limit,
             num_fewshot=self.settings.lm_eval_num_fewshot,
             task_manager=self._tasks_index(),
@@ -103,7 +104,7 @@ class LmEvalTasks(CheckpointEvaluator):
             folder = self.settings.lm_eval_include_path
             if folder is not None:
                 own = TaskManager(include_path=folder, include_defaults=False)
-                if set(self.settings.lm_eval_tasks or ()) <= set(own.all_subtasks):
+                if set(self.tasks) <= set(own.all_subtasks):
                     self._task_manager = own
                     return own
             self._task_manager = TaskManager(include_path=folder)

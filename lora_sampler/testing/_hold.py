@@ -21,6 +21,7 @@ class Hold:
 
     def _init_hold(self) -> None:
         """Hold nothing (called by ``FakeEngine.__init__`` once its lifecycle is set)."""
+        self._changed = self._lifecycle.changed  # notified when a hold is released or its overlap came
         self._holding = False
         self._hold_model: str | None = None
         self._hold_until: int | None = None
@@ -56,24 +57,24 @@ class Hold:
             raise ValueError(f"until_in_flight must be None or at least 2, got {until_in_flight!r}")
         if beside is not None and beside == model:
             raise ValueError(f"beside must be another model than the held one, got {beside!r} for both")
-        with self._lifecycle.changed:
+        with self._changed:
             self._holding, self._hold_model, self._hold_until, self._hold_beside = True, model, until_in_flight, beside
             self._hold_after = after
 
     def release(self, *, keep_holding: bool = False) -> None:
         """Let every held completion go on, and hold no more; with ``keep_holding``, completions arriving later are
         held as before (a test steps a job through its requests one at a time)."""
-        with self._lifecycle.changed:
+        with self._changed:
             if keep_holding:
                 self._waves += 1  # the held ones see a new wave and go on; the hold stays on
             else:
                 self._holding = False
-            self._lifecycle.changed.notify_all()
+            self._changed.notify_all()
 
     @property
     def held_requests(self) -> int:
         """Completions held now (``hold``)."""
-        with self._lifecycle.changed:
+        with self._changed:
             return self._held
 
     def wait_for_held(self, count: int = 1, timeout: float = 60.0) -> None:
@@ -82,8 +83,8 @@ class Hold:
         Raises:
             TimeoutError: fewer were held after ``timeout`` seconds (the message says how many).
         """
-        with self._lifecycle.changed:
-            if not self._lifecycle.changed.wait_for(lambda: self._held >= count, timeout):
+        with self._changed:
+            if not self._changed.wait_for(lambda: self._held >= count, timeout):
                 raise TimeoutError(f"{self._held} completions held after {timeout:g} s, waiting for {count}")
 
     def _wait_if_held(self, model: str, flying: Callable[[], list[str]]) -> None:
@@ -97,11 +98,10 @@ class Hold:
         Raises:
             ClientGone: the client hung up while the completion was held (vLLM aborts it).
         """
-        changed = self._lifecycle.changed
-        with changed:
+        with self._changed:
             if self._holding and self._overlap(flying()):
                 self._waves += 1  # the overlap asked for happened: every held completion goes on, and this one
-                changed.notify_all()
+                self._changed.notify_all()
                 return
             if not self._holds(model):
                 return
@@ -110,12 +110,12 @@ class Hold:
                 return
             self._held += 1
             wave = self._waves
-            changed.notify_all()
+            self._changed.notify_all()
             try:
                 self._lifecycle.wait_until(lambda: not self._holds(model) or wave != self._waves)
             finally:
                 self._held -= 1
-                changed.notify_all()
+                self._changed.notify_all()
 
     def _overlap(self, flying: list[str]) -> bool:
         """Whether the completions in flight are the overlap the hold waits for (``until_in_flight``, ``beside``)."""
