@@ -143,49 +143,14 @@ def test_keyed_locks_serialise_one_key_and_keep_waiters() -> None:
     assert order == ["first", "second"] and len(locks) == 0
 
 
+@pytest.mark.parametrize("resume_in_release", [False, True], ids=["after-the-unload", "inside-the-lease-release"])
 def test_registry_forgets_a_resolution_its_adapter_was_unloaded_during(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, resume_in_release: bool
 ) -> None:
     """A checkpoint's first resolve, paused in its preflight after the publish, while another thread unloads the
     adapter (deleting its files, say): the unload wins, and the next resolve publishes the checkpoint again instead of
-    handing out the record of a folder that was let go of (it kept it for the client's life)."""
-    published: List[str] = []
-    in_preflight, go_on = threading.Event(), threading.Event()
-    (tmp_path / "step-5-0123456789ab").mkdir()
-
-    def fake_publish(checkpoint: Any, lora_base_dir: Any, **kwargs: Any) -> Adapter:
-        published.append(str(checkpoint))
-        return Adapter("step-5-0123456789ab", path=str(tmp_path / "step-5-0123456789ab"))
-
-    def paused_check(path: Any, model: str) -> None:
-        if len(published) == 1:
-            in_preflight.set()
-            assert go_on.wait(30), "the test never let the preflight go on"
-
-    monkeypatch.setattr(publish_module, "publish_checkpoint", fake_publish)
-    monkeypatch.setattr(publish_module, "check_adapter_config", paused_check)
-    registry = AdapterRegistry(_Transport(), tmp_path, None)  # type: ignore[arg-type]
-    checkpoint = str(tmp_path / "step-5.tar.gz")
-    errors: List[BaseException] = []
-    first = threading.Thread(target=recording(errors, registry.resolve), args=(checkpoint,))
-    first.start()
-    try:
-        assert in_preflight.wait(30), "the first resolve never reached its preflight"
-        registry.unload("step-5-0123456789ab")
-    finally:
-        go_on.set()
-        first.join(30)
-    assert not first.is_alive() and not errors
-    registry.resolve(checkpoint)
-    assert published == [checkpoint, checkpoint]
-
-
-def test_registry_forgets_a_resolution_recorded_while_the_unload_lets_go_of_the_lease(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
-) -> None:
-    """The same race at the unload's other step: the paused resolve goes on and records while the unload is letting go
-    of the lease (the resolve sees it still held). The record must not outlive the unload: the next resolve publishes
-    again."""
+    handing out the record of a folder that was let go of (it kept it for the client's life). The paused resolve
+    goes on after the unload, or while the unload lets go of the lease (it then sees the lease still held)."""
     published: List[str] = []
     in_preflight, go_on = threading.Event(), threading.Event()
     (tmp_path / "step-5-0123456789ab").mkdir()
@@ -212,7 +177,8 @@ def test_registry_forgets_a_resolution_recorded_while_the_unload_lets_go_of_the_
         first.join(30)
         let_go(name)
 
-    monkeypatch.setattr(registry, "release_lease", release_after_the_resolve_recorded)
+    if resume_in_release:
+        monkeypatch.setattr(registry, "release_lease", release_after_the_resolve_recorded)
     first.start()
     try:
         assert in_preflight.wait(30), "the first resolve never reached its preflight"
