@@ -358,7 +358,9 @@ def test_a_sweep_stopped_at_once_leaves_its_held_warm_ups_behind(
         finally:
             engine.release()
         assert not waited, "the stopped sweep still waits for a held request"
-        assert reports == [] and running.abandoned
+        # No report: nothing finished. The two held requests may be both checkpoints' warm-ups (no job started, so
+        # none abandoned) or a warm-up and a job's first request: ``abandoned`` depends on which, so not asserted.
+        assert reports == []
         again = list(sweep(client, pattern, prompts, output_dir=out, window=2))
     assert [(report.rows, report.failed) for report in again] == [(8, 0)] * 3
     assert all(sorted(ids) == list(range(8)) for ids in ids_per_output(out).values())
@@ -400,7 +402,9 @@ def test_a_sweep_stopped_at_once_while_two_checkpoints_share_an_adapter_leaves_a
         scorer.join(60)
         assert not waited, "the stopped sweep still waits"
         assert not scorer.is_alive() and len(scored) == 1 and len(scored[0]) == 3, "the other thread's request was cut"
-        assert reports == [] and running.abandoned
+        # No report: nothing finished. Whether a job had started (and so abandoned requests) when the stop came
+        # depends on which sweep request was waiting for the scoring one (the warm-up, or a job's), so not asserted.
+        assert reports == []
         again = list(sweep(client, pattern, prompts, output_dir=out, window=2))
     assert [(report.rows, report.failed) for report in again] == [(8, 0)] * 2
     assert again[0].adapter == again[1].adapter
