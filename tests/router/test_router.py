@@ -115,7 +115,8 @@ def test_router_unload_from_every_replica_with_one_client_per_replica_url(
     """Through the router an unload reaches one replica; a client per replica URL unloads from all of them."""
     write_adapter(os.path.join(lora_dir, "everywhere"), BASE_MODEL)
     with SamplerClient(router.url, lora_base_dir=lora_dir) as client:
-        client.sample_many([{"prompt": "x", "adapter": "everywhere"} for _ in range(30)])
+        # 30 requests of one prompt each (the client may otherwise fold them into a few): the router spreads them
+        client.sample_many([{"prompt": "x", "adapter": "everywhere"} for _ in range(30)], prompts_per_request=1)
         assert all("everywhere" in replica.command("loaded") for replica in replicas)
         client.unload("everywhere", session_id="whoever")
     assert sum("everywhere" in replica.command("loaded") for replica in replicas) == 2  # one replica only
