@@ -383,17 +383,6 @@ def _scan(
         yield raw, keep
 
 
-def answered_keys(path: str, key_of: RecordKey = record_key) -> Set[str]:
-    """Return the keys of the ids an output file holds a record of (failed ones too), reading it only; a missing
-    file holds none. A sweep reads it to find a finished checkpoint's output that lacks lines appended since."""
-    state = ResumeState()
-    if os.path.exists(path):
-        with open(path, "rb") as f:
-            for _ in _scan(f, False, state, key_of):
-                pass
-    return state.done
-
-
 def prepare_output(path: str, *, retry_failed: bool = True, key_of: RecordKey = record_key) -> ResumeState:
     """Read an existing output file into a resume set, dropping torn lines and (by default) error lines.
 
@@ -619,19 +608,32 @@ def settings_changes(before: Mapping[str, Any], now: Mapping[str, Any]) -> str:
     return ", ".join(changed)
 
 
-def check_remembered(output: str, settings: Mapping[str, Any], lines: Iterable[InputLine] = ()) -> None:
+def check_remembered(
+    output: str, settings: Mapping[str, Any], lines: Iterable[InputLine], key_of: RecordKey = record_key
+) -> bool:
     """Refuse to take ``output`` as finished when it remembers other settings than ``settings``, or another request
-    for the id of one of ``lines`` (a sweep's finished checkpoint is not opened again, so it is checked here).
+    for an id it answered (a sweep's finished checkpoint is not opened again, so it is checked here); tell whether
+    it answers every line of ``lines`` that has a request (False: lines were appended to the input since).
 
     Raises:
         OutputSettingsError: it does (the message names the setting or the line, and the way out).
     """
     remembered, digests = _read_file(settings_path(output))
     _refuse_changes(output, remembered, settings)
-    for line in lines if digests else ():
+    answered = ResumeState()
+    if os.path.exists(output):
+        with open(output, "rb") as f:
+            for _ in _scan(f, False, answered, key_of):  # read only: every record counts, failed ones too
+                pass
+    complete = True
+    for line in lines:
+        if line.key not in answered.done:
+            complete = complete and line.request is None
+            continue
         refusal = _changed_line(output, digests, line)
         if refusal is not None:
             raise refusal
+    return complete
 
 
 def _refuse_changes(output: str, remembered: Optional[Mapping[str, Any]], settings: Mapping[str, Any]) -> None:
@@ -663,10 +665,14 @@ class OutputMemory:
     """The remembered settings of one output, open for the run that writes it (the output's one-writer lock held);
     a context manager that closes its file.
 
+    The file is appended to as the output is, never rewritten: each run adds the settings, then one digest per record
+    before the record. Read back, the last settings and each id's last digest count; only the output's answered ids
+    are ever asked about, so a digest of an id the output no longer holds (a failure run again) is never consulted.
+
     Args:
         output: The output file.
         settings: The job's settings that change answers (``LineFormat.settings``).
-        done: The resume set (the ids the output already holds); the others' digests are dropped.
+        done: The resume set (the ids the output already holds): without any, nothing is compared.
         restart: Forget what the output remembers (the caller empties the output too).
 
     Raises:
@@ -680,19 +686,11 @@ class OutputMemory:
             _refuse_changes(output, remembered, settings)
         if remembered is None and done and not restart:
             logger.warning("%s remembers no settings (written by an older version); taking them as today's", output)
-        self._digests = {key: digest for key, digest in self._digests.items() if key in done}
-        self._stream = self._rewrite(settings)
-
-    def _rewrite(self, settings: Mapping[str, Any]) -> IO[str]:
-        """Write the file afresh (the settings, then the digests of the ids still answered); open it to append."""
-        try:
-            with replacing(self.path) as out:
-                out.write(_line({"settings": dict(settings)}).encode("ascii"))
-                for key, digest in self._digests.items():
-                    out.write(_line({"id": key, "line": digest}).encode("ascii"))
-            return open(self.path, "a", encoding="utf-8")
+        try:  # __exit__ closes it
+            self._stream = open(self.path, "w" if restart else "a", encoding="utf-8")  # noqa: SIM115
         except OSError as error:
             raise output_error(self.path, error, of=self.output) from None
+        self._append("\n" + _line({"settings": dict(settings)}))  # the newline ends a line a kill tore: skipped
 
     def refusal(self, line: InputLine) -> Optional[OutputSettingsError]:
         """Return the refusal of an answered line that now asks something else (its prompt or own settings changed);
@@ -709,8 +707,11 @@ class OutputMemory:
             return
         digest = request_digest(request)
         self._digests[key] = digest
+        self._append(_line({"id": key, "line": digest}))
+
+    def _append(self, text: str) -> None:
         try:
-            self._stream.write(_line({"id": key, "line": digest}))
+            self._stream.write(text)
             self._stream.flush()
         except OSError as error:
             raise output_error(self.path, error, of=self.output) from None
@@ -724,7 +725,8 @@ class OutputMemory:
 
 
 def _read_file(path: str) -> Tuple[Optional[Dict[str, Any]], Dict[str, str]]:
-    """Read remembered settings and digests (a torn last line from a kill is skipped); ``(None, {})``: no file."""
+    """Read remembered settings and digests (the last of each; a line torn by a kill is skipped); ``(None, {})``: no
+    file."""
     settings: Optional[Dict[str, Any]] = None
     digests: Dict[str, str] = {}
     try:

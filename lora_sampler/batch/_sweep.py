@@ -36,7 +36,7 @@ from lora_sampler.batch._evaluator import (
 )
 from lora_sampler.batch._job import DEFAULT_DRAIN_SECONDS, BatchJob
 from lora_sampler.batch._ledger import Ledger
-from lora_sampler.batch._lines import InputLine, answered_keys, check_remembered, open_output
+from lora_sampler.batch._lines import InputLine, check_remembered, open_output
 from lora_sampler.batch._score import ScoreStep, scoring_notes
 from lora_sampler.batch._settings import SweepSettings
 from lora_sampler.batch._sources import (
@@ -254,15 +254,12 @@ class Sweep:
             they run again, and their output's resume sends those ids only.
         """
         unanswered: Set[str] = set()
-        wanted: Optional[Set[str]] = None  # the input's ids (those with a request), read once
         for key, line in ledger.finished.items() if self.evaluator is None else ():
             if isinstance(line.get("output"), str) and isinstance(line.get("adapter"), str):
                 output = os.path.join(self.settings.output_dir, line["output"])
                 adapter = Adapter(line["adapter"])
-                check_remembered(output, self.step.settings(adapter), self.step.lines(adapter))
-                if wanted is None:
-                    wanted = {each.key for each in self.step.lines(adapter) if each.request is not None}
-                if not wanted <= answered_keys(output, self.step.line_format.key_of):
+                lines, key_of = self.step.lines(adapter), self.step.line_format.key_of
+                if not check_remembered(output, self.step.settings(adapter), lines, key_of):
                     unanswered.add(key)
         if unanswered:
             logger.info("%d finished checkpoints lack lines appended to the input: resumed for those", len(unanswered))

@@ -12,18 +12,20 @@ import pytest
 
 from lora_sampler import SampleOutput, SampleRequest
 from lora_sampler.batch import (
+    PROMPT_LINES,
     InputLine,
     LineDefaults,
     count_lines,
     error_record,
     id_key,
+    open_output,
     parse_line,
     prepare_output,
     read_input,
     result_record,
     write_record,
 )
-from lora_sampler.errors import BatchInputError, ModelNotFoundError
+from lora_sampler.errors import BatchInputError, ModelNotFoundError, OutputSettingsError
 from lora_sampler.types import GeneratedSequence, SamplingParams
 
 DEFAULTS = LineDefaults(base_model="tiny-base", sampling_params=SamplingParams(max_tokens=4, temperature=0.5))
@@ -207,6 +209,25 @@ def test_prepare_output_keeps_the_first_of_duplicate_ids(tmp_path: Path) -> None
     state = prepare_output(str(path))
     assert state.rewritten
     assert read_records(path) == [{"id": "a", "sequences": [1]}]
+
+
+def test_remembered_settings_torn_by_a_kill_take_the_next_runs(tmp_path: Path) -> None:
+    """``<output>.settings`` is appended to, never rewritten: a line a kill tore is ended and skipped by the next
+    run, whose settings then count (glued to the torn line, they would be lost and the first run's refuse)."""
+    path = str(tmp_path / "out.jsonl")
+    first = PROMPT_LINES.settings(DEFAULTS, "m")
+    second = {**first, "temperature": 0.0}
+    with open_output(path, settings=first):
+        pass  # killed before any answer, mid-way through a digest:
+    with open(path + ".settings", "a", encoding="utf-8") as memory:
+        memory.write('{"id": "\\"a\\"", "li')
+    with open_output(path, settings=second) as (_, stream):  # nothing answered: other settings are taken
+        write_record(stream, {"id": "a", "sequences": []})
+    with open_output(path, settings=second) as (state, _):
+        assert state.done == {id_key("a")}
+    with pytest.raises(OutputSettingsError, match=r"temperature 0\.0 -> 0\.5"):
+        with open_output(path, settings=first):
+            pass
 
 
 def test_result_record_holds_sequences_and_no_nan() -> None:
