@@ -43,7 +43,7 @@ from lora_sampler.errors import (
     ModelNotFoundError,
     short_cause,
 )
-from lora_sampler.types import check_count
+from lora_sampler.types import check_count, checked_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -130,9 +130,7 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         check_count("max_attempts", self.max_attempts, 1)
         for name in ("base_delay", "max_delay", "load_timeout"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+            checked_seconds(getattr(self, name), name)
         if self.max_delay < self.base_delay:
             raise ValueError(f"max_delay ({self.max_delay}) must be >= base_delay ({self.base_delay})")
         object.__setattr__(self, "on_retry", _as_hooks(self.on_retry, "on_retry"))

@@ -80,6 +80,18 @@ def check_count(argument: str, value: object, minimum: int, note: str = "") -> N
         raise ValueError(f"{argument} must be an int >= {minimum}{note}, got {value!r}")
 
 
+def checked_seconds(value: object, argument: str) -> float:
+    """Return ``value`` as seconds if it is a finite or infinite number >= 0 (not NaN, not a bool): the one rule of
+    every duration a caller passes (a wait, a delay, a hold), so each says it in the same words.
+
+    Raises:
+        ValueError: it is not such a number; the message names ``argument``.
+    """
+    if not _is_number(value) or not cast(float, value) >= 0:
+        raise ValueError(f"{argument} must be a number of seconds >= 0, got {value!r}")
+    return float(cast(float, value))
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample: sent as vLLM's completion parameters.

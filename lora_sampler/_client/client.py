@@ -37,7 +37,7 @@ from lora_sampler._adapters.publish import adapter_targets_lm_head
 from lora_sampler._adapters.registry import AdapterRegistry
 from lora_sampler._client.calls import SampleCalls
 from lora_sampler._client.fanout import IN_FLIGHT_PER_WORKER, Batching, FanOut, RequestLike, Runner
-from lora_sampler._client.outage import OutageGate, OutageHook, checked_seconds, probe_until
+from lora_sampler._client.outage import OutageGate, OutageHook, probe_until
 from lora_sampler._client.progress import ProgressBar, check_total
 from lora_sampler._client.scoring import Scorer
 from lora_sampler._client.selfcheck import DEFAULT_SCORING_TOLERANCE, ScoringCheck, ScoringSelfCheck
@@ -62,6 +62,7 @@ from lora_sampler.types import (
     ScoreRequest,
     StopSpec,
     build_request,
+    checked_seconds,
     habit_error,
 )
 

@@ -71,17 +71,6 @@ class PromptLogprobFailures:
         )
 
 
-def checked_seconds(value: object, argument: str) -> float:
-    """Return ``value`` as seconds if it is a finite or infinite number >= 0 (not NaN, not a bool).
-
-    Raises:
-        ValueError: it is not such a number; the message names ``argument``.
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ValueError(f"{argument} must be a number of seconds >= 0, got {value!r}")
-    return float(value)
-
-
 def is_outage(error: BaseException) -> bool:
     """Tell whether a failure means the engine (or every worker behind a router) is away, not that a request is bad.
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 from lora_sampler._client.fanout import checked_prompts_per_request
-from lora_sampler._client.outage import checked_seconds
 from lora_sampler._defaults import (
     DEFAULT_CHECKPOINT_TIMEOUT,
     DEFAULT_FAIL_FAST,
@@ -29,7 +28,7 @@ from lora_sampler._wire.messages import validated_extra_body
 from lora_sampler.batch._lines import LineDefaults
 from lora_sampler.batch._score import ScoreStep
 from lora_sampler.batch._steps import SampleStep, SweepInput
-from lora_sampler.types import SamplingParams, StopSpec, check_count, sampling_params_from
+from lora_sampler.types import SamplingParams, StopSpec, check_count, checked_seconds, sampling_params_from
 
 #: The metadata key of a field's ``Setting``.
 SETTING_KEY = "lora_sampler.setting"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import random
 
 import pytest
@@ -54,6 +55,8 @@ def test_policy_testing_switch_zeroes_waits_and_restores() -> None:
         ({"base_delay": -1}, "base_delay"),
         ({"max_delay": 0.01}, "max_delay"),
         ({"load_timeout": "x"}, "load_timeout"),
+        ({"base_delay": math.nan, "max_delay": math.nan}, "base_delay must be a number of seconds >= 0"),
+        ({"load_timeout": math.nan}, "load_timeout"),
         ({"on_retry": [1]}, "on_retry"),
     ],
 )
