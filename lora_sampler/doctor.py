@@ -326,14 +326,20 @@ def _check_stored(url: str) -> Finding:
 
 
 def _check_archive_config(archive: str, model: str) -> None:
-    """Read ``adapter_config.json`` (at the root or in one top-level folder) from an archive, and check it."""
+    """Read ``adapter_config.json`` from an archive where publishing looks for it (at the root, else in the one
+    top-level folder: ``_adapter_root``'s rule), and check it."""
     with tarfile.open(archive) as tar:
-        members = [m for m in tar.getmembers() if m.isfile() and os.path.basename(m.name) == CONFIG_FILE]
-        member = min(members, key=lambda m: m.name.count("/"), default=None)
-        if member is None or member.name.strip("./").count("/") > 1:
-            raise AdapterConfigError(f"{archive} holds no {CONFIG_FILE} at its root or in a single top-level folder")
-        data = tar.extractfile(member)
-        content = data.read() if data is not None else b""
+        members = {os.path.normpath(m.name): m for m in tar.getmembers()}
+        tops = {name.split("/")[0] for name in members if name != "."}
+        inside = f"{next(iter(tops))}/{CONFIG_FILE}" if len(tops) == 1 else CONFIG_FILE
+        member = members.get(CONFIG_FILE) or members.get(inside)
+        data = tar.extractfile(member) if member is not None and member.isfile() else None
+        if member is None or data is None:
+            raise AdapterConfigError(
+                f"{archive} holds no {CONFIG_FILE} at its root or inside a single top-level folder (found: "
+                f"{sorted(tops)[:10]}); pass an archive of the folder written by peft's save_pretrained"
+            )
+        content = data.read()
     check_config_content(content, f"{archive}:{member.name}", model)
 
 

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
@@ -470,6 +471,25 @@ def test_cli_doctor_base_model_mismatch(engine: FakeEngine, tmp_path: Path, caps
     out = capsys.readouterr().out
     assert "PROBLEM  adapter config" in out and "other-model" in out and repr(engine.model) in out
     assert f"{wrong}:adapter_config.json has base_model_name_or_path='other-model'" in out
+
+
+@pytest.mark.parametrize(("layout", "ok"), [(["a/"], True), (["a/", "b/"], False), ([""], True)])
+def test_doctor_finds_an_archive_config_where_publish_does(tmp_path: Path, layout: List[str], ok: bool) -> None:
+    """The doctor reads an archive's adapter_config.json where publishing looks (the root, else the one top-level
+    folder): an archive whose config sits in one of two top-level folders, which publish refuses, is a problem."""
+    from lora_sampler.doctor import check_adapter
+
+    with tarfile.open(tmp_path / "ckpt.tar", "w") as tar:
+        for folder in layout:
+            config = json.dumps({"peft_type": "LORA", "base_model_name_or_path": "m"}).encode()
+            member = tarfile.TarInfo(folder + ("adapter_config.json" if folder == layout[0] else "weights"))
+            member.size = len(config)
+            tar.addfile(member, io.BytesIO(config))
+    finding = check_adapter(str(tmp_path / "ckpt.tar"), None, "m")
+    assert finding.ok is ok, finding.detail
+    assert ok or "no adapter_config.json at its root or inside a single top-level folder (found: ['a', 'b'])" in (
+        finding.detail
+    )
 
 
 def test_cli_doctor_wrong_resolver_folder(
