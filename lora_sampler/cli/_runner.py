@@ -31,7 +31,7 @@ from lora_sampler.batch._lines import (
 )
 from lora_sampler.batch._settings import SweepSettings
 from lora_sampler.cli._parser import UsageError
-from lora_sampler.cli._terminal import counting_rows, interrupts_stop, logs_above
+from lora_sampler.cli._terminal import counting_rows, interrupts_stop
 from lora_sampler.openai_batch import BATCH_LINES, OPENAI_BATCH_FORMAT, first_line, is_batch_line
 from lora_sampler.types import Adapter
 
@@ -92,7 +92,7 @@ def run_batch(
             on_outage=view.on_outage,
             line_format=line_format,
         )
-        with interrupts_stop(job) as interrupts, logs_above(view):
+        with interrupts_stop(job) as interrupts:
             stats = job.run()
     if not args.quiet:
         _print_summary(stats, client.retries)

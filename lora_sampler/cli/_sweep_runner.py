@@ -18,7 +18,7 @@ from lora_sampler.batch._settings import SweepSettings
 from lora_sampler.batch._sources import Checkpoint, Manifest
 from lora_sampler.batch._sweep import CheckpointReport, Sweep
 from lora_sampler.cli._runner import BatchAbandoned, exit_status
-from lora_sampler.cli._terminal import Interrupts, aligned, counting_rows, interrupts_stop, logs_above
+from lora_sampler.cli._terminal import Interrupts, aligned, counting_rows, interrupts_stop
 
 #: The summary table's columns, and the ledger field each shows.
 COLUMNS = (
@@ -80,12 +80,11 @@ def run_sweep(
     )
     with interrupts_stop(sweep) as interrupts:  # to the table's end: a Ctrl-C as the sweep ends still gets it
         try:
-            with logs_above(bar):
-                for report in sweep.run():
-                    if not args.quiet:
-                        bar.say(report_line(report))
-                    for note in report.notes if not report.resumed else ():
-                        bar.say(printable(f"lora-sampler: {report.checkpoint}: note: {note}"))
+            for report in sweep.run():
+                if not args.quiet:
+                    bar.say(report_line(report))
+                for note in report.notes if not report.resumed else ():
+                    bar.say(printable(f"lora-sampler: {report.checkpoint}: note: {note}"))
         finally:
             bar.close()
         if sweep.abandoned:

@@ -58,18 +58,18 @@ def aligned(rows: Sequence[Sequence[str]], *, numbers: bool = False) -> List[str
 
 
 class _Stderr(logging.Handler):
-    """lora_sampler's log lines on stderr, above the progress bar while ``logs_above`` names one."""
+    """lora_sampler's log lines on stderr, above the progress bar while one is drawn."""
 
     def __init__(self) -> None:
         super().__init__()
         self.setFormatter(logging.Formatter(LOG_FORMAT))
-        self.bar: Optional[ProgressBar] = None
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             line = self.format(record)
-            if self.bar is not None:
-                self.bar.say(line)  # above the bar, or on stderr when none is shown
+            drawn = sys.modules.get("tqdm")  # a bar is drawn by tqdm only, once imported
+            if drawn is not None:
+                drawn.tqdm.write(line, file=sys.stderr)  # tqdm's own write: clears every bar, writes, redraws them
             else:
                 print(line, file=sys.stderr)
         except Exception:  # as logging's own handlers: a line that cannot be written is reported, never raised
@@ -78,8 +78,8 @@ class _Stderr(logging.Handler):
 
 @contextlib.contextmanager
 def logs_to_stderr(level: str) -> Iterator[None]:
-    """Print lora_sampler's log lines of ``level`` and above on stderr for the block (``logs_above`` moves them above
-    a progress bar while it is shown)."""
+    """Print lora_sampler's log lines of ``level`` and above on stderr for the block (above the progress bar while
+    one is drawn)."""
     package = logging.getLogger("lora_sampler")
     previous, handler = package.level, _Stderr()
     package.setLevel(level)
@@ -89,19 +89,6 @@ def logs_to_stderr(level: str) -> Iterator[None]:
     finally:
         package.removeHandler(handler)
         package.setLevel(previous)
-
-
-@contextlib.contextmanager
-def logs_above(bar: ProgressBar) -> Iterator[None]:
-    """Print lora_sampler's stderr log lines (``logs_to_stderr``'s) above the progress bar for the block."""
-    handlers = [handler for handler in logging.getLogger("lora_sampler").handlers if isinstance(handler, _Stderr)]
-    for handler in handlers:
-        handler.bar = bar
-    try:
-        yield
-    finally:
-        for handler in handlers:
-            handler.bar = None
 
 
 def say_from_signal_handler(message: str) -> None:

@@ -85,3 +85,32 @@ def test_no_terminal_or_quiet_draws_nothing_and_still_prints_failures(capsys: An
             "lora-sampler: line 1 refused",
             "lora-sampler: 2 lines failed with the same error as line 1 refused",
         ]
+
+
+def test_a_log_line_while_the_bar_is_drawn_is_written_above_it_whole(monkeypatch: Any) -> None:
+    """The command line's log lines (``logs_to_stderr``) go through tqdm's own write while a bar is drawn: the bar
+    is cleared, the line written on a line of its own, the bar drawn again below it (never a line cut into the bar)."""
+    import logging
+
+    from tqdm import tqdm
+
+    from lora_sampler.cli._terminal import logs_to_stderr
+
+    terminal = _on_a_terminal(monkeypatch)
+    written: List[str] = []
+    real_write = tqdm.write
+
+    def write(line: str, **more: Any) -> None:
+        written.append(line)
+        real_write(line, **more)
+
+    monkeypatch.setattr(tqdm, "write", write)
+    bar = ProgressBar(4, lambda: 0, unit="line", terminal=True)
+    bar.count_row("done")
+    with logs_to_stderr("INFO"):
+        logging.getLogger("lora_sampler.test").info("retrying after a 503")
+    bar.count_row("done")
+    bar.close()
+    assert written == ["INFO lora_sampler.test: retrying after a 503"]
+    assert "INFO lora_sampler.test: retrying after a 503" in terminal.getvalue().replace("\r", "\n").splitlines()
+    assert "2/4" in _last_state(terminal)
