@@ -45,8 +45,8 @@ class Setting:
 
     Attributes:
         help: One sentence for ``--help``, the docstring and the guide's table.
-        flag: The ``lora-sampler`` flag; ``""`` derives it from the field's name (``idle_timeout`` ->
-            ``--idle-timeout``); None: a Python-only setting (a value no flag can spell).
+        cli: Whether the setting has a ``lora-sampler`` flag, named after the field (``idle_timeout`` ->
+            ``--idle-timeout``); False: a Python-only setting (a value no flag can spell).
         metavar: The flag's placeholder.
         value: How the flag's text becomes a value: ``int``, ``float``, ``dict`` (a JSON object) or ``list`` (the
             flag repeats); None: a switch (a bool field) or text.
@@ -54,14 +54,14 @@ class Setting:
     """
 
     help: str
-    flag: Optional[str] = ""
+    cli: bool = True
     metavar: Optional[str] = None
     value: Optional[type] = None
     cli_default: Any = None
 
     def flag_of(self, name: str) -> Optional[str]:
         """The flag of the field ``name`` (None: Python only)."""
-        return None if self.flag is None else self.flag or "--" + name.replace("_", "-")
+        return "--" + name.replace("_", "-") if self.cli else None
 
 
 def _setting(default: Any, **about: Any) -> Any:
@@ -123,7 +123,7 @@ class SweepSettings:
         '"min_tokens": 4}; a line\'s own "extra_body" object overrides its keys',
     )
     sampling_params: Optional[SamplingParams] = _setting(
-        None, flag=None, help="the sampling fields as one SamplingParams, instead of max_tokens, temperature, ..."
+        None, cli=False, help="the sampling fields as one SamplingParams, instead of max_tokens, temperature, ..."
     )
     # -- lm-evaluation-harness tasks on each checkpoint (the [lm-eval] extra)
     lm_eval_tasks: Optional[Sequence[str]] = _setting(
@@ -230,7 +230,7 @@ class SweepSettings:
     )
     storage_options: Optional[Mapping[str, Any]] = _setting(
         None,
-        flag=None,
+        cli=False,
         help="options of the storage library (fsspec) for checkpoint URLs, for the sweep's listings and "
         "publishing, held to the client's timeout (default: the client's storage_options)",
     )

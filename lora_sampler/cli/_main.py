@@ -530,8 +530,7 @@ def _run_lines(args: argparse.Namespace, line_format: Optional[LineFormat] = Non
     with job_input(args, line_format) as (source, lines):  # prompt lines without a model flag are refused here
 
         def job(client: SamplerClient) -> int:
-            model = _model(client, args)
-            adapter = model if isinstance(model, Adapter) else None
+            adapter = _adapter(client, args)
             scored = adapter if line_format is SCORE_FORMAT else None  # an lm_head adapter's scores get a note
             notes = [(scored.name, note) for note in scoring_notes(scored)] if scored is not None else []
             for _, note in notes:
@@ -639,14 +638,12 @@ def _check_sweep_input(path: str) -> None:
         )
 
 
-def _model(client: SamplerClient, args: argparse.Namespace) -> Union[Adapter, str, None]:
-    """Return what ``--adapter`` or ``--base-model`` names, once the engine can serve it: fail at once on an unusable
-    adapter or a base model the engine does not serve.
+def _adapter(client: SamplerClient, args: argparse.Namespace) -> Optional[Adapter]:
+    """Return the adapter ``--adapter`` names, once the engine can serve it, or check that the engine serves
+    ``--base-model``: fail at once on an unusable adapter or a base model the engine does not serve.
 
-    None: no --adapter or --base-model, so each batch line names its model (body.model).
+    None: the base model, or neither flag (each batch line names its model, in body.model).
     """
-    if not (args.adapter or args.base_model):
-        return None
     if args.base_model:
         served = client.served_base_models()
         if args.base_model not in served:
@@ -654,7 +651,8 @@ def _model(client: SamplerClient, args: argparse.Namespace) -> Union[Adapter, st
                 f"--base-model {args.base_model!r} is not served by the engine at {client.base_url}; it serves "
                 f"{', '.join(map(repr, served))}. Pass one of those, or --adapter for a LoRA adapter"
             )
-        return str(args.base_model)
+    if not args.adapter:
+        return None
     if not is_checkpoint_path(args.adapter):
         validate_adapter_name(args.adapter, argument="--adapter")  # before it becomes a path under --lora-base-dir
     elif not args.lora_base_dir:

@@ -57,22 +57,21 @@ _READERS: Dict[Any, Callable[[str], Any]] = {
 }
 
 
-def _fields() -> Dict[str, dataclasses.Field[Any]]:
-    return {item.name: item for item in dataclasses.fields(SweepSettings)}
+#: The fields of ``SweepSettings`` by name.
+_FIELDS = {item.name: item for item in dataclasses.fields(SweepSettings)}
+#: The flag of each field that has one, in field order.
+FLAGS = {name: flag for name, item in _FIELDS.items() if (flag := setting_of(item).flag_of(name)) is not None}
 
 
 def flag_fields() -> List[str]:
     """The names of the fields that have a flag, in field order."""
-    return [name for name, item in _fields().items() if setting_of(item).flag_of(name) is not None]
+    return list(FLAGS)
 
 
 def add_flags(parser: argparse.ArgumentParser, names: Iterable[str]) -> None:
     """Add the flag of each named field to ``parser``: its help, placeholder, reader and default from the field."""
-    fields = _fields()
     for name in names:
-        item, about = fields[name], setting_of(fields[name])
-        flag = about.flag_of(name)
-        assert flag is not None, f"{name} has no flag"
+        item, about = _FIELDS[name], setting_of(_FIELDS[name])
         default = item.default if about.cli_default is None else about.cli_default
         options: Dict[str, Any] = {"dest": name, "help": _snake_to_flags(about.help).replace("%", "%%")}
         if about.value is None and isinstance(default, bool):
@@ -83,7 +82,7 @@ def add_flags(parser: argparse.ArgumentParser, names: Iterable[str]) -> None:
             options.update(required=True, metavar=about.metavar)
         else:
             options.update(type=_READERS.get(about.value, str), default=default, metavar=about.metavar)
-        parser.add_argument(flag, **options)
+        parser.add_argument(FLAGS[name], **options)
 
 
 def settings_from(args: argparse.Namespace, **given: Any) -> SweepSettings:
@@ -110,10 +109,9 @@ def settings_from(args: argparse.Namespace, **given: Any) -> SweepSettings:
 def flags_named(message: str) -> str:
     """``message`` with the settings it names spelled as their flags (``keep_loaded`` -> ``--keep-loaded``), and
     Python's ``None (what it means)`` said as the flag left out."""
-    fields = _fields()
     first, _, rest = message.partition(" ")
-    if first in fields:
-        message = f"{setting_of(fields[first]).flag_of(first) or first} {rest}"
+    if first in FLAGS:
+        message = f"{FLAGS[first]} {rest}"
     none = _PYTHON_NONE.search(message)
     if none is not None:
         message = f"{message[: none.start()]}{message[none.end() :]}; leave the flag out for {none[1]}"
@@ -124,10 +122,6 @@ def _snake_to_flags(text: str) -> str:
     """``text`` with every setting named in snake case (``idle_timeout``, or Python's keyword ``num_samples=``) spelled
     as its flag (``--num-samples``); a name quoted (a line's own ``"extra_body"``) or inside a call
     (``SamplingParams(max_tokens=...)``) is left as it is."""
-    fields = _fields()
-
-    def flag(match: re.Match[str]) -> str:
-        name = match[1]
-        return (setting_of(fields[name]).flag_of(name) or match[0]) if name in fields else match[0]
-
-    return re.sub(r"(?<![-\w(\"'])([a-z]+(?:_[a-z]+)+)\b(?:=(?![^\s;,)]))?", flag, text)
+    return re.sub(
+        r"(?<![-\w(\"'])([a-z]+(?:_[a-z]+)+)\b(?:=(?![^\s;,)]))?", lambda match: FLAGS.get(match[1], match[0]), text
+    )
