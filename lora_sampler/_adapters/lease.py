@@ -20,7 +20,7 @@ import os
 import threading
 import time
 import weakref
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 from lora_sampler._files import HAS_FLOCK, try_flock
 from lora_sampler.errors import LoraSamplerError
@@ -76,7 +76,7 @@ class Lease:
         with self._lock:
             fd, self._fd = self._fd, -1
         if fd >= 0:
-            _forget_if_last(fd, self.path)
+            _remove_if_last(fd, self.path)  # the lease file alone: the folder is the clean-up's to remove
 
     def __enter__(self) -> Lease:
         return self
@@ -157,16 +157,7 @@ def remove_if_unleased(base_dir: StrPath, name: str) -> bool:
     fd = _open_lease_file(path)
     if fd is None:
         return False
-    try:
-        if not try_flock(fd, path, unlocked=f"the folder of {name} is kept"):
-            return False  # a lease is held, or no locks here
-        if not _still_there(fd, path):
-            return False  # another clean-up was first; it removed the folder
-        remove_adapter_dir(base_dir, name)
-        _remove_lease_file(path)  # under the lock: a holder that opened it re-opens the path and finds no folder
-        return True
-    finally:
-        os.close(fd)
+    return _remove_if_last(fd, path, lambda: remove_adapter_dir(base_dir, name), f"the folder of {name} is kept")
 
 
 def leased(base_dir: StrPath, name: str) -> Optional[bool]:
@@ -203,16 +194,26 @@ def _open_lease_file(path: str) -> Optional[int]:
     return None
 
 
-def _forget_if_last(fd: int, path: str) -> None:
-    """Close a holder's descriptor; when no one else holds the lease, remove its file (and the empty folder).
+def _remove_if_last(
+    fd: int, path: str, remove_folder: Optional[Callable[[], object]] = None, unlocked: str = ""
+) -> bool:
+    """Close ``fd`` (a holder's, or a clean-up's); before, if no one else holds the lease, remove the adapter's
+    folder (``remove_folder``, a clean-up's) and the lease file (and the lease folder once empty).
 
-    The file is unlinked under the exclusive lock, so a holder that opened it meanwhile sees it gone and re-opens.
+    Both go under the exclusive lock, tried without waiting, so a holder that opened the lease file meanwhile sees
+    it gone, re-opens the path and finds no folder, never a half-deleted one.
+
+    Returns:
+        Whether they were removed: False while another holder has the lease, where locks do not work (``unlocked``
+        is what the warning says that leaves), or when another clean-up was first (it removed them).
     """
     try:
-        if not try_flock(fd, path):
-            return  # another holder (or no locks): the file stays
-        if _still_there(fd, path):
-            _remove_lease_file(path)
+        if not try_flock(fd, path, unlocked=unlocked) or not _still_there(fd, path):
+            return False
+        if remove_folder is not None:
+            remove_folder()
+        _remove_lease_file(path)
+        return True
     finally:
         os.close(fd)
 

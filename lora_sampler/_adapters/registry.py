@@ -37,8 +37,8 @@ class AdapterRegistry:
     """Per-client adapter bookkeeping.
 
     Locking: every field is written under ``_lock``, and read under it except single-key lookups on the sampling
-    path (a dict or set lookup is atomic). ``_work`` serialises the slow work on one key (one ``adapter=`` value's
-    resolution, one adapter's preflight) and guards no field.
+    path (a dict or set lookup is atomic). ``_resolving`` serialises the slow work of one ``adapter=`` value's
+    resolution and guards no field.
 
     Args:
         transport: The engine transport (for ``GET /v1/models`` and unloads).
@@ -69,7 +69,7 @@ class AdapterRegistry:
         engine_dir = engine_lora_base_dir if engine_lora_base_dir is not None else self.lora_base_dir
         self.engine_lora_base_dir = os.fspath(engine_dir) if engine_dir is not None else None
         self._lock = threading.Lock()
-        self._work = KeyedLocks()
+        self._resolving = KeyedLocks()
         #: What each ``adapter=`` value resolved to, by its key (``_key_of``): a checkpoint published, a name found.
         self._resolved: Dict[str, Adapter] = {}
         self._checked: Set[str] = set()
@@ -91,8 +91,7 @@ class AdapterRegistry:
         else:
             key = _key_of(spec)
             adapter = self._resolved.get(key) or self._resolve_once(spec, key)
-        if adapter.path is not None and adapter.name not in self._checked:
-            self._preflight(adapter)
+        self._preflight(adapter)
         return adapter
 
     def _resolve_once(self, spec: Union[str, PathLike], key: str) -> Adapter:
@@ -101,7 +100,7 @@ class AdapterRegistry:
         An adapter with a folder is remembered only while this client still leases it: an unload that came meanwhile
         let go of it (and maybe deleted it), so the next resolve publishes or finds it again.
         """
-        with self._work.hold(("resolve", key)):
+        with self._resolving.hold(key):
             with self._lock:
                 adapter = self._resolved.get(key)
             if adapter is None:
@@ -186,14 +185,13 @@ class AdapterRegistry:
 
     def _lease(self, name: str) -> None:
         """Hold a lease on ``name``'s folder until it is unloaded or the client closes (``_adapters.lease``)."""
-        if self.lora_base_dir is None:
+        if self.lora_base_dir is None or name in self._leases:
             return
-        with self._work.hold(("lease", name)):
-            if name in self._leases:
-                return
-            lease = hold(self.lora_base_dir, name)
-            with self._lock:
-                self._leases[name] = lease
+        lease = hold(self.lora_base_dir, name)
+        with self._lock:
+            kept = self._leases.setdefault(name, lease)
+        if kept is not lease:
+            lease.release()  # another thread leased it meanwhile (one checkpoint resolved by path and by name)
 
     def release_lease(self, name: str) -> None:
         """Let go of this client's lease on ``name``'s folder (unload does; a clean-up may then delete it)."""
@@ -226,22 +224,23 @@ class AdapterRegistry:
             lease.release()
 
     def _preflight(self, adapter: Adapter) -> None:
-        """Check ``adapter_config.json`` against the engine's model once per adapter, before any completion."""
+        """Check ``adapter_config.json`` against the engine's model once per adapter, before any completion.
+
+        Threads that meet on an adapter's first use each read its small config: nothing serialises them.
+        """
         from lora_sampler._adapters.publish import check_adapter_config
 
-        with self._work.hold(("check", adapter.name)):
-            with self._lock:
-                if adapter.name in self._checked or adapter.path is None:
-                    return
-            try:
-                model = self.engine_model()
-            except EngineError as exc:
-                # The sample's own retries deal with an unreachable engine; check again next time.
-                logger.debug("Skipping the preflight of %r: %s", adapter.name, exc)
-                return
-            check_adapter_config(adapter.path, model)
-            with self._lock:
-                self._checked.add(adapter.name)
+        if adapter.name in self._checked or adapter.path is None:
+            return
+        try:
+            model = self.engine_model()
+        except EngineError as exc:
+            # The sample's own retries deal with an unreachable engine; check again next time.
+            logger.debug("Skipping the preflight of %r: %s", adapter.name, exc)
+            return
+        check_adapter_config(adapter.path, model)
+        with self._lock:
+            self._checked.add(adapter.name)
 
     def engine_model(self) -> str:
         """Return the engine's base model: the ``root`` of the base card in ``GET /v1/models`` (cached)."""

@@ -50,11 +50,11 @@ class Ticket:
 class Admissions:
     """The rule and the queue, without threads: which requests are in flight, which wait, in what order.
 
-    ``arrive`` admits a request at once when nobody waits and it fits, else queues it in its model's group (a new
-    group at the end when its model has none waiting). ``finish`` and ``withdraw`` admit what fits from the head
-    group; the next group becomes the head once every ticket of the head group is in flight. Two requests of
-    different models are kept apart when either scores, unless both are mixing: a request fits when no request in
-    flight is kept apart from it.
+    ``arrive`` queues a request in its model's group (a new group at the end when its model has none waiting); it,
+    ``finish`` and ``withdraw`` admit what fits from the head group (so a request that fits while nobody waits is
+    admitted at once); the next group becomes the head once every ticket of the head group is in flight. Two
+    requests of different models are kept apart when either scores, unless both are mixing: a request fits when no
+    request in flight is kept apart from it.
     """
 
     def __init__(self) -> None:
@@ -79,10 +79,7 @@ class Admissions:
         )
 
     def arrive(self, ticket: Ticket) -> bool:
-        """Admit ``ticket`` now, or queue it; return whether it was admitted."""
-        if not self.groups and self.fits(ticket):
-            self._start(ticket)
-            return True
+        """Queue ``ticket`` in its model's group and admit what fits; return whether it was admitted."""
         self.groups.setdefault(ticket.model, collections.deque()).append(ticket)
         self.admit_waiting()
         return ticket.admitted

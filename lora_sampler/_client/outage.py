@@ -103,8 +103,7 @@ def probe_until(
     probe: Callable[[], Any],
     deadline: float,
     *,
-    on_failure: Optional[Callable[[BaseException], None]] = None,
-    pause: Optional[Callable[[float], bool]] = None,
+    pause: Optional[Callable[[float, BaseException], bool]] = None,
 ) -> Optional[BaseException]:
     """Call ``probe`` with capped backoff until it succeeds or ``deadline`` (monotonic) passes.
 
@@ -113,8 +112,8 @@ def probe_until(
     Args:
         probe: Raises while the engine is not ready; any other return means it answered.
         deadline: ``time.monotonic()`` value after which no probe is sent.
-        on_failure: Called with each failed probe's error (e.g. to show the wait).
-        pause: Waits the given seconds between probes; True means give up at once (None: sleep).
+        pause: Waits the given seconds after a failed probe, given its error (e.g. to show the wait); True means
+            give up at once (None: sleep).
 
     Returns:
         None once the engine answered, else the last probe's error.
@@ -134,11 +133,9 @@ def probe_until(
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return last
-        if on_failure is not None:
-            on_failure(last)
         if pause is None:
             time.sleep(min(delay, remaining))
-        elif pause(min(delay, remaining)):
+        elif pause(min(delay, remaining), last):
             return last
         delay = min(delay * 2, PROBE_MAX_DELAY)
 
@@ -266,12 +263,19 @@ class OutageGate:
     def _hold(self, error: Exception, episode: int) -> None:
         """Hold one failed request until the engine answers (return) or the wait is over (raise ``error``).
 
-        The request that starts an outage probes the engine, without the lock, until the outage ends; the others
-        wait on the condition meanwhile.
+        A request whose outage ended meanwhile returns at once (it runs again). The request that starts an outage
+        probes the engine, without the lock, until the outage ends; the others wait on the condition meanwhile.
         """
-        probes = self._join(error, episode)
-        if probes is None:
-            return  # the outage this request ran into has ended meanwhile: run it again now
+        with self._cond:
+            if self._failed is not None:
+                raise error
+            if self._episode != episode:
+                return
+            self._last = error
+            self._held += 1
+            probes = self._since is None
+            if probes:
+                self._start(error)
         try:
             if not probes:
                 with self._cond:
@@ -279,12 +283,7 @@ class OutageGate:
             else:
                 assert self._since is not None
                 try:  # probe until the engine answers (None) or the outage outlasts max_outage (the last error)
-                    outcome = probe_until(
-                        self._probe,
-                        self._since + self.max_outage,
-                        on_failure=lambda exc: self._emit("waiting", exc),
-                        pause=self._closed_within,
-                    )
+                    outcome = probe_until(self._probe, self._since + self.max_outage, pause=self._wait_for_probe)
                 except Exception:  # the engine answered, with a refusal: held requests run and report it
                     outcome = None
                 with self._cond:
@@ -296,38 +295,23 @@ class OutageGate:
         if failed:
             raise error
 
-    def _join(self, error: Exception, episode: int) -> Optional[bool]:
-        """Count a failed request as held, starting the outage if it is the first.
+    def _start(self, error: Exception) -> None:
+        """Start an outage (lock held): from now on no request is sent until it ends."""
+        self._since, self._since_wall = time.monotonic(), time.time()
+        logger.warning(
+            "engine unreachable since %s; waiting up to %g s (the engine at %s: %s)%s",
+            time.strftime("%H:%M:%S", time.localtime(self._since_wall)),
+            self.max_outage,
+            self._base_url,
+            short_cause(error),
+            self._cause_note(),
+        )
+        self._emit("held")
 
-        Returns:
-            None if the outage it ran into is over, True if it started this outage (it probes), else False.
-
-        Raises:
-            Exception: ``error`` itself, once the gate has failed.
-        """
-        with self._cond:
-            if self._failed is not None:
-                raise error
-            if self._episode != episode:
-                return None
-            self._last = error
-            self._held += 1
-            if self._since is not None:
-                return False
-            self._since, self._since_wall = time.monotonic(), time.time()
-            logger.warning(
-                "engine unreachable since %s; waiting up to %g s (the engine at %s: %s)%s",
-                time.strftime("%H:%M:%S", time.localtime(self._since_wall)),
-                self.max_outage,
-                self._base_url,
-                short_cause(error),
-                self._cause_note(),
-            )
-            self._emit("held")
-            return True
-
-    def _closed_within(self, seconds: float) -> bool:
-        """Wait ``seconds`` between probes; True as soon as the gate is closed (probing stops at once)."""
+    def _wait_for_probe(self, seconds: float, error: BaseException) -> bool:
+        """Say the engine is still away (``error``: the probe's), and wait ``seconds`` before the next probe; True as
+        soon as the gate is closed (probing stops at once)."""
+        self._emit("waiting", error)
         with self._cond:
             return self._cond.wait_for(lambda: self._failed is not None, seconds)
 
