@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import Any, Dict, List, Set, Tuple
+from typing import Any, Dict, List
 
 from lora_sampler._files import json_object_line, replacing
 from lora_sampler.batch._lines import one_writer, to_json_line
@@ -27,7 +27,8 @@ class Ledger:
     Opening it takes the ledger's one-writer lock (``one_writer``: a second sweep into the folder is refused), reads
     the finished checkpoints, and rewrites the file atomically without the lines that must go: error lines (those
     checkpoints run again), a torn last line (a kill mid-write), and repeats of one checkpoint with the same adapter
-    (the later line is kept). A checkpoint whose content changed has one line per content (adapter); ``finished``
+    (the latest line is kept, at its place; a checkpoint evaluated again in a run is deduplicated so at once,
+    keeping this run's error lines). A checkpoint whose content changed has one line per content (adapter); ``finished``
     holds the latest. Each ``append`` is one ``write`` of one whole line, then ``fsync``.
 
     Args:
@@ -44,14 +45,13 @@ class Ledger:
         self._lock = contextlib.ExitStack()
         refusal = f"another sweep is writing to {output_dir}; wait for it to end, or pass another --output-dir"
         self._lock.enter_context(one_writer(self.path, refusal=refusal, unlocked="one sweep per folder is up to you"))
+        self._fd = -1
         try:
             #: The finished checkpoints' latest lines, by ``ledger_key``, in file order.
             self.finished: Dict[str, Dict[str, Any]] = {}
-            self._lined: Set[Tuple[str, Any]] = set()  # (checkpoint, adapter) of every line
             if restart and os.path.exists(self.path):
                 _replace(self.path, [])
-            self._repair()
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._load(opening=True)
         except BaseException:
             self._lock.close()
             raise
@@ -91,42 +91,38 @@ class Ledger:
             ) from None
         if "error" not in entry:
             key = ledger_key(entry)
+            again = key in self.finished
             self.finished[key] = entry
-            self._dedupe((key, entry.get("adapter")))
+            if again:  # evaluated again: its content changed, or a touched file gave the same adapter (its line goes)
+                self._load(opening=False)
 
-    def _dedupe(self, key: Tuple[str, Any]) -> None:
-        """After a checkpoint with the same content was evaluated again (a touched file), keep its newer line only:
-        ``key`` is the line's ``(ledger_key, adapter)``."""
-        if key not in self._lined:
-            self._lined.add(key)
-            return
+    def _load(self, *, opening: bool) -> None:
+        """Read the finished lines and (re)open the ledger for appending; first rewrite it atomically without the
+        lines that must go: a repeat of one checkpoint and adapter (the latest line is kept, at its place, so the
+        file's last line of a checkpoint is its latest evaluation) and, on ``opening``, error lines and a torn one."""
         fd, self._fd = self._fd, -1
-        os.close(fd)
-        self.finished.clear()
-        self._lined.clear()
-        self._repair()
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-
-    def _repair(self) -> None:
-        """Read the ledger; rewrite it atomically when lines must go (see the class docstring)."""
-        if not os.path.exists(self.path):
-            return
-        kept: Dict[Tuple[str, Any], bytes] = {}  # (checkpoint, adapter) -> its latest line, at its first place
+        if fd >= 0:
+            os.close(fd)
+        kept: Dict[Any, bytes] = {}  # (checkpoint, adapter), or an error line's number -> its line
         dropped = 0
-        with open(self.path, "rb") as handle:
-            for raw in handle:
+        with open(self.path, "a+b") as handle:  # created when missing
+            handle.seek(0)
+            for number, raw in enumerate(handle):
                 entry = json_object_line(raw)
                 if entry is None or not isinstance(entry.get("checkpoint"), str) or "error" in entry:
-                    dropped += 1  # torn, or failed (it runs again)
-                else:
-                    key = (ledger_key(entry), entry.get("adapter"))
-                    dropped += key in kept  # the same content again (a touched file): its newer line replaces it
-                    kept[key] = raw
-                    self._lined.add(key)
-                    self.finished[key[0]] = entry  # the latest evaluation of a checkpoint whose content changed
+                    if opening:
+                        dropped += 1  # torn, or failed: it runs again
+                    else:
+                        kept[number] = raw  # failed in this run: it stays for the sweep's summary
+                    continue
+                key = (ledger_key(entry), entry.get("adapter"))
+                dropped += kept.pop(key, None) is not None
+                kept[key] = raw
+                self.finished[key[0]] = entry  # the latest evaluation of a checkpoint whose content changed
         if dropped:
             _replace(self.path, list(kept.values()))
-            logger.info("%s: %d finished checkpoints kept, %d lines dropped", self.path, len(kept), dropped)
+            logger.info("%s: %d lines kept, %d dropped", self.path, len(kept), dropped)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
 
 def ledger_key(entry: Dict[str, Any]) -> str:

@@ -245,3 +245,31 @@ def test_an_older_ledgers_line_without_path_is_done_under_a_symlinked_folder(tmp
         settings = _settings(out, settle=0.0)
         source = CheckpointSource(listing(str(tmp_path / "run" / "*.tar.gz"), settings), settings, skip=ledger.finished)
         assert source.poll() is None and source.ended
+
+
+def test_ledger_keeps_a_checkpoints_latest_evaluation_last(tmp_path: Path) -> None:
+    """Content A, then B, then A again: the repeated (checkpoint, adapter) line goes and the new one is last, so a
+    later run reads A as the latest evaluation (was: the rewrite kept A's place, the next run read B and evaluated
+    the unchanged checkpoint again at every run)."""
+    line = {"checkpoint": "/r/step-1.tar.gz", "output": "o.jsonl", "rows": 3}
+    with Ledger(str(tmp_path)) as ledger:
+        for adapter, signature in (("a", "s1"), ("b", "s2"), ("a", "s3")):
+            ledger.append({**line, "adapter": adapter, "signature": signature})
+        assert ledger.finished["/r/step-1.tar.gz"]["signature"] == "s3"
+    assert [entry["adapter"] for entry in read_ledger(str(tmp_path / LEDGER_NAME))] == ["b", "a"]
+    with Ledger(str(tmp_path)) as ledger:
+        assert ledger.finished["/r/step-1.tar.gz"]["signature"] == "s3"
+
+
+def test_ledger_keeps_this_runs_error_lines_when_a_repeat_goes(tmp_path: Path) -> None:
+    """A touched checkpoint evaluated again in a run drops its older line, never a failure recorded earlier in the
+    same run: the sweep's summary and exit status read it (was: dropped, the sweep exited 0 with a failure)."""
+    done = {"checkpoint": "/r/step-1.tar.gz", "adapter": "a", "output": "a.jsonl", "rows": 3}
+    failed = {"checkpoint": "/r/step-2.tar.gz", "error": {"type": "CheckpointIncompleteError", "message": "m"}}
+    with Ledger(str(tmp_path)) as ledger:
+        ledger.append(done)
+    with Ledger(str(tmp_path)) as ledger:
+        ledger.append(failed)
+        ledger.append({**done, "signature": "touched"})
+    entries = read_ledger(str(tmp_path / LEDGER_NAME))
+    assert entries == [failed, {**done, "signature": "touched"}]
