@@ -81,8 +81,8 @@ def _local_matches(pattern: str) -> Dict[str, str]:
     place in the pattern, so a symlink loop (``run/a -> .``) ends the walk instead of repeating it. A plain path
     that does not exist (yet) matches nothing, so a watch can wait for it.
     """
-    local = os.path.abspath(os.path.expanduser(pattern))
-    matches = _glob(local) if _GLOB_CHARS.search(local) else ([local] if os.path.lexists(local) else [])
+    matches: List[str] = []
+    _match(os.sep, os.path.abspath(os.path.expanduser(pattern)).split(os.sep)[1:], 0, matches, set())
     names: Dict[str, str] = {}  # real path -> the name it is listed under
     for match in sorted(set(matches), key=natural_key):
         real = os.path.realpath(match)
@@ -91,22 +91,9 @@ def _local_matches(pattern: str) -> Dict[str, str]:
     return names
 
 
-def _glob(pattern: str) -> List[str]:
-    """Expand a local glob (``**`` included) without ever walking a real folder twice for one part of the pattern."""
-    parts = pattern.split(os.sep)
-    root = os.sep
-    index = 1  # parts[0] is "" for an absolute path
-    while index < len(parts) and not _GLOB_CHARS.search(parts[index]):
-        root = os.path.join(root, parts[index])
-        index += 1
-    found: List[str] = []
-    walked: Set[Tuple[Tuple[int, int], int]] = set()
-    _match(root, parts[index:], 0, found, walked)
-    return found
-
-
-def _match(folder: str, parts: List[str], at: int, found: List[str], walked: Set[Tuple[Tuple[int, int], int]]) -> None:
-    """Add to ``found`` every path under ``folder`` that ``parts[at:]`` matches (hidden names only when asked)."""
+def _match(folder: str, parts: List[str], at: int, found: List[str], walked: Set[Tuple[int, ...]]) -> None:
+    """Add to ``found`` every path under ``folder`` that ``parts[at:]`` matches (hidden names only when asked), never
+    walking a real folder twice for one part of the pattern (``walked``)."""
     if at == len(parts):
         found.append(folder)
         return
@@ -124,15 +111,13 @@ def _match(folder: str, parts: List[str], at: int, found: List[str], walked: Set
             _match(os.path.join(folder, name), parts, at + 1, found, walked)
 
 
-def _match_any_depth(
-    folder: str, parts: List[str], at: int, found: List[str], walked: Set[Tuple[Tuple[int, int], int]]
-) -> None:
+def _match_any_depth(folder: str, parts: List[str], at: int, found: List[str], walked: Set[Tuple[int, ...]]) -> None:
     """``parts[at]`` is ``**``: match the rest in ``folder`` and in each visible folder below it, each real one once."""
     try:
         info = os.stat(folder)
     except OSError:
         return
-    key = ((info.st_dev, info.st_ino), at)
+    key = (info.st_dev, info.st_ino, at)
     if key in walked:
         return  # this real folder was walked for this part already: a symlink loop, or two links to it
     walked.add(key)
