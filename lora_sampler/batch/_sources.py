@@ -152,41 +152,40 @@ def expand_pattern(pattern: str, storage_options: Optional[Mapping[str, Any]] = 
 
 def checkpoint_fingerprint(
     path: str, storage_options: Optional[Mapping[str, Any]] = None, *, before: Tuple[Any, ...] = ()
-) -> Tuple[Any, ...]:
-    """Return ``(newest modification time, problem, *signature)`` of a checkpoint, for the settle rule.
+) -> Tuple[float, Optional[str], str]:
+    """Return ``(newest modification time, problem, signature)`` of a checkpoint, for the settle rule.
 
     ``newest modification time`` is in seconds since the epoch (a folder: its newest adapter file); ``problem`` is
     None when the checkpoint reads to its end (an archive: every member's data and the compression's end; a folder:
     adapter_config.json parses and each safetensors adapter file holds the bytes its header declares), else why it
-    does not; the signature (sizes, times, inodes of an archive or of a folder's adapter files, the only files
-    publishing reads) changes whenever the checkpoint does. The read to the end is skipped when ``before`` (the
-    fingerprint of the last look) has the same signature, so probing a settled checkpoint again costs one ``stat``
-    per file. A storage URL costs one metadata request (a listing for a prefix): an object is written whole, so it
-    always reads to its end, and a store that refuses or cannot be reached is its problem (retried at the next look).
+    does not; ``signature`` is its ``content_signature``, which changes whenever the checkpoint does. The read to the
+    end is skipped when ``before`` (the fingerprint of the last look) has the same signature, so probing a settled
+    checkpoint again costs one ``stat`` per file. A storage URL costs one metadata request (a listing for a prefix):
+    an object is written whole, so it always reads to its end, and a store that refuses or cannot be reached is its
+    problem (retried at the next look).
 
     Raises:
         FileNotFoundError: nothing is at ``path`` (yet).
     """
     if is_storage_url(path):
         try:
-            newest, problem, signature = storage.settle_signature(path, storage_options)
+            newest, problem, stored = storage.settle_signature(path, storage_options)
         except PublishError as error:
             return (0.0, str(error), "unreachable")
-        return (newest, problem, *signature)
-    newest, signature = _stat_signature(path)
-    if tuple(before[2:]) == signature:
-        problem = before[1]
-    else:
-        problem = _folder_problem(path, signature[1]) if signature[0] == "folder" else _archive_problem(path)
-    return (newest, problem, *signature)
+        return (newest, problem, _digest(("stored", tuple(stored))))
+    newest, files, folder = _stat_signature(path)
+    signature = _digest(files)
+    if tuple(before[2:]) == (signature,):
+        return (newest, before[1], signature)
+    return (newest, _folder_problem(path, files) if folder else _archive_problem(path), signature)
 
 
-def _stat_signature(path: str) -> Tuple[float, Tuple[str, List[Tuple[Any, ...]]]]:
-    """Return ``(newest modification time, signature)`` of a local checkpoint from ``stat`` alone: an archive's size,
-    time and inode, or those of a folder's adapter files (``(name, size, mtime_ns, inode)`` each)."""
+def _stat_signature(path: str) -> Tuple[float, List[Tuple[Any, ...]], bool]:
+    """Return ``(newest modification time, files, is a folder)`` of a local checkpoint from ``stat`` alone: ``files``
+    holds an archive's ``(size, mtime_ns, inode)``, or a folder adapter files' ``(name, size, mtime_ns, inode)``."""
     info = os.stat(path)
     if not stat.S_ISDIR(info.st_mode):
-        return info.st_mtime, ("file", [(info.st_size, info.st_mtime_ns, info.st_ino)])
+        return info.st_mtime, [(info.st_size, info.st_mtime_ns, info.st_ino)], False
     files = []
     for name in ADAPTER_FILE_NAMES:
         try:
@@ -195,7 +194,7 @@ def _stat_signature(path: str) -> Tuple[float, Tuple[str, List[Tuple[Any, ...]]]
             continue  # absent, or removed while we looked: the next look sees the change
         files.append((name, st.st_size, st.st_mtime_ns, st.st_ino))
     newest_ns = max((mtime_ns for _, _, mtime_ns, _ in files), default=info.st_mtime_ns)  # no file yet: the folder's
-    return newest_ns / 1e9, ("folder", files)
+    return newest_ns / 1e9, files, True
 
 
 def _archive_problem(path: str) -> Optional[str]:
@@ -250,24 +249,22 @@ def content_signature(path: str, storage_options: Optional[Mapping[str, Any]] = 
     absent or its store cannot be reached. Written to ``sweep.jsonl``, so a later run notices a checkpoint
     overwritten with other weights.
 
-    It digests the fingerprint's signature, without reading the checkpoint: a local one costs one ``stat`` per file
-    (size, times, inode; a folder: those of its adapter files), a storage URL one metadata request (an object: its
-    ETag, version and size; a prefix: one listing of its objects' paths, ETags and sizes), bounded as every storage
-    read is.
+    It digests what the fingerprint's look sees, without reading the checkpoint: a local one costs one ``stat`` per
+    file (size, times, inode; a folder: those of its adapter files), a storage URL one metadata request (an object:
+    its ETag, version and size; a prefix: one listing of its objects' paths, ETags and sizes), bounded as every
+    storage read is.
     """
     try:
         if is_storage_url(path):
-            return _signature_digest(storage.settle_signature(path, storage_options)[2])
-        return _signature_digest(_stat_signature(path)[1])
+            return _digest(("stored", tuple(storage.settle_signature(path, storage_options)[2])))
+        return _digest(_stat_signature(path)[1])
     except (OSError, PublishError):  # absent (FileNotFoundError) or unreachable: no signature to compare
         return None
 
 
-def _signature_digest(signature: Tuple[Any, ...]) -> str:
-    """Return ``content_signature`` of a checkpoint from the signature a look at it saw (a fingerprint's third item
-    on: ``("file" | "folder", files)``, a stored one's own, or ``("unreachable",)``)."""
-    text = repr(signature[1]) if signature[0] in ("file", "folder") else repr(("stored", tuple(signature)))
-    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+def _digest(look: Any) -> str:
+    """The signature of what a look at a checkpoint saw (its files' stat, or a stored one's own signature)."""
+    return hashlib.blake2b(repr(look).encode(), digest_size=8).hexdigest()
 
 
 # -- the manifest ------------------------------------------------------------------------------------------------
@@ -486,17 +483,21 @@ def _expand(
     return sorted(found.values(), key=lambda item: natural_key(item.path))
 
 
+#: What a look at a checkpoint saw (``checkpoint_fingerprint``); one that is absent has no signature.
+Fingerprint = Tuple[float, Optional[str], Optional[str]]
+_ABSENT: Fingerprint = (0.0, None, None)  # the fingerprint of a checkpoint not (yet) there, or not looked at yet
+
+
 @dataclass
 class _Pending:
     """A listed checkpoint not handed out yet, what the source saw of it (its last fingerprint) and since when."""
 
     checkpoint: Checkpoint
     first_seen: float
-    fingerprint: Tuple[Any, ...] = ()
+    fingerprint: Fingerprint = _ABSENT
     since: float = 0.0  # when ``fingerprint`` was first seen as it is (set with it, by ``_ready``)
 
 
-_ABSENT: Tuple[Any, ...] = ("absent", None)  # the fingerprint of a checkpoint not (yet) there
 #: Seconds between listings while nothing listed is ready, at the least (more when a listing is slow: see poll).
 RELIST_SECONDS = 0.25
 
@@ -597,7 +598,7 @@ class CheckpointSource:
         for pending in self._pending.values():
             name = printable(pending.checkpoint.path)
             left = max(0.0, self._settings.checkpoint_timeout - (now - pending.first_seen))
-            if pending.fingerprint and pending.fingerprint[0] != "absent":
+            if pending.fingerprint[2] is not None:
                 return (
                     f"waiting for {name} to be complete (still being written; {self._settings.settle:g} s unchanged; "
                     f"--checkpoint-timeout {self._settings.checkpoint_timeout:g} s, {left:.0f} s left)"
@@ -688,8 +689,7 @@ class CheckpointSource:
             if checkpoint.problem is not None:
                 return self._hand_out(key, checkpoint, now)
             if self._ready(pending, now):
-                signature = _signature_digest(pending.fingerprint[2:])
-                return self._hand_out(key, dataclasses.replace(checkpoint, signature=signature), now)
+                return self._hand_out(key, dataclasses.replace(checkpoint, signature=pending.fingerprint[2]), now)
             why = self._hopeless(pending, now)
             if why is not None:
                 return self._give_up(key, now, why)
@@ -707,23 +707,25 @@ class CheckpointSource:
         """True when the checkpoint is ready; else remember what it looks like now."""
         checkpoint = pending.checkpoint
         try:
-            fingerprint = checkpoint_fingerprint(checkpoint.key, self._storage_options, before=pending.fingerprint)
+            fingerprint: Fingerprint = checkpoint_fingerprint(
+                checkpoint.key, self._storage_options, before=pending.fingerprint
+            )
         except FileNotFoundError:
             fingerprint = _ABSENT
         except OSError as error:  # unreadable (permissions), a loop of links: not there, for all we can read
-            fingerprint = ("absent", f"it cannot be read ({type(error).__name__}: {error})")
+            fingerprint = (0.0, f"it cannot be read ({type(error).__name__}: {error})", None)
         if pending.fingerprint != fingerprint:
             pending.fingerprint, pending.since = fingerprint, now
-        return fingerprint[0] != "absent" and fingerprint[1] is None and self._settled(fingerprint, pending.since, now)
+        return fingerprint[2] is not None and fingerprint[1] is None and self._settled(fingerprint, pending.since, now)
 
-    def _settled(self, fingerprint: Tuple[Any, ...], since: float, now: float) -> bool:
+    def _settled(self, fingerprint: Fingerprint, since: float, now: float) -> bool:
         """Unchanged for ``settle`` seconds, as we watched it or by its modification time (not absent: the callers')."""
-        return now - since >= self._settings.settle or time.time() - float(fingerprint[0]) >= self._settings.settle
+        return now - since >= self._settings.settle or time.time() - fingerprint[0] >= self._settings.settle
 
     def _hopeless(self, pending: _Pending, now: float) -> Optional[str]:
         """Why a checkpoint that is not ready is given up on now, or None while it is worth waiting for."""
         fingerprint, waited = pending.fingerprint, now - pending.first_seen
-        absent = fingerprint[0] == "absent"
+        absent = fingerprint[2] is None
         if waited >= self._settings.checkpoint_timeout:
             return f"waited {waited:.0f} s (--checkpoint-timeout {self._settings.checkpoint_timeout:g})"
         if self._settings.watch:
@@ -739,8 +741,8 @@ class CheckpointSource:
         checkpoint, fingerprint = pending.checkpoint, pending.fingerprint
         shown = printable(checkpoint.path)
         error: LoraSamplerError
-        if not fingerprint or fingerprint[0] == "absent":
-            detail = "" if not fingerprint or fingerprint[1] is None else f" ({fingerprint[1]})"
+        if fingerprint[2] is None:
+            detail = "" if fingerprint[1] is None else f" ({fingerprint[1]})"
             error = CheckpointMissingError(
                 f"{shown} does not exist{detail} ({why}): a manifest line ahead of its file, or a checkpoint deleted "
                 "after it was listed (a retention policy?). Restore it and run again, or drop its line",
