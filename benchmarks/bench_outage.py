@@ -34,7 +34,7 @@ from lora_sampler.testing import write_adapter_archive
 from lora_sampler.testing._serve import EngineProcess
 
 CONCURRENCY, LATENCY = 16, 0.01
-#: The checkout importable in the engine and CLI processes.
+#: The checkout importable in the CLI processes (the engine process inherits ``sys.path``).
 ENV = {"PYTHONPATH": _common.REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
@@ -55,7 +55,7 @@ def scenario(root: str, lines: int, max_outage: float, restart_after: Optional[f
         for number in range(1, lines + 1):
             handle.write(json.dumps({"id": f"p{number}", "prompt": [5 + number % 200, 6, 7]}) + "\n")
     restarted: Optional[EngineProcess] = None
-    with EngineProcess(lora_dir, latency=LATENCY, env=ENV) as engine:
+    with EngineProcess(lora_dir, latency=LATENCY) as engine:
         archive = write_adapter_archive(os.path.join(work, "step-1.tar.gz"), engine.model)
         argv = [sys.executable, "-m", "lora_sampler", "sample", "--base-url", engine.url, "--lora-base-dir", lora_dir]
         argv += ["--adapter", archive, "--input", source, "--output", target, "--concurrency", str(CONCURRENCY)]

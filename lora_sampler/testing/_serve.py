@@ -1,30 +1,19 @@
 """A ``FakeEngine`` out of process: ``python -m lora_sampler.testing`` (and ``lora-sampler serve-test-engine``) serves
-one on a port until Ctrl-C, and ``EngineProcess`` runs that same command as a test's child it can kill and restart.
+one on a port until Ctrl-C, and ``EngineProcess`` runs one as a test's child process it can kill and restart.
 
 For trying the command line, or one's own evaluation code, without a GPU or a vLLM install: it serves the vLLM subset
 ``FakeEngine`` speaks, with a resolver folder to publish into, and prints the flags to point a client at it (the URL
 alone on stdout, its first line). Stdlib only; it listens on loopback unless told otherwise.
 
 For a test that kills an engine like a crashed vLLM server and starts it again (same port, every adapter forgotten),
-``EngineProcess`` starts ``python -m lora_sampler.testing`` in its own process group, its settings as flags plus three
-that are hidden from its help and absent from the CLI's: ``--commands``, ``--no-resolver`` (no filesystem resolver)
-and ``--hide NAME=K`` (hide ``lora_dir/NAME`` for its first K completions from the start: a restarted engine that has
-forgotten an adapter and sees it late). With ``--commands`` the child reads JSON command lines on its standard input
-and answers each with one JSON line (``{"ok": ...}`` or ``{"error": "..."}``):
-
-- ``{"op": "delay", "name": N, "requests": K}`` or ``"seconds": S``: ``FakeEngine.set_visibility_delay``;
-- ``{"op": "fault", "kind": ..., "count": ..., ...}``: ``FakeEngine.inject_fault``;
-- ``{"op": "requests"}``: the request log, as a list of ``RequestRecord`` dicts;
-- ``{"op": "max_loads", "name": N}``: ``FakeEngine.max_loads_in_flight_for(N)``;
-- ``{"op": "loaded"}``: the registered adapter names;
-- ``{"op": "reset"}``: ``FakeEngine.reset_log``;
-- ``{"op": "runtime", "on": bool}``: ``FakeEngine.set_runtime_lora_updating``;
-- ``{"op": "slow_unload", "seconds": S}``: every later ``/v1/unload_lora_adapter`` answers after S seconds
-  (``FakeEngine.unload_latency``);
-- ``{"op": "hold", ...}``, ``{"op": "release"}``, ``{"op": "wait_for_held", "count": N, "timeout": S}``:
-  ``FakeEngine.hold`` (its keyword arguments), ``release`` and ``wait_for_held``.
-
-It serves until SIGTERM/SIGINT or until its standard input closes, so it never outlives the test that started it.
+``EngineProcess`` spawns a fresh interpreter (``multiprocessing``) that builds the ``FakeEngine`` of its keyword
+arguments and answers commands sent over a pipe, each a ``FakeEngine`` control with its keyword arguments
+(``_commands``): ``delay`` (``set_visibility_delay``), ``fault`` (``inject_fault``), ``requests`` (the request log as
+``RequestRecord`` dicts), ``max_loads`` (``max_loads_in_flight_for``), ``loaded`` (the registered adapter names),
+``reset`` (``reset_log``), ``runtime`` (``set_runtime_lora_updating``), ``slow_unload`` (``seconds``: every later
+``/v1/unload_lora_adapter`` answers after them, ``FakeEngine.unload_latency``), and ``hold``, ``release`` and
+``wait_for_held``. The child serves until its end of the pipe closes (the test stopped it, or is gone), so it never
+outlives the test that started it.
 """
 
 from __future__ import annotations
@@ -33,16 +22,16 @@ import argparse
 import contextlib
 import dataclasses
 import inspect
-import json
+import multiprocessing
 import os
-import selectors
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
-from typing import IO, Any, Callable, Dict, List, Optional
+from multiprocessing.connection import Connection
+from typing import Any, Callable, Dict, List, Optional
 
 from lora_sampler.testing._engine import FakeEngine
 
@@ -50,6 +39,8 @@ from lora_sampler.testing._engine import FakeEngine
 DEFAULT_PORT = 8000
 #: Environment variables the engine's API key is read from, in order (as a vLLM server reads ``VLLM_API_KEY``).
 KEY_VARIABLES = ("LORA_SAMPLER_API_KEY", "VLLM_API_KEY")
+#: The signals that stop ``serve`` (Ctrl-C, and ``kill``'s default).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 #: The ``FakeEngine`` settings taken as flags, each spelled as its keyword with dashes, with FakeEngine's default
 #: (``--port``'s is ``DEFAULT_PORT``): keyword, type, metavar (None: argparse's), what it sets.
 ENGINE_FLAGS = (
@@ -87,14 +78,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve without /v1/load_lora_adapter and /v1/unload_lora_adapter, as vLLM without "
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
     )
-    parser.set_defaults(commands=False, resolver=True, hide=[])  # main's hidden flags (EngineProcess's)
 
 
 def serve(args: argparse.Namespace) -> int:
-    """Serve until Ctrl-C (or SIGTERM; with ``--commands`` also until stdin closes); return the exit status (0).
+    """Serve until Ctrl-C (or SIGTERM); return the exit status (0).
 
     Args:
-        args: The options of ``add_arguments`` (and of ``main``'s hidden flags, when it parsed them).
+        args: The options of ``add_arguments``.
     """
     key = next((os.environ[name] for name in KEY_VARIABLES if os.environ.get(name)), None)
     if args.require_api_key and key is None:
@@ -103,18 +93,16 @@ def serve(args: argparse.Namespace) -> int:
     temporary = None if args.lora_dir else tempfile.mkdtemp(prefix="lora-sampler-test-engine-")
     lora_dir = os.path.abspath(args.lora_dir or str(temporary))
     os.makedirs(lora_dir, exist_ok=True)
+    stop = threading.Event()
+    previous = {signum: signal.signal(signum, lambda number, frame: stop.set()) for signum in STOP_SIGNALS}
     try:
         engine = FakeEngine(
             **{name: vars(args)[name] for name, *_ in ENGINE_FLAGS},
-            lora_dir=lora_dir if args.resolver else None,
+            lora_dir=lora_dir,
             api_key=key if args.require_api_key else None,
             runtime_lora_updating=not args.no_runtime_lora_updating,
         )
-        for name, count in args.hide:
-            engine.set_visibility_delay(name, requests=count)
-        stop = threading.Event()
-
-        def say_ready() -> None:
+        with engine:
             lines = [
                 f"serve-test-engine: a FakeEngine serving {engine.model!r} at {engine.url} (Ctrl-C stops it)",
                 f"  resolver folder: {lora_dir}{' (temporary: removed on exit)' if temporary else ''}",
@@ -123,40 +111,16 @@ def serve(args: argparse.Namespace) -> int:
             if args.require_api_key:
                 lines.append("  the engine wants the API key of the environment variable it was read from")
             print("\n".join(lines), file=sys.stderr, flush=True)
-            print(engine.url, flush=True)  # stdout: the URL alone, for scripts (and EngineProcess)
-            if args.commands:
-                threading.Thread(target=serve_commands, args=(engine, stop), daemon=True).start()
-
-        serve_until_stopped(engine, stop, say_ready)
+            print(engine.url, flush=True)  # stdout: the URL alone, for scripts
+            while not stop.wait(0.2):  # a bounded wait, so Ctrl-C is heard at once on every platform
+                pass
         print("serve-test-engine: stopped", file=sys.stderr)
         return 0
     finally:
+        for signum, handler in previous.items():  # serve runs in the main thread, where handlers are set
+            signal.signal(signum, handler)
         if temporary is not None:
             shutil.rmtree(temporary, ignore_errors=True)
-
-
-def serve_until_stopped(engine: FakeEngine, stop: threading.Event, ready: Callable[[], None]) -> None:
-    """Serve ``engine`` until ``stop`` is set or SIGINT/SIGTERM comes; ``ready`` runs once it listens.
-
-    Called in the main thread (where handlers can be set); the handlers before are restored.
-    """
-    previous = {
-        signum: signal.signal(signum, lambda number, frame: stop.set()) for signum in (signal.SIGINT, signal.SIGTERM)
-    }
-    try:
-        with engine:
-            ready()
-            while not stop.wait(0.2):  # a bounded wait, so Ctrl-C is heard at once on every platform
-                pass
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
-def _hidden_name(value: str) -> tuple[str, int]:
-    """``--hide NAME=K``: an adapter name and the completions it stays hidden for."""
-    name, _, count = value.rpartition("=")
-    return name, int(count)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -166,10 +130,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         description="Serve lora_sampler's built-in test engine (a vLLM stand-in) on a port until Ctrl-C.",
     )
     add_arguments(parser)
-    # EngineProcess's flags (see the module's docstring): hidden, and not in the CLI's serve-test-engine.
-    parser.add_argument("--commands", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--no-resolver", dest="resolver", action="store_false", help=argparse.SUPPRESS)
-    parser.add_argument("--hide", type=_hidden_name, action="append", default=[], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)  # a bad flag exits 2 with argparse's message
     try:
         return serve(args)
@@ -180,10 +140,12 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 # -- EngineProcess: the engine as a test's child process ----------------------------------------------------------
 
-#: Seconds a child gets to print its URL line.
+#: Seconds a child gets to report its URL.
 START_TIMEOUT = 30.0
-#: Seconds between SIGTERM and SIGKILL when a process group is stopped.
+#: Seconds between SIGTERM and SIGKILL when a process group is stopped (and a stopped child gets to end).
 STOP_GRACE = 5.0
+#: A fresh interpreter per engine process: forking a test process that runs threads could copy a held lock.
+_SPAWN = multiprocessing.get_context("spawn")
 
 
 def stop_group(process: subprocess.Popen[Any], grace: float = STOP_GRACE) -> None:
@@ -201,20 +163,22 @@ def stop_group(process: subprocess.Popen[Any], grace: float = STOP_GRACE) -> Non
 
 
 class EngineProcess:
-    """A FakeEngine in its own process group, driven by JSON command lines on its standard input.
+    """A FakeEngine in a child process of its own, driven by commands over a pipe (see the module's docstring).
 
-    Use it as a context manager (or call ``stop``): the group is always stopped. ``kill`` is a crash (SIGKILL);
+    Use it as a context manager (or call ``stop``): the child is always ended. ``kill`` is a crash (SIGKILL);
     ``restart`` starts a fresh engine on the same port (same URL, empty adapter table), as a redeployed server.
 
     Args:
         lora_dir: The engine's resolver directory.
         port: Where to listen (0 picks a free port).
         model: The base model name.
-        env: Extra environment variables for the child.
         hidden: Adapter names hidden from the resolver for their first K completions, set before it listens.
         resolver: False serves without the filesystem resolver (adapters only once loaded; ``lora_dir`` unread).
-        settings: More ``FakeEngine`` settings the child takes as flags (``_serve.ENGINE_FLAGS``: ``latency``,
-            ``load_latency``, ...).
+        settings: More ``FakeEngine`` keyword arguments (``latency``, ``load_latency``, ...).
+
+    Raises:
+        RuntimeError: the child did not report its URL within ``START_TIMEOUT`` seconds, or refused to start (the
+            port is taken, a bad setting), saying why.
     """
 
     def __init__(
@@ -223,30 +187,23 @@ class EngineProcess:
         *,
         port: int = 0,
         model: str = "tiny-base",
-        env: Optional[Dict[str, str]] = None,
         hidden: Optional[Dict[str, int]] = None,
         resolver: bool = True,
         **settings: Any,
     ):
         self.lora_dir, self.model = lora_dir, model
         #: What a restart passes on (all but the port and the hidden names).
-        self._options: Dict[str, Any] = dict(settings, model=model, env=env, resolver=resolver)
-        argv = [sys.executable, "-m", "lora_sampler.testing", "--commands", "--lora-dir", lora_dir, "--port", str(port)]
-        argv += [f"--{name.replace('_', '-')}={value}" for name, value in dict(settings, model=model).items()]
-        argv += [] if resolver else ["--no-resolver"]
-        argv += [f"--hide={name}={count}" for name, count in (hidden or {}).items()]
-        self.process: subprocess.Popen[str] = subprocess.Popen(  # noqa: S603 (our own interpreter and module)
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=dict(os.environ, **(env or {})),
-            start_new_session=True,
-        )
-        self.url = self._read_line(START_TIMEOUT).strip()
-        if not self.url:
+        self._options: Dict[str, Any] = dict(settings, model=model, resolver=resolver)
+        engine = dict(settings, model=model, port=port, lora_dir=lora_dir if resolver else None)
+        self._pipe, child = _SPAWN.Pipe()
+        self.process = _SPAWN.Process(target=_serve_commands, args=(engine, hidden or {}, child), daemon=True)
+        self.process.start()
+        child.close()  # the child's end lives in the child alone: its death reads as end of file here
+        try:
+            self.url: str = self._answer("start", START_TIMEOUT)
+        except BaseException:
             self.stop()
-            raise RuntimeError(f"the engine process printed no URL line within {START_TIMEOUT} s")
+            raise
         self.port = int(self.url.rsplit(":", 1)[1])
 
     def __enter__(self) -> EngineProcess:
@@ -259,27 +216,26 @@ class EngineProcess:
         """Start a fresh engine on this one's port (a restarted server: same URL, empty adapter table)."""
         return EngineProcess(self.lora_dir, port=self.port, hidden=hidden, **self._options)
 
-    def _read_line(self, timeout: float) -> str:
-        stdout: Optional[IO[str]] = self.process.stdout
-        assert stdout is not None
-        with selectors.DefaultSelector() as selector:
-            selector.register(stdout, selectors.EVENT_READ)
-            if not selector.select(timeout):
-                return ""
-        return stdout.readline()
-
     def command(self, op: str, *, answer_within: float = 30.0, **fields: Any) -> Any:
         """Send one command and return its answer (given ``answer_within`` seconds)."""
-        assert self.process.stdin is not None
-        self.process.stdin.write(json.dumps({"op": op, **fields}) + "\n")
-        self.process.stdin.flush()
-        line = self._read_line(answer_within)
-        if not line:
-            raise RuntimeError(f"the engine process did not answer {op!r}")
-        answer = json.loads(line)
-        if "error" in answer:
-            raise RuntimeError(f"the engine process refused {op!r}: {answer['error']}")
-        return answer["ok"]
+        self._pipe.send((op, fields))
+        return self._answer(op, answer_within)
+
+    def _answer(self, op: str, timeout: float) -> Any:
+        """The child's answer to ``op``.
+
+        Raises:
+            RuntimeError: no answer within ``timeout`` seconds, the child ended first, or it refused ``op`` (why).
+        """
+        if not self._pipe.poll(timeout):
+            raise RuntimeError(f"the engine process did not answer {op!r} within {timeout:g} s")
+        try:
+            done, answer = self._pipe.recv()
+        except EOFError:
+            raise RuntimeError(f"the engine process ended before it answered {op!r}") from None
+        if not done:
+            raise RuntimeError(f"the engine process refused {op!r}: {answer}")
+        return answer
 
     def requests(self) -> List[Dict[str, Any]]:
         """Return the engine's request log."""
@@ -303,24 +259,23 @@ class EngineProcess:
 
     def kill(self) -> None:
         """Kill the engine at once (SIGKILL), as a crashed server dies."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
+        self.process.kill()
+        self.process.join()
 
     def stop(self) -> None:
-        """Stop the engine's process group and close its pipes. Idempotent."""
-        stop_group(self.process)
-        for pipe in (self.process.stdin, self.process.stdout):
-            with contextlib.suppress(OSError):
-                if pipe is not None:
-                    pipe.close()
+        """End the engine: close the pipe (the child stops its engine and exits), then SIGKILL after ``STOP_GRACE``
+        seconds. Idempotent."""
+        self._pipe.close()
+        self.process.join(STOP_GRACE)
+        if self.process.is_alive():
+            self.kill()
 
 
-# -- the child's command lines (``--commands``) -------------------------------------------------------------------
+# -- the child ----------------------------------------------------------------------------------------------------
 
 
 def _commands(engine: FakeEngine) -> Dict[str, Callable[..., Any]]:
-    """What each command calls, with the command's other fields as keyword arguments (None answers True)."""
+    """What each command calls, with the command's other fields as keyword arguments."""
 
     def slow_unload(seconds: float) -> None:
         engine.unload_latency = float(seconds)
@@ -340,16 +295,29 @@ def _commands(engine: FakeEngine) -> Dict[str, Callable[..., Any]]:
     }
 
 
-def serve_commands(engine: FakeEngine, stop: threading.Event) -> None:
-    """Answer the command lines on stdin, one JSON line each, until stdin closes (the test is gone): then ``stop``."""
-    commands = _commands(engine)
-    for line in sys.stdin:
-        try:
-            fields = json.loads(line)
-            outcome = commands[fields.pop("op")](**fields)
-            answer: Dict[str, Any] = {"ok": True if outcome is None else outcome}
-        except Exception as exc:  # one bad command must not end the engine
-            answer = {"error": f"{type(exc).__name__}: {exc}"}
-        sys.stdout.write(json.dumps(answer) + "\n")
-        sys.stdout.flush()
-    stop.set()
+def _serve_commands(settings: Dict[str, Any], hidden: Dict[str, int], pipe: Connection) -> None:
+    """The engine process: start the engine of ``settings`` (``hidden`` names hidden first), send its URL, then answer
+    each ``(op, fields)`` with ``(True, answer)`` or ``(False, why)`` until the pipe closes; then stop the engine."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C on a test run: the test's process ends this one
+    try:
+        engine = FakeEngine(**settings)
+        for name, count in hidden.items():
+            engine.set_visibility_delay(name, requests=count)
+        engine.start()
+    except Exception as exc:  # the port is taken, a bad setting: said to the test
+        pipe.send((False, f"{type(exc).__name__}: {exc}"))
+        return
+    try:
+        commands = _commands(engine)
+        pipe.send((True, engine.url))
+        while True:
+            try:
+                op, fields = pipe.recv()
+            except EOFError:  # the test stopped the engine, or is gone
+                return
+            try:
+                pipe.send((True, commands[op](**fields)))
+            except Exception as exc:  # one bad command must not end the engine
+                pipe.send((False, f"{type(exc).__name__}: {exc}"))
+    finally:
+        engine.stop()
