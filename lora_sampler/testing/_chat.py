@@ -17,7 +17,6 @@ request into a completion and the answer back. Stdlib only.
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any
 
@@ -85,17 +84,18 @@ def rendered_prompt(payload: dict[str, Any]) -> str | tuple[str]:
 
 
 def completion_payload(payload: dict[str, Any]) -> dict[str, Any] | str:
-    """Translate a chat request into the ``/v1/completions`` request of its rendered prompt, or a 400 message."""
-    messages = _messages(payload)
-    if isinstance(messages, str):
-        return messages
+    """Translate a chat request into the ``/v1/completions`` request of its rendered prompt (``rendered_prompt``: as
+    ``/tokenize`` renders it), or a 400 message."""
+    rendered = rendered_prompt(payload)
+    if isinstance(rendered, tuple):
+        return rendered[0]
     logprobs, top = payload.get("logprobs"), payload.get("top_logprobs")
     if top is not None and not (isinstance(top, int) and not isinstance(top, bool) and top >= 0):
         return "top_logprobs must be a non-negative integer"
     if top and not logprobs:
         return "when using `top_logprobs`, `logprobs` must be set to true."
     translated = {key: payload[key] for key in _SHARED_FIELDS if key in payload}
-    translated["prompt"] = render_chat(messages)
+    translated["prompt"] = rendered
     limit = payload.get("max_completion_tokens")
     translated["max_tokens"] = limit if limit is not None else payload.get("max_tokens")
     # The completion sampler always returns the sampled token; top_logprobs alternatives are trimmed in chat_body.
@@ -103,12 +103,13 @@ def completion_payload(payload: dict[str, Any]) -> dict[str, Any] | str:
     return translated
 
 
-def chat_body(completion: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+def chat_body(completion: dict[str, Any], request: dict[str, Any], prompt: str) -> dict[str, Any]:
     """Turn the fake's completion body into vLLM 0.32's ``ChatCompletionResponse`` (every field it sends).
 
     Args:
         completion: The completion body of the rendered prompt.
         request: The chat request (``top_logprobs``, ``return_token_ids`` and ``return_prompt_text`` shape it).
+        prompt: The rendered prompt (``prompt_text`` with ``return_prompt_text``).
     """
     top_logprobs, with_token_ids = request.get("top_logprobs") or 0, bool(request.get("return_token_ids"))
     choices = []
@@ -134,22 +135,16 @@ def chat_body(completion: dict[str, Any], request: dict[str, Any]) -> dict[str, 
                 "routed_experts": None,
             }
         )
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": completion["model"],
-        "choices": choices,
-        "service_tier": None,
-        "system_fingerprint": completion["system_fingerprint"],
-        "usage": completion["usage"],
-        "prompt_logprobs": None,
-        "prompt_token_ids": prompt_ids if with_token_ids else None,
-        "prompt_text": render_chat(request["messages"]) if request.get("return_prompt_text") else None,
-        "kv_transfer_params": None,
-        "ec_transfer_params": None,
-        "metrics": None,
-    }
+    # The completion's fields stay (its usage, fingerprint, created time and transfer fields); chat adds its own.
+    return dict(
+        completion,
+        id=f"chatcmpl-{uuid.uuid4().hex}",
+        object="chat.completion",
+        choices=choices,
+        prompt_logprobs=None,
+        prompt_token_ids=prompt_ids if with_token_ids else None,
+        prompt_text=prompt if request.get("return_prompt_text") else None,
+    )
 
 
 def _chat_logprobs(block: dict[str, Any] | None, k: int) -> dict[str, Any] | None:

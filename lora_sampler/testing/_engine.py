@@ -535,4 +535,4 @@ class FakeEngine(AdapterTable, Hold):
         completion = self._completion(translated)
         if isinstance(completion, VllmBody):
             return completion
-        return bodies.json_body(200, chat.chat_body(completion, payload))
+        return bodies.json_body(200, chat.chat_body(completion, payload, translated["prompt"]))
