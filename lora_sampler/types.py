@@ -15,6 +15,7 @@ import html
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union, cast, overload
 
@@ -82,14 +83,15 @@ def check_count(argument: str, value: object, minimum: int, note: str = "") -> N
 
 def checked_seconds(value: object, argument: str) -> float:
     """Return ``value`` as seconds if it is a finite or infinite number >= 0 (not NaN, not a bool): the one rule of
-    every duration a caller passes (a wait, a delay, a hold), so each says it in the same words.
+    every duration a caller passes (a wait, a delay, a hold), so each says it in the same words. A whole number
+    beyond the float range (``10**400``) is ``inf``, as long a wait as any.
 
     Raises:
         ValueError: it is not such a number; the message names ``argument``.
     """
     if not _is_number(value) or not cast(float, value) >= 0:
         raise ValueError(f"{argument} must be a number of seconds >= 0, got {value!r}")
-    return float(cast(float, value))
+    return math.inf if cast(float, value) > sys.float_info.max else float(cast(float, value))
 
 
 @dataclass(frozen=True)

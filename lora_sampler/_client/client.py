@@ -568,11 +568,12 @@ class SamplerClient:
 
     def _outage_gate(self, max_outage: float, on_outage: Optional[OutageHook]) -> Optional[OutageGate]:
         """Return the outage gate of one fan-out, or None for ``max_outage=0`` (fail at once)."""
-        if checked_seconds(max_outage, "max_outage") == 0:
+        seconds = checked_seconds(max_outage, "max_outage")
+        if seconds == 0:
             return None
         calls = self._calls  # not self: the gate must not keep the client alive
         return OutageGate(
-            float(max_outage),
+            seconds,
             calls.probe,
             base_url=self.base_url,
             on_outage=on_outage,
@@ -590,7 +591,7 @@ class SamplerClient:
             EngineConnectionError: the engine did not answer within ``timeout`` seconds (the last error is its cause).
             EngineError: the engine answered with a refusal that waiting does not fix (e.g. 401 for the API key).
         """
-        checked_seconds(timeout, "timeout")
+        timeout = checked_seconds(timeout, "timeout")
         last = probe_until(self._calls.probe, time.monotonic() + timeout)
         if last is not None:
             within = f" within {timeout:g} s" if timeout > 0 else ""

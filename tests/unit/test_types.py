@@ -14,7 +14,7 @@ from lora_sampler import Adapter, GeneratedSequence, SampleOutput, SampleRequest
 from lora_sampler.batch import SweepSettings
 from lora_sampler.publish import PublishLimits
 from lora_sampler.ray_data import ClientSettings
-from lora_sampler.types import is_checkpoint_path
+from lora_sampler.types import checked_seconds, is_checkpoint_path
 
 
 @pytest.mark.parametrize(
@@ -220,6 +220,29 @@ def test_every_count_a_caller_passes_is_refused_by_one_rule_naming_it(
     ValueError naming the argument, in the same words wherever it is passed."""
     with pytest.raises(ValueError, match=re.escape(f"{name} must be an int >= {least}")):
         make(bad)
+
+
+@pytest.mark.parametrize(
+    "make, name",
+    [
+        (lambda v: lora_sampler.RetryPolicy(load_timeout=v), "load_timeout"),
+        (lambda v: ClientSettings("http://127.0.0.1:9", max_outage=v), "max_outage"),
+        (lambda v: SweepSettings(output_dir="out", settle=v), "settle"),
+        (lambda v: lora_sampler.SamplerClient("http://127.0.0.1:9").wait_ready(timeout=v), "timeout"),
+    ],
+)
+@pytest.mark.parametrize("bad", [-1, math.nan, -math.inf, True, "3", None])
+def test_every_duration_a_caller_passes_is_refused_by_one_rule_naming_it(make: Any, name: str, bad: Any) -> None:
+    """A duration (a delay, a hold, a wait) that is not a number of seconds >= 0, NaN and a bool included, is a
+    ValueError naming the argument, in the same words wherever it is passed."""
+    with pytest.raises(ValueError, match=re.escape(f"{name} must be a number of seconds >= 0")):
+        make(bad)
+
+
+def test_a_duration_beyond_the_float_range_is_for_ever() -> None:
+    """A whole number of seconds too large for a float is infinity, not an OverflowError."""
+    assert checked_seconds(10**400, "max_outage") == math.inf
+    assert lora_sampler.RetryPolicy(max_delay=10**400).max_delay == 10**400
 
 
 @pytest.mark.parametrize("bad", [0, -1, (0, 5), (1, 2, 3), "abc", math.inf, math.nan, True, (10, None)])
