@@ -572,18 +572,11 @@ class CheckpointSource:
             return None
         now = self._clock()
         item = self._take(now)
-        if item is not None:
+        if item is not None or self._pending:  # each pending checkpoint is bounded by checkpoint_timeout
             return item
-        final_done = self._final is not None and self._final in self._done
-        if self._pending:  # each pending checkpoint is bounded by checkpoint_timeout
-            return (
-                self._give_up(next(iter(self._pending)), now, "the run's final checkpoint is done")
-                if final_done
-                else None
-            )
         if not self._settings.watch:
             self.end_reason = "every checkpoint listed was taken (pass --watch to follow a run still training)"
-        elif final_done:
+        elif self._final_done():
             self.end_reason = f"the manifest's final checkpoint ({printable(self._final or '')}) is done"
         elif now - self._last_news < self._settings.idle_timeout:
             return None
@@ -613,14 +606,11 @@ class CheckpointSource:
 
     # -- listing ------------------------------------------------------------------------------------------------
 
-    def _relist_interval(self) -> float:
-        return max(RELIST_SECONDS, 10 * self._listing_seconds)
-
     def _listing_due(self, now: float) -> bool:
         """List again: the last listing is old enough, or (without a watch) the last listed checkpoint went since,
         and one more look catches checkpoints written meanwhile before the sweep ends."""
         assert self._listed_at is not None
-        if now - self._listed_at >= self._relist_interval():
+        if now - self._listed_at >= max(RELIST_SECONDS, 10 * self._listing_seconds):
             return True
         return not self._settings.watch and self._emptied_at is not None and self._listed_at < self._emptied_at
 
@@ -686,13 +676,14 @@ class CheckpointSource:
         """The first pending checkpoint that is ready, or the first one due to be given up on."""
         for key, pending in self._pending.items():  # returns right after changing it
             checkpoint = pending.checkpoint
-            if checkpoint.problem is not None:
-                return self._hand_out(key, checkpoint, now)
-            if self._ready(pending, now):
-                return self._hand_out(key, dataclasses.replace(checkpoint, signature=pending.fingerprint[2]), now)
-            why = self._hopeless(pending, now)
-            if why is not None:
-                return self._give_up(key, now, why)
+            if checkpoint.problem is None and self._ready(pending, now):
+                checkpoint = dataclasses.replace(checkpoint, signature=pending.fingerprint[2])
+            elif checkpoint.problem is None:
+                error = self._given_up(pending, now)
+                if error is None:
+                    continue
+                checkpoint = dataclasses.replace(checkpoint, problem=error)
+            return self._hand_out(key, checkpoint, now)
         return None
 
     def _hand_out(self, key: str, item: Checkpoint, now: float) -> Checkpoint:
@@ -716,44 +707,40 @@ class CheckpointSource:
             fingerprint = (0.0, f"it cannot be read ({type(error).__name__}: {error})", None)
         if pending.fingerprint != fingerprint:
             pending.fingerprint, pending.since = fingerprint, now
-        return fingerprint[2] is not None and fingerprint[1] is None and self._settled(fingerprint, pending.since, now)
+        return fingerprint[2] is not None and fingerprint[1] is None and self._settled(pending, now)
 
-    def _settled(self, fingerprint: Fingerprint, since: float, now: float) -> bool:
+    def _settled(self, pending: _Pending, now: float) -> bool:
         """Unchanged for ``settle`` seconds, as we watched it or by its modification time (not absent: the callers')."""
-        return now - since >= self._settings.settle or time.time() - fingerprint[0] >= self._settings.settle
+        settle = self._settings.settle
+        return now - pending.since >= settle or time.time() - pending.fingerprint[0] >= settle
 
-    def _hopeless(self, pending: _Pending, now: float) -> Optional[str]:
-        """Why a checkpoint that is not ready is given up on now, or None while it is worth waiting for."""
-        fingerprint, waited = pending.fingerprint, now - pending.first_seen
-        absent = fingerprint[2] is None
-        if waited >= self._settings.checkpoint_timeout:
-            return f"waited {waited:.0f} s (--checkpoint-timeout {self._settings.checkpoint_timeout:g})"
-        if self._settings.watch:
+    def _final_done(self) -> bool:
+        return self._final is not None and self._final in self._done
+
+    def _given_up(self, pending: _Pending, now: float) -> Optional[LoraSamplerError]:
+        """The error a checkpoint that is not ready is given up on with now, or None while it is worth waiting for."""
+        (_, problem, signature), settings = pending.fingerprint, self._settings
+        shown, waited = printable(pending.checkpoint.path), now - pending.first_seen
+        if waited >= settings.checkpoint_timeout:
+            why = f"waited {waited:.0f} s (--checkpoint-timeout {settings.checkpoint_timeout:g})"
+        elif not settings.watch and signature is None:
+            why = "not waited for without --watch"
+        elif not settings.watch and problem is not None and self._settled(pending, now):
+            # does not read to its end, and is not being written: waiting will not help
+            return IncompleteCheckpointError(f"{shown} is incomplete: {problem}", path=pending.checkpoint.path)
+        elif self._final_done():
+            why = "the run's final checkpoint is done"
+        else:
             return None
-        if absent:
-            return "not waited for without --watch"
-        if fingerprint[1] is not None and self._settled(fingerprint, pending.since, now):
-            return "settled"  # does not read to its end, and is not being written: waiting will not help
-        return None
-
-    def _give_up(self, key: str, now: float, why: str) -> Checkpoint:
-        pending = self._pending[key]
-        checkpoint, fingerprint = pending.checkpoint, pending.fingerprint
-        shown = printable(checkpoint.path)
-        error: LoraSamplerError
-        if fingerprint[2] is None:
-            detail = "" if fingerprint[1] is None else f" ({fingerprint[1]})"
-            error = CheckpointMissingError(
+        if signature is None:
+            detail = "" if problem is None else f" ({problem})"
+            return CheckpointMissingError(
                 f"{shown} does not exist{detail} ({why}): a manifest line ahead of its file, or a checkpoint deleted "
                 "after it was listed (a retention policy?). Restore it and run again, or drop its line",
-                path=checkpoint.path,
+                path=pending.checkpoint.path,
             )
-        elif why == "settled":
-            error = IncompleteCheckpointError(f"{shown} is incomplete: {fingerprint[1]}", path=checkpoint.path)
-        else:
-            state = f"does not read to its end: {fingerprint[1]}" if fingerprint[1] else "kept changing"
-            error = CheckpointIncompleteError(
-                f"{shown} {state}; {why}. Raise --checkpoint-timeout for checkpoints that take longer to write",
-                path=checkpoint.path,
-            )
-        return self._hand_out(key, dataclasses.replace(checkpoint, problem=error), now)
+        state = f"does not read to its end: {problem}" if problem else "kept changing"
+        return CheckpointIncompleteError(
+            f"{shown} {state}; {why}. Raise --checkpoint-timeout for checkpoints that take longer to write",
+            path=pending.checkpoint.path,
+        )

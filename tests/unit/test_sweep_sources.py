@@ -24,7 +24,7 @@ from lora_sampler.batch._sources import (
     read_manifest,
     step_of,
 )
-from lora_sampler.errors import LoraSamplerError
+from lora_sampler.errors import CheckpointIncompleteError, LoraSamplerError
 from lora_sampler.testing import write_adapter, write_adapter_archive
 
 
@@ -273,3 +273,25 @@ def test_ledger_keeps_this_runs_error_lines_when_a_repeat_goes(tmp_path: Path) -
         ledger.append({**done, "signature": "touched"})
     entries = read_ledger(str(tmp_path / LEDGER_NAME))
     assert entries == [failed, {**done, "signature": "touched"}]
+
+
+def test_a_watch_gives_up_on_a_checkpoint_still_written_once_the_final_one_is_done(tmp_path: Path) -> None:
+    """The manifest's final checkpoint is done while an earlier one is still being written: that one comes out at
+    once as incomplete, naming why, and the watch ends (no wait for its checkpoint timeout)."""
+    growing = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), "tiny-base")  # written just now
+    final = aged(write_adapter_archive(str(tmp_path / "step-2.tar.gz"), "tiny-base", rank=2))
+    manifest = tmp_path / "checkpoints.jsonl"
+    lines = [{"sampler_path": growing, "batch": 1}, {"sampler_path": final, "batch": 2, "final": True}]
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    now = [1000.0]
+    settings = _settings(tmp_path, watch=True, settle=30.0, checkpoint_timeout=600.0)
+    source = CheckpointSource(listing(Manifest(str(manifest)), settings), settings, clock=lambda: now[0])
+    taken = source.poll()
+    assert taken is not None and taken.path == final and taken.problem is None
+    assert source.poll() is None and "to be complete" in source.waiting_for()
+    source.finished(final, {"checkpoint": final, "adapter": "a"})
+    gave_up = source.poll()
+    assert gave_up is not None and gave_up.path == growing
+    assert isinstance(gave_up.problem, CheckpointIncompleteError)
+    assert "the run's final checkpoint is done" in str(gave_up.problem)
+    assert source.poll() is None and source.ended and "final checkpoint" in source.end_reason
