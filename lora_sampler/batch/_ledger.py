@@ -86,15 +86,19 @@ class Ledger:
         except OSError as error:
             with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, size)
-            raise OutputWriteError(
-                f"cannot write {self.path}", path=self.path, reason=error.strerror or str(error)
-            ) from None
+            raise self._unwritable(error) from None
         if "error" not in entry:
             key = ledger_key(entry)
             again = key in self.finished
             self.finished[key] = entry
             if again:  # evaluated again: its content changed, or a touched file gave the same adapter (its line goes)
-                self._load(opening=False)
+                try:
+                    self._load(opening=False)
+                except OSError as error:  # the line is written; its older twin goes at the next opening
+                    raise self._unwritable(error) from None
+
+    def _unwritable(self, error: OSError) -> OutputWriteError:
+        return OutputWriteError(f"cannot write {self.path}", path=self.path, reason=error.strerror or str(error))
 
     def _load(self, *, opening: bool) -> None:
         """Read the finished lines and (re)open the ledger for appending; first rewrite it atomically without the

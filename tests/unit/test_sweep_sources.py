@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tarfile
@@ -11,6 +12,7 @@ from typing import Any, List
 import pytest
 from _sweeps import aged
 
+from lora_sampler.batch import _ledger as ledger_module
 from lora_sampler.batch._ledger import LEDGER_NAME, Ledger, read_ledger
 from lora_sampler.batch._settings import SweepSettings
 from lora_sampler.batch._sources import (
@@ -24,7 +26,7 @@ from lora_sampler.batch._sources import (
     read_manifest,
     step_of,
 )
-from lora_sampler.errors import CheckpointIncompleteError, LoraSamplerError
+from lora_sampler.errors import CheckpointIncompleteError, LoraSamplerError, OutputWriteError
 from lora_sampler.testing import write_adapter, write_adapter_archive
 
 
@@ -295,3 +297,24 @@ def test_a_watch_gives_up_on_a_checkpoint_still_written_once_the_final_one_is_do
     assert isinstance(gave_up.problem, CheckpointIncompleteError)
     assert "the run's final checkpoint is done" in str(gave_up.problem)
     assert source.poll() is None and source.ended and "final checkpoint" in source.end_reason
+
+
+def test_ledger_that_cannot_be_rewritten_mid_run_is_an_output_write_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk while a repeated line goes is the sweep's full-disk error (it says how to resume), not a bare
+    OSError; the line is written, and the next opening drops its older twin."""
+    done = {"checkpoint": "/r/step-1.tar.gz", "adapter": "a", "output": "a.jsonl", "rows": 3}
+    with Ledger(str(tmp_path)) as ledger:
+        ledger.append(done)
+        with monkeypatch.context() as patched:
+            patched.setattr(ledger_module, "_replace", _full_disk)
+            with pytest.raises(OutputWriteError, match="cannot write"):
+                ledger.append({**done, "signature": "touched"})
+    with Ledger(str(tmp_path)) as ledger:
+        assert ledger.finished["/r/step-1.tar.gz"]["signature"] == "touched"
+    assert len(read_ledger(str(tmp_path / LEDGER_NAME))) == 1
+
+
+def _full_disk(path: str, lines: List[bytes]) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")
