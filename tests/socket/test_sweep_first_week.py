@@ -404,6 +404,26 @@ def test_a_checkpoint_overwritten_after_the_sweep_is_evaluated_again_and_named(
     assert main(argv) == 0 and len(ledger(out)) == 2
 
 
+def test_a_checkpoint_back_to_its_first_content_is_not_evaluated_again_at_every_run(
+    engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
+) -> None:
+    """Content A, then B, then A again (its bytes copied back): the third run evaluates it as A once; a fourth finds
+    nothing changed (was: the ledger's rewrite left B's line last, so every later run evaluated it again)."""
+    checkpoint, argv, out = _one_checkpoint_sweep(engine, lora_dir, tmp_path)
+    first = Path(checkpoint).read_bytes()
+    assert main(argv) == 0
+    aged(write_adapter_archive(checkpoint, engine.model, rank=5), seconds=50)
+    assert main(argv) == 0
+    Path(checkpoint).write_bytes(first)
+    aged(checkpoint, seconds=40)
+    assert main(argv) == 0
+    adapters = [entry["adapter"] for entry in ledger(out)]
+    assert len(adapters) == 2 and adapters[-1] == default_adapter_name(checkpoint)
+    unloads = engine.calls(UNLOAD)
+    assert main(argv) == 0
+    assert engine.calls(UNLOAD) == unloads and [entry["adapter"] for entry in ledger(out)] == adapters
+
+
 def test_a_touched_but_unchanged_checkpoint_is_not_evaluated_again(
     engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
 ) -> None:
