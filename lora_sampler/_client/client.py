@@ -507,10 +507,9 @@ class SamplerClient:
                 Results, errors, retries and outages stay per prompt (docs/guides/batching.md).
         """
         batching, gate, bar = self._fan_out_parts(requests, prompts_per_request, max_outage, on_outage, progress, total)
-        results = self._fanout.stream(
-            requests, self._scorer.run_any, return_exceptions=return_exceptions, gate=gate, batching=batching
+        return self._fanout.stream(
+            requests, self._scorer.run_any, return_exceptions=return_exceptions, gate=gate, batching=batching, bar=bar
         )
-        return results if bar is None else bar.follow(results)
 
     @_habit_hints
     def imap_unordered(
@@ -529,15 +528,15 @@ class SamplerClient:
         ``max_outage``, ``on_outage``, ``progress``, ``total`` and ``prompts_per_request`` work as in ``imap``.
         """
         batching, gate, bar = self._fan_out_parts(requests, prompts_per_request, max_outage, on_outage, progress, total)
-        pairs = self._fanout.stream(
+        return self._fanout.stream(
             requests,
             self._scorer.run_any,
             return_exceptions=return_exceptions,
             gate=gate,
             batching=batching,
+            bar=bar,
             ordered=False,
         )
-        return pairs if bar is None else bar.follow(pairs, lambda pair: pair[1])
 
     def _fan_out_parts(
         self,
@@ -638,16 +637,13 @@ class SamplerClient:
                 self._scorer.run_any,
                 return_exceptions=return_exceptions,
                 gate=gate,
-                on_outcome=None if bar is None else bar.update,
                 batching=batching,
+                bar=bar,
             )
         except SamplingInterruptedError as stop:
             # A copy without the traceback: the raised error's frames hold this client (no cycle to collect).
             self.last_interrupt = SamplingInterruptedError(stop.message, results=stop.results)
             raise
-        finally:
-            if bar is not None:
-                bar.close()
 
     @_habit_hints
     # -- adapters -------------------------------------------------------------------------------------------

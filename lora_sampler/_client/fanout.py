@@ -43,6 +43,7 @@ from typing import (
 )
 
 from lora_sampler._client.outage import OutageGate
+from lora_sampler._client.progress import ProgressBar
 from lora_sampler._defaults import (
     DEFAULT_SAMPLING_PROMPTS_PER_REQUEST,
     DEFAULT_SCORING_PROMPTS_PER_REQUEST,
@@ -380,10 +381,10 @@ class FanOut:
         *,
         return_exceptions: bool,
         gate: Optional[OutageGate],
-        on_outcome: Optional[Callable[[Any], None]] = None,
         batching: Optional[Batching] = None,
+        bar: Optional[ProgressBar] = None,
     ) -> List[Any]:
-        """Return the outcomes in input order (``sample_many``); ``on_outcome`` sees each as it is taken.
+        """Return the outcomes in input order (``sample_many``), each counted on ``bar`` as ``stream`` counts it.
 
         Raises:
             SamplingInterruptedError: Ctrl-C while waiting; ``results`` holds what had finished by then.
@@ -392,13 +393,11 @@ class FanOut:
         results: List[Any] = []
         window: Dict[Future[Any], int] = {}
         stream = self.stream(
-            requests, run, return_exceptions=return_exceptions, gate=gate, batching=batching, window=window
+            requests, run, return_exceptions=return_exceptions, gate=gate, batching=batching, bar=bar, window=window
         )
         try:
             for result in stream:
                 results.append(result)
-                if on_outcome is not None:
-                    on_outcome(result)
         except KeyboardInterrupt as stop:
             stream.close()  # when the interrupt came between two results
             partial = results + [_finished(future) for future in window]
@@ -427,6 +426,7 @@ class FanOut:
         return_exceptions: bool,
         gate: Optional[OutageGate],
         batching: Optional[Batching] = None,
+        bar: Optional[ProgressBar] = None,
         checked: Optional[Callable[[Any], Any]] = None,
         window: Optional[Dict[Future[Any], int]] = None,
         ordered: bool = True,
@@ -434,8 +434,9 @@ class FanOut:
         """Send ``requests`` with a bounded window in flight; yield each outcome in input order (``imap``), or (not
         ``ordered``: ``imap_unordered``) each ``(index, outcome)`` as it finishes.
 
-        ``checked`` turns an item into what ``run`` takes (None: ``as_request``); an item it refuses (``TypeError``,
-        ``ValueError``) is its slot's error, never sent. ``window`` holds each request in flight and its input index,
+        Each outcome taken is counted on ``bar`` (if any), which is closed when the stream ends. ``checked`` turns an
+        item into what ``run`` takes (None: ``as_request``); an item it refuses (``TypeError``, ``ValueError``) is its
+        slot's error, never sent. ``window`` holds each request in flight and its input index,
         in input order: a caller that stops the stream early reads the partial results from it.
         """
         work = self._new_work()
@@ -452,12 +453,12 @@ class FanOut:
                 if done is not None:
                     future.add_done_callback(done.put)
                 while window and (len(window) >= limit or _ready(window, done)):
-                    yield _take(window, done, return_exceptions)
+                    yield _take(window, done, return_exceptions, bar)
             while window:
-                yield _take(window, done, return_exceptions)
+                yield _take(window, done, return_exceptions, bar)
             finished = True
         finally:
-            _end(work, gate, finished)
+            _end(work, gate, bar, finished)
         source.check()
 
 
@@ -467,18 +468,24 @@ def _ready(window: Dict[Future[Any], int], done: Optional[queue.SimpleQueue[Futu
 
 
 def _take(
-    window: Dict[Future[Any], int], done: Optional[queue.SimpleQueue[Future[Any]]], return_exceptions: bool
+    window: Dict[Future[Any], int],
+    done: Optional[queue.SimpleQueue[Future[Any]]],
+    return_exceptions: bool,
+    bar: Optional[ProgressBar],
 ) -> Any:
     """Wait for the oldest request, or (with ``done``) the next to finish, and take it out of the window (left in place
-    while waiting, for a partial result): its outcome, or with ``done`` ``(index, outcome)``."""
+    while waiting, for a partial result), counted on ``bar``: its outcome, or with ``done`` ``(index, outcome)``."""
     future = next(iter(window)) if done is None else done.get()
     value = outcome(future, return_exceptions)
+    if bar is not None:
+        bar.update(value)
     index = window.pop(future)
     return value if done is None else (index, value)
 
 
-def _end(work: CancelScope, gate: Optional[OutageGate], finished: bool) -> None:
-    """Wind a fan-out down: if it stopped early, cancel what it has not finished; release its held requests.
+def _end(work: CancelScope, gate: Optional[OutageGate], bar: Optional[ProgressBar], finished: bool) -> None:
+    """Wind a fan-out down: if it stopped early, cancel what it has not finished; release its held requests; close
+    its bar.
 
     A fan-out that stopped early (Ctrl-C, an error raised to the caller, or its iterator closed) has its scope
     cancelled: its batches not started are cancelled, a request that went alone and was not started is refused by the
@@ -489,6 +496,8 @@ def _end(work: CancelScope, gate: Optional[OutageGate], finished: bool) -> None:
         work.cancel()
     if gate is not None:
         gate.close()
+    if bar is not None:
+        bar.close()
 
 
 def _finished(future: Future[Any], errors: bool = True) -> Any:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import operator
 import sys
 import threading
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from lora_sampler._client.outage import OutageEvent
 from lora_sampler.types import check_count
@@ -111,15 +111,6 @@ class ProgressBar:
             self.bar.write(message, file=sys.stderr)
         else:
             print(message, file=sys.stderr)
-
-    def follow(self, outcomes: Iterator[Any], count: Callable[[Any], Any] = lambda outcome: outcome) -> Iterator[Any]:
-        """Yield ``outcomes``, counting each (``count`` picks the outcome out of a yielded item); close at the end."""
-        try:
-            for item in outcomes:
-                self.update(count(item))
-                yield item
-        finally:
-            self.close()
 
     def close(self) -> None:
         """Say how many rows failed with each error seen more than once; draw the final state and release the bar."""
