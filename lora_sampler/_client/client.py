@@ -38,7 +38,7 @@ from lora_sampler._adapters.registry import AdapterRegistry
 from lora_sampler._client.calls import SampleCalls
 from lora_sampler._client.fanout import IN_FLIGHT_PER_WORKER, Batching, FanOut, RequestLike, Runner
 from lora_sampler._client.outage import OutageGate, OutageHook, probe_until
-from lora_sampler._client.progress import ProgressBar, check_total
+from lora_sampler._client.progress import ProgressBar
 from lora_sampler._client.scoring import Scorer
 from lora_sampler._client.selfcheck import DEFAULT_SCORING_TOLERANCE, ScoringCheck, ScoringSelfCheck
 from lora_sampler._defaults import (
@@ -62,6 +62,7 @@ from lora_sampler.types import (
     ScoreRequest,
     StopSpec,
     build_request,
+    check_count,
     checked_seconds,
     habit_error,
 )
@@ -552,9 +553,9 @@ class SamplerClient:
         self._transport.check_process()  # a forked child: fail at once here with a user's session
         batching = Batching(prompts_per_request, self._scorer.run_many_any)
         gate = self._outage_gate(max_outage, on_outage)
+        if total is not None:
+            check_count("total", total, 0, " (the number of requests)")
         if not progress:
-            if total is not None:
-                check_total(total)
             return batching, gate, None
         calls = self._calls  # not self: the bar must not keep the client alive
         return batching, gate, ProgressBar.over(requests, lambda: calls.retries, total)

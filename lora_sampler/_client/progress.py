@@ -15,19 +15,9 @@ import threading
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from lora_sampler._client.outage import OutageEvent
-from lora_sampler.types import check_count
 
 #: Characters of an error message repeated in the count line at the end.
 _SHORT_MESSAGE = 160
-
-
-def check_total(total: object) -> None:
-    """Refuse a ``total=`` that is not a count.
-
-    Raises:
-        ValueError: ``total`` is not an int >= 0.
-    """
-    check_count("total", total, 0, " (the number of requests)")
 
 
 class ProgressBar:
@@ -36,7 +26,8 @@ class ProgressBar:
     Steps are counted from any thread (a sweep's checkpoints report from theirs).
 
     Args:
-        total: The number of steps, or None (unknown: the bar counts without a total).
+        total: The number of steps, or None (unknown: the bar counts without a total); a caller's ``total=`` is
+            checked by the caller (``SamplerClient``'s fan-outs).
         retries: Reads the client's retry count.
         unit: What one step is (``"req"``, ``"line"``).
         terminal: The command line's bar: drawn on stderr only when it is a terminal and tqdm is installed (else
@@ -53,8 +44,6 @@ class ProgressBar:
         terminal: bool = False,
         quiet: bool = False,
     ) -> None:
-        if total is not None:
-            check_total(total)
         self.bar = None if quiet else _terminal_tqdm(total, unit) if terminal else _auto_tqdm(total, unit)
         self._has_total = total is not None
         self._retries, self._first = retries, retries()
