@@ -117,6 +117,19 @@ class ProgressBar:
             self.bar.set_postfix(retries=retries, failed=self._failed, **extra, refresh=False)
 
 
+def say_above_bars(message: str) -> None:
+    """Print a line on stderr above every bar this process draws (tqdm's own write: it clears them, writes, redraws).
+
+    For lines that do not know the bar, such as the command line's log lines; without tqdm, a plain print.
+    """
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        print(message, file=sys.stderr)
+    else:
+        tqdm.write(message, file=sys.stderr)
+
+
 def _auto_tqdm(total: Optional[int], unit: str) -> Any:
     try:
         from tqdm.auto import tqdm

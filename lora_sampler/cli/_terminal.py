@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Sequence
 
-from lora_sampler._client.progress import ProgressBar
+from lora_sampler._client.progress import ProgressBar, say_above_bars
 from lora_sampler.batch._job import DEFAULT_DRAIN_SECONDS
 
 #: The format of lora_sampler's log lines on stderr.
@@ -66,12 +66,7 @@ class _Stderr(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            line = self.format(record)
-            drawn = sys.modules.get("tqdm")  # a bar is drawn by tqdm only, once imported
-            if drawn is not None:
-                drawn.tqdm.write(line, file=sys.stderr)  # tqdm's own write: clears every bar, writes, redraws them
-            else:
-                print(line, file=sys.stderr)
+            say_above_bars(self.format(record))
         except Exception:  # as logging's own handlers: a line that cannot be written is reported, never raised
             self.handleError(record)
 
