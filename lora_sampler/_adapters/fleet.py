@@ -12,13 +12,15 @@ with ``replicas=`` the client loads, checks and unloads on each replica directly
   drop), and a replica never gets two loads of one adapter at once.
 - ``unload_everywhere``: one unload per replica; raises naming every replica that did not confirm.
 
-Sampling never comes here. Every request goes through one ``EngineTransport`` per replica (the one place that
-turns HTTP answers into values or errors); this module only decides what to send where.
+Sampling never comes here. Each of these operations talks to each replica through an ``EngineTransport`` of its
+own (the one place that turns HTTP answers into values or errors), closed when it ends: they are rare (a publish, an
+unload, a race), so no connection or thread is kept between them. This module only decides what to send where.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -72,8 +74,8 @@ class Fleet:
         front: The transport to ``base_url`` (asked for ``/list_workers`` when ``replicas="router"``).
         replicas: ``"router"`` or the replica root URLs.
         retry: The client's policy: ``load_timeout`` bounds each load and unload on a replica.
-        transport_options: The client's ``EngineTransport`` settings (key, timeout, TLS, answer size), shared by
-            one transport per replica.
+        transport_options: The client's ``EngineTransport`` settings (key, timeout, TLS, answer size), for the
+            transport of each replica.
     """
 
     def __init__(
@@ -84,21 +86,7 @@ class Fleet:
         self._settings = dict(transport_options, max_workers=1)
         self._load_timeout = retry.load_timeout
         self._lock = threading.Lock()
-        self._transports: Dict[str, EngineTransport] = {}
         self._reconciling: Dict[str, threading.Event] = {}
-        self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
-        self._closed = False
-
-    def close(self) -> None:
-        """Stop the fleet's threads and close every replica's pooled connections. Idempotent."""
-        with self._lock:
-            self._closed = True
-            executor, self._executor = self._executor, None
-            transports, self._transports = list(self._transports.values()), {}
-        if executor is not None:
-            executor.shutdown(wait=True)
-        for transport in transports:
-            transport.close()
 
     # -- discovery ------------------------------------------------------------------------------------------------
 
@@ -122,14 +110,6 @@ class Fleet:
             raise LoraSamplerError(f"the router at {self._front.base_url} lists no workers ({LIST_WORKERS_PATH})")
         return tuple(dict.fromkeys(normalise_base_url(url) for url in urls))
 
-    def transport(self, url: str) -> EngineTransport:
-        """Return the (cached) transport of one replica."""
-        with self._lock:
-            transport = self._transports.get(url)
-            if transport is None:
-                transport = self._transports[url] = EngineTransport(url, **self._settings)
-            return transport
-
     # -- adapter lifecycle ----------------------------------------------------------------------------------------
 
     def load_everywhere(self, name: str, path: str) -> None:
@@ -140,7 +120,7 @@ class Fleet:
         Raises:
             FleetError: some replicas could not load it or do not list it; names each with its answer.
         """
-        total, failed = self._on_every_replica(lambda url: self._ensure(url, name, path, check_first=False))
+        total, failed = self._on_every_replica(lambda replica: self._ensure(replica, name, path, check_first=False))
         if failed:
             raise _fleet_error(
                 name,
@@ -165,7 +145,7 @@ class Fleet:
             running.wait(self._load_timeout * 2)
             return
         try:
-            total, failed = self._on_every_replica(lambda url: self._ensure(url, name, path, check_first=True))
+            total, failed = self._on_every_replica(lambda replica: self._ensure(replica, name, path, check_first=True))
             if failed:
                 logger.info(
                     "Reconciling: %s", _fleet_error(name, f"failed on {len(failed)} of {total} replicas", failed)
@@ -184,7 +164,7 @@ class Fleet:
         Raises:
             FleetError: the replicas that did not confirm, each with its answer (the caller keeps the files).
         """
-        total, failed = self._on_every_replica(lambda url: self.unload_from(url, name))
+        total, failed = self._on_every_replica(lambda replica: self._unload_from(replica, name))
         if failed:
             raise _fleet_error(
                 name,
@@ -196,10 +176,10 @@ class Fleet:
 
     # -- one replica ----------------------------------------------------------------------------------------------
 
-    def unload_from(self, url: str, name: str) -> str:
+    def _unload_from(self, replica: EngineTransport, name: str) -> str:
         """Unload ``name`` from one replica: return "" when it confirmed (it holds no such adapter now), else why."""
         try:
-            self._adapter_command(url, UNLOAD_ADAPTER_PATH, name, unload_adapter_body(name))
+            self._adapter_command(replica, UNLOAD_ADAPTER_PATH, name, unload_adapter_body(name))
         except EngineStatusError as exc:
             if is_not_held(exc.status, exc.engine_message):
                 return ""
@@ -208,46 +188,47 @@ class Fleet:
             return str(exc)
         return ""
 
-    def _ensure(self, url: str, name: str, path: str, *, check_first: bool) -> str:
+    def _ensure(self, replica: EngineTransport, name: str, path: str, *, check_first: bool) -> str:
         """Make one replica serve ``name``: return "" when its ``/v1/models`` lists it, else what went wrong."""
         try:
-            if check_first and self._lists(url, name):
+            if check_first and _lists(replica, name):
                 return ""
             try:
-                self._adapter_command(url, LOAD_ADAPTER_PATH, name, load_adapter_body(name, path))
+                self._adapter_command(replica, LOAD_ADAPTER_PATH, name, load_adapter_body(name, path))
             except EngineStatusError as exc:
                 if not is_already_loaded(exc.engine_message):
                     return f"load answered HTTP {exc.status}: {exc.engine_message}"
-            if not self._lists(url, name):
+            if not _lists(replica, name):
                 return f"the load was accepted, but GET {MODELS_PATH} does not list the adapter"
         except EngineError as exc:  # an EngineProtocolError says what was wrong with a /v1/models answer
             return str(exc)
         return ""
 
-    # -- the HTTP calls (each one request through the replica's transport) --------------------------------------
+    # -- the HTTP calls, and every replica in parallel ------------------------------------------------------------
 
-    def _adapter_command(self, url: str, path: str, name: str, payload: Dict[str, str]) -> None:
+    def _adapter_command(self, replica: EngineTransport, path: str, name: str, payload: Dict[str, str]) -> None:
         """POST a load or unload to one replica; an error status raises ``EngineStatusError``."""
-        self.transport(url).post_adapter_command(path, name, payload, None, self._load_timeout)
+        replica.post_adapter_command(path, name, payload, None, self._load_timeout)
 
-    def _lists(self, url: str, name: str) -> bool:
-        """Whether the replica's ``GET /v1/models`` lists ``name`` as an adapter of one of its base models."""
-        return self.transport(url).get_json(MODELS_PATH, parse=lambda body: _lists_adapter(body, name))
+    def _on_every_replica(self, task: Callable[[EngineTransport], str]) -> Tuple[int, Dict[str, str]]:
+        """Run ``task`` on every replica in parallel, each through a transport of its own closed after it; return
+        the number of replicas and ``{url: problem}``.
 
-    def _on_every_replica(self, task: Callable[[str], str]) -> Tuple[int, Dict[str, str]]:
-        """Run ``task`` on every replica in parallel; return the number of replicas and ``{url: problem}``."""
+        An interrupted caller returns at once: the tasks running end within their bounds (and close their
+        transports) on their own, and those not started never start.
+        """
         urls = self.urls()
-        problems = [task(urls[0])] if len(urls) == 1 else list(self._pool().map(task, urls))
-        return len(urls), {url: problem for url, problem in zip(urls, problems) if problem}
 
-    def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
-        """The fleet's threads, started on first use (a fleet of one replica never starts them)."""
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("this SamplerClient is closed; create a new one")
-            if self._executor is None:
-                self._executor = concurrent.futures.ThreadPoolExecutor(MAX_PARALLEL_REPLICAS, "lora_sampler-fleet")
-            return self._executor
+        def on(url: str) -> str:
+            with contextlib.closing(EngineTransport(url, **self._settings)) as replica:
+                return task(replica)
+
+        pool = concurrent.futures.ThreadPoolExecutor(min(len(urls), MAX_PARALLEL_REPLICAS), "lora_sampler-fleet")
+        try:
+            problems = list(pool.map(on, urls))
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+        return len(urls), {url: problem for url, problem in zip(urls, problems) if problem}
 
 
 def _fleet_error(name: str, what: str, failed: Dict[str, str], advice: str = "") -> FleetError:
@@ -262,6 +243,11 @@ def _worker_urls(body: Any) -> List[str]:
     if not isinstance(urls, list) or not all(isinstance(url, str) for url in urls):
         raise ValueError("it has no 'urls' list of strings")
     return urls
+
+
+def _lists(replica: EngineTransport, name: str) -> bool:
+    """Whether the replica's ``GET /v1/models`` lists ``name`` as an adapter card whose ``parent`` is a base card."""
+    return replica.get_json(MODELS_PATH, parse=lambda body: _lists_adapter(body, name))
 
 
 def _lists_adapter(body: Any, name: str) -> bool:

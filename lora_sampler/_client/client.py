@@ -244,8 +244,6 @@ class SamplerClient:
         """
         self._closed = True
         self._fanout.close(wait=wait)
-        if self._fleet is not None:
-            self._fleet.close()
         self._transport.close()
         self._registry.close()
 
