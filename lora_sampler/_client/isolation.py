@@ -168,9 +168,6 @@ class ModelIsolation:
         Raises:
             RequestCancelledError: its fan-out was cancelled while it waited (nothing was sent).
         """
-        if self.mix_adapters:
-            yield
-            return
         if os.getpid() != self._pid:  # a forked child: the parent's requests are not its own, its lock may be held
             self._start_in_this_process()
         ticket = Ticket(model, scoring, mixing=not self.active)

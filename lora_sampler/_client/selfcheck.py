@@ -168,12 +168,13 @@ class ScoringSelfCheck:
 
     def run(self, concurrent: bool) -> ScoringCheck:
         """Run every comparison; return the result."""
-        probes = {model: self._generate(model) for model in (self.adapter.name, self.base)}
-        scored = {model: self._score(model, probes[model]) for model in probes}
+        probes = self._generate(self.adapter.name)
+        scored = self._score(self.adapter.name, probes)
         self._compare_generation(self.adapter.name, probes, scored)
-        self._compare_generation(self.base, probes, scored)
+        base_probes = self._generate(self.base)
+        self._compare_generation(self.base, base_probes, self._score(self.base, base_probes))
         if concurrent:
-            self._compare_concurrent(probes[self.adapter.name], scored[self.adapter.name])
+            self._compare_concurrent(probes, scored)
         return ScoringCheck(not self.findings, tuple(self.findings), dict(self.measured), self.tolerance)
 
     def _which(self, model: str) -> Dict[str, Any]:
@@ -195,6 +196,7 @@ class ScoringSelfCheck:
         return probes
 
     def _score_requests(self, model: str, probes: Sequence[_Probe]) -> List[ScoreRequest]:
+        """Each probe's generated tokens after its prompt, to score under ``model``."""
         return [ScoreRequest(p.prompt, p.tokens, **self._which(model)) for p in probes if p.tokens]
 
     def _score(self, model: str, probes: Sequence[_Probe]) -> List[Tuple[float, ...]]:
@@ -203,20 +205,15 @@ class ScoringSelfCheck:
             self.client.sample_many([request])[0].scored_logprobs for request in self._score_requests(model, probes)
         ]
 
-    def _compare_generation(
-        self,
-        model: str,
-        probes: Dict[str, List[_Probe]],
-        scored: Dict[str, List[Tuple[float, ...]]],
-    ) -> None:
+    def _compare_generation(self, model: str, probes: List[_Probe], scored: List[Tuple[float, ...]]) -> None:
         """Each generated token's prompt logprob against its generation logprob."""
         is_base = model == self.base
         check = f"prompt vs generation logprobs ({'base model' if is_base else 'adapter'})"
-        generated = [p.logprobs for p in probes[model] if p.tokens]
-        differences = [d for gen, pro in zip(generated, scored[model]) for d in _differences(gen, pro)]
+        generated = [p.logprobs for p in probes if p.tokens]
+        differences = [d for gen, pro in zip(generated, scored) for d in _differences(gen, pro)]
         if not self._measure(check, differences):
             return
-        defect, note = ("", "") if is_base else self._adapter_defect(probes[model], scored[model])
+        defect, note = ("", "") if is_base else self._adapter_defect(probes, scored)
         what = "the base model's" if is_base else "the adapter's"
         sentence = (
             f"{what} prompt logprobs differ from its generation logprobs of the same tokens after the same prefix"
