@@ -51,6 +51,7 @@ import _vllm_offline
 import requests
 
 from lora_sampler import SamplerClient, SampleRequest, SamplingParams, ScoreRequest
+from lora_sampler.testing._serve import EngineProcess
 from lora_sampler.types import prompt_list
 
 #: The issue's work: (sequences, prompt tokens, generated tokens).
@@ -282,20 +283,17 @@ def vllm_setup(workdir: Path, works: Sequence[str], rounds: int) -> Optional[Tup
     return None if ready is None else vllm_arms(*ready, works, rounds, workdir)
 
 
-class _FakeEngineProcess:
-    """FakeEngine in its own process (``_run_fake_engine.py``), shaped like the harness's engine for the runs."""
+class _FakeEngineProcess(EngineProcess):
+    """FakeEngine in its own process, shaped like the harness's engine for the runs (an ``api_key``, a ``stop``)."""
 
     def __init__(self, request_overhead: float, latency: float):
-        self.model = "bench/base-model"
         self.api_key: Optional[str] = None
         self._lora_dir = tempfile.TemporaryDirectory(prefix="bench-batching-")
-        argv = [sys.executable, os.path.join(_common.HERE, "_run_fake_engine.py"), "--lora-dir", self._lora_dir.name]
-        argv += ["--model", self.model, "--request-overhead", str(request_overhead), "--latency", str(latency)]
-        self._server = _common.ServerProcess(argv).start()
-        self.url = self._server.url
+        settings = {"request_overhead": request_overhead, "latency": latency, "max_loras": 1024}
+        super().__init__(self._lora_dir.name, model="bench/base-model", **settings)
 
     def stop(self) -> None:
-        self._server.stop()
+        super().stop()
         self._lora_dir.cleanup()
 
 

@@ -1,6 +1,6 @@
 """The adapter-load race: N concurrent first requests for one adapter that becomes visible after D seconds.
 
-A ``FakeEngine`` runs in its own process (``_run_fake_engine.py``) with a resolver directory; each round writes a
+A ``FakeEngine`` runs in its own process (``EngineProcess``) with a resolver directory; each round writes a
 fresh adapter there and hides it for D seconds (``set_visibility_delay``), then fires N concurrent first requests.
 Contenders, alternating within each round:
 
@@ -19,6 +19,7 @@ most one backoff step (the nominal wait after the last attempt that can start be
 from __future__ import annotations
 
 import argparse
+import collections
 import concurrent.futures
 import contextlib
 import os
@@ -35,12 +36,11 @@ import requests
 
 from lora_sampler import RetryEvent, RetryPolicy, SamplerClient, SampleRequest
 from lora_sampler.retry import jitter
+from lora_sampler.testing import write_adapter
+from lora_sampler.testing._serve import EngineProcess
 
 PROMPT = [1, 450, 499, 173]  # ids below the fake engine's vocab_size (1024)
 CONTENDERS = ("lora_sampler", "naive per-request", "no retry")
-#: Listen backlog of the FakeEngine: socketserver's default of 5 drops SYNs when N clients connect at once, which
-#: stalls a connect by the 1 s SYN retransmit (or resets it) and would be measured as client time.
-DEFAULT_BACKLOG = 128
 #: Per-request timeout, seconds.
 TIMEOUT = 30.0
 
@@ -145,25 +145,39 @@ def _post_until_answered(session: requests.Session, url: str, body: Dict[str, An
             time.sleep(0.05)
 
 
-def run(clients: int, delay: float, rounds: int, backlog: int) -> Dict[str, Any]:
+def stats(engine: EngineProcess, name: str) -> Dict[str, Any]:
+    """Count the completions and loads the engine logged for ``name``, by status."""
+    by_path: Dict[str, collections.Counter[int]] = collections.defaultdict(collections.Counter)
+    for record in engine.requests():
+        if record["model"] == name:
+            by_path[record["path"]][record["status"]] += 1
+    completions, loads = by_path["/v1/completions"], by_path["/v1/load_lora_adapter"]
+    return {
+        "completions": sum(completions.values()),
+        "completion_statuses": {str(k): v for k, v in sorted(completions.items())},
+        "loads": sum(loads.values()),
+        "load_statuses": {str(k): v for k, v in sorted(loads.items())},
+        "max_loads_in_flight": engine.command("max_loads", name=name),
+    }
+
+
+def run(clients: int, delay: float, rounds: int) -> Dict[str, Any]:
     """Run the rounds (contender order rotated per round) and return samples, medians and verdicts."""
     lora_dir = tempfile.mkdtemp(prefix="bench-race-")
     samples: Dict[str, List[Dict[str, Any]]] = {name: [] for name in CONTENDERS}
     try:
-        launcher = [sys.executable, os.path.join(_common.HERE, "_run_fake_engine.py"), "--lora-dir", lora_dir]
-        launcher += ["--backlog", str(backlog)] if backlog > 0 else []
-        with _common.ServerProcess(launcher) as engine:
+        with EngineProcess(lora_dir, model="bench/base-model", max_loras=1024) as engine:
             for round_number in range(rounds):
                 shift = round_number % len(CONTENDERS)
                 for contender in CONTENDERS[shift:] + CONTENDERS[:shift]:
                     name = f"race-{round_number}-{contender.split()[0].replace('_', '-')}"
-                    engine.command(op="write_adapter", name=name)
-                    arm = partial(engine.command, op="delay", name=name, seconds=delay)
+                    write_adapter(os.path.join(lora_dir, name), engine.model)
+                    arm = partial(engine.command, "delay", name=name, seconds=delay)
                     if contender == "lora_sampler":
                         outcome = run_lora_sampler(engine.url, lora_dir, name, clients, arm)
                     else:
                         outcome = run_naive(engine.url, lora_dir, name, clients, arm, retry=contender != "no retry")
-                    outcome.update(engine.command(op="stats", name=name))
+                    outcome.update(stats(engine, name))
                     outcome["overhead_s"] = outcome["elapsed_s"] - delay
                     samples[contender].append(outcome)
     finally:
@@ -213,19 +227,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--rounds", type=int, help="rounds (default 5, quick 2)")
     parser.add_argument("--clients", type=int, default=64, help="concurrent first requests (default 64)")
     parser.add_argument("--delay", type=float, default=0.5, help="seconds until the adapter is visible (0.5)")
-    parser.add_argument(
-        "--backlog",
-        type=int,
-        default=DEFAULT_BACKLOG,
-        help=f"the FakeEngine's listen backlog (default {DEFAULT_BACKLOG}; 0 keeps socketserver's 5)",
-    )
     args = parser.parse_args(argv)
     rounds = args.rounds or (2 if args.quick else 5)
     machine = _common.machine()
     print(f"bench_race on {_common.describe_machine(machine)}", flush=True)
     step = backoff_step(RetryPolicy(), args.delay)
     started = time.perf_counter()
-    result = run(args.clients, args.delay, rounds, args.backlog)
+    result = run(args.clients, args.delay, rounds)
     elapsed = time.perf_counter() - started
     headers = ["contender", "overhead s", "until all done s", "load calls", "completions", "failed rounds", "failures"]
     rows = [

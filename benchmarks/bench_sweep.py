@@ -44,6 +44,7 @@ import _common  # (also puts the checkout's lora_sampler on sys.path)
 from lora_sampler._adapters.publish import default_adapter_name
 from lora_sampler._defaults import API_KEY_ENV
 from lora_sampler.testing import write_adapter_archive
+from lora_sampler.testing._serve import EngineProcess
 
 ENV = {"LORA_SAMPLER_TESTING": "0", "PYTHONDONTWRITEBYTECODE": "1"}
 MODEL = "bench/base-model"
@@ -81,13 +82,19 @@ def make_run(
     return archives, source
 
 
-def engine(args: argparse.Namespace, lora_dir: str) -> _common.ServerProcess:
-    """Return (not started) a FakeEngine process with the run's latencies and slots."""
-    argv = [sys.executable, os.path.join(_common.HERE, "_run_fake_engine.py"), "--lora-dir", lora_dir]
-    argv += ["--model", MODEL, "--latency", str(args.latency), "--load-latency", str(args.load_latency)]
-    if args.slots:
-        argv += ["--slots", str(args.slots), "--swap-latency", str(args.swap_latency)]
-    return _common.ServerProcess(argv)
+def engine(args: argparse.Namespace, lora_dir: str) -> EngineProcess:
+    """Start a FakeEngine process with the run's latencies and slots."""
+    slots = {"lora_slots": args.slots, "swap_latency": args.swap_latency} if args.slots else {}
+    latencies = {"latency": args.latency, "load_latency": args.load_latency}
+    return EngineProcess(lora_dir, model=MODEL, max_loras=1024, **latencies, **slots)
+
+
+def engine_log(server: EngineProcess) -> Dict[str, Any]:
+    """Every completion as ``[model, started, finished, status]`` (monotonic seconds), the adapter swaps into slots,
+    and the adapters still registered."""
+    records = [r for r in server.requests() if r["path"] == "/v1/completions"]
+    completions = [[r["model"], r["started"], r["finished"], r["status"]] for r in records]
+    return {"completions": completions, "swaps": server.command("swaps"), "loaded": server.command("loaded")}
 
 
 def cli(argv: Sequence[str]) -> float:
@@ -155,8 +162,8 @@ def run_one(server: Any, work: str, archives: List[str], source: str, args: argp
     argv = _sample_argv(server, work, archives[0])
     argv += ["--input", source, "--concurrency", str(args.concurrency)]
     cli([*argv, "--output", os.path.join(work, "warm.jsonl")])
-    if isinstance(server, _common.ServerProcess):
-        server.command(op="reset")  # the figures are the second run's
+    if isinstance(server, EngineProcess):
+        server.command("reset")  # the figures are the second run's
     return {"warm_run_seconds": cli([*argv, "--output", os.path.join(work, "steady.jsonl")])}
 
 
@@ -229,7 +236,7 @@ def run_arm(name: str, args: argparse.Namespace) -> Dict[str, Any]:
             started = time.monotonic()
             extra = ARMS[name](server, work, archives, source, args)
             wall = time.monotonic() - started - extra.get("publish_seconds", 0.0)
-            log = server.command(op="log")
+            log = engine_log(server)
         figures = engine_figures(log, args.latency)
         steps = {default_adapter_name(a): os.path.basename(a) for a in archives}
         figures["served_order"] = [steps.get(model, model) for model in figures["served_order"]]
@@ -325,7 +332,7 @@ def run_scale(count: int, measure: int) -> Dict[str, Any]:
         lora_dir = os.path.join(work, "loras")
         os.makedirs(lora_dir)
         args = argparse.Namespace(latency=0.0, load_latency=0.0, slots=0, swap_latency=0.0)
-        with engine(args, lora_dir).start() as server, SamplerClient(server.url, lora_base_dir=lora_dir) as client:
+        with engine(args, lora_dir) as server, SamplerClient(server.url, lora_base_dir=lora_dir) as client:
             reports = sweep(client, pattern, [{"prompt": [5, 6]}], output_dir=os.path.join(work, "out"), window=2)
             times = []
             for report in reports:

@@ -5,12 +5,13 @@ For trying the command line, or one's own evaluation code, without a GPU or a vL
 ``FakeEngine`` speaks, with a resolver folder to publish into, and prints the flags to point a client at it (the URL
 alone on stdout, its first line). Stdlib only; it listens on loopback unless told otherwise.
 
-For a test that kills an engine like a crashed vLLM server and starts it again (same port, every adapter forgotten),
-``EngineProcess`` spawns a fresh interpreter (``multiprocessing``) that builds the ``FakeEngine`` of its keyword
-arguments and answers commands sent over a pipe, each a ``FakeEngine`` control with its keyword arguments
-(``_commands``): ``delay`` (``set_visibility_delay``), ``fault`` (``inject_fault``), ``requests`` (the request log as
-``RequestRecord`` dicts), ``max_loads`` (``max_loads_in_flight_for``), ``loaded`` (the registered adapter names),
-``reset`` (``reset_log``), ``runtime`` (``set_runtime_lora_updating``), ``slow_unload`` (``seconds``: every later
+For a test (or a benchmark) that kills an engine like a crashed vLLM server and starts it again (same port, every
+adapter forgotten), or keeps its threads off the client's GIL, ``EngineProcess`` spawns a fresh interpreter
+(``multiprocessing``) that builds the ``FakeEngine`` of its keyword arguments and answers commands sent over a pipe,
+each a ``FakeEngine`` control with its keyword arguments (``_commands``): ``delay`` (``set_visibility_delay``),
+``fault`` (``inject_fault``), ``requests`` (the request log as ``RequestRecord`` dicts), ``max_loads``
+(``max_loads_in_flight_for``), ``loaded`` (the registered adapter names), ``swaps`` (``adapter_swaps``), ``reset``
+(``reset_log``), ``runtime`` (``set_runtime_lora_updating``), ``slow_unload`` (``seconds``: every later
 ``/v1/unload_lora_adapter`` answers after them, ``FakeEngine.unload_latency``), and ``hold``, ``release`` and
 ``wait_for_held``. The child serves until its end of the pipe closes (the test stopped it, or is gone), so it never
 outlives the test that started it.
@@ -289,6 +290,7 @@ def _commands(engine: FakeEngine) -> Dict[str, Callable[..., Any]]:
         "requests": lambda: [dataclasses.asdict(r) for r in engine.requests],
         "max_loads": engine.max_loads_in_flight_for,
         "loaded": lambda: engine.loaded_adapters,
+        "swaps": lambda: engine.adapter_swaps,
         "reset": engine.reset_log,
         "runtime": engine.set_runtime_lora_updating,
         "slow_unload": slow_unload,
