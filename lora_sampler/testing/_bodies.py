@@ -395,7 +395,3 @@ def completion_data(
         "metrics": None,
     }
 
-
-def completion_response(*args: Any, **kwargs: Any) -> VllmBody:
-    """Return a ``/v1/completions`` 200 body: ``completion_data``'s arguments, as JSON."""
-    return json_body(200, completion_data(*args, **kwargs))

@@ -167,7 +167,9 @@ class EngineProcess:
     """A FakeEngine in a child process of its own, driven by commands over a pipe (see the module's docstring).
 
     Use it as a context manager (or call ``stop``): the child is always ended. ``kill`` is a crash (SIGKILL);
-    ``restart`` starts a fresh engine on the same port (same URL, empty adapter table), as a redeployed server.
+    ``restart`` starts a fresh engine on the same port (same URL, empty adapter table), as a redeployed server. The
+    child is spawned (``multiprocessing``), so a script that starts one keeps its work under
+    ``if __name__ == "__main__":`` (the child imports the script's main module; pytest's and the benchmarks' do).
 
     Args:
         lora_dir: The engine's resolver directory.

@@ -32,7 +32,7 @@ def _completion(model: str) -> bytes:
         token_ids=[7, 8],
         prompt_token_ids=[1, 2, 3],
     )
-    return _bodies.completion_response("cmpl-1", 1, model, [choice], 3, 2).body
+    return _bodies.json_body(200, _bodies.completion_data("cmpl-1", 1, model, [choice], 3, 2)).body
 
 
 def _body_sent(**sample_kwargs: Any) -> Dict[str, Any]:

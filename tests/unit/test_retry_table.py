@@ -42,7 +42,7 @@ def ok_body(model: str = ADAPTER) -> dict:
         token_ids=[7, 8],
         prompt_token_ids=[1, 2, 3],
     )
-    return _bodies.completion_response("cmpl-1", 1, model, [choice], 3, 2).json()
+    return _bodies.completion_data("cmpl-1", 1, model, [choice], 3, 2)
 
 
 def add_failure(body: Any) -> None:
