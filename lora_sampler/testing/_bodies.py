@@ -394,4 +394,3 @@ def completion_data(
         "ec_transfer_params": None,
         "metrics": None,
     }
-
