@@ -1,7 +1,8 @@
 """Filesystem mechanics of publishing: content digests and signatures, archive member rules, temporary folders.
 
 Never extracts, renames into place or publishes. Archive members are checked by our own rules on every Python
-version (``check_member``, ``check_layout``); tarfile's ``data`` filter runs as a second line where it exists.
+version (``check_member``, ``check_layout``), which refuse everything tarfile's ``data`` filter refuses (and every
+link besides), so that filter is not run again.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import stat
 import tarfile
 import time
 from functools import partial
-from typing import Callable, Dict, Generator, Iterable, List, Optional, Tuple, Union
+from typing import Dict, Generator, Iterable, List, Optional, Tuple, Union
 
 from lora_sampler.errors import PublishError, UnsafeArchiveError
 
@@ -178,15 +179,6 @@ def check_layout(rel: str, member: tarfile.TarInfo, kinds: Dict[str, bool], arch
     if previous is not None and not (previous and member.isdir()):
         raise UnsafeArchiveError(f"refusing archive {archive}: member {member.name!r} appears twice; {ARCHIVE_FIX}")
     kinds[rel] = member.isdir()
-
-
-def run_data_filter(data_filter: Callable[..., object], member: tarfile.TarInfo, dest: str, archive: str) -> None:
-    # A second opinion from the standard library (3.12+, and 3.9.17+/3.10.12+/3.11.4+ backports); our own checks
-    # ran first, so its verdict only matters for something they missed, and the error type stays ours.
-    try:
-        data_filter(member, dest)
-    except tarfile.TarError as error:
-        raise UnsafeArchiveError(f"refusing archive {archive}: member {member.name!r}: {error}") from error
 
 
 def fsync_folders(folders: Iterable[str]) -> None:

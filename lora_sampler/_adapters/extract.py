@@ -35,7 +35,6 @@ from lora_sampler._adapters.archive import (
     check_member,
     file_chunks,
     fsync_folders,
-    run_data_filter,
 )
 from lora_sampler.errors import PublishError, UnsafeArchiveError
 from lora_sampler.types import check_count
@@ -228,11 +227,8 @@ def _write_members(
     members: Iterable[Tuple[str, tarfile.TarInfo, int, Chunks]], source: str, limits: PublishLimits, writer: _Writer
 ) -> None:
     """Write checked members into the writer's folder: folders, and regular files within the total size bound and
-    the free space. tarfile's ``data`` filter, where it exists, has the last word on each."""
-    data_filter = getattr(tarfile, "data_filter", None)
+    the free space."""
     for rel, member, size, chunks in members:
-        if data_filter is not None:
-            run_data_filter(data_filter, member, writer.dest, source)
         if member.isdir():
             writer.make_folder(rel)
             continue
