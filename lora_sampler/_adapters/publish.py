@@ -237,14 +237,16 @@ def _stored_checkpoint(url: str, options: Optional[Mapping[str, Any]]) -> _Check
 
 def _fill(checkpoint: _Checkpoint, temp: str, limits: PublishLimits) -> str:
     """Extract the archive (one pass, hashed as it is read) or copy the folder's files into ``temp``; return the
-    checkpoint's digest. A local checkpoint whose signature changed meanwhile is refused (it may mix two versions)."""
+    checkpoint's digest (a folder's: that of the adapter folder it holds, at its root or in its one top-level folder,
+    as a store's prefix may). A local checkpoint whose signature changed meanwhile is refused (it may mix two
+    versions)."""
     if checkpoint.archive is not None:
         digest = extract_archive(
             checkpoint.where, temp, limits=limits, durable=DEFAULT_DURABLE, chunks=checkpoint.archive
         )
     else:
         copy_files(checkpoint.where, checkpoint.files, temp, limits=limits, durable=DEFAULT_DURABLE)
-        digest = checkpoint_digest(temp)
+        digest = checkpoint_digest(_adapter_root(temp, checkpoint.where))
     if not checkpoint.stored and _local_signature(checkpoint.where) != checkpoint.signature:
         raise PublishError(f"checkpoint {checkpoint.where} changed while it was being published; publish it again")
     return digest

@@ -89,6 +89,27 @@ def test_storage_folder_checkpoint_is_copied(s3: Any, s3_server: S3Server, tmp_p
     assert archive.exists()
 
 
+def test_storage_folders_holding_their_adapter_in_a_subfolder_are_named_by_it(
+    s3: Any, tmp_path: Path, lora_dir: Path
+) -> None:
+    """Two prefixes of one name, each holding a different adapter inside one top-level folder, get their own
+    digests and names, each the digest of that adapter folder published locally (on 51a52b5 both got the digest
+    of no files at all, one name, and the second publish returned the first one's weights)."""
+    from lora_sampler.testing import write_adapter
+
+    published = []
+    for run, rank in (("runA", 4), ("runB", 8)):
+        folder = write_adapter(tmp_path / run / "final", "tiny-base", rank=rank)
+        for file in sorted(Path(folder).iterdir()):
+            s3.upload_file(str(file), BUCKET, f"{run}/final/step/{file.name}")
+        stored = publish_checkpoint(f"s3://{BUCKET}/{run}/final", lora_dir)
+        local_dir = tmp_path / run / "local-loras"
+        local_dir.mkdir()
+        assert stored.digest == publish_checkpoint(folder, local_dir).digest
+        published.append(stored)
+    assert published[0].name != published[1].name and published[0].digest != published[1].digest
+
+
 def test_storage_folder_with_a_hostile_key_is_refused(s3: Any, tmp_path: Path, lora_dir: Path) -> None:
     """An object key with a '..' segment below the prefix is refused like an archive member; nothing is left."""
     build_archive(tmp_path, "step-8")
