@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import pytest
-from test_cli import WAIT_SECONDS, ids, main, records, running_cli, sample_args, wait_for_lines, write_prompts
+from test_cli import WAIT_SECONDS, cli_mid_run, ids, main, records, sample_args, write_prompts
 from test_interrupts import HANG_SECONDS, STOP_SECONDS, mid_run, sigint_when, wait_until
 
 from lora_sampler import (
@@ -24,6 +24,7 @@ from lora_sampler import (
     SamplerClient,
     SampleRequest,
     SamplingInterruptedError,
+    SamplingParams,
     ScoreOutput,
     ScoreRequest,
 )
@@ -339,26 +340,31 @@ def test_the_adapter_race_retries_the_batched_request(engine: FakeEngine, lora_d
     assert sum(prompts for status, prompts in statuses if status == 200) == 64
 
 
-def test_imap_reads_ahead_a_bounded_number_of_prompts(engine: FakeEngine) -> None:
-    """imap over 100,000 prompts pulls at most 2 x max_workers x prompts_per_request ahead of what it yielded."""
+@pytest.mark.parametrize(("workers", "per_request", "taken"), [(4, 16, 2000), (8, 1, 300)])
+def test_imap_reads_ahead_a_bounded_number_of_prompts(
+    engine: FakeEngine, workers: int, per_request: int, taken: int
+) -> None:
+    """imap over 100,000 prompts pulls at most 2 x max_workers x prompts_per_request ahead of what it yielded,
+    batched or one prompt a request."""
     pulled = 0
 
     def requests() -> Iterator[SampleRequest]:
         nonlocal pulled
         for i in range(100_000):
             pulled += 1
-            yield SampleRequest([i % 1000 + 1], base_model=engine.model)
+            yield SampleRequest([i % 1000 + 1], base_model=engine.model, sampling_params=SamplingParams(max_tokens=1))
 
     ahead: List[int] = []
-    with SamplerClient(engine.url, max_workers=4) as client:
-        results = client.imap(requests(), prompts_per_request=16)
+    with SamplerClient(engine.url, max_workers=workers) as client:
+        results = client.imap(requests(), prompts_per_request=per_request)
         for count, _ in enumerate(results, 1):
             ahead.append(pulled - count)
-            if count == 2000:
+            if count == taken:
                 break
         results.close()
-    assert max(ahead) <= 2 * 4 * 16 and pulled < 2000 + 2 * 4 * 16 + 1
-    assert max(r.prompts for r in completions(engine)) == 16
+    bound = 2 * workers * per_request
+    assert max(ahead) <= bound and pulled < taken + bound + 1
+    assert max(r.prompts for r in completions(engine)) == per_request
 
 
 def test_imap_unordered_batched_yields_each_index_once(engine: FakeEngine) -> None:
@@ -412,16 +418,10 @@ def test_cli_prompts_per_request_flag(engine: FakeEngine, lora_dir: Path, tmp_pa
 def test_cli_sigkill_mid_batch_then_resume_writes_each_line_once(lora_dir: Path, tmp_path: Path) -> None:
     """A batched job SIGKILLed mid-run, with a torn last line, resumes to exactly one answered line per id."""
     count = 2000
-    inp, out = write_prompts(tmp_path / "in.jsonl", count), tmp_path / "out.jsonl"
-    with FakeEngine(lora_dir=lora_dir) as engine:
-        ckpt = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
-        args = sample_args(engine, lora_dir, ckpt, inp, out, "--concurrency", "2", "--prompts-per-request", "16")
-        engine.hold(after=40)  # 40 requests of 1 to 16 prompts answered (40 to 640 lines), the rest wait: mid-run
-        with running_cli(args, tmp_path) as proc:
-            wait_for_lines(out, 40, proc)
-            engine.wait_for_held()
-            proc.kill()
-            proc.wait(timeout=WAIT_SECONDS)
+    # 40 requests of 1 to 16 prompts answered (40 to 640 lines), the rest wait: mid-run
+    with cli_mid_run(lora_dir, tmp_path, count, answered=40, workers=2, per_request=16) as (engine, args, out, proc):
+        proc.kill()
+        proc.wait(timeout=WAIT_SECONDS)
         assert len(ids(out)) < count
         with out.open("a", encoding="utf-8") as f:
             f.write('{"id": "p1", "model": "x", "sequ')

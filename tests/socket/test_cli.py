@@ -15,7 +15,7 @@ import sys
 import tarfile
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 from _waits import wait_until
@@ -116,6 +116,29 @@ def running_cli(args: List[str], tmp_path: Path) -> Iterator[subprocess.Popen[by
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@contextlib.contextmanager
+def cli_mid_run(
+    lora_dir: Path, tmp_path: Path, count: int, answered: int, workers: int, per_request: int
+) -> Iterator[Tuple[FakeEngine, List[str], Path, subprocess.Popen[bytes]]]:
+    """A ``sample`` job over ``count`` prompts in a subprocess, caught mid-run whatever the machine's speed: the
+    engine answered ``answered`` requests (their lines are written) and holds the rest, with every one of the job's
+    ``workers`` (``--concurrency``) waiting on it.
+
+    Yields:
+        The engine (running for the block), the job's argv (to resume it in process), its output file, the process.
+    """
+    inp, out = write_prompts(tmp_path / "in.jsonl", count), tmp_path / "out.jsonl"
+    with FakeEngine(lora_dir=lora_dir) as engine:
+        ckpt = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
+        flags = ("--concurrency", str(workers), "--prompts-per-request", str(per_request))
+        args = sample_args(engine, lora_dir, ckpt, inp, out, *flags)
+        engine.hold(after=answered)
+        with running_cli(args, tmp_path) as proc:
+            engine.wait_for_held(workers, timeout=WAIT_SECONDS)
+            wait_for_lines(out, answered, proc)
+            yield engine, args, out, proc
 
 
 def wait_for_lines(path: Path, count: int, proc: subprocess.Popen[bytes]) -> None:
@@ -336,18 +359,11 @@ def test_cli_sample_stdin_in_process(engine: FakeEngine, tmp_path: Path, monkeyp
 def test_cli_sample_killed_midway_resumes_every_id_once(lora_dir: Path, tmp_path: Path) -> None:
     """A SIGKILLed job plus a torn last line resumes to exactly one answered line per id."""
     count = 300
-    inp, out = write_prompts(tmp_path / "in.jsonl", count), tmp_path / "out.jsonl"
-    with FakeEngine(lora_dir=lora_dir) as engine:
-        ckpt = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
-        # One line a request; the engine answers 20 and holds the rest, so the kill lands mid-run whatever the
-        # machine's speed. tests/socket/test_batching.py kills a batched job.
-        args = sample_args(engine, lora_dir, ckpt, inp, out, "--concurrency", "4", "--prompts-per-request", "1")
-        engine.hold(after=20)
-        with running_cli(args, tmp_path) as proc:
-            engine.wait_for_held(4, timeout=WAIT_SECONDS)  # every worker waits on the engine
-            wait_for_lines(out, 20, proc)
-            proc.kill()
-            proc.wait(timeout=WAIT_SECONDS)
+    # One line a request; the engine answers 20 and holds the rest, so the kill lands mid-run whatever the machine's
+    # speed. tests/socket/test_batching.py kills a batched job.
+    with cli_mid_run(lora_dir, tmp_path, count, answered=20, workers=4, per_request=1) as (engine, args, out, proc):
+        proc.kill()
+        proc.wait(timeout=WAIT_SECONDS)
         engine.release()
         assert len(ids(out)) == 20  # it really was mid-run: the 20 answers, no more
         with out.open("a", encoding="utf-8") as f:
@@ -361,18 +377,12 @@ def test_cli_sample_killed_midway_resumes_every_id_once(lora_dir: Path, tmp_path
 def test_cli_sample_sigint_exits_130_and_resumes(lora_dir: Path, tmp_path: Path) -> None:
     """SIGINT stops taking lines, exits 130, and leaves a file that resumes to every id once."""
     count = 300
-    inp, out = write_prompts(tmp_path / "in.jsonl", count), tmp_path / "out.jsonl"
-    with FakeEngine(lora_dir=lora_dir) as engine:
-        ckpt = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), engine.model)
-        args = sample_args(engine, lora_dir, ckpt, inp, out, "--concurrency", "4", "--prompts-per-request", "1")
-        engine.hold(after=10)  # 10 answered, the rest held: the interrupt lands mid-run whatever the machine's speed
-        with running_cli(args, tmp_path) as proc:
-            engine.wait_for_held(4, timeout=WAIT_SECONDS)
-            wait_for_lines(out, 10, proc)
-            proc.send_signal(signal.SIGINT)
-            wait_until(lambda: "interrupted" in (tmp_path / "cli.stderr").read_text(), "the CLI saw the interrupt")
-            engine.release()  # the requests in flight end; no new line is taken
-            assert proc.wait(timeout=WAIT_SECONDS) == 130
+    # 10 answered, the rest held: the interrupt lands mid-run whatever the machine's speed
+    with cli_mid_run(lora_dir, tmp_path, count, answered=10, workers=4, per_request=1) as (engine, args, out, proc):
+        proc.send_signal(signal.SIGINT)
+        wait_until(lambda: "interrupted" in (tmp_path / "cli.stderr").read_text(), "the CLI saw the interrupt")
+        engine.release()  # the requests in flight end; no new line is taken
+        assert proc.wait(timeout=WAIT_SECONDS) == 130
         partial = ids(out)
         assert 10 <= len(partial) < count and len(partial) == len(set(partial))  # the 10, and what was sent already
         assert main(args) == 0

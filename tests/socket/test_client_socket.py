@@ -7,7 +7,7 @@ import logging
 import socket
 import struct
 import threading
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict
 
 import pytest
 from rawserver import RawServer, json_response
@@ -113,28 +113,6 @@ def test_socket_fan_out_reuses_pooled_connections(engine: FakeEngine, caplog: An
     assert len(outputs) == 320
     assert engine.connections_opened <= 32 + 4
     assert not [r for r in caplog.records if "pool is full" in r.getMessage()]
-
-
-def test_socket_imap_keeps_a_bounded_number_pulled_ahead(engine: FakeEngine) -> None:
-    """imap over a generator of 100,000 requests pulls at most 2 x max_workers ahead of what it yielded."""
-    pulled = 0
-
-    def requests() -> Iterator[SampleRequest]:
-        nonlocal pulled
-        for i in range(100_000):
-            pulled += 1
-            yield SampleRequest([i % 1000 + 1], base_model=engine.model, sampling_params=SamplingParams(max_tokens=1))
-
-    ahead: List[int] = []
-    with SamplerClient(engine.url, max_workers=8) as client:
-        results = client.imap(requests(), prompts_per_request=1)
-        for count, _ in enumerate(results, 1):
-            ahead.append(pulled - count)
-            if count == 300:
-                break
-        results.close()
-    assert max(ahead) <= 2 * 8
-    assert pulled < 400
 
 
 def test_socket_imap_unordered_yields_every_index_once(engine: FakeEngine) -> None:
