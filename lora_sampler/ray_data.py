@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._defaults import API_KEY_ENV, DEFAULT_MAX_WORKERS, DEFAULT_TIMEOUT
-from lora_sampler._transport.http import without_userinfo
+from lora_sampler._transport.exchange import without_userinfo
 from lora_sampler.errors import EngineStatusError
 from lora_sampler.retry import DEFAULT_RETRY_POLICY, RetryPolicy
 from lora_sampler.types import SampleOutput, SampleRequest, SamplingParams, check_count, checked_seconds

@@ -25,7 +25,8 @@ import logging
 import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from lora_sampler._transport.http import EngineTransport, normalise_base_url
+from lora_sampler._transport.exchange import normalise_base_url
+from lora_sampler._transport.http import EngineTransport
 from lora_sampler._wire.answers import model_cards
 from lora_sampler._wire.messages import load_adapter_body, unload_adapter_body
 from lora_sampler._wire.refusals import is_already_loaded, is_not_held

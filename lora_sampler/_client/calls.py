@@ -26,7 +26,8 @@ from lora_sampler._adapters.registry import AdapterRegistry
 from lora_sampler._client.isolation import ModelIsolation
 from lora_sampler._client.outage import PromptLogprobFailures, is_outage, probe_timeout
 from lora_sampler._transport.connections import is_cancelled
-from lora_sampler._transport.http import EngineTransport, Timeout, new_id
+from lora_sampler._transport.exchange import new_id
+from lora_sampler._transport.http import EngineTransport
 from lora_sampler._wire.answers import text_of, tokens_of
 from lora_sampler._wire.messages import PROMPT_LOGPROBS_FIELD, load_adapter_body
 from lora_sampler._wire.refusals import is_router_serving_around
@@ -47,7 +48,15 @@ from lora_sampler.errors import (
     RequestCancelledError,
 )
 from lora_sampler.retry import RetryPolicy, is_adapter_race, make_retrying
-from lora_sampler.types import Adapter, Message, SampleOutput, SampleRequest, outputs_from_batch, prompt_list
+from lora_sampler.types import (
+    Adapter,
+    Message,
+    SampleOutput,
+    SampleRequest,
+    Timeout,
+    outputs_from_batch,
+    prompt_list,
+)
 
 logger = logging.getLogger(__name__)
 

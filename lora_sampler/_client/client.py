@@ -47,7 +47,8 @@ from lora_sampler._defaults import (
     DEFAULT_TIMEOUT,
     VLLM_API_KEY_ENV,
 )
-from lora_sampler._transport.http import DEFAULT_MAX_RESPONSE_BYTES, EngineTransport, Timeout, without_userinfo
+from lora_sampler._transport.exchange import without_userinfo
+from lora_sampler._transport.http import DEFAULT_MAX_RESPONSE_BYTES, EngineTransport
 from lora_sampler._wire.messages import validated_messages
 from lora_sampler.errors import EngineConnectionError, SamplingInterruptedError
 from lora_sampler.retry import DEFAULT_RETRY_POLICY, RetryPolicy
@@ -61,6 +62,7 @@ from lora_sampler.types import (
     SamplingParams,
     ScoreRequest,
     StopSpec,
+    Timeout,
     build_request,
     check_count,
     checked_seconds,

@@ -12,7 +12,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union, cast
 
 from lora_sampler._client.calls import SampleCalls
 from lora_sampler._client.outage import is_outage
-from lora_sampler._transport.http import new_id
+from lora_sampler._transport.exchange import new_id
 from lora_sampler.errors import EngineError, EngineProtocolError
 from lora_sampler.types import Prompt, SampleOutput, SampleRequest, SamplingParams, ScoreOutput, ScoreRequest
 

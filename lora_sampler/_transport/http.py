@@ -19,31 +19,10 @@ import requests
 
 from lora_sampler._defaults import DEFAULT_MAX_WORKERS, DEFAULT_TIMEOUT
 from lora_sampler._transport.connections import CUT_DEADLINE, answer_deadline, current_slot, watchdog
-from lora_sampler._transport.exchange import (
-    LATE,
-    Answer,
-    Exchange,
-    Secrets,
-    new_id,
-    normalise_base_url,
-    read_whole,
-    split_base_url,
-    without_userinfo,
-)
-from lora_sampler._transport.session import POOL_HEADROOM, EngineSession
+from lora_sampler._transport.exchange import LATE, Answer, Exchange, Secrets, read_whole, split_base_url
+from lora_sampler._transport.session import EngineSession
 from lora_sampler._transport.translate import CAUGHT, Translator
 from lora_sampler.types import Timeout, check_count, split_timeout, validated_timeout
-
-__all__ = [
-    "DEFAULT_MAX_RESPONSE_BYTES",
-    "POOL_HEADROOM",
-    "Answer",
-    "EngineTransport",
-    "Timeout",
-    "new_id",
-    "normalise_base_url",
-    "without_userinfo",
-]
 
 logger = logging.getLogger(__name__)
 

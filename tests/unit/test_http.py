@@ -11,7 +11,8 @@ import responses
 
 from lora_sampler import BadRequestError, SamplerClient
 from lora_sampler._transport.connections import RecordingHTTPConnectionPool
-from lora_sampler._transport.http import POOL_HEADROOM, normalise_base_url
+from lora_sampler._transport.exchange import normalise_base_url
+from lora_sampler._transport.session import POOL_HEADROOM
 
 OK = {
     "model": "b",
