@@ -5,7 +5,6 @@ from __future__ import annotations
 from lora_sampler._client.client import (
     IN_FLIGHT_PER_WORKER,
     RequestLike,
-    Runner,
     SamplerClient,
 )
 from lora_sampler._defaults import API_KEY_ENV
@@ -14,6 +13,5 @@ __all__ = [
     "API_KEY_ENV",
     "IN_FLIGHT_PER_WORKER",
     "RequestLike",
-    "Runner",
     "SamplerClient",
 ]

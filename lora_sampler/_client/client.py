@@ -36,7 +36,7 @@ from lora_sampler._adapters.fleet import Fleet, ReplicasSpec
 from lora_sampler._adapters.publish import adapter_targets_lm_head
 from lora_sampler._adapters.registry import AdapterRegistry
 from lora_sampler._client.calls import SampleCalls
-from lora_sampler._client.fanout import IN_FLIGHT_PER_WORKER, Batching, FanOut, RequestLike, Runner
+from lora_sampler._client.fanout import IN_FLIGHT_PER_WORKER, Batching, FanOut, RequestLike
 from lora_sampler._client.outage import OutageGate, OutageHook, probe_until
 from lora_sampler._client.progress import ProgressBar
 from lora_sampler._client.scoring import Scorer
@@ -69,7 +69,7 @@ from lora_sampler.types import (
     habit_error,
 )
 
-__all__ = ["IN_FLIGHT_PER_WORKER", "RequestLike", "Runner", "SamplerClient"]
+__all__ = ["IN_FLIGHT_PER_WORKER", "RequestLike", "SamplerClient"]
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 
@@ -435,8 +435,8 @@ class SamplerClient:
         waiting on the future cancels the submitted requests, as for ``submit``.
         """
         request = ScoreRequest(prompt, adapter=adapter, base_model=base_model, session_id=session_id)
-        scorer = self._scorer
-        return self._fanout.submit(lambda score: scorer.score(score).logprobs, request)
+        scorer = self._scorer  # not self: a worker holds no client
+        return self._fanout.submit(lambda scores: [scorer.score(score).logprobs for score in scores], request)
 
     def submit_request(
         self,
@@ -455,7 +455,7 @@ class SamplerClient:
         if not isinstance(request, (SampleRequest, ScoreRequest)):
             raise TypeError(f"request must be a SampleRequest or a ScoreRequest, got {type(request).__name__}")
         self._transport.check_process()  # a forked child: fail at once here with a user's session
-        return self._fanout.submit(self._scorer.run_any, request, self._outage_gate(max_outage, on_outage))
+        return self._fanout.submit(self._scorer.run_batch, request, self._outage_gate(max_outage, on_outage))
 
     def run(self, request: SampleRequest) -> SampleOutput:
         """Run one ``SampleRequest`` (``sample`` or ``chat`` with its arguments held in a value)."""
@@ -509,7 +509,7 @@ class SamplerClient:
         """
         batching, gate, bar = self._fan_out_parts(requests, prompts_per_request, max_outage, on_outage, progress, total)
         return self._fanout.stream(
-            requests, self._scorer.run_any, return_exceptions=return_exceptions, gate=gate, batching=batching, bar=bar
+            requests, self._scorer.run_batch, return_exceptions=return_exceptions, gate=gate, batching=batching, bar=bar
         )
 
     @_habit_hints
@@ -531,7 +531,7 @@ class SamplerClient:
         batching, gate, bar = self._fan_out_parts(requests, prompts_per_request, max_outage, on_outage, progress, total)
         return self._fanout.stream(
             requests,
-            self._scorer.run_any,
+            self._scorer.run_batch,
             return_exceptions=return_exceptions,
             gate=gate,
             batching=batching,
@@ -551,7 +551,7 @@ class SamplerClient:
         """What every fan-out checks and builds before its first request, in the order a bad argument is named: how
         it batches its prompts, its outage gate, and its bar (``progress=True``, counting this client's retries)."""
         self._transport.check_process()  # a forked child: fail at once here with a user's session
-        batching = Batching(prompts_per_request, self._scorer.run_many_any)
+        batching = Batching(prompts_per_request)
         gate = self._outage_gate(max_outage, on_outage)
         if total is not None:
             check_count("total", total, 0, " (the number of requests)")
@@ -635,7 +635,7 @@ class SamplerClient:
         try:
             return self._fanout.collect(
                 requests,
-                self._scorer.run_any,
+                self._scorer.run_batch,
                 return_exceptions=return_exceptions,
                 gate=gate,
                 batching=batching,
@@ -800,9 +800,11 @@ class SamplerClient:
         """
         self._check_open()
         gate = self._outage_gate(max_outage, on_outage)
-        # Not a method of self: a worker holds no client.
-        model = base_model or self._base_name()
-        tokens_of = functools.partial(self._calls.tokenize, model=model, add_special_tokens=add_special_tokens)
+        calls, model = self._calls, base_model or self._base_name()  # not self: a worker holds no client
+
+        def tokens_of(batch: Sequence[str]) -> List[Tuple[int, ...]]:
+            return [calls.tokenize(text, model, add_special_tokens=add_special_tokens) for text in batch]
+
         return self._fanout.stream(texts, tokens_of, return_exceptions=False, gate=gate, checked=_checked_text)
 
     def render_chat(

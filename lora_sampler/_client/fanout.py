@@ -1,6 +1,7 @@
 """The thread-pool fan-out: the lazily started worker pool, the windowed iterators, batching, and stopping on Ctrl-C.
 
-``FanOut`` runs a request function on its pool (``submit``) and streams results while keeping a bounded number of
+``FanOut`` runs a batch function on its pool, each request in a batch of one unless batched (``submit``), and streams
+results while keeping a bounded number of
 prompts in flight (``stream``: in input order, or as they finish; ``collect`` into a list), so a
 generator of a million prompts never becomes a million futures.
 
@@ -59,8 +60,8 @@ IN_FLIGHT_PER_WORKER = 2
 
 RequestLike = Union[SampleRequest, ScoreRequest, Mapping[str, Any]]
 Request = Union[SampleRequest, ScoreRequest]
-Runner = Callable[[Any], Any]
-#: Runs the requests of one batch: per request its outcome (an output or its own error); raises a shared failure.
+#: What a fan-out runs: the requests of one batch (one, or several gathered by ``Batching``), and per request its
+#: outcome (an output or its own error); raises a failure the whole batch shares.
 BatchRunner = Callable[[Sequence[Any]], Sequence[Any]]
 Future = concurrent.futures.Future
 
@@ -164,12 +165,10 @@ class Batching:
     Args:
         prompts_per_request: At most this many prompts per request; None: the measured default of each request's
             kind (``default_prompts_per_request``).
-        run_many: Runs one batch (``SampleCalls.run_many`` through the scorer): per request its outcome.
     """
 
-    def __init__(self, prompts_per_request: Optional[int], run_many: BatchRunner):
+    def __init__(self, prompts_per_request: Optional[int]):
         self.prompts_per_request = checked_prompts_per_request(prompts_per_request)
-        self.run_many = run_many
 
     @property
     def largest(self) -> int:
@@ -203,10 +202,10 @@ class _Group:
 
 
 class _Gatherer:
-    """Sends the requests of one fan-out (or one ``submit``) on the pool: each alone, or with ``Batching`` gathered
-    into batches, each run when a worker is free.
+    """Sends the requests of one fan-out (or one ``submit``) on the pool as batches, each run when a worker is free:
+    a batch of one, or with ``Batching`` those gathered until a worker takes them.
 
-    Holds no reference to the fan-out's caller: only the pool's start function, the run functions and the gate. Its
+    Holds no reference to the fan-out's caller: only the pool's start function, the run function and the gate. Its
     lock is its cancel scope's: one lock a fan-out.
     """
 
@@ -214,7 +213,7 @@ class _Gatherer:
         self,
         start: Callable[..., Future[Any]],
         work: CancelScope,
-        run: Runner,
+        run: BatchRunner,
         gate: Optional[OutageGate],
         batching: Optional[Batching] = None,
     ):
@@ -224,14 +223,9 @@ class _Gatherer:
         self._lock = work.lock
 
     def add(self, request: Request, future: Optional[Future[Any]] = None) -> Future[Any]:
-        """Put ``request`` into its key's open batch, or open one (queued on the pool); return its future.
-
-        A request that goes alone is one task on the pool, whose own future is returned; ``future`` (a ``submit``'s)
-        is settled by that task instead.
-        """
+        """Put ``request`` into its key's open batch, or open one (queued on the pool); return its future (``future``,
+        a ``submit``'s, if given), which the batch's task settles."""
         key = None if self._batching is None else batch_key(request)
-        if key is None and future is None:
-            return self._start(self._work.run, self._alone, request)
         future = Future() if future is None else future
         try:
             if key is not None and self._joined(key, request, future):
@@ -252,8 +246,8 @@ class _Gatherer:
         return future
 
     def _close(self, group: _Group) -> None:
-        """Take ``group`` out of the open batches: no prompt joins it any more. A one-prompt group (every ``submit``)
-        was never open: it takes no lock."""
+        """Take ``group`` out of the open batches: no prompt joins it any more. A one-prompt group (a request that
+        goes alone, every ``submit``) was never open: it takes no lock."""
         if group.size == 1:
             return
         with self._lock:
@@ -292,17 +286,10 @@ class _Gatherer:
             else:
                 future.set_result(outcome)
 
-    def _alone(self, request: Request) -> Any:
-        """Run one request that goes alone (held through outages by the gate); its outcome, or raise its error."""
-        run = self._run
-        return run(request) if self._gate is None else self._gate.run(lambda: run(request))
-
     def _send(self, requests: List[Request]) -> Sequence[Any]:
-        """Run one request or batch (held through outages by the gate as one request)."""
-        if len(requests) == 1:
-            return [self._alone(requests[0])]
-        run_many = cast(Batching, self._batching).run_many
-        return run_many(requests) if self._gate is None else self._gate.run(lambda: run_many(requests))
+        """Run one batch (held through outages by the gate as one request)."""
+        run = self._run
+        return run(requests) if self._gate is None else self._gate.run(lambda: run(requests))
 
 
 class FanOut:
@@ -347,8 +334,8 @@ class FanOut:
         work, self._submits = self._submits, self._new_work()
         work.cancel()
 
-    def submit(self, run: Runner, request: Request, gate: Optional[OutageGate] = None) -> Future[Any]:
-        """Run ``run(request)`` on the pool, held through outages by its own ``gate`` if any; return its future.
+    def submit(self, run: BatchRunner, request: Request, gate: Optional[OutageGate] = None) -> Future[Any]:
+        """Run ``run([request])`` on the pool, held through outages by its own ``gate`` if any; return its future.
 
         Raises:
             RuntimeError: the client is closed.
@@ -377,7 +364,7 @@ class FanOut:
     def collect(
         self,
         requests: Iterable[RequestLike],
-        run: Runner,
+        run: BatchRunner,
         *,
         return_exceptions: bool,
         gate: Optional[OutageGate],
@@ -421,7 +408,7 @@ class FanOut:
     def stream(
         self,
         requests: Iterable[Any],
-        run: Runner,
+        run: BatchRunner,
         *,
         return_exceptions: bool,
         gate: Optional[OutageGate],
@@ -435,8 +422,8 @@ class FanOut:
         ``ordered``: ``imap_unordered``) each ``(index, outcome)`` as it finishes.
 
         Each outcome taken is counted on ``bar`` (if any), which is closed when the stream ends. ``checked`` turns an
-        item into what ``run`` takes (None: ``as_request``); an item it refuses (``TypeError``, ``ValueError``) is its
-        slot's error, never sent. ``window`` holds each request in flight and its input index,
+        item into a request of ``run``'s batches (None: ``as_request``); an item it refuses (``TypeError``,
+        ``ValueError``) is its slot's error, never sent. ``window`` holds each request in flight and its input index,
         in input order: a caller that stops the stream early reads the partial results from it.
         """
         work = self._new_work()

@@ -37,12 +37,9 @@ class Scorer:
     def __init__(self, base_url: str, calls: SampleCalls, base_models: Callable[[], Tuple[str, ...]]):
         self._base_url, self._calls, self._base_models = base_url, calls, base_models
 
-    def run_any(self, request: Union[SampleRequest, ScoreRequest]) -> Any:
-        """Run one request of a fan-out: score a ``ScoreRequest``, sample anything else."""
-        return self.score(request) if isinstance(request, ScoreRequest) else self._calls.run(request)
-
-    def run_many_any(self, requests: Sequence[Union[SampleRequest, ScoreRequest]]) -> List[Any]:
-        """Run requests of one batch (all ``ScoreRequest`` or all ``SampleRequest``, sharing their settings).
+    def run_batch(self, requests: Sequence[Union[SampleRequest, ScoreRequest]]) -> List[Any]:
+        """Run the requests of one fan-out batch: one alone, or several (all ``ScoreRequest`` or all ``SampleRequest``,
+        sharing their settings).
 
         Returns:
             Per request, in order: its output, or the error for it alone.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 import pathlib
 import threading
-from typing import List
+from typing import List, Sequence
 
 from lora_sampler._client.fanout import FanOut, SampleFuture
 
@@ -33,16 +33,21 @@ def test_no_class_is_swapped_on_a_live_object() -> None:
 def test_submit_returns_a_sample_future_settled_by_its_worker() -> None:
     fanout = FanOut(1)
     ran: List[int] = []
+
+    def record(batch: Sequence[int]) -> List[None]:  # a fan-out runs batches: each submit is a batch of one
+        ran.extend(batch)
+        return [None] * len(batch)
+
     try:
         release = threading.Event()
-        slow = fanout.submit(lambda request: release.wait(10) and request * 2, 21)  # type: ignore[arg-type]
-        failing = fanout.submit(lambda request: 1 / request, 0)  # type: ignore[arg-type]
-        cancelled = fanout.submit(ran.append, 7)  # type: ignore[arg-type]
+        slow = fanout.submit(lambda batch: [release.wait(10) and batch[0] * 2], 21)  # type: ignore[arg-type]
+        failing = fanout.submit(lambda batch: [1 / batch[0]], 0)  # type: ignore[arg-type]
+        cancelled = fanout.submit(record, 7)  # type: ignore[arg-type]
         assert all(type(future) is SampleFuture for future in (slow, failing, cancelled))
         assert cancelled.cancel()  # not started: the one worker is busy
         release.set()
         assert slow.result(10) == 42 and isinstance(failing.exception(10), ZeroDivisionError)
-        assert fanout.submit(ran.append, 8).result(10) is None  # type: ignore[arg-type]
+        assert fanout.submit(record, 8).result(10) is None  # type: ignore[arg-type]
         assert cancelled.cancelled() and ran == [8]  # a cancelled future's request never ran
     finally:
         fanout.close()
