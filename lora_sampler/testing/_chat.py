@@ -20,13 +20,16 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from lora_sampler._wire.messages import CHAT_ROLES, SAMPLING_FIELDS
+from lora_sampler._wire.messages import SAMPLING_FIELDS
 
 #: The chat template as Jinja, for a tokenizer's ``chat_template`` (the fake renders it with ``render_chat``).
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
+#: The roles a message may have (the OpenAI chat roles vLLM's templates take): the fake's own list, not the client's,
+#: so a client that sends another role is caught here.
+ROLES = ("system", "developer", "user", "assistant", "tool")
 #: What the template appends for the reply (the generation prompt).
 GENERATION_PROMPT = "<|assistant|>\n"
 #: Completion fields a chat request carries over unchanged (``max_tokens`` is set from either limit below).
@@ -64,8 +67,8 @@ def _messages(payload: dict[str, Any]) -> list[dict[str, Any]] | str:
     if not isinstance(messages, list) or not messages:
         return "messages must be a non-empty list of {role, content} objects"
     for position, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in CHAT_ROLES:
-            return f"messages[{position}] needs a role, one of {', '.join(CHAT_ROLES)}"
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
+            return f"messages[{position}] needs a role, one of {', '.join(ROLES)}"
         if _content_text(message.get("content")) is None:
             return f"messages[{position}].content must be a string or a list of text parts"
     return messages
