@@ -220,13 +220,12 @@ def _local_signature(source: str) -> List[Any]:
 
 
 def _stored_checkpoint(url: str, options: Optional[Mapping[str, Any]]) -> _Checkpoint:
-    """A storage URL: an object (signed by its ETag, version and size: one HEAD) or a prefix (by its listing)."""
-    # A trailing slash names a prefix: its listing is the one request (a probe would add a HEAD and a listing).
-    stored = storage.StoredObject(url, 0, None, None, True) if url.endswith("/") else storage.probe(url, options)
+    """A storage URL: an object (signed by its ETag, version and size) or a prefix (by its listing); one request."""
+    stored, listed = storage.look_up(url, options)
     if not stored.is_folder:
         chunks = storage.open_object(stored, options)
         return _Checkpoint(url, _name_stem(url, False), [stored.etag, stored.version, stored.size], chunks)
-    found = [f for f in storage.list_folder(url, options) if f.rel != MARKER_FILE]
+    found = [f for f in listed if f.rel != MARKER_FILE]
     if not found:
         raise PublishError(f"cannot publish {url}: the prefix holds no files; pass an adapter folder or archive URL")
     files = [(f.rel, f.size, storage.open_object(f, options)) for f in found]

@@ -54,6 +54,7 @@ __all__ = [
     "expand",
     "is_storage_url",
     "list_folder",
+    "look_up",
     "open_object",
     "probe",
     "read_bytes",
@@ -267,6 +268,22 @@ def list_folder(url: str, options: Optional[Mapping[str, Any]] = None) -> List[S
     return sorted(files.values(), key=lambda file: file.rel)
 
 
+def look_up(url: str, options: Optional[Mapping[str, Any]] = None) -> Tuple[StoredObject, List[StoredObject]]:
+    """Return what a checkpoint URL names now: an object and no files, or a prefix and the objects below it.
+
+    An archive's URL is looked up (one HEAD); any other is listed first, which is a prefix's whole answer in one
+    request, and looked up only when nothing is below it (an object without an archive suffix, or nothing yet).
+
+    Raises:
+        PublishError: nothing is there (its cause a ``FileNotFoundError``), or the store failed (see ``probe``).
+    """
+    files = [] if has_archive_suffix(url) else list_folder(url, options)
+    if files:
+        return StoredObject(url, 0, None, None, True), files
+    stored = probe(url, options)
+    return stored, list_folder(url, options) if stored.is_folder else []
+
+
 def expand(pattern: str, options: Optional[Mapping[str, Any]] = None) -> List[str]:
     """Return the checkpoints a storage URL or glob names now: archive objects and prefixes.
 
@@ -308,15 +325,15 @@ def settle_signature(url: str, options: Optional[Mapping[str, Any]] = None) -> T
 
     An object is written whole (a store never shows half an upload), so it has no problem; its signature is its
     ETag, version and size. A prefix's signature is its objects' paths, ETags and sizes; until one of them is
-    ``adapter_config.json`` it is not complete. One look-up for an object, and a listing for a prefix.
+    ``adapter_config.json`` it is not complete. One request (``look_up``): a HEAD for an archive, a listing for a
+    prefix.
 
     Raises:
         FileNotFoundError: nothing is at ``url`` (yet).
         PublishError: the store refused, could not be reached, or did not answer in time.
     """
     with _absent_as_not_found(url):
-        stored = probe(url, options)
-        files = list_folder(url, options) if stored.is_folder else []
+        stored, files = look_up(url, options)
     if not stored.is_folder:
         return (stored.modified or 0.0, None, ("object", stored.etag, stored.version, stored.size))
     newest = max((f.modified or 0.0 for f in files), default=0.0)
