@@ -48,15 +48,7 @@ from lora_sampler.errors import (
     RequestCancelledError,
 )
 from lora_sampler.retry import RetryPolicy, is_adapter_race, make_retrying
-from lora_sampler.types import (
-    Adapter,
-    Message,
-    SampleOutput,
-    SampleRequest,
-    Timeout,
-    outputs_from_batch,
-    prompt_list,
-)
+from lora_sampler.types import Adapter, Message, SampleOutput, SampleRequest, Timeout, outputs_from_batch, prompt_list
 
 logger = logging.getLogger(__name__)
 
