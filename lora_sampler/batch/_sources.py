@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, 
 from lora_sampler._adapters import storage
 from lora_sampler._adapters.archive import ADAPTER_FILE_NAMES, CONFIG_FILE
 from lora_sampler._views import printable
+from lora_sampler._wire.archives import has_archive_suffix, strip_archive_suffix
 from lora_sampler.batch._settings import SweepSettings
 from lora_sampler.errors import (
     BatchInputError,
@@ -36,7 +37,7 @@ from lora_sampler.errors import (
     LoraSamplerError,
     PublishError,
 )
-from lora_sampler.types import ARCHIVE_SUFFIXES, is_storage_url
+from lora_sampler.types import is_storage_url
 
 logger = logging.getLogger(__name__)
 
@@ -53,11 +54,7 @@ def natural_key(text: str) -> Tuple[Union[str, int], ...]:
 
 def step_of(path: str) -> Optional[int]:
     """Return the training step a checkpoint's name carries: its last run of digits (None without one)."""
-    name = os.path.basename(path.rstrip("/"))
-    for suffix in ARCHIVE_SUFFIXES:
-        if name.lower().endswith(suffix):
-            name = name[: -len(suffix)]
-            break
+    name = strip_archive_suffix(os.path.basename(path.rstrip("/")))
     runs = _DIGITS.findall(name)
     return int(runs[-1]) if runs else None
 
@@ -70,7 +67,7 @@ def _holds_adapter(path: str, real: str) -> bool:
                 return any(entry.name in ADAPTER_FILE_NAMES for entry in entries)
         except OSError:
             return False
-    return path.lower().endswith(ARCHIVE_SUFFIXES) or real.lower().endswith(ARCHIVE_SUFFIXES)
+    return has_archive_suffix(path) or has_archive_suffix(real)
 
 
 def _local_matches(pattern: str) -> Dict[str, str]:
