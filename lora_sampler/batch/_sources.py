@@ -232,12 +232,14 @@ def _safetensors_problem(path: str) -> Optional[str]:
             if 8 + length > size:
                 return f"{size} bytes, shorter than its header"
             header = json.loads(handle.read(length).decode("utf-8"))
-    except (OSError, ValueError, struct.error) as error:
-        return f"unreadable header ({type(error).__name__})"
-    ends = [
-        entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__" and "data_offsets" in entry
-    ]
-    expected = 8 + length + max(ends, default=0)
+        ends = [
+            entry["data_offsets"][1]
+            for key, entry in header.items()
+            if key != "__metadata__" and "data_offsets" in entry
+        ]
+        expected = 8 + length + max(ends, default=0)
+    except (OSError, ValueError, struct.error, LookupError, TypeError, AttributeError) as error:
+        return f"unreadable header ({type(error).__name__})"  # a header that is no object of tensors, too
     return None if size == expected else f"{size} bytes, its header declares {expected}"
 
 

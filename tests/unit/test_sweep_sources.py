@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import struct
 import tarfile
 from pathlib import Path
 from typing import Any, List
@@ -120,6 +121,19 @@ def test_checkpoint_fingerprint_tells_a_folder_still_being_written(tmp_path: Pat
     assert "its header declares" in str(checkpoint_fingerprint(folder)[1])
     weights.write_bytes(whole)
     assert checkpoint_fingerprint(folder)[1] is None
+
+
+@pytest.mark.parametrize(
+    "header", [[1], "text", {"w": 5}, {"w": {"data_offsets": [0]}}, {"w": {"data_offsets": [0, "9"]}}]
+)
+def test_a_safetensors_header_that_is_no_object_of_tensors_is_the_folders_problem(tmp_path: Path, header: Any) -> None:
+    """A weights file whose JSON header is not an object of tensors with two offsets is an unreadable header, the
+    folder's problem (a sweep records it and goes on; was: TypeError, AttributeError or IndexError out of the probe,
+    which ended the whole sweep with exit 2 naming no checkpoint)."""
+    folder = write_adapter(tmp_path / "step-5", "tiny-base")
+    raw = json.dumps(header).encode()
+    (Path(folder) / "adapter_model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(16))
+    assert "adapter_model.safetensors: unreadable header" in str(checkpoint_fingerprint(folder)[1])
 
 
 def _settings(folder: Path, **fields: Any) -> SweepSettings:
