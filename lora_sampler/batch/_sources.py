@@ -372,7 +372,10 @@ def _manifest_entry(entry: Any, folder: str, path: str, number: int, allow_outsi
         return None  # a state-only save: nothing to sample
     if not isinstance(location, str):
         return _bad_line(path, number, "has a sampler_path that is not a string")
-    location, real, outside = _located(location, folder)
+    try:
+        location, real, outside = _located(location, folder)
+    except ValueError as error:  # a NUL byte, a lone surrogate: no path a file can have
+        return _bad_line(path, number, f"has a sampler_path no file can have ({error})")
     step = entry.get("batch", entry.get("step"))
     name = entry.get("name")
     problem = None

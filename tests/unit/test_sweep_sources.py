@@ -102,6 +102,18 @@ def test_read_manifest_keeps_a_bad_line_in_the_middle_as_a_problem(tmp_path: Pat
     assert got[0].problem is None and got[2].problem is None
 
 
+@pytest.mark.parametrize("bad", ["a\u0000b.tar", "\ud800.tar"])
+def test_read_manifest_keeps_a_path_no_file_can_have_as_a_problem(tmp_path: Path, bad: str) -> None:
+    """A sampler path with a NUL byte or a lone surrogate is that line's problem, the rest goes on (was: ValueError
+    out of the listing, which ended the sweep, a watch included, naming no line)."""
+    manifest = tmp_path / "checkpoints.jsonl"
+    lines = [{"sampler_path": "a.tar"}, {"sampler_path": bad}, {"sampler_path": "b.tar"}]
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    got = read_manifest(str(manifest))
+    assert [os.path.basename(c.path) for c in got] == ["a.tar", "checkpoints.jsonl#line2", "b.tar"]
+    assert "line 2 has a sampler_path no file can have" in str(got[1].problem)
+
+
 def test_checkpoint_fingerprint_tells_a_truncated_archive(tmp_path: Path) -> None:
     """An archive cut in half does not read to its end; the whole one does."""
     archive = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), "tiny-base")
