@@ -170,19 +170,23 @@ def checkpoint_fingerprint(
         except PublishError as error:
             return (0.0, str(error), "unreachable")
         return (newest, problem, _digest(("stored", tuple(stored))))
-    newest, files, folder = _stat_signature(path)
+    newest, files, mode = _stat_signature(path)
     signature = _digest(files)
     if tuple(before[2:]) == (signature,):
         return (newest, before[1], signature)
-    return (newest, _folder_problem(path, files) if folder else _archive_problem(path), signature)
+    if stat.S_ISDIR(mode):
+        return (newest, _folder_problem(path, files), signature)
+    if stat.S_ISREG(mode):
+        return (newest, _archive_problem(path), signature)
+    return (newest, "it is not a regular file (a pipe, a socket or a device): it is never read", signature)
 
 
-def _stat_signature(path: str) -> Tuple[float, List[Tuple[Any, ...]], bool]:
-    """Return ``(newest modification time, files, is a folder)`` of a local checkpoint from ``stat`` alone: ``files``
-    holds an archive's ``(size, mtime_ns, inode)``, or a folder adapter files' ``(name, size, mtime_ns, inode)``."""
+def _stat_signature(path: str) -> Tuple[float, List[Tuple[Any, ...]], int]:
+    """Return ``(newest modification time, files, mode)`` of a local checkpoint from ``stat`` alone: ``files`` holds
+    an archive's ``(size, mtime_ns, inode)``, or a folder adapter files' ``(name, size, mtime_ns, inode)``."""
     info = os.stat(path)
     if not stat.S_ISDIR(info.st_mode):
-        return info.st_mtime, [(info.st_size, info.st_mtime_ns, info.st_ino)], False
+        return info.st_mtime, [(info.st_size, info.st_mtime_ns, info.st_ino)], info.st_mode
     files = []
     for name in ADAPTER_FILE_NAMES:
         try:
@@ -191,7 +195,7 @@ def _stat_signature(path: str) -> Tuple[float, List[Tuple[Any, ...]], bool]:
             continue  # absent, or removed while we looked: the next look sees the change
         files.append((name, st.st_size, st.st_mtime_ns, st.st_ino))
     newest_ns = max((mtime_ns for _, _, mtime_ns, _ in files), default=info.st_mtime_ns)  # no file yet: the folder's
-    return newest_ns / 1e9, files, True
+    return newest_ns / 1e9, files, info.st_mode
 
 
 def _archive_problem(path: str) -> Optional[str]:

@@ -7,6 +7,7 @@ import json
 import os
 import struct
 import tarfile
+import threading
 from pathlib import Path
 from typing import Any, List
 
@@ -146,6 +147,24 @@ def test_a_safetensors_header_that_is_no_object_of_tensors_is_the_folders_proble
     raw = json.dumps(header).encode()
     (Path(folder) / "adapter_model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(16))
     assert "adapter_model.safetensors: unreadable header" in str(checkpoint_fingerprint(folder)[1])
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_a_named_pipe_matched_as_a_checkpoint_is_never_read(tmp_path: Path) -> None:
+    """A pipe named like an archive is a problem found from ``stat`` (was: the probe opened it and waited for a
+    writer for ever); without a watch the source gives it up as incomplete. Run in a thread, so a regression fails
+    after 10 s instead of holding the suite."""
+    pipe = tmp_path / "step-1.tar.gz"
+    os.mkfifo(pipe)
+    aged(str(pipe))
+    settings = _settings(tmp_path, settle=0.1)
+    source = CheckpointSource(listing(str(tmp_path / "*.tar.gz"), settings), settings)
+    taken: List[Any] = []
+    worker = threading.Thread(target=lambda: taken.append(source.poll()), daemon=True)
+    worker.start()
+    worker.join(10)
+    assert taken and taken[0] is not None and "not a regular file" in str(taken[0].problem)
+    assert "not a regular file" in str(checkpoint_fingerprint(str(pipe))[1])
 
 
 def _settings(folder: Path, **fields: Any) -> SweepSettings:
