@@ -27,8 +27,8 @@ class Ledger:
     Opening it takes the ledger's one-writer lock (``one_writer``: a second sweep into the folder is refused), reads
     the finished checkpoints, and rewrites the file atomically without the lines that must go: error lines (those
     checkpoints run again), a torn last line (a kill mid-write), and repeats of one checkpoint with the same adapter
-    (the latest line is kept, at its place; a checkpoint evaluated again in a run is deduplicated so at once,
-    keeping this run's error lines). A checkpoint whose content changed has one line per content (adapter); ``finished``
+    (the latest line is kept, in the older one's place unless the checkpoint's content changed between; a checkpoint
+    evaluated again in a run is deduplicated so at once, keeping this run's error lines). A checkpoint whose content changed has one line per content (adapter); ``finished``
     holds the latest. Each ``append`` is one ``write`` of one whole line, then ``fsync``.
 
     Args:
@@ -102,11 +102,13 @@ class Ledger:
 
     def _load(self, *, opening: bool) -> None:
         """Read the finished lines and (re)open the ledger for appending; first rewrite it atomically without the
-        lines that must go: a repeat of one checkpoint and adapter (the latest line is kept, at its place, so the
-        file's last line of a checkpoint is its latest evaluation) and, on ``opening``, error lines and a torn one."""
+        lines that must go: a repeat of one checkpoint and adapter (the latest line is kept, in the older one's place
+        unless another adapter's line of the checkpoint came between: then last, as its latest evaluation) and, on
+        ``opening``, error lines and a torn one."""
         fd, self._fd = self._fd, -1
         if fd >= 0:
             os.close(fd)
+        self.finished.clear()
         kept: Dict[Any, bytes] = {}  # (checkpoint, adapter), or an error line's number -> its line
         dropped = 0
         with open(self.path, "a+b") as handle:  # created when missing
@@ -120,7 +122,10 @@ class Ledger:
                         kept[number] = raw  # failed in this run: it stays for the sweep's summary
                     continue
                 key = (ledger_key(entry), entry.get("adapter"))
-                dropped += kept.pop(key, None) is not None
+                if key in kept:  # the same content again (a touched file): this line replaces the older one
+                    dropped += 1
+                    if self.finished[key[0]].get("adapter") != key[1]:  # content A, then B, then A again
+                        del kept[key]
                 kept[key] = raw
                 self.finished[key[0]] = entry  # the latest evaluation of a checkpoint whose content changed
         if dropped:
