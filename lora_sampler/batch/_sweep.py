@@ -353,6 +353,7 @@ class _SharedAdapters:
         self._lock = threading.Lock()
         self._holders: Dict[str, threading.Event] = {}  # an adapter -> the ``ended`` of the last run to hold it
         self._by_content: Dict[str, str] = {}  # the digest part of an adapter name -> the first adapter of it
+        self._users: Dict[str, int] = {}  # an adapter -> the runs that took it and have not ended
 
     def remember(self, lines: Iterable[Mapping[str, Any]]) -> None:
         """The adapters an earlier run published (its ledger lines): later checkpoints with their content share them."""
@@ -364,20 +365,35 @@ class _SharedAdapters:
 
     def same_content(self, adapter: Adapter, checkpoint: Checkpoint) -> Adapter:
         """Two checkpoints with the same bytes share one adapter (and output file), whatever their names: a later one
-        is published under the name the first got, so it finds its rows done. The extra folder goes again."""
+        is published under the name the first got, so it finds its rows done. The extra folder goes again. The run
+        uses the adapter it gets until it ends (``release``)."""
         suffix = adapter.name.rsplit("-", 1)[-1]
-        if adapter.digest is None or not adapter.digest.startswith(suffix):
-            return adapter  # an explicit or foreign name: nothing to share
+        own = adapter.digest is None or not adapter.digest.startswith(suffix)  # an explicit or foreign name
         with self._lock:
-            first = self._by_content.setdefault(suffix, adapter.name)
+            first = adapter.name if own else self._by_content.setdefault(suffix, adapter.name)
+            self._users[first] = self._users.get(first, 0) + 1  # before its publish: no earlier user deletes it now
         if first == adapter.name:
             return adapter
-        shared = self._client.publish(checkpoint.path, name=first, storage_options=self._storage_options)
+        try:
+            shared = self._client.publish(checkpoint.path, name=first, storage_options=self._storage_options)
+        except BaseException:
+            self.release(first)
+            raise
         try:
             self._client.unload(adapter, delete_files=True)  # never requested: the unload is a formality
         except (LoraSamplerError, OSError) as error:
             logger.debug("Could not remove the extra folder %r: %s", adapter.name, error)
         return shared
+
+    def release(self, adapter: str) -> None:
+        """A run that took ``adapter`` (``same_content``) ended."""
+        with self._lock:
+            self._users[adapter] -= 1
+
+    def shared(self, adapter: str) -> bool:
+        """Whether another run took ``adapter`` too and has not ended: it retires the adapter, not this one."""
+        with self._lock:
+            return self._users.get(adapter, 0) > 1
 
     def hold(self, adapter: str, ended: threading.Event) -> Optional[threading.Event]:
         """Make the run whose end sets ``ended`` the last holder of ``adapter``; return the ``ended`` of the one before
@@ -422,6 +438,8 @@ class _CheckpointRun(threading.Thread):
         self.fatal: Optional[BaseException] = None
         #: The checkpoint's job or evaluator run, once it started (``Sweep.stop`` stops it).
         self.work: Optional[Union[BatchJob, EvaluatorRun]] = None
+        #: The adapter it took (``_SharedAdapters.same_content``), once published: released when it ends.
+        self.adapter: Optional[Adapter] = None
         #: The sweep's context, made where the checkpoint is scheduled: inside a ``mix_adapters`` sweep's
         #: ``mixing()`` block, so this checkpoint's requests mix too.
         self._context = contextvars.copy_context()
@@ -461,6 +479,8 @@ class _CheckpointRun(threading.Thread):
         except BaseException as error:  # a bug: surface it in the sweep's thread
             self.fatal = error
         finally:
+            if self.adapter is not None:
+                self.adapters.release(self.adapter.name)
             self.claimed.set()
             self.inputs_done.set()
             self.ended.set()
@@ -469,7 +489,7 @@ class _CheckpointRun(threading.Thread):
     def _evaluate(self, started: float) -> Optional[CheckpointReport]:
         sweep = self.sweep
         published = sweep.client.publish(self.checkpoint.path, storage_options=sweep.settings.storage_options)
-        adapter = self.adapters.same_content(published, self.checkpoint)
+        adapter = self.adapter = self.adapters.same_content(published, self.checkpoint)
         if not self._waited(self.claimed_before):
             return None
         holder = self.adapters.hold(adapter.name, self.ended)
@@ -598,6 +618,9 @@ class _CheckpointRun(threading.Thread):
         settings = self.sweep.settings
         if settings.keep_loaded:
             return []
+        if self.adapters.shared(adapter.name):  # a later checkpoint with the same content retires it
+            note = f"kept {adapter.name}: a later checkpoint with the same content uses it"
+            return [note] if settings.delete_retired else []
         shown = printable(self.checkpoint.path)
         try:
             self.sweep.client.unload(adapter)  # lets go of this client's lease on the folder

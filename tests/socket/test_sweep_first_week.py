@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
-from _sweeps import aged, ledger, ledger_lines, make_run, sweep_args, write_prompts
+from _sweeps import aged, ledger, ledger_lines, lines_of, make_run, sweep_args, write_prompts
 from _waits import wait_until
 
 from lora_sampler import SamplerClient, sweep
@@ -342,6 +342,30 @@ def test_delete_retired_keeps_a_folder_another_run_holds(
     assert "another run holds a lease" in notes["step-1.tar.gz"][0]
     assert notes["step-2.tar.gz"][0].startswith("deleted its adapter folder")
     assert sorted(p.name for p in lora_dir.iterdir()) == [used.name]
+
+
+def test_delete_retired_keeps_a_folder_a_later_same_content_checkpoint_uses(
+    engine: FakeEngine, lora_dir: Path, tmp_path: Path, no_waits: None
+) -> None:
+    """Three copies of one checkpoint share one adapter: the first ones keep its folder (and leave it loaded) for the
+    later ones, which run the row the first failed again and meet its own error; the last deletes it (was:
+    the first deleted it, and the later ones failed with "adapter_config.json is missing")."""
+    run = tmp_path / "run"
+    run.mkdir()
+    first = aged(write_adapter_archive(str(run / "step-1.tar.gz"), engine.model))
+    for step in (2, 3):
+        (run / f"step-{step}.tar.gz").write_bytes(Path(first).read_bytes())
+        aged(str(run / f"step-{step}.tar.gz"))
+    inp, out = write_prompts(tmp_path / "prompts.jsonl", 6), tmp_path / "out"
+    engine.inject_prompt_fault("nan", marker=9)  # the line p4's answer is unreadable in every checkpoint
+    argv = sweep_args(engine, lora_dir, inp, out, "--checkpoints", str(run / "*.tar.gz"), "--quiet", concurrency=4)
+    assert main([*argv, "--delete-retired", "--window", "3", "--prompts-per-request", "1"]) == 1
+    entries = ledger(out)
+    assert len(entries) == 3 and len({entry["adapter"] for entry in entries}) == 1
+    assert sorted("deleted its adapter folder" in entry["notes"][0] for entry in entries) == [False, False, True]
+    failed = [record for record in lines_of(out / entries[0]["output"]) if "error" in record]
+    assert failed and all(record["error"]["type"] == "EngineProtocolError" for record in failed)
+    assert not [name for name in os.listdir(lora_dir) if not name.startswith(".")]
 
 
 def test_two_sweeps_of_one_run_with_delete_retired_lose_nothing(
