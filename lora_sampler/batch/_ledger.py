@@ -28,8 +28,9 @@ class Ledger:
     the finished checkpoints, and rewrites the file atomically without the lines that must go: error lines (those
     checkpoints run again), a torn last line (a kill mid-write), and repeats of one checkpoint with the same adapter
     (the latest line is kept, in the older one's place unless the checkpoint's content changed between; a checkpoint
-    evaluated again in a run is deduplicated so at once, keeping this run's error lines). A checkpoint whose content changed has one line per content (adapter); ``finished``
-    holds the latest. Each ``append`` is one ``write`` of one whole line, then ``fsync``.
+    evaluated again in a run is deduplicated so at once, keeping this run's error lines). A checkpoint whose content
+    changed has one line per content (adapter); ``finished`` holds the latest. Each ``append`` is one ``write`` of one
+    whole line, then ``fsync``.
 
     Args:
         output_dir: The sweep's output folder (created when missing).
