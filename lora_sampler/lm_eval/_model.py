@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import weakref
 from inspect import Parameter, signature
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union, cast
 
 from lm_eval.api.model import TemplateLM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
@@ -22,10 +22,9 @@ from lora_sampler._client.client import SamplerClient
 from lora_sampler._client.outage import OutageHook
 from lora_sampler._client.scoring import SCORING_PARAMS
 from lora_sampler._defaults import API_KEY_ENV, VLLM_API_KEY_ENV
-from lora_sampler.errors import EngineProtocolError
 from lora_sampler.lm_eval._generation import generation_of, meant
 from lora_sampler.lm_eval._tokens import TokenCache
-from lora_sampler.types import Adapter, AdapterSpec, SampleOutput, SampleRequest, build_request, check_count
+from lora_sampler.types import Adapter, AdapterSpec, SampleOutput, SampleRequest, TopK, build_request, check_count
 
 logger = logging.getLogger(__name__)
 
@@ -337,14 +336,12 @@ def _window(context: List[int], continuation: List[int], room: int) -> Tuple[Lis
 
 
 def _scored(output: SampleOutput, start: int) -> Tuple[float, bool]:
-    """The continuation's log-likelihood and whether each of its tokens was the engine's top 1 (lm-eval's sum)."""
-    logprobs, tops = output.prompt_logprobs, output.topk_prompt_logprobs
-    if logprobs is None or tops is None or len(logprobs) != len(tops):
-        raise EngineProtocolError(
-            "the engine answered a scoring request without its prompt logprobs (or their top 1); lm-eval's "
-            "loglikelihood needs a vLLM that returns prompt_logprobs",
-            model=output.model,
-        )
+    """The continuation's log-likelihood and whether each of its tokens was the engine's top 1 (lm-eval's sum).
+
+    ``SampleOutput.from_json`` refused an answer without them: both hold one entry per prompt token.
+    """
+    logprobs = cast(Tuple[Optional[float], ...], output.prompt_logprobs)
+    tops = cast(Sequence[Optional[TopK]], output.topk_prompt_logprobs)
     total = 0.0
     greedy = True
     for position in range(start, len(logprobs)):
