@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import os
 import pickle
 import threading
@@ -22,8 +23,8 @@ from tinker.lib.public_interfaces import AwaitableConcurrentFuture
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._client.outage import OutageHook
 from lora_sampler.tinker import _convert
-from lora_sampler.tinker._future import TinkerFuture, done_future
-from lora_sampler.types import Adapter, AdapterSpec, SampleRequest, ScoreRequest
+from lora_sampler.tinker._future import TinkerFuture
+from lora_sampler.types import Adapter, AdapterSpec, SampleRequest
 
 #: What ``tokenizer=`` takes: a tokenizer object (returned as is), or a local tokenizer folder.
 TokenizerSpec = Union[None, str, "os.PathLike[str]", Any]
@@ -170,7 +171,7 @@ class SamplingClient(tinker.SamplingClient):  # type: ignore[misc]
         )
         topk_prompt, topk_sample = topk_prompt_logprobs, topk_sample_logprobs
         return TinkerFuture(
-            self._submit(request),
+            self._client.submit_request(request, max_outage=self._max_outage, on_outage=self._on_outage),
             lambda output: _convert.sample_response(
                 output, topk_prompt=topk_prompt, topk_sample=topk_sample, last_n=last_n
             ),
@@ -183,20 +184,19 @@ class SamplingClient(tinker.SamplingClient):  # type: ignore[misc]
     def compute_logprobs(self, prompt: Any, prompt_logprobs_last_n: Optional[int] = None) -> TinkerFuture[Any]:
         """Return the future of each prompt token's logprob given those before it (None first, as Tinker's).
 
-        The values are those of ``sample(..., include_prompt_logprobs=True).prompt_logprobs`` (float32, as Tinker
-        sends them); ``prompt_logprobs_last_n`` leaves the positions before the last N as None.
+        As Tinker's own: one generated token with the prompt logprobs, whose ``SampleResponse.prompt_logprobs`` is
+        the list (float32, as Tinker sends them); ``prompt_logprobs_last_n`` leaves the positions before the last N
+        as None.
         """
-        tokens = _convert.prompt_tokens(prompt)
-        last_n = _convert.checked_last_n(prompt_logprobs_last_n, True, len(tokens))
-        request = ScoreRequest(tokens, **self._model())
-        return TinkerFuture(self._submit(request), lambda output: _convert.logprob_list(output.logprobs, last_n))
+        one_token = tinker.SamplingParams(max_tokens=1)
+        sampled = self.sample(
+            prompt, 1, one_token, include_prompt_logprobs=True, prompt_logprobs_last_n=prompt_logprobs_last_n
+        )
+        return TinkerFuture(sampled, lambda response: response.prompt_logprobs)
 
     async def compute_logprobs_async(self, prompt: Any, prompt_logprobs_last_n: Optional[int] = None) -> Any:
         """``await compute_logprobs(...)``: the list of logprobs."""
         return await self.compute_logprobs(prompt, prompt_logprobs_last_n)
-
-    def _submit(self, request: Union[SampleRequest, ScoreRequest]) -> Any:
-        return self._client.submit_request(request, max_outage=self._max_outage, on_outage=self._on_outage)
 
     # -- the model -----------------------------------------------------------------------------------------------
 
@@ -349,8 +349,9 @@ class ServiceClient:
             raise _unsupported("retry_config", "pass retry=lora_sampler.RetryPolicy(...) to ServiceClient instead")
         if record_stability_info:
             raise _unsupported("record_stability_info", "vLLM keeps no stability record for training")
-        sampling = SamplingClient(self._client, model_path=model_path, base_model=base_model, **self._defaults)
-        return tinker.BackcompatSamplingClientFuture(AwaitableConcurrentFuture(done_future(sampling)))
+        ready: concurrent.futures.Future[SamplingClient] = concurrent.futures.Future()
+        ready.set_result(SamplingClient(self._client, model_path=model_path, base_model=base_model, **self._defaults))
+        return tinker.BackcompatSamplingClientFuture(AwaitableConcurrentFuture(ready))
 
     async def create_sampling_client_async(
         self,

@@ -114,12 +114,6 @@ def sample_response(output: SampleOutput, *, topk_prompt: int, topk_sample: int,
     )
 
 
-def logprob_list(values: Sequence[Optional[float]], last_n: Optional[int]) -> List[Optional[float]]:
-    """Prompt logprobs as Tinker lists them: float32 values, None first (and before the last ``last_n``)."""
-    array = np.asarray(_masked(values, last_n, math.nan), dtype=np.float32)
-    return [None if math.isnan(value) else value for value in array.tolist()]
-
-
 def _masked(values: Sequence[Any], last_n: Optional[int], blank: Any) -> List[Any]:
     """``values`` with None as ``blank``, and every position before the last ``last_n`` blanked too."""
     keep_from = 0 if last_n is None else len(values) - last_n

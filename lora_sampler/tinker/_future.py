@@ -90,10 +90,3 @@ class TinkerFuture(concurrent.futures.Future, tinker.APIFuture, Generic[T]):  # 
 
     def __await__(self) -> Generator[Any, None, T]:
         return self.result_async().__await__()
-
-
-def done_future(value: T) -> TinkerFuture[T]:
-    """A ``TinkerFuture`` already holding ``value``."""
-    inner: concurrent.futures.Future[T] = concurrent.futures.Future()
-    inner.set_result(value)
-    return TinkerFuture(inner, lambda same: same)
