@@ -182,11 +182,7 @@ class SampleBatches:
             table = table.set_column(index, name, column) if index >= 0 else table.append_column(name, column)
         if kind == "arrow":
             return table
-        return (
-            table.to_pandas()
-            if kind == "pandas"
-            else {name: table.column(name).to_pylist() for name in table.column_names}
-        )
+        return table.to_pandas() if kind == "pandas" else table.to_pydict()
 
     def sample_rows(self, prompts: List[Any], sessions: List[Optional[str]]) -> Dict[str, List[Any]]:
         """Sample ``prompts`` (plain Python values) and return the result columns, one value per row.
