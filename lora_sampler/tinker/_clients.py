@@ -349,7 +349,7 @@ class ServiceClient:
             raise _unsupported("retry_config", "pass retry=lora_sampler.RetryPolicy(...) to ServiceClient instead")
         if record_stability_info:
             raise _unsupported("record_stability_info", "vLLM keeps no stability record for training")
-        ready: concurrent.futures.Future[SamplingClient] = concurrent.futures.Future()
+        ready: concurrent.futures.Future[tinker.SamplingClient] = concurrent.futures.Future()
         ready.set_result(SamplingClient(self._client, model_path=model_path, base_model=base_model, **self._defaults))
         return tinker.BackcompatSamplingClientFuture(AwaitableConcurrentFuture(ready))
 

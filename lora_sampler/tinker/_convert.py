@@ -9,7 +9,7 @@ than an answer that silently means something else. No I/O.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple
 
 import numpy as np
 import tinker
@@ -56,7 +56,7 @@ def sampling_params(params: object) -> Tuple[SamplingParams, Optional[Dict[str, 
     """
     if not isinstance(params, tinker.SamplingParams):
         raise TypeError(f"sampling_params must be a tinker.SamplingParams, got {type(params).__name__}")
-    stop = params.stop
+    stop: Any = params.stop  # a str, a list of str or of ints, or None (tinker.SamplingParams.stop)
     extra = None
     if stop is not None and not isinstance(stop, str):
         stop = list(stop)
@@ -73,7 +73,7 @@ def sampling_params(params: object) -> Tuple[SamplingParams, Optional[Dict[str, 
     return ours, extra
 
 
-def stop_reason(finish_reason: str) -> str:
+def stop_reason(finish_reason: str) -> Literal["length", "stop"]:
     """Tinker's stop reason for vLLM's ``finish_reason``: ``"length"``, or ``"stop"`` (a stop string, token or EOS)."""
     return "length" if finish_reason == "length" else "stop"
 
