@@ -478,55 +478,50 @@ def test_load_peak_concurrency_per_name(make_engine: EngineFactory, tmp_path: Pa
 # -- LRU and engine death ---------------------------------------------------------------------------------------------
 
 
-def test_lru_reloads_evicted_adapter_from_disk(make_engine: EngineFactory, lora_dir: Path) -> None:
-    """An adapter evicted from the LRU stays registered and is reloaded while its files exist."""
+@pytest.fixture
+def lru_engine(make_engine: EngineFactory, lora_dir: Path) -> FakeEngine:
+    """An engine holding one adapter at a time (``max_loras=1``) that served ``e1`` then ``e2``: ``e1`` is evicted
+    from the LRU, its files still in ``lora_dir``."""
     engine = make_engine(max_loras=1)
     for name in ("e1", "e2"):
         write_adapter(lora_dir / name, BASE)
         assert complete(engine, name).status_code == 200
-    assert engine.cached_adapters == ["e2"] and engine.loaded_adapters == ["e1", "e2"]
-    assert complete(engine, "e1").status_code == 200
-    assert engine.cached_adapters == ["e1"]
+    return engine
 
 
-def test_lru_deleted_evicted_adapter_kills_engine(make_engine: EngineFactory, lora_dir: Path) -> None:
+def test_lru_reloads_evicted_adapter_from_disk(lru_engine: FakeEngine) -> None:
+    """An adapter evicted from the LRU stays registered and is reloaded while its files exist."""
+    assert lru_engine.cached_adapters == ["e2"] and lru_engine.loaded_adapters == ["e1", "e2"]
+    assert complete(lru_engine, "e1").status_code == 200
+    assert lru_engine.cached_adapters == ["e1"]
+
+
+def test_lru_deleted_evicted_adapter_kills_engine(lru_engine: FakeEngine, lora_dir: Path) -> None:
     """Using an evicted adapter whose directory is gone: 500 EngineCore, then connections are refused."""
-    engine = make_engine(max_loras=1)
-    for name in ("e1", "e2"):
-        write_adapter(lora_dir / name, BASE)
-        complete(engine, name)
     shutil.rmtree(lora_dir / "e1")
-    assert_body(complete(engine, "e1"), _bodies.engine_dead())
-    assert engine.is_dead
-    wait_until(lambda: not is_listening(engine.port))
+    assert_body(complete(lru_engine, "e1"), _bodies.engine_dead())
+    assert lru_engine.is_dead
+    wait_until(lambda: not is_listening(lru_engine.port))
     with pytest.raises(requests.ConnectionError):
-        requests.get(engine.url + "/health", timeout=10)
+        requests.get(lru_engine.url + "/health", timeout=10)
 
 
-def test_lru_death_fails_in_flight_requests(make_engine: EngineFactory, lora_dir: Path) -> None:
+def test_lru_death_fails_in_flight_requests(lru_engine: FakeEngine, lora_dir: Path) -> None:
     """Requests in flight when the engine dies also get the EngineCore 500."""
-    engine = make_engine(max_loras=1)
-    for name in ("e1", "e2"):
-        write_adapter(lora_dir / name, BASE)
-        complete(engine, name)
     shutil.rmtree(lora_dir / "e1")
-    engine.latency = 60.0  # cut short by the death
+    lru_engine.latency = 60.0  # cut short by the death
     with ThreadPoolExecutor(1) as pool:
-        slow = pool.submit(complete, engine)
-        wait_until(lambda: engine.requests_in_flight == 1)
-        assert_body(complete(engine, "e1"), _bodies.engine_dead())
+        slow = pool.submit(complete, lru_engine)
+        wait_until(lambda: lru_engine.requests_in_flight == 1)
+        assert_body(complete(lru_engine, "e1"), _bodies.engine_dead())
         assert_body(slow.result(), _bodies.engine_dead())
 
 
-def test_lru_unload_before_delete_is_safe(make_engine: EngineFactory, lora_dir: Path) -> None:
+def test_lru_unload_before_delete_is_safe(lru_engine: FakeEngine, lora_dir: Path) -> None:
     """Unloading first, then deleting, leaves the engine healthy: the name is just a 404."""
-    engine = make_engine(max_loras=1)
-    for name in ("e1", "e2"):
-        write_adapter(lora_dir / name, BASE)
-        complete(engine, name)
-    post(engine, "/v1/unload_lora_adapter", {"lora_name": "e1"})
+    post(lru_engine, "/v1/unload_lora_adapter", {"lora_name": "e1"})
     shutil.rmtree(lora_dir / "e1")
-    assert complete(engine, "e1").status_code == 404 and not engine.is_dead
+    assert complete(lru_engine, "e1").status_code == 404 and not lru_engine.is_dead
 
 
 # -- faults and the request log ---------------------------------------------------------------------------------------
