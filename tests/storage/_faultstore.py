@@ -25,7 +25,7 @@ import socket
 import socketserver
 import threading
 import urllib.parse
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 from xml.sax.saxutils import escape
 
 BUCKET = "ckpts"
@@ -244,3 +244,21 @@ def _error(code: str, message: str) -> bytes:
 def count(store: FaultStore, operation: str) -> int:
     """How many requests of ``operation`` ("HEAD", "GET", "LIST") the store was sent."""
     return sum(1 for done, _ in store.requests if done == operation)
+
+
+def outcome_within(call: Callable[[], Any], bound: float, what: str = "the call") -> Any:
+    """Run ``call`` in a thread and return what it returned or raised, asserting it ended within ``bound`` seconds:
+    a store call with no bound fails the test instead of hanging it. ``what`` names the call in that failure."""
+    outcome: List[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as error:
+            outcome.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(bound)
+    assert not thread.is_alive(), f"{what} was still waiting on the store after {bound:.0f} s: it has no bound"
+    return outcome[0]

@@ -22,6 +22,20 @@ def _storage_packages() -> None:
 
 
 @pytest.fixture
+def no_aws_account(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No AWS profile, endpoint, session, config file or metadata service reaches the storage library, so the
+    stand-in's tests (``_faultstore.py``) ask only what they point it at; fsspec's cached filesystems are forgotten."""
+    import s3fs
+
+    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.fixture
 def s3_server() -> Iterator[S3Server]:
     """A fresh moto S3 server process on 127.0.0.1 (its own process group), killed after the test."""
     server = S3Server()

@@ -11,12 +11,11 @@ then has no bound (the test fails instead of hanging).
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
-from typing import Any, Callable, Iterator, List
+from typing import Any, Callable, Iterator
 
 import pytest
-from _faultstore import BUCKET, FaultStore, count
+from _faultstore import BUCKET, FaultStore, count, outcome_within
 from _s3server import temporaries
 
 from lora_sampler import SamplerClient, sweep
@@ -35,16 +34,10 @@ URL = f"s3://{BUCKET}/{KEY}"
 
 
 @pytest.fixture
-def store(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FaultStore]:
+def store(no_aws_account: None, tmp_path: Path) -> Iterator[FaultStore]:
     """A running stand-in holding one adapter archive at ``KEY``; no AWS account or metadata service is asked."""
     import s3fs
 
-    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    s3fs.S3FileSystem.clear_instance_cache()
     started = FaultStore(drip_interval=0.5)
     archive = tmp_path / "step-1.tar.gz"
     write_adapter_archive(archive, "tiny-base")
@@ -58,20 +51,9 @@ def store(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FaultStor
 
 def within_bound(call: Callable[[], Any]) -> BaseException:
     """Run ``call`` in a thread; assert it ended within ``BOUND`` seconds by raising; return what it raised."""
-    outcome: List[Any] = []
-
-    def run() -> None:
-        try:
-            outcome.append(call())
-        except BaseException as error:
-            outcome.append(error)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(BOUND)
-    assert not thread.is_alive(), f"the call was still waiting on the store after {BOUND:.0f} s: it has no bound"
-    assert isinstance(outcome[0], BaseException), f"the call returned {outcome[0]!r} instead of failing"
-    return outcome[0]
+    outcome = outcome_within(call, BOUND)
+    assert isinstance(outcome, BaseException), f"the call returned {outcome!r} instead of failing"
+    return outcome
 
 
 def client_of(store: FaultStore, engine: FakeEngine, lora_dir: Path) -> SamplerClient:
@@ -153,7 +135,8 @@ def test_default_listing_bound_lists_a_bucket_of_100000_keys_in_full() -> None:
     assert storage.deadlines({}).listing_pages == storage.DEFAULT_MAX_LISTED_KEYS // 1000
 
 
-def point_the_environment_at(store: FaultStore, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def store_in_environment(store: FaultStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """The CLI takes no storage options: the standard variables point the storage library at the stand-in."""
     monkeypatch.setenv("AWS_ENDPOINT_URL", store.endpoint)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
@@ -161,16 +144,12 @@ def point_the_environment_at(store: FaultStore, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
 
 
+@pytest.mark.usefixtures("store_in_environment")
 def test_cli_publish_timeout_bounds_the_store(
-    store: FaultStore,
-    engine: FakeEngine,
-    lora_dir: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    store: FaultStore, engine: FakeEngine, lora_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``lora-sampler publish --timeout 1,2`` (00c7ac5: no such flag) holds a silent store's HEAD to 3 s, as
     ``SamplerClient(timeout=(1, 2))`` does: the CLI builds its client from the same value."""
-    point_the_environment_at(store, monkeypatch)
     store.faults["HEAD"] = "silent"
     argv = ["publish", URL, "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--timeout", "1,2"]
     status = within_bound(lambda: SystemExit(main(argv)))
@@ -180,15 +159,11 @@ def test_cli_publish_timeout_bounds_the_store(
     assert count(store, "HEAD") >= 1 and os.listdir(lora_dir) == []
 
 
+@pytest.mark.usefixtures("store_in_environment")
 def test_cli_max_listed_keys_bounds_a_folder_publish(
-    store: FaultStore,
-    engine: FakeEngine,
-    lora_dir: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    store: FaultStore, engine: FakeEngine, lora_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``--max-listed-keys 2000`` reaches the store's listing: an endless listing stops after its 2 pages."""
-    point_the_environment_at(store, monkeypatch)
     store.faults["LIST"] = "endless"
     url = f"s3://{BUCKET}/run/"
     argv = ["publish", url, "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--max-listed-keys", "2000"]
@@ -224,17 +199,12 @@ def test_the_generic_fsspec_path_keeps_the_same_bounds(
     assert os.listdir(lora_dir) == [] and temporaries(lora_dir) == []
 
 
+@pytest.mark.usefixtures("store_in_environment")
 def test_cli_sweep_over_an_endless_listing_ends_at_the_listing_bound(
-    store: FaultStore,
-    engine: FakeEngine,
-    lora_dir: Path,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    store: FaultStore, engine: FakeEngine, lora_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``lora-sampler sweep`` over a glob whose listing never ends (00c7ac5 with ``--timeout 2,5``: still listing at
     45 s after 8,444 requests, printing nothing) ends with an error naming the bound after its pages."""
-    point_the_environment_at(store, monkeypatch)
     store.faults["LIST"] = "endless"
     inp = tmp_path / "prompts.jsonl"
     inp.write_text('{"id": "a", "prompt": [5, 6]}\n')
@@ -347,12 +317,7 @@ def test_sweep_over_a_dripping_store_records_each_checkpoint_and_ends(
         run_sweep = lambda: list(  # noqa: E731
             sweep(client, f"s3://{BUCKET}/run/*.tar.gz", requests, output_dir=tmp_path / "out", settle=0, window=1)
         )
-        outcome: List[Any] = []
-        thread = threading.Thread(target=lambda: outcome.append(run_sweep()), daemon=True)
-        thread.start()
-        thread.join(BOUND)
-        assert not thread.is_alive(), "the sweep was still waiting on the store: it has no bound"
-        reports = outcome[0]
+        reports = within_bound_returning(run_sweep, "the sweep")
         assert [report.checkpoint for report in reports] == [URL, f"s3://{BUCKET}/run/step-2.tar.gz"]
         assert all(report.error and "did not end within 3.0 s" in report.error["message"] for report in reports)
         store.faults["LIST"] = "drip-body"
@@ -376,18 +341,15 @@ def test_rerun_over_a_silent_store_waits_for_one_change_check_only(
         assert [report.error for report in first] == [None] * 4
         store.faults["HEAD"] = "silent"
         before = len(store.requests)
-        outcome: List[Any] = []
-        thread = threading.Thread(target=lambda: outcome.append(run_sweep()), daemon=True)
-        thread.start()
-        thread.join(BOUND)
-        assert not thread.is_alive(), "the rerun was still waiting on the store: it has no bound"
-    assert [report.checkpoint for report in outcome[0]] == [report.checkpoint for report in first]
+        rerun = within_bound_returning(run_sweep, "the rerun")
+    assert [report.checkpoint for report in rerun] == [report.checkpoint for report in first]
     looked_at = {key for operation, key in store.requests[before:] if operation == "HEAD"}
     assert len(looked_at) == 1, looked_at
 
 
+@pytest.mark.usefixtures("store_in_environment")
 def test_cli_sweep_timeout_reaches_a_silent_store(
-    store: FaultStore, engine: FakeEngine, lora_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    store: FaultStore, engine: FakeEngine, lora_dir: Path, tmp_path: Path
 ) -> None:
     """``lora-sampler sweep --timeout 1,2`` over a store whose listings never answer ends at that timeout's bound
     with the store named, as the Python sweep and ``sample`` do. On 00c7ac5 the CLI's listing waited the default
@@ -395,20 +357,12 @@ def test_cli_sweep_timeout_reaches_a_silent_store(
     from lora_sampler.cli import main
 
     store.faults["LIST"] = "silent"
-    for name, value in (("AWS_ENDPOINT_URL", store.endpoint), ("AWS_DEFAULT_REGION", "us-east-1")):
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"id": 0, "prompt": [5, 6]}\n')
     argv = ["sweep", "--base-url", engine.url, "--lora-base-dir", str(lora_dir), "--input", str(prompts), "--quiet"]
     argv += ["--output-dir", str(tmp_path / "out"), "--checkpoints", f"s3://{BUCKET}/run/*.tar.gz", "--settle", "0"]
-    codes: List[int] = []
-    thread = threading.Thread(target=lambda: codes.append(main([*argv, "--timeout", "1,2"])), daemon=True)
-    thread.start()
-    thread.join(BOUND)
-    assert not thread.is_alive(), f"the CLI sweep was still waiting on a silent store after {BOUND:.0f} s"
-    assert codes == [2] and count(store, "LIST") >= 1
+    code = within_bound_returning(lambda: main([*argv, "--timeout", "1,2"]), "the CLI sweep")
+    assert code == 2 and count(store, "LIST") >= 1
     with client_of(store, engine, lora_dir) as client:  # the Python sweep, the same client timeout: the same bound
         error = within_bound(
             lambda: list(sweep(client, f"s3://{BUCKET}/run/*.tar.gz", [{"prompt": [5]}], output_dir=tmp_path / "py"))
@@ -439,11 +393,8 @@ def test_sweep_storage_options_reach_its_listing_and_its_publishing(
     assert count(store, "LIST") >= 1 and count(store, "GET") >= 1
 
 
-def within_bound_returning(call: Callable[[], Any]) -> Any:
-    """Run ``call`` in a thread; assert it ended within ``BOUND`` seconds; return what it returned (or raise)."""
-    outcome: List[Any] = []
-    thread = threading.Thread(target=lambda: outcome.append(call()), daemon=True)
-    thread.start()
-    thread.join(BOUND)
-    assert not thread.is_alive() and outcome, f"the call did not return within {BOUND:.0f} s"
-    return outcome[0]
+def within_bound_returning(call: Callable[[], Any], what: str = "the call") -> Any:
+    """Run ``call`` in a thread; assert it ended within ``BOUND`` seconds by returning; return what it returned."""
+    outcome = outcome_within(call, BOUND, what)
+    assert not isinstance(outcome, BaseException), f"{what} raised {outcome!r} instead of returning"
+    return outcome

@@ -15,12 +15,11 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import threading
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import pytest
-from _faultstore import BUCKET, FaultStore
+from _faultstore import BUCKET, FaultStore, outcome_within
 from _s3server import temporaries
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -80,19 +79,11 @@ class PublishFromAFaultyStore(RuleBasedStateMachine):
         after = self.store.changes.get(KEY, before)
         healthy = not self.store.faults and KEY not in self.store.changes
         options = self.tight if self.store.faults else self.loose
-        outcome: List[Any] = []
-
-        def run() -> None:
-            try:
-                outcome.append(publish_checkpoint(URL, self.lora_dir, storage_options=options))
-            except BaseException as error:
-                outcome.append(error)
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        thread.join(BOUND)
-        assert not thread.is_alive(), f"a publish was still waiting after {BOUND} s (faults {self.store.faults})"
-        result = outcome[0]
+        result = outcome_within(
+            lambda: publish_checkpoint(URL, self.lora_dir, storage_options=options),
+            BOUND,
+            f"a publish (faults {self.store.faults})",
+        )
         if isinstance(result, BaseException):
             assert isinstance(result, PublishError), repr(result)
             assert URL in str(result)
@@ -113,17 +104,7 @@ class PublishFromAFaultyStore(RuleBasedStateMachine):
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-@pytest.fixture(autouse=True)
-def _no_aws_account(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import s3fs
-
-    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    s3fs.S3FileSystem.clear_instance_cache()
-
-
+#: No AWS account is asked (storage/conftest.py): only the stand-in each machine starts.
+pytestmark = pytest.mark.usefixtures("no_aws_account")
 TestPublishFromAFaultyStore = PublishFromAFaultyStore.TestCase
 TestPublishFromAFaultyStore.settings = settings(max_examples=6, stateful_step_count=5, deadline=None)
