@@ -218,10 +218,8 @@ class AdapterRegistry:
 
     def close(self) -> None:
         """Release every lease this client holds. Idempotent."""
-        with self._lock:
-            leases, self._leases = list(self._leases.values()), {}
-        for lease in leases:
-            lease.release()
+        for name in list(self._leases):
+            self.release_lease(name)
 
     def _preflight(self, adapter: Adapter) -> None:
         """Check ``adapter_config.json`` against the engine's model once per adapter, before any completion.

@@ -91,13 +91,9 @@ class Scorer:
         if ready:
             answers = self._calls.run_many([sample for _, sample, _ in ready])
             for (position, sample, start), answer in zip(ready, answers):
-                if isinstance(answer, BaseException):
-                    outcomes[position] = answer
-                    continue
-                try:
+                outcomes[position] = answer  # an error for this request alone, or its answer to read
+                if not isinstance(answer, BaseException):
                     outcomes[position] = self._finish(sample, start, answer)
-                except EngineProtocolError as error:
-                    outcomes[position] = error
         return outcomes
 
     def _prepare(self, request: ScoreRequest, session: str) -> Tuple[SampleRequest, int]:
@@ -128,11 +124,14 @@ class Scorer:
         )
         return sample, start
 
-    def _finish(self, sample: SampleRequest, start: int, output: SampleOutput) -> ScoreOutput:
-        """Read the scores of the sequence ``sample`` sent, from ``start`` on, from the engine's answer."""
+    def _finish(
+        self, sample: SampleRequest, start: int, output: SampleOutput
+    ) -> Union[ScoreOutput, EngineProtocolError]:
+        """Read the scores of the sequence ``sample`` sent, from ``start`` on, from the engine's answer; or the error
+        for this request alone when the answer cannot say which tokens they are."""
         tokens = prompt_tokens(output, sample.prompt)
         if output.prompt_logprobs is None or tokens is None:  # from_json checked the logprobs of known tokens
-            raise EngineProtocolError(
+            return EngineProtocolError(
                 f"the engine at {self._base_url} answered a text prompt without its prompt_token_ids, so its "
                 "logprobs cannot be matched to tokens; score token ids instead, or use a vLLM that sends them",
                 model=output.model,
