@@ -464,6 +464,18 @@ def restart_engine(engine: RealEngine, env: Any) -> float:
     return time.monotonic() - started
 
 
+def _running_engine(
+    env: Any, tmp_path_factory: pytest.TempPathFactory, config: pytest.Config, folder: str, **options: Any
+) -> Iterator[RealEngine]:
+    """The body of every engine fixture: start an engine (``start_engine``'s ``options``) in a fresh ``folder``,
+    yield it, and always stop it."""
+    engine = start_engine(env, tmp_path_factory.mktemp(folder), report=_reporter(config), **options)
+    try:
+        yield engine
+    finally:
+        engine.stop()
+
+
 def _reporter(config: pytest.Config) -> Callable[[str], None]:
     """Return a function that writes a line to the terminal even while output is captured."""
     terminal = config.pluginmanager.get_plugin("terminalreporter")
@@ -498,11 +510,7 @@ def vllm_engine(
     vllm_env: Any, tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
 ) -> Iterator[RealEngine]:
     """A real vLLM engine with runtime LoRA updating and the filesystem resolver on (shared by the session)."""
-    engine = start_engine(vllm_env, tmp_path_factory.mktemp("vllm-engine"), report=_reporter(pytestconfig))
-    try:
-        yield engine
-    finally:
-        engine.stop()
+    yield from _running_engine(vllm_env, tmp_path_factory, pytestconfig, "vllm-engine")
 
 
 @pytest.fixture()
@@ -514,12 +522,9 @@ def vllm_engine_static(
     Function scope on purpose: its tests are collected first (see ``pytest_collection_modifyitems``), so it has
     stopped before ``vllm_engine`` starts and the two never hold memory at the same time.
     """
-    workdir = tmp_path_factory.mktemp("vllm-engine-static")
-    engine = start_engine(vllm_env, workdir, runtime_lora_updating=False, report=_reporter(pytestconfig))
-    try:
-        yield engine
-    finally:
-        engine.stop()
+    yield from _running_engine(
+        vllm_env, tmp_path_factory, pytestconfig, "vllm-engine-static", runtime_lora_updating=False
+    )
 
 
 @pytest.fixture()
@@ -530,13 +535,9 @@ def vllm_engine_one_lora(
 
     Function scope and collected first, as ``vllm_engine_static``: it has stopped before the shared engine starts.
     """
-    workdir = tmp_path_factory.mktemp("vllm-engine-one-lora")
-    settings = ENGINE.but(max_loras=1)
-    engine = start_engine(vllm_env, workdir, settings=settings, report=_reporter(pytestconfig))
-    try:
-        yield engine
-    finally:
-        engine.stop()
+    yield from _running_engine(
+        vllm_env, tmp_path_factory, pytestconfig, "vllm-engine-one-lora", settings=ENGINE.but(max_loras=1)
+    )
 
 
 @pytest.fixture()
@@ -549,13 +550,8 @@ def vllm_engine_base_only(
     asks for prompt logprobs; without it, many scorings share a step. Function scope and collected first, as
     ``vllm_engine_static``.
     """
-    workdir = tmp_path_factory.mktemp("vllm-engine-base-only")
     settings = ENGINE.but(enable_lora=False)
-    engine = start_engine(vllm_env, workdir, settings=settings, report=_reporter(pytestconfig))
-    try:
-        yield engine
-    finally:
-        engine.stop()
+    yield from _running_engine(vllm_env, tmp_path_factory, pytestconfig, "vllm-engine-base-only", settings=settings)
 
 
 @dataclass
