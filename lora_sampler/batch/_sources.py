@@ -44,6 +44,9 @@ logger = logging.getLogger(__name__)
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _DIGITS = re.compile(r"(\d+)")
 _READ_CHUNK = 1 << 20
+#: The longest safetensors header read, in bytes: the format's own reader refuses a longer one (the safetensors crate's
+#: ``MAX_HEADER_SIZE``, its documented ``SafeTensorError::HeaderTooLarge``), so none is read into memory here either.
+SAFETENSORS_HEADER_LIMIT = 100_000_000
 
 
 def natural_key(text: str) -> Tuple[Union[str, int], ...]:
@@ -170,32 +173,40 @@ def checkpoint_fingerprint(
         except PublishError as error:
             return (0.0, str(error), "unreachable")
         return (newest, problem, _digest(("stored", tuple(stored))))
-    newest, files, mode = _stat_signature(path)
+    newest, files, folder, irregular = _stat_signature(path)
     signature = _digest(files)
     if tuple(before[2:]) == (signature,):
         return (newest, before[1], signature)
-    if stat.S_ISDIR(mode):
-        return (newest, _folder_problem(path, files), signature)
-    if stat.S_ISREG(mode):
-        return (newest, _archive_problem(path), signature)
-    return (newest, "it is not a regular file (a pipe, a socket or a device): it is never read", signature)
+    if irregular is not None:
+        problem = f"{irregular} is not a regular file (a folder, a pipe, a socket or a device): it is never read"
+        return (newest, problem, signature)
+    return (newest, _folder_problem(path, files) if folder else _archive_problem(path), signature)
 
 
-def _stat_signature(path: str) -> Tuple[float, List[Tuple[Any, ...]], int]:
-    """Return ``(newest modification time, files, mode)`` of a local checkpoint from ``stat`` alone: ``files`` holds
-    an archive's ``(size, mtime_ns, inode)``, or a folder adapter files' ``(name, size, mtime_ns, inode)``."""
+def _stat_signature(path: str) -> Tuple[float, List[Tuple[Any, ...]], bool, Optional[str]]:
+    """Return ``(newest modification time, files, is a folder, irregular)`` of a local checkpoint from ``stat`` alone.
+
+    ``files`` holds an archive's ``(size, mtime_ns, inode)``, or a folder adapter files' ``(name, size, mtime_ns,
+    inode)``: what its signature digests. ``irregular`` names the first of them that is no regular file (``"it"``, or
+    ``"its adapter_config.json"``), else None: the probe never opens it (a pipe waits for a writer for ever), and
+    publishing refuses it.
+    """
     info = os.stat(path)
     if not stat.S_ISDIR(info.st_mode):
-        return info.st_mtime, [(info.st_size, info.st_mtime_ns, info.st_ino)], info.st_mode
-    files = []
+        it = None if stat.S_ISREG(info.st_mode) else "it"
+        return info.st_mtime, [(info.st_size, info.st_mtime_ns, info.st_ino)], False, it
+    files: List[Tuple[Any, ...]] = []
+    irregular: Optional[str] = None
     for name in ADAPTER_FILE_NAMES:
         try:
             st = os.stat(os.path.join(path, name))
         except FileNotFoundError:
             continue  # absent, or removed while we looked: the next look sees the change
         files.append((name, st.st_size, st.st_mtime_ns, st.st_ino))
+        if irregular is None and not stat.S_ISREG(st.st_mode):
+            irregular = f"its {name}"
     newest_ns = max((mtime_ns for _, _, mtime_ns, _ in files), default=info.st_mtime_ns)  # no file yet: the folder's
-    return newest_ns / 1e9, files, info.st_mode
+    return newest_ns / 1e9, files, True, irregular
 
 
 def _archive_problem(path: str) -> Optional[str]:
@@ -228,11 +239,14 @@ def _folder_problem(path: str, files: List[Tuple[Any, ...]]) -> Optional[str]:
 
 
 def _safetensors_problem(path: str) -> Optional[str]:
-    """Return why a safetensors file is shorter or longer than its header declares, or None."""
+    """Return why a safetensors file is shorter or longer than its header declares, or declares a header longer than
+    the format allows, or None."""
     try:
         with open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
             (length,) = struct.unpack("<Q", handle.read(8)) if size >= 8 else (size + 1,)
+            if length > SAFETENSORS_HEADER_LIMIT:  # no safetensors file, or a corrupted one: never read into memory
+                return f"its header declares {length} bytes, more than safetensors reads ({SAFETENSORS_HEADER_LIMIT})"
             if 8 + length > size:
                 return f"{size} bytes, shorter than its header"
             header = json.loads(handle.read(length).decode("utf-8"))

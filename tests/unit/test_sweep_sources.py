@@ -167,6 +167,37 @@ def test_a_named_pipe_matched_as_a_checkpoint_is_never_read(tmp_path: Path) -> N
     assert "not a regular file" in str(checkpoint_fingerprint(str(pipe))[1])
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+@pytest.mark.parametrize("name", ["adapter_config.json", "adapter_model.safetensors"])
+def test_a_named_pipe_in_an_adapter_folder_is_never_read(tmp_path: Path, name: str) -> None:
+    """A folder whose config or weights file is a pipe is the folder's problem, found from ``stat`` (was: the probe
+    opened the pipe and waited for a writer for ever), and its signature is the one ``content_signature`` gives. Run
+    in a thread, so a regression fails after 10 s instead of holding the suite."""
+    folder = write_adapter(tmp_path / "step-5", "tiny-base")
+    os.remove(os.path.join(folder, name))
+    os.mkfifo(os.path.join(folder, name))
+    looked: List[Any] = []
+    worker = threading.Thread(target=lambda: looked.append(checkpoint_fingerprint(folder)), daemon=True)
+    worker.start()
+    worker.join(10)
+    assert looked and f"its {name} is not a regular file" in str(looked[0][1])
+    assert looked[0][2] == content_signature(folder)
+
+
+def test_a_safetensors_header_longer_than_the_formats_limit_is_never_read(tmp_path: Path) -> None:
+    """A weights file whose first 8 bytes declare a header over safetensors' own limit (100,000,000 bytes) is the
+    folder's problem, named as such, with the header left unread (was: the probe read that many bytes into memory,
+    as many as the file holds, and then called the header unreadable)."""
+    folder = write_adapter(tmp_path / "step-5", "tiny-base")
+    weights = Path(folder) / "adapter_model.safetensors"
+    with open(weights, "wb") as handle:
+        handle.write(struct.pack("<Q", 100_000_001))
+        handle.truncate(8 + 100_000_001 + 16)  # sparse: no disk is used for the bytes the header claims
+    problem = str(checkpoint_fingerprint(folder)[1])
+    assert "adapter_model.safetensors: its header declares 100000001 bytes" in problem
+    assert "100000000" in problem
+
+
 def _settings(folder: Path, **fields: Any) -> SweepSettings:
     """A sweep's settings (its output folder unused here) with the source's ``fields``."""
     return SweepSettings(output_dir=str(folder / "out"), **fields)
