@@ -15,12 +15,20 @@ import json
 import logging
 import os
 import secrets
-import tarfile
 import time
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
+from lora_sampler._adapters.archive import list_folder_files
+from lora_sampler._adapters.extract import Members, read_archive
 from lora_sampler._adapters.fleet import ReplicasSpec
-from lora_sampler._adapters.publish import CONFIG_FILE, check_adapter_config, check_config_content, remove_adapter_dir
+from lora_sampler._adapters.publish import (
+    CONFIG_FILE,
+    check_adapter_config,
+    check_config_content,
+    missing_config,
+    read_config,
+    remove_adapter_dir,
+)
 from lora_sampler._adapters.storage import probe
 from lora_sampler._client.client import SamplerClient
 from lora_sampler._client.selfcheck import Finding
@@ -306,11 +314,14 @@ def check_adapter(adapter: str, lora_base_dir: Optional[str], model: str) -> Fin
             return Finding(check, False, f"{adapter!r} is not a folder in --lora-base-dir; its config is unknown", fix)
         path = os.path.join(lora_base_dir, adapter)
     try:
+        if not os.path.exists(path):
+            raise PublishError(f"checkpoint {path} does not exist; pass an adapter archive or folder")  # as publish
         if os.path.isdir(path):
+            list_folder_files(path)  # publishing's refusal of a device, FIFO or dangling link (a FIFO would hang)
             check_adapter_config(path, model)
         else:
             _check_archive_config(path, model)
-    except (AdapterConfigError, OSError, tarfile.TarError) as exc:
+    except PublishError as exc:  # a config problem, a hostile member, a bound, a damaged archive: as publish says
         return Finding(check, False, str(exc), "fix adapter_config.json as the message says, then publish again")
     return Finding(check, True, f"{adapter}: a LoRA for {model!r}")
 
@@ -326,21 +337,32 @@ def _check_stored(url: str) -> Finding:
 
 
 def _check_archive_config(archive: str, model: str) -> None:
-    """Read ``adapter_config.json`` from an archive where publishing looks for it (at the root, else in the one
+    """Read an archive as publishing does (``read_archive``: each member checked, the bounds held, the stream verified
+    to its end), keeping only ``adapter_config.json`` where publishing looks for it (at the root, else in the one
     top-level folder: ``_adapter_root``'s rule), and check it."""
-    with tarfile.open(archive) as tar:
-        members = {os.path.normpath(m.name): m for m in tar.getmembers()}
-        tops = {name.split("/")[0] for name in members if name != "."}
-        inside = f"{next(iter(tops))}/{CONFIG_FILE}" if len(tops) == 1 else CONFIG_FILE
-        member = members.get(CONFIG_FILE) or members.get(inside)
-        data = tar.extractfile(member) if member is not None and member.isfile() else None
-        if member is None or data is None:
-            raise AdapterConfigError(
-                f"{archive} holds no {CONFIG_FILE} at its root or inside a single top-level folder (found: "
-                f"{sorted(tops)[:10]}); pass an archive of the folder written by peft's save_pretrained"
-            )
-        content = data.read()
-    check_config_content(content, f"{archive}:{member.name}", model)
+    tops: List[str] = []  # the top-level entries, in the archive's order
+    # relative path -> content (or why it was not read), at the root and in the first top-level folder
+    configs: Dict[str, Union[bytes, AdapterConfigError]] = {}
+
+    def keep_config(members: Members) -> None:
+        for rel, member, _, chunks in members:
+            if rel.split("/")[0] not in tops:
+                tops.append(rel.split("/")[0])
+            if member.isreg() and rel in (CONFIG_FILE, f"{tops[0]}/{CONFIG_FILE}"):
+                try:
+                    configs[rel] = read_config(chunks, f"{archive}:{rel}")
+                except AdapterConfigError as exc:  # raised once the archive is read, as publish checks it then
+                    configs[rel] = exc
+
+    read_archive(archive, keep_config)
+    inside = f"{tops[0]}/{CONFIG_FILE}" if len(tops) == 1 else CONFIG_FILE
+    where = CONFIG_FILE if CONFIG_FILE in configs else inside
+    content = configs.get(where)
+    if content is None:
+        raise missing_config(archive, sorted(tops))
+    if isinstance(content, AdapterConfigError):
+        raise content
+    check_config_content(content, f"{archive}:{where}", model)
 
 
 #: What ``doctor --scoring --concurrent`` says before it runs.

@@ -25,7 +25,7 @@ import zlib
 from contextlib import closing, suppress
 from dataclasses import dataclass
 from functools import partial
-from typing import IO, Any, Dict, Iterable, Iterator, Optional, Sequence, Tuple, cast
+from typing import IO, Any, Callable, Dict, Iterable, Iterator, Optional, Sequence, Tuple, cast
 
 from lora_sampler._adapters.archive import (
     ARCHIVE_FIX,
@@ -48,6 +48,8 @@ HASH_QUEUE_CHUNKS = 4
 MAX_TAR_PADDING = 16 << 20
 #: Longest file name component when the filesystem does not say (``NAME_MAX`` on Linux and macOS).
 DEFAULT_NAME_MAX = 255
+#: Checked members of a checkpoint, in its order: (relative path, member, size, its data's chunks).
+Members = Iterator[Tuple[str, tarfile.TarInfo, int, Chunks]]
 #: Tar header types whose payload tarfile reads whole before the member it describes, by their type flag.
 _META_TYPES = {
     tarfile.XHDTYPE: "PAX extended",
@@ -126,17 +128,19 @@ def copy_files(
     members = [(tarfile.TarInfo(rel), size, chunks) for rel, size, chunks in files]
     checked = list(_checked(members, source, limits, writer.name_max))  # every path before any byte
     writer.check_free_space(total, files[0][0] if files else "")
-    _write_members(checked, source, limits, writer)
+    _write_members(iter(checked), writer)
     writer.finish()
 
 
 def _checked(
     members: Iterable[Tuple[tarfile.TarInfo, int, Chunks]], source: str, limits: PublishLimits, name_max: int
-) -> Iterator[Tuple[str, tarfile.TarInfo, int, Chunks]]:
+) -> Members:
     """Hold each member (of an archive, or a folder's file) to the member count, the members' rules, its name to the
-    bounds and the filesystem, and the layout so far; yield it with its relative path (the archive's root left out).
+    bounds and the filesystem, the layout so far and the total size; yield it with its relative path (the archive's
+    root left out).
     """
     kinds: Dict[str, bool] = {}  # relative path -> is a folder
+    total = 0
     for count, (member, size, chunks) in enumerate(members, 1):
         if count > limits.max_members:
             raise UnsafeArchiveError(
@@ -147,6 +151,12 @@ def _checked(
         if rel is not None:
             _check_name(rel, member, source, limits, name_max)
             check_layout(rel, member, kinds, source)
+            total += 0 if member.isdir() else size
+            if total > limits.max_total_bytes:
+                raise UnsafeArchiveError(
+                    f"refusing archive {source}: member {member.name!r} ({size} bytes) brings the "
+                    f"extracted size past max_total_bytes={limits.max_total_bytes}; " + _raise_hint("max_total_bytes")
+                )
             yield rel, member, size, chunks
 
 
@@ -160,6 +170,39 @@ def extract_archive(
 ) -> str:
     """Extract a tar archive (plain, gzip, bzip2 or xz) into the existing, empty folder ``dest``; return its sha256.
 
+    ``read_archive`` reads it and checks each member; each is written as it is read. Files are created with
+    ``O_EXCL | O_NOFOLLOW``, and since no link is ever created, nothing can be written outside ``dest``. A refusal
+    mid-archive leaves partial files in ``dest``, which the caller removes.
+
+    Args:
+        archive: The archive file (or, with ``chunks``, its URL, named in errors).
+        dest: An existing, empty folder on the target filesystem.
+        limits: Bounds on the total size, the member count and the member name length.
+        durable: fsync every file and folder written.
+        chunks: As ``read_archive``'s.
+
+    Raises:
+        UnsafeArchiveError: a member is hostile, or the archive exceeds one of ``limits``.
+        PublishError: the file is not a readable tar archive, is corrupted or truncated, or the disk is full.
+    """
+    writer = _Writer(archive, dest, durable)
+    write = partial(_write_members, writer=writer)
+    digest = read_archive(archive, write, limits=limits, name_max=writer.name_max, chunks=chunks)
+    writer.finish()
+    return digest
+
+
+def read_archive(
+    archive: str,
+    consume: Callable[[Members], None],
+    *,
+    limits: PublishLimits = DEFAULT_LIMITS,
+    name_max: int = DEFAULT_NAME_MAX,
+    chunks: Optional[Chunks] = None,
+) -> str:
+    """Read a tar archive (plain, gzip, bzip2 or xz) once, handing its checked members to ``consume``; return its
+    sha256.
+
     One front-to-back pass over the file: its raw bytes are hashed as they are read (the digest returned is
     ``checkpoint_digest`` of the archive), the standard library's buffered decompressor (``gzip``/``bz2``/``lzma``)
     unpacks them, and tarfile reads the *uncompressed* stream, in ``r:`` mode, which only ever seeks it forward.
@@ -169,44 +212,40 @@ def extract_archive(
     follows the tar end-of-archive marker must be zero padding: a damaged member header would otherwise end the
     archive early and silently drop what follows.
 
-    Each member is checked before it is written: only regular files and folders with relative paths and no ``..``
-    are accepted; every link, device and FIFO is refused, as are duplicates. Files are created with
-    ``O_EXCL | O_NOFOLLOW``, and since no link is ever created, nothing can be written outside ``dest``. A refusal
-    mid-archive leaves partial files in ``dest``, which the caller removes.
+    Each member is checked before ``consume`` sees it (``_checked``): only regular files and folders with relative
+    paths and no ``..`` are accepted; every link, device and FIFO is refused, as are duplicates, and ``limits`` hold.
+    ``consume`` reads a member's chunks, or not, before it takes the next member. Publishing extracts what it is
+    handed; ``doctor --adapter`` reads the config alone, so it refuses what publishing refuses.
 
     Args:
         archive: The archive file (or, with ``chunks``, its URL, named in errors).
-        dest: An existing, empty folder on the target filesystem.
-        limits: Bounds on the total size, the member count and the member name length.
-        durable: fsync every file and folder written.
+        consume: Called once with the checked members, in the archive's order.
+        limits: Bounds on the total size, the member count, the member name length and the metadata headers.
+        name_max: Longest file name component the target filesystem takes.
         chunks: The archive's bytes to read instead of the file (an object in storage), read once front to back:
             no local copy of the archive is made. Closed here, read to the end or not.
 
     Raises:
         UnsafeArchiveError: a member is hostile, or the archive exceeds one of ``limits``.
-        PublishError: the file is not a readable tar archive, is corrupted or truncated, or the disk is full.
+        PublishError: the file is not a readable tar archive, or is corrupted or truncated.
     """
-    writer = _Writer(archive, dest, durable)
     try:
         with _HashingReader(file_chunks(archive) if chunks is None else chunks) as raw:
             compressed = io.BufferedReader(raw, buffer_size=COPY_CHUNK_SIZE)
             stream = _TarStream(_decompressor(compressed), archive, limits.max_header_bytes)
             with tarfile.open(fileobj=cast(IO[bytes], stream), mode="r:") as tar:
-                members = _checked(_tar_members(tar, archive), archive, limits, writer.name_max)
-                _write_members(members, archive, limits, writer)
+                consume(_checked(_tar_members(tar, archive), archive, limits, name_max))
                 end = tar.offset  # where the end-of-archive marker (or a damaged header) starts
             stream.finish(end, archive)  # the gzip CRC and length, bzip2's and xz's checks are verified here
             while compressed.read(COPY_CHUNK_SIZE):  # bytes after the last compressed stream (bz2/xz ignore them)
                 pass
-            digest = raw.hexdigest()
+            return raw.hexdigest()
     except _READ_ERRORS as error:
         raise PublishError(
             f"cannot read {archive}: it is corrupted or truncated, or not a tar archive ({type(error).__name__}: "
             f"{error}); nothing was published. Check it (gzip -t / tar -tf), copy it again, or pass the adapter "
             "folder itself"
         ) from error
-    writer.finish()
-    return digest
 
 
 def _tar_members(tar: tarfile.TarFile, archive: str) -> Iterator[Tuple[tarfile.TarInfo, int, Chunks]]:
@@ -223,20 +262,12 @@ def _member_chunks(tar: tarfile.TarFile, member: tarfile.TarInfo, archive: str) 
         yield from iter(partial(src.read, COPY_CHUNK_SIZE), b"")
 
 
-def _write_members(
-    members: Iterable[Tuple[str, tarfile.TarInfo, int, Chunks]], source: str, limits: PublishLimits, writer: _Writer
-) -> None:
-    """Write checked members into the writer's folder: folders, and regular files within the total size bound and
-    the free space."""
+def _write_members(members: Members, writer: _Writer) -> None:
+    """Write checked members into the writer's folder: folders, and regular files within the free space."""
     for rel, member, size, chunks in members:
         if member.isdir():
             writer.make_folder(rel)
             continue
-        if writer.total + size > limits.max_total_bytes:
-            raise UnsafeArchiveError(
-                f"refusing archive {source}: member {member.name!r} ({size} bytes) brings the "
-                f"extracted size past max_total_bytes={limits.max_total_bytes}; " + _raise_hint("max_total_bytes")
-            )
         writer.check_free_space(size, member.name)
         with closing(chunks):
             writer.write_file(rel, chunks, size)

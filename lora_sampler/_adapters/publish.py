@@ -20,8 +20,9 @@ import logging
 import os
 import re
 import shutil
+from contextlib import closing
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from lora_sampler._adapters import storage
 from lora_sampler._adapters.archive import (
@@ -56,11 +57,14 @@ __all__ = [
     "DEFAULT_DURABLE",
     "DEFAULT_STEM_LENGTH",
     "LM_HEAD_NOTE",
+    "MAX_CONFIG_BYTES",
     "adapter_targets_lm_head",
     "check_adapter_config",
     "check_config_content",
     "default_adapter_name",
+    "missing_config",
     "publish_checkpoint",
+    "read_config",
     "read_published_digest",
     "remove_adapter_dir",
     "targets_lm_head",
@@ -370,8 +374,13 @@ def _adapter_root(temp: str, source: str) -> str:
     entries = sorted(os.listdir(temp))
     if len(entries) == 1 and os.path.isfile(os.path.join(temp, entries[0], CONFIG_FILE)):
         return os.path.join(temp, entries[0])
-    raise AdapterConfigError(
-        f"{source} has no {CONFIG_FILE} at its root or inside a single top-level folder (found: {entries[:10]}); "
+    raise missing_config(source, entries)
+
+
+def missing_config(source: str, entries: Sequence[str]) -> AdapterConfigError:
+    """The error for a checkpoint whose top-level ``entries`` (sorted) hold no config where publishing looks."""
+    return AdapterConfigError(
+        f"{source} has no {CONFIG_FILE} at its root or inside a single top-level folder (found: {list(entries[:10])}); "
         "pass the folder written by peft's save_pretrained, or an archive of it"
     )
 
@@ -459,8 +468,8 @@ def check_adapter_config(adapter_dir: StrPath, engine_model: Optional[str]) -> D
     """
     path = os.path.join(os.fspath(adapter_dir), CONFIG_FILE)
     try:
-        with open(path, "rb") as f:
-            content = f.read()
+        with closing(file_chunks(path)) as chunks:
+            content = read_config(chunks, path)
     except FileNotFoundError:
         raise AdapterConfigError(
             f"{path} is missing; an adapter folder needs the {CONFIG_FILE} written by peft's save_pretrained"
@@ -468,6 +477,28 @@ def check_adapter_config(adapter_dir: StrPath, engine_model: Optional[str]) -> D
     except OSError as error:
         raise _unreadable(path, error) from error
     return check_config_content(content, path, engine_model)
+
+
+#: Largest ``adapter_config.json`` read, in bytes: peft writes a few KiB, so a larger file is not an adapter's config,
+#: and it is refused before it is read whole.
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def read_config(chunks: Iterable[bytes], path: str) -> bytes:
+    """Read an ``adapter_config.json``'s bytes (a folder's file, an archive member's data) up to ``MAX_CONFIG_BYTES``.
+
+    Raises:
+        AdapterConfigError: the file holds more, naming ``path`` and the bound.
+    """
+    content = bytearray()
+    for chunk in chunks:
+        content += chunk
+        if len(content) > MAX_CONFIG_BYTES:
+            raise AdapterConfigError(
+                f"{path} holds more than MAX_CONFIG_BYTES={MAX_CONFIG_BYTES} bytes, and peft writes a config of a few "
+                "KiB; re-save the adapter with peft's save_pretrained"
+            )
+    return bytes(content)
 
 
 def _unreadable(path: str, error: Exception) -> AdapterConfigError:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
+import os
 import tarfile
 import tracemalloc
 from pathlib import Path
@@ -15,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from lora_sampler._adapters.extract import PublishLimits, extract_archive
+from lora_sampler.doctor import check_adapter
 from lora_sampler.errors import PublishError, UnsafeArchiveError
+from lora_sampler.publish import publish_checkpoint
 
 GIB = 1 << 30
 
@@ -92,3 +96,37 @@ def test_archives_max_header_bytes_is_a_bound_like_the_others(tmp_path: Path) ->
     with pytest.raises(PublishError, match="corrupted or truncated") as info:
         extract_archive(str(archive), str(dest), limits=PublishLimits(max_header_bytes=4 << 20))
     assert not isinstance(info.value, UnsafeArchiveError)  # past the bound's check: tarfile finds it truncated
+
+
+HOSTILE = ["a link", "a PAX header bomb", "a config of 2 MiB", "a config of 2 MiB, then a link"]
+
+
+@pytest.mark.parametrize("hostile", [*HOSTILE, "a folder's config of 2 MiB", "a folder's config linked to a device"])
+def test_doctor_refuses_a_checkpoint_as_publish_does(tmp_path: Path, hostile: str) -> None:
+    """``doctor --adapter`` reads a checkpoint's config through publishing's reader and bounds: a member, a header or
+    a config that publishing refuses is a problem with publishing's message, never "ok" (nor read whole)."""
+    config = json.dumps({"peft_type": "LORA", "base_model_name_or_path": "m"}).encode()
+    config += b" " * (2 << 20) if "config" in hostile else b""  # valid JSON, far beyond any real config's few KiB
+    checkpoint = tmp_path / ("folder" if "folder" in hostile else "ckpt.tar")
+    if "folder" in hostile:
+        checkpoint.mkdir()
+        if "device" in hostile:  # a FIFO would hang a reader; publishing refuses either before reading
+            (checkpoint / "adapter_config.json").symlink_to(os.devnull)
+        else:
+            (checkpoint / "adapter_config.json").write_bytes(config)
+    else:
+        with tarfile.open(checkpoint, "w", format=tarfile.PAX_FORMAT) as tar:
+            member = tarfile.TarInfo("adapter_config.json")
+            member.size = len(config)
+            member.pax_headers = {"comment": "x" * (2 << 20)} if "PAX" in hostile else {}
+            tar.addfile(member, io.BytesIO(config))
+            link = tarfile.TarInfo("adapter_model.safetensors")
+            link.type, link.linkname = (tarfile.SYMTYPE, "/etc/passwd") if "link" in hostile else (tarfile.REGTYPE, "")
+            tar.addfile(link, io.BytesIO(b""))
+    (tmp_path / "loras").mkdir()
+    with pytest.raises(PublishError) as refused:
+        publish_checkpoint(checkpoint, tmp_path / "loras")
+    finding = check_adapter(str(checkpoint), None, "m")
+    assert not finding.ok, finding.detail
+    # the same message; a config's names the file where each read it (publish: its temporary folder)
+    assert finding.detail.endswith(str(refused.value).split("adapter_config.json")[-1]), (finding.detail, refused)
