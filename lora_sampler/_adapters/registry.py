@@ -38,7 +38,7 @@ class AdapterRegistry:
 
     Locking: every field is written under ``_lock``, and read under it except single-key lookups on the sampling
     path (a dict or set lookup is atomic). ``_resolving`` serialises the slow work of one ``adapter=`` value's
-    resolution and guards no field.
+    resolution, ``_reading_base`` the engine's base cards' one read; they guard no field.
 
     Args:
         transport: The engine transport (for ``GET /v1/models`` and unloads).
@@ -74,6 +74,7 @@ class AdapterRegistry:
         self._resolved: Dict[str, Adapter] = {}
         self._checked: Set[str] = set()
         self._base: Optional[List[Tuple[str, str, int]]] = None  # the base cards: (id, root, max_model_len or 0)
+        self._reading_base = threading.Lock()
         self._in_flight: Counter[str] = collections.Counter()
         self._lineage_of: Dict[str, str] = {}
         self._lineages: Dict[str, List[str]] = {}
@@ -260,12 +261,21 @@ class AdapterRegistry:
         return next((length for _, _, length in self._base_cards(required=False) if length), None)
 
     def _base_cards(self, *, required: bool = True) -> List[Tuple[str, str, int]]:
-        """The base cards, read once (``required``: again while none was listed, and listing none is an error)."""
+        """The base cards, read once (``required``: again while none was listed, and listing none is an error).
+
+        One thread reads them: the others that need them meanwhile (every worker meeting a new adapter's preflight)
+        wait for its answer (one request's bound), not send a ``GET /v1/models`` each.
+        """
         base = self._base
         if base is None or (required and not base):
-            base = self._transport.get_json(MODELS_PATH, parse=_base_cards_of if required else _listed_base_cards)
-            with self._lock:
-                self._base = base
+            with self._reading_base:
+                base = self._base
+                if base is None or (required and not base):
+                    base = self._transport.get_json(
+                        MODELS_PATH, parse=_base_cards_of if required else _listed_base_cards
+                    )
+                    with self._lock:
+                        self._base = base
         return base
 
     # -- unloading and lineages -----------------------------------------------------------------------------

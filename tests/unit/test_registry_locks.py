@@ -189,3 +189,30 @@ def test_registry_forgets_a_resolution_its_adapter_was_unloaded_during(
     assert not first.is_alive() and not errors
     registry.resolve(checkpoint)
     assert published == [checkpoint, checkpoint]
+
+
+def test_threads_meeting_on_an_adapters_first_use_ask_the_engine_its_model_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """The preflight is not serialised, but the engine's model it checks against is read by one thread: another that
+    needs it meanwhile waits for that answer instead of sending its own ``GET /v1/models`` (one per worker)."""
+    asked: List[str] = []
+    others: List[threading.Thread] = []
+    adapter = Adapter("a", path=str(tmp_path))
+
+    class Counting(_Transport):
+        def get_json(self, path: str, *, parse: Any) -> Any:
+            asked.append(path)
+            if len(asked) == 1:  # while the first read is in flight, another thread meets the adapter
+                others.append(threading.Thread(target=recording(errors, registry.resolve), args=(adapter,)))
+                others[0].start()
+                others[0].join(0.5)  # it asks the engine too, or waits for this answer (then this join times out)
+            return super().get_json(path, parse=parse)
+
+    monkeypatch.setattr(publish_module, "check_adapter_config", lambda path, model: None)
+    registry = AdapterRegistry(Counting(), tmp_path, None)  # type: ignore[arg-type]
+    errors: List[BaseException] = []
+    registry.resolve(adapter)
+    others[0].join(30)
+    assert not others[0].is_alive() and not errors
+    assert asked == ["/v1/models"]
