@@ -647,7 +647,7 @@ def _refuse_changes(output: str, remembered: Optional[Mapping[str, Any]], settin
         )
 
 
-def _changed_line(output: str, digests: Mapping[str, str], line: InputLine) -> Optional[OutputSettingsError]:
+def _changed_line(output: str, digests: Mapping[str, Optional[str]], line: InputLine) -> Optional[OutputSettingsError]:
     """The refusal of an answered line that now asks something else (its prompt or own settings changed); None when
     it asks the same, or when nothing is remembered of it."""
     remembered = digests.get(line.key)
@@ -667,7 +667,8 @@ class OutputMemory:
 
     The file is appended to as the output is, never rewritten: each run adds the settings, then one digest per record
     before the record. Read back, the last settings and each id's last digest count; only the output's answered ids
-    are ever asked about, so a digest of an id the output no longer holds (a failure run again) is never consulted.
+    are ever asked about, so a digest of an id the output no longer holds (a failure run again) is never consulted
+    (an id run again as a bad line, with no request, appends ``"line": null``: it forgets the earlier digest).
 
     Args:
         output: The output file.
@@ -698,14 +699,15 @@ class OutputMemory:
         return _changed_line(self.output, self._digests, line)
 
     def remember(self, key: str, request: Union[SampleRequest, ScoreRequest, None]) -> None:
-        """Remember the request of an id whose record is about to be written (a line without a request: nothing).
+        """Remember the request of an id whose record is about to be written; a line without a request (a bad line)
+        forgets what an earlier record of its id asked, as that record is no longer held (``"line": null``).
 
         Raises:
             OutputWriteError: the file cannot be written (a full disk).
         """
-        if request is None:
-            return
-        digest = request_digest(request)
+        digest = None if request is None else request_digest(request)
+        if digest is None and self._digests.get(key) is None:
+            return  # nothing remembered of it: nothing to forget
         self._digests[key] = digest
         self._append(_line({"id": key, "line": digest}))
 
@@ -724,11 +726,11 @@ class OutputMemory:
             self._stream.close()
 
 
-def _read_file(path: str) -> Tuple[Optional[Dict[str, Any]], Dict[str, str]]:
+def _read_file(path: str) -> Tuple[Optional[Dict[str, Any]], Dict[str, Optional[str]]]:
     """Read remembered settings and digests (the last of each; a line torn by a kill is skipped); ``(None, {})``: no
     file."""
     settings: Optional[Dict[str, Any]] = None
-    digests: Dict[str, str] = {}
+    digests: Dict[str, Optional[str]] = {}
     try:
         handle = open(path, "rb")  # noqa: SIM115 - closed below
     except FileNotFoundError:
@@ -740,8 +742,8 @@ def _read_file(path: str) -> Tuple[Optional[Dict[str, Any]], Dict[str, str]]:
                 continue
             if isinstance(entry.get("settings"), dict):
                 settings = entry["settings"]
-            elif isinstance(entry.get("id"), str) and isinstance(entry.get("line"), str):
-                digests[entry["id"]] = entry["line"]
+            elif isinstance(entry.get("id"), str) and isinstance(entry.get("line"), (str, type(None))):
+                digests[entry["id"]] = entry["line"]  # None: forgotten (a bad line's record replaced its id's)
     return settings, digests
 
 

@@ -230,6 +230,24 @@ def test_remembered_settings_torn_by_a_kill_take_the_next_runs(tmp_path: Path) -
             pass
 
 
+def test_a_bad_line_forgets_what_its_id_asked_before(tmp_path: Path) -> None:
+    """A failed id run again as a bad line (no request) answers nothing: what its earlier record asked is forgotten,
+    so a later run keeping that failure (retry_failed=False) takes the fixed line as it is, not as a changed one."""
+    path = str(tmp_path / "out.jsonl")
+    settings = PROMPT_LINES.settings(DEFAULTS, "m")
+    asked, bad = parse_line(b'{"id": "a", "prompt": [5]}', 1, DEFAULTS), parse_line(b'{"id": "a"}', 1, DEFAULTS)
+    fixed = parse_line(b'{"id": "a", "prompt": [6]}', 1, DEFAULTS)
+    assert asked is not None and bad is not None and bad.request is None and fixed is not None
+    for line, error in ((asked, ModelNotFoundError("gone")), (bad, bad.error)):  # the failure is run again
+        with open_output(path, settings=settings) as (state, stream):
+            assert state.memory is not None and not state.done
+            state.memory.remember(line.key, line.request)
+            write_record(stream, error_record(line, error))
+    with open_output(path, settings=settings, retry_failed=False) as (state, _):
+        assert state.memory is not None and state.done == {id_key("a")}
+        assert state.memory.refusal(fixed) is None
+
+
 def test_result_record_holds_sequences_and_no_nan() -> None:
     """An answer becomes id, model and sequences; a missing logprob is null, not NaN."""
     output = SampleOutput(
