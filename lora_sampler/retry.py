@@ -129,8 +129,8 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         check_count("max_attempts", self.max_attempts, 1)
-        for name in ("base_delay", "max_delay", "load_timeout"):
-            checked_seconds(getattr(self, name), name)
+        for name in ("base_delay", "max_delay", "load_timeout"):  # kept as the seconds checked: 10**400 is inf
+            object.__setattr__(self, name, checked_seconds(getattr(self, name), name))
         if self.max_delay < self.base_delay:
             raise ValueError(f"max_delay ({self.max_delay}) must be >= base_delay ({self.base_delay})")
         object.__setattr__(self, "on_retry", _as_hooks(self.on_retry, "on_retry"))

@@ -240,9 +240,13 @@ def test_every_duration_a_caller_passes_is_refused_by_one_rule_naming_it(make: A
 
 
 def test_a_duration_beyond_the_float_range_is_for_ever() -> None:
-    """A whole number of seconds too large for a float is infinity, not an OverflowError."""
+    """A whole number of seconds too large for a float is infinity, not an OverflowError: also a ``RetryPolicy``'s,
+    which a client then takes."""
     assert checked_seconds(10**400, "max_outage") == math.inf
-    assert lora_sampler.RetryPolicy(max_delay=10**400).max_delay == 10**400
+    assert lora_sampler.RetryPolicy(max_delay=10**400).max_delay == math.inf
+    policy = lora_sampler.RetryPolicy(load_timeout=10**400)
+    assert policy.load_timeout == math.inf
+    lora_sampler.SamplerClient("http://127.0.0.1:9", retry=policy).close()  # it raised OverflowError
 
 
 @pytest.mark.parametrize("bad", [0, -1, (0, 5), (1, 2, 3), "abc", math.inf, math.nan, True, (10, None)])
