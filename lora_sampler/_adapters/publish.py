@@ -224,7 +224,8 @@ def _local_signature(source: str) -> List[Any]:
 
 
 def _stored_checkpoint(url: str, options: Optional[Mapping[str, Any]]) -> _Checkpoint:
-    """A storage URL: an object (signed by its ETag, version and size) or a prefix (by its listing); one request."""
+    """A storage URL: an object (signed by its ETag, version and size) or a prefix (by its listing); one request for
+    an archive or a prefix (``look_up``)."""
     stored, listed = storage.look_up(url, options)
     if not stored.is_folder:
         chunks = storage.open_object(stored, options)
