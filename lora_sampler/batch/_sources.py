@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import pathlib
 import posixpath
 import re
 import stat
@@ -82,7 +83,9 @@ def _local_matches(pattern: str) -> Dict[str, str]:
     that does not exist (yet) matches nothing, so a watch can wait for it.
     """
     matches: List[str] = []
-    _match(os.sep, os.path.abspath(os.path.expanduser(pattern)).split(os.sep)[1:], 0, matches, set())
+    # The anchor keeps a drive or a share ("/", "C:\\", "\\\\host\\share\\"); the parts are the names below it.
+    anchor, *parts = pathlib.PurePath(os.path.abspath(os.path.expanduser(pattern))).parts
+    _match(anchor, parts, 0, matches, set())
     names: Dict[str, str] = {}  # real path -> the name it is listed under
     for match in sorted(set(matches), key=natural_key):
         real = os.path.realpath(match)
