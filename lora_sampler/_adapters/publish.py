@@ -210,6 +210,8 @@ def _local_checkpoint(source: str) -> _Checkpoint:
     """A local archive (signed by its stat) or folder (by its files' stats)."""
     if not os.path.exists(source):
         raise PublishError(f"checkpoint {source} does not exist; pass an adapter archive or folder")
+    if not os.path.isdir(source) and not os.path.isfile(source):  # reading a pipe would wait for a writer for ever
+        raise PublishError(f"checkpoint {source} is not a regular file (device, FIFO or socket); pass the archive")
     signature = _local_signature(source)  # before the files are listed: a file added after it is a change
     if not os.path.isdir(source):
         return _Checkpoint(source, _name_stem(source, False), signature, archive=file_chunks(source))

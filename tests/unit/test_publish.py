@@ -330,6 +330,27 @@ def test_publish_directory_with_fifo_is_refused(tmp_path: pathlib.Path, base: pa
     assert os.listdir(base) == []
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_publish_a_named_pipe_as_the_archive_is_refused_unread(tmp_path: pathlib.Path, base: pathlib.Path) -> None:
+    """A checkpoint path that is a FIFO named like an archive is refused from ``stat`` (was: opened, waiting for a
+    writer for ever). Run in a thread, so a regression fails after 10 s instead of holding the suite."""
+    pipe = tmp_path / "step-1.tar.gz"
+    os.mkfifo(pipe)
+    raised: List[BaseException] = []
+
+    def publish() -> None:
+        try:
+            publish_checkpoint(pipe, base)
+        except BaseException as error:  # handed to the test's thread
+            raised.append(error)
+
+    worker = threading.Thread(target=publish, daemon=True)
+    worker.start()
+    worker.join(10)
+    assert raised and isinstance(raised[0], PublishError) and "not a regular file" in str(raised[0])
+    assert os.listdir(base) == []
+
+
 def test_publish_folder_mode_follows_umask(tmp_path: pathlib.Path, base: pathlib.Path) -> None:
     """The published folder is readable by others as the umask allows (an engine may run as another user)."""
     umask = os.umask(0o022)
