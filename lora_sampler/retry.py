@@ -7,6 +7,7 @@ a wait (the proactive adapter load) is handed in by the client. It sends no requ
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -110,9 +111,9 @@ class RetryPolicy:
 
     Args:
         max_attempts: Attempts in all, >= 1 (1 turns retries off).
-        base_delay: First wait in seconds; waits double from here.
+        base_delay: First wait in seconds, finite; waits double from here.
         max_delay: Cap on a single wait in seconds.
-        load_timeout: Timeout of the proactive adapter load in seconds.
+        load_timeout: Timeout of the proactive adapter load in seconds, finite and > 0.
         retry_overloaded: Also retry 429 and 503 within the same bounds, honouring ``Retry-After`` (capped at
             ``max_delay``). Off by default: the seed rules raise them at once so real overload is not masked.
         on_retry: Hook(s) called with a ``RetryEvent`` before each wait.
@@ -131,6 +132,12 @@ class RetryPolicy:
         check_count("max_attempts", self.max_attempts, 1)
         for name in ("base_delay", "max_delay", "load_timeout"):  # kept as the seconds checked: 10**400 is inf
             object.__setattr__(self, name, checked_seconds(getattr(self, name), name))
+        if self.base_delay == math.inf:  # the first wait: jittered, an infinite one is NaN
+            raise ValueError("base_delay must be a finite number of seconds >= 0 (the first wait), got inf")
+        if not 0 < self.load_timeout < math.inf:  # the load request's timeout, as a request's own must be
+            raise ValueError(
+                f"load_timeout must be a finite number of seconds > 0 (a timeout), got {self.load_timeout}"
+            )
         if self.max_delay < self.base_delay:
             raise ValueError(f"max_delay ({self.max_delay}) must be >= base_delay ({self.base_delay})")
         object.__setattr__(self, "on_retry", _as_hooks(self.on_retry, "on_retry"))

@@ -243,10 +243,27 @@ def test_a_duration_beyond_the_float_range_is_for_ever() -> None:
     """A whole number of seconds too large for a float is infinity, not an OverflowError: also a ``RetryPolicy``'s,
     which a client then takes."""
     assert checked_seconds(10**400, "max_outage") == math.inf
-    assert lora_sampler.RetryPolicy(max_delay=10**400).max_delay == math.inf
-    policy = lora_sampler.RetryPolicy(load_timeout=10**400)
-    assert policy.load_timeout == math.inf
+    policy = lora_sampler.RetryPolicy(max_delay=10**400)
+    assert policy.max_delay == math.inf
     lora_sampler.SamplerClient("http://127.0.0.1:9", retry=policy).close()  # it raised OverflowError
+
+
+@pytest.mark.parametrize(
+    "fields, refusal",
+    [
+        ({"base_delay": math.inf, "max_delay": math.inf}, "base_delay must be a finite number of seconds >= 0"),
+        ({"base_delay": 10**400, "max_delay": 10**400}, "base_delay must be a finite number of seconds >= 0"),
+        ({"load_timeout": math.inf}, "load_timeout must be a finite number of seconds > 0"),
+        ({"load_timeout": 10**400}, "load_timeout must be a finite number of seconds > 0"),
+        ({"load_timeout": 0}, "load_timeout must be a finite number of seconds > 0"),
+    ],
+)
+def test_a_retry_policy_refuses_an_infinite_first_wait_and_load_timeout(fields: Any, refusal: str) -> None:
+    """An infinite first wait would be jittered into NaN (``time.sleep`` then raises), and the load request's timeout
+    is a request timeout (requests raises OverflowError for inf, ValueError for 0): both are refused when the policy
+    is made, naming the field. Both were taken before."""
+    with pytest.raises(ValueError, match=re.escape(refusal)):
+        lora_sampler.RetryPolicy(**fields)
 
 
 @pytest.mark.parametrize("bad", [0, -1, (0, 5), (1, 2, 3), "abc", math.inf, math.nan, True, (10, None)])
