@@ -394,6 +394,9 @@ def _manifest_entry(entry: Any, folder: str, path: str, number: int, allow_outsi
     if not isinstance(location, str):
         return _bad_line(path, number, "has a sampler_path that is not a string")
     try:
+        if "\x00" in location:  # checked here: Python 3.9's realpath takes it (islink swallows the ValueError)
+            raise ValueError("embedded null byte")
+        os.fsencode(location)  # a lone surrogate cannot be encoded: no file has that name
         location, real, outside = _located(location, folder)
     except ValueError as error:  # a NUL byte, a lone surrogate: no path a file can have
         return _bad_line(path, number, f"has a sampler_path no file can have ({error})")
