@@ -25,6 +25,7 @@ from lora_sampler._adapters.publish import (
     CONFIG_FILE,
     check_adapter_config,
     check_config_content,
+    check_local_checkpoint,
     missing_config,
     read_config,
     remove_adapter_dir,
@@ -314,8 +315,7 @@ def check_adapter(adapter: str, lora_base_dir: Optional[str], model: str) -> Fin
             return Finding(check, False, f"{adapter!r} is not a folder in --lora-base-dir; its config is unknown", fix)
         path = os.path.join(lora_base_dir, adapter)
     try:
-        if not os.path.exists(path):
-            raise PublishError(f"checkpoint {path} does not exist; pass an adapter archive or folder")  # as publish
+        check_local_checkpoint(path)  # as publishing: absent, or a pipe that would be waited on for ever
         if os.path.isdir(path):
             list_folder_files(path)  # publishing's refusal of a device, FIFO or dangling link (a FIFO would hang)
             check_adapter_config(path, model)

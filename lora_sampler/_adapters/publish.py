@@ -61,6 +61,7 @@ __all__ = [
     "adapter_targets_lm_head",
     "check_adapter_config",
     "check_config_content",
+    "check_local_checkpoint",
     "default_adapter_name",
     "missing_config",
     "publish_checkpoint",
@@ -208,15 +209,25 @@ def _checked_arguments(lora_base_dir: StrPath, name: Optional[str], limits: Publ
 
 def _local_checkpoint(source: str) -> _Checkpoint:
     """A local archive (signed by its stat) or folder (by its files' stats)."""
-    if not os.path.exists(source):
-        raise PublishError(f"checkpoint {source} does not exist; pass an adapter archive or folder")
-    if not os.path.isdir(source) and not os.path.isfile(source):  # reading a pipe would wait for a writer for ever
-        raise PublishError(f"checkpoint {source} is not a regular file (device, FIFO or socket); pass the archive")
+    check_local_checkpoint(source)
     signature = _local_signature(source)  # before the files are listed: a file added after it is a change
     if not os.path.isdir(source):
         return _Checkpoint(source, _name_stem(source, False), signature, archive=file_chunks(source))
     files = [(rel, os.path.getsize(full), file_chunks(full)) for rel, full in list_folder_files(source)]
     return _Checkpoint(source, _name_stem(source, True), signature, files=files)
+
+
+def check_local_checkpoint(source: str) -> None:
+    """Refuse a local checkpoint path that publishing cannot read: absent, or neither a folder nor a regular file (a
+    pipe would be waited on for ever), before anything is opened.
+
+    Raises:
+        PublishError: naming the path and what to pass instead.
+    """
+    if not os.path.exists(source):
+        raise PublishError(f"checkpoint {source} does not exist; pass an adapter archive or folder")
+    if not os.path.isdir(source) and not os.path.isfile(source):
+        raise PublishError(f"checkpoint {source} is not a regular file (device, FIFO or socket); pass the archive")
 
 
 def _local_signature(source: str) -> List[Any]:

@@ -11,8 +11,10 @@ import io
 import json
 import os
 import tarfile
+import threading
 import tracemalloc
 from pathlib import Path
+from typing import Any, List
 
 import pytest
 
@@ -130,3 +132,19 @@ def test_doctor_refuses_a_checkpoint_as_publish_does(tmp_path: Path, hostile: st
     assert not finding.ok, finding.detail
     # the same message; a config's names the file where each read it (publish: its temporary folder)
     assert finding.detail.endswith(str(refused.value).split("adapter_config.json")[-1]), (finding.detail, refused)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_doctor_refuses_a_named_pipe_as_publish_does(tmp_path: Path) -> None:
+    """``doctor --adapter`` on a pipe named like an archive says what publishing says, from ``stat`` (was: it opened
+    the pipe and waited for a writer for ever). Run in a thread, so a regression fails after 10 s."""
+    pipe = tmp_path / "ckpt.tar.gz"
+    os.mkfifo(pipe)
+    (tmp_path / "loras").mkdir()
+    with pytest.raises(PublishError) as refused:
+        publish_checkpoint(pipe, tmp_path / "loras")
+    findings: List[Any] = []
+    worker = threading.Thread(target=lambda: findings.append(check_adapter(str(pipe), None, "m")), daemon=True)
+    worker.start()
+    worker.join(10)
+    assert findings and not findings[0].ok and findings[0].detail == str(refused.value)
