@@ -170,46 +170,51 @@ def checkpoint_fingerprint(
     Raises:
         FileNotFoundError: nothing is at ``path`` (yet).
     """
-    if is_storage_url(path):
-        try:
-            newest, problem, stored = storage.settle_signature(path, storage_options)
-        except PublishError as error:
-            return (0.0, str(error), "unreachable")
-        return (newest, problem, _digest(("stored", tuple(stored))))
-    newest, files, folder, irregular = _stat_signature(path)
+    try:
+        newest, problem, files = _look(path, storage_options)
+    except PublishError as error:
+        return (0.0, str(error), "unreachable")
     signature = _digest(files)
+    if problem is not None or isinstance(files, tuple):  # a stored one reads to its end; an irregular file is not read
+        return (newest, problem, signature)
     if tuple(before[2:]) == (signature,):
         return (newest, before[1], signature)
-    if irregular is not None:
-        problem = f"{irregular} is not a regular file (a folder, a pipe, a socket or a device): it is never read"
-        return (newest, problem, signature)
+    folder = not files or len(files[0]) == 4  # an archive's one file has no name
     return (newest, _folder_problem(path, files) if folder else _archive_problem(path), signature)
 
 
-def _stat_signature(path: str) -> Tuple[float, List[Tuple[Any, ...]], bool, Optional[str]]:
-    """Return ``(newest modification time, files, is a folder, irregular)`` of a local checkpoint from ``stat`` alone.
+def _look(path: str, storage_options: Optional[Mapping[str, Any]]) -> Tuple[float, Optional[str], Any]:
+    """Return ``(newest modification time, problem, files)`` of a checkpoint from one look that reads no data.
 
-    ``files`` holds an archive's ``(size, mtime_ns, inode)``, or a folder adapter files' ``(name, size, mtime_ns,
-    inode)``: what its signature digests. ``irregular`` names the first of them that is no regular file (``"it"``, or
-    ``"its adapter_config.json"``), else None: the probe never opens it (a pipe waits for a writer for ever), and
-    publishing refuses it.
+    ``files`` is what its signature digests: a stored one's ``("stored", its store signature)``, a local archive's
+    ``[(size, mtime_ns, inode)]``, or a local folder's adapter files' ``[(name, size, mtime_ns, inode)]``. The
+    ``problem`` of a local one is only one the look tells: a file that is no regular file (the probe never opens it,
+    as a pipe waits for a writer for ever, and publishing refuses it).
+
+    Raises:
+        FileNotFoundError: nothing is at ``path`` (yet).
+        PublishError: the store refused, could not be reached, or did not answer in time.
     """
+    if is_storage_url(path):
+        newest, problem, stored = storage.settle_signature(path, storage_options)
+        return newest, problem, ("stored", tuple(stored))
+    irregular = "{} is not a regular file (a folder, a pipe, a socket or a device): it is never read"
     info = os.stat(path)
     if not stat.S_ISDIR(info.st_mode):
-        it = None if stat.S_ISREG(info.st_mode) else "it"
-        return info.st_mtime, [(info.st_size, info.st_mtime_ns, info.st_ino)], False, it
+        problem = None if stat.S_ISREG(info.st_mode) else irregular.format("it")
+        return info.st_mtime, problem, [(info.st_size, info.st_mtime_ns, info.st_ino)]
     files: List[Tuple[Any, ...]] = []
-    irregular: Optional[str] = None
+    problem = None
     for name in ADAPTER_FILE_NAMES:
         try:
             st = os.stat(os.path.join(path, name))
         except FileNotFoundError:
             continue  # absent, or removed while we looked: the next look sees the change
         files.append((name, st.st_size, st.st_mtime_ns, st.st_ino))
-        if irregular is None and not stat.S_ISREG(st.st_mode):
-            irregular = f"its {name}"
+        if problem is None and not stat.S_ISREG(st.st_mode):
+            problem = irregular.format(f"its {name}")
     newest_ns = max((mtime_ns for _, _, mtime_ns, _ in files), default=info.st_mtime_ns)  # no file yet: the folder's
-    return newest_ns / 1e9, files, True, irregular
+    return newest_ns / 1e9, problem, files
 
 
 def _archive_problem(path: str) -> Optional[str]:
@@ -227,7 +232,7 @@ def _archive_problem(path: str) -> Optional[str]:
 
 
 def _folder_problem(path: str, files: List[Tuple[Any, ...]]) -> Optional[str]:
-    """Return why an adapter folder (its adapter ``files``, as ``_stat_signature`` saw them) is not complete yet, or
+    """Return why an adapter folder (its adapter ``files``, as ``_look`` saw them) is not complete yet, or
     None when it is."""
     try:
         with open(os.path.join(path, CONFIG_FILE), "rb") as handle:
@@ -275,9 +280,7 @@ def content_signature(path: str, storage_options: Optional[Mapping[str, Any]] = 
     storage read is.
     """
     try:
-        if is_storage_url(path):
-            return _digest(("stored", tuple(storage.settle_signature(path, storage_options)[2])))
-        return _digest(_stat_signature(path)[1])
+        return _digest(_look(path, storage_options)[2])
     except (OSError, PublishError):  # absent (FileNotFoundError) or unreachable: no signature to compare
         return None
 
