@@ -272,7 +272,8 @@ def look_up(url: str, options: Optional[Mapping[str, Any]] = None) -> Tuple[Stor
     """Return what a checkpoint URL names now: an object and no files, or a prefix and the objects below it.
 
     An archive's URL is looked up (one HEAD); any other is listed first, which is a prefix's whole answer in one
-    request, and looked up only when nothing is below it (an object without an archive suffix, or nothing yet).
+    request, and looked up only when nothing is below it (an object without an archive suffix, a prefix holding only
+    a folder placeholder, or nothing yet): that listing already said a prefix holds no files, so it is not made again.
 
     Raises:
         PublishError: nothing is there (its cause a ``FileNotFoundError``), or the store failed (see ``probe``).
@@ -280,8 +281,7 @@ def look_up(url: str, options: Optional[Mapping[str, Any]] = None) -> Tuple[Stor
     files = [] if has_archive_suffix(url) else list_folder(url, options)
     if files:
         return StoredObject(url, 0, None, None, True), files
-    stored = probe(url, options)
-    return stored, list_folder(url, options) if stored.is_folder else []
+    return probe(url, options), []
 
 
 def expand(pattern: str, options: Optional[Mapping[str, Any]] = None) -> List[str]:

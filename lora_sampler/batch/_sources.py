@@ -8,6 +8,7 @@ fingerprinted and read through the storage layer.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
 import hashlib
@@ -19,14 +20,15 @@ import posixpath
 import re
 import stat
 import struct
-import tarfile
 import time
-import zlib
+from contextlib import closing
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from lora_sampler._adapters import storage
-from lora_sampler._adapters.archive import ADAPTER_FILE_NAMES, CONFIG_FILE
+from lora_sampler._adapters.archive import ADAPTER_FILE_NAMES, CONFIG_FILE, Chunks
+from lora_sampler._adapters.extract import Members, read_archive
 from lora_sampler._views import printable
 from lora_sampler._wire.archives import has_archive_suffix, strip_archive_suffix
 from lora_sampler.batch._settings import SweepSettings
@@ -37,6 +39,7 @@ from lora_sampler.errors import (
     IncompleteCheckpointError,
     LoraSamplerError,
     PublishError,
+    UnsafeArchiveError,
 )
 from lora_sampler.types import is_storage_url
 
@@ -45,6 +48,8 @@ logger = logging.getLogger(__name__)
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _DIGITS = re.compile(r"(\d+)")
 _READ_CHUNK = 1 << 20
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_O_BINARY = getattr(os, "O_BINARY", 0)
 #: The longest safetensors header read, in bytes: the format's own reader refuses a longer one (the safetensors crate's
 #: ``MAX_HEADER_SIZE``, its documented ``SafeTensorError::HeaderTooLarge``), so none is read into memory here either.
 SAFETENSORS_HEADER_LIMIT = 100_000_000
@@ -163,33 +168,39 @@ def checkpoint_fingerprint(
     adapter_config.json parses and each safetensors adapter file holds the bytes its header declares), else why it
     does not; ``signature`` is its ``content_signature``, which changes whenever the checkpoint does. The read to the
     end is skipped when ``before`` (the fingerprint of the last look) has the same signature, so probing a settled
-    checkpoint again costs one ``stat`` per file. A storage URL costs one metadata request (a listing for a prefix):
-    an object is written whole, so it always reads to its end, and a store that refuses or cannot be reached is its
-    problem (retried at the next look).
+    checkpoint again costs an open and an ``fstat`` per file. A storage URL costs one metadata request (a listing for
+    a prefix): an object is written whole, so it always reads to its end, and a store that refuses or cannot be
+    reached is its problem (retried at the next look).
 
     Raises:
         FileNotFoundError: nothing is at ``path`` (yet).
     """
-    try:
-        newest, problem, files = _look(path, storage_options)
-    except PublishError as error:
-        return (0.0, str(error), "unreachable")
-    signature = _digest(files)
-    if problem is not None or isinstance(files, tuple):  # a stored one reads to its end; an irregular file is not read
-        return (newest, problem, signature)
-    if tuple(before[2:]) == (signature,):
-        return (newest, before[1], signature)
-    folder = not files or len(files[0]) == 4  # an archive's one file has no name
-    return (newest, _folder_problem(path, files) if folder else _archive_problem(path), signature)
+    with contextlib.ExitStack() as opened:
+        try:
+            newest, problem, files, handles = _look(path, storage_options, opened)
+        except PublishError as error:
+            return (0.0, str(error), "unreachable")
+        signature = _digest(files)
+        if problem is not None or isinstance(files, tuple):  # a stored one reads to its end; an irregular one is unread
+            return (newest, problem, signature)
+        if tuple(before[2:]) == (signature,):
+            return (newest, before[1], signature)
+        folder = "" not in handles  # an archive's one file has no name
+        return (newest, _folder_problem(handles) if folder else _archive_problem(path, handles[""]), signature)
 
 
-def _look(path: str, storage_options: Optional[Mapping[str, Any]]) -> Tuple[float, Optional[str], Any]:
-    """Return ``(newest modification time, problem, files)`` of a checkpoint from one look that reads no data.
+def _look(
+    path: str, storage_options: Optional[Mapping[str, Any]], opened: contextlib.ExitStack
+) -> Tuple[float, Optional[str], Any, Dict[str, Any]]:
+    """Return ``(newest modification time, problem, files, handles)`` of a checkpoint from one look that reads no
+    data.
 
     ``files`` is what its signature digests: a stored one's ``("stored", its store signature)``, a local archive's
-    ``[(size, mtime_ns, inode)]``, or a local folder's adapter files' ``[(name, size, mtime_ns, inode)]``. The
-    ``problem`` of a local one is only one the look tells: a file that is no regular file (the probe never opens it,
-    as a pipe waits for a writer for ever, and publishing refuses it).
+    ``[(size, mtime_ns, inode)]``, or a local folder's adapter files' ``[(name, size, mtime_ns, inode)]``. Each local
+    file is opened first and signed from the open file (``fstat``), so what the probe reads (``handles``: ``""`` for
+    an archive, else each file's name, closed with ``opened``) is the very file it signs. The ``problem`` of a local
+    one is only one the look tells: a file that is no regular file (opened without waiting, ``O_NONBLOCK``, and
+    never read, as a pipe waits for a writer for ever; publishing refuses it).
 
     Raises:
         FileNotFoundError: nothing is at ``path`` (yet).
@@ -197,67 +208,103 @@ def _look(path: str, storage_options: Optional[Mapping[str, Any]]) -> Tuple[floa
     """
     if is_storage_url(path):
         newest, problem, stored = storage.settle_signature(path, storage_options)
-        return newest, problem, ("stored", tuple(stored))
+        return newest, problem, ("stored", tuple(stored)), {}
     irregular = "{} is not a regular file (a folder, a pipe, a socket or a device): it is never read"
     info = os.stat(path)
     if not stat.S_ISDIR(info.st_mode):
-        problem = None if stat.S_ISREG(info.st_mode) else irregular.format("it")
-        return info.st_mtime, problem, [(info.st_size, info.st_mtime_ns, info.st_ino)]
+        handle, st = _opened(path, opened)
+        problem = None if handle is not None else irregular.format("it")
+        return st.st_mtime, problem, [(st.st_size, st.st_mtime_ns, st.st_ino)], {"": handle}
     files: List[Tuple[Any, ...]] = []
+    handles: Dict[str, Any] = {}
     problem = None
     for name in ADAPTER_FILE_NAMES:
         try:
-            st = os.stat(os.path.join(path, name))
+            handles[name], st = _opened(os.path.join(path, name), opened)
         except FileNotFoundError:
             continue  # absent, or removed while we looked: the next look sees the change
         files.append((name, st.st_size, st.st_mtime_ns, st.st_ino))
-        if problem is None and not stat.S_ISREG(st.st_mode):
+        if problem is None and handles[name] is None:
             problem = irregular.format(f"its {name}")
     newest_ns = max((mtime_ns for _, _, mtime_ns, _ in files), default=info.st_mtime_ns)  # no file yet: the folder's
-    return newest_ns / 1e9, problem, files
+    return newest_ns / 1e9, problem, files, handles
 
 
-def _archive_problem(path: str) -> Optional[str]:
-    """Return why an archive does not read to its end (truncated, corrupted), or None when it does."""
+def _opened(path: str, opened: contextlib.ExitStack) -> Tuple[Any, os.stat_result]:
+    """Open ``path`` without waiting (``O_NONBLOCK``) and return ``(file, its fstat)``; the file is None when it is
+    no regular file (or cannot be opened as one: a socket, a folder on Windows), which is then signed from ``stat``.
+
+    Raises:
+        FileNotFoundError: nothing is at ``path``.
+    """
     try:
-        with tarfile.open(path, "r:*") as tar:
-            for member in tar:
-                source = tar.extractfile(member) if member.isfile() else None
-                if source is not None:
-                    while source.read(_READ_CHUNK):
-                        pass
-    except (tarfile.TarError, EOFError, zlib.error, OSError) as error:
-        return f"it does not read to its end ({type(error).__name__}: {error})"
+        fd = os.open(path, os.O_RDONLY | _O_NONBLOCK | _O_BINARY)
+    except FileNotFoundError:
+        raise
+    except OSError:
+        return None, os.stat(path)
+    handle = opened.enter_context(os.fdopen(fd, "rb", buffering=0))
+    st = os.fstat(fd)
+    return (handle if stat.S_ISREG(st.st_mode) else None), st
+
+
+def _archive_problem(path: str, handle: Any) -> Optional[str]:
+    """Return why an archive (open) does not read to its end (truncated, corrupted), or None when it does.
+
+    Read as publishing reads it (``extract.read_archive``): every member's data, then the compressed stream to its
+    very end, so its CRC and length are checked and nothing but zero padding follows the tar stream. A member that
+    publishing refuses is not this probe's problem: publishing names it.
+    """
+
+    def chunks() -> Chunks:
+        yield from iter(partial(handle.read, _READ_CHUNK), b"")
+
+    try:
+        read_archive(path, _read_members, chunks=chunks())
+    except UnsafeArchiveError:
+        return None
+    except PublishError as error:
+        cause = error.__cause__
+        return f"it does not read to its end ({f'{type(cause).__name__}: {cause}' if cause else error})"
     return None
 
 
-def _folder_problem(path: str, files: List[Tuple[Any, ...]]) -> Optional[str]:
-    """Return why an adapter folder (its adapter ``files``, as ``_look`` saw them) is not complete yet, or
-    None when it is."""
+def _read_members(members: Members) -> None:
+    """Read every member's data to its end (``read_archive``'s consumer for the probe)."""
+    for _, _, _, chunks in members:
+        with closing(chunks):
+            for _ in chunks:
+                pass
+
+
+def _folder_problem(handles: Dict[str, Any]) -> Optional[str]:
+    """Return why an adapter folder (its adapter files, opened by ``_look``) is not complete yet, or None when it
+    is."""
     try:
-        with open(os.path.join(path, CONFIG_FILE), "rb") as handle:
-            json.loads(handle.read().decode("utf-8"))
+        config = handles.get(CONFIG_FILE)
+        if config is None:
+            raise FileNotFoundError(CONFIG_FILE)
+        json.loads(config.read().decode("utf-8"))
     except (OSError, ValueError) as error:
         return f"its {CONFIG_FILE} is missing or does not parse ({type(error).__name__})"
-    for name in sorted(name for name, *_ in files if name.endswith(".safetensors")):
-        problem = _safetensors_problem(os.path.join(path, name))
+    for name in sorted(name for name in handles if name.endswith(".safetensors")):
+        problem = _safetensors_problem(handles[name])
         if problem is not None:
             return f"{name}: {problem}"
     return None
 
 
-def _safetensors_problem(path: str) -> Optional[str]:
-    """Return why a safetensors file is shorter or longer than its header declares, or declares a header longer than
-    the format allows, or None."""
+def _safetensors_problem(handle: Any) -> Optional[str]:
+    """Return why a safetensors file (open) is shorter or longer than its header declares, or declares a header
+    longer than the format allows, or None."""
     try:
-        with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            (length,) = struct.unpack("<Q", handle.read(8)) if size >= 8 else (size + 1,)
-            if length > SAFETENSORS_HEADER_LIMIT:  # no safetensors file, or a corrupted one: never read into memory
-                return f"its header declares {length} bytes, more than safetensors reads ({SAFETENSORS_HEADER_LIMIT})"
-            if 8 + length > size:
-                return f"{size} bytes, shorter than its header"
-            header = json.loads(handle.read(length).decode("utf-8"))
+        size = os.fstat(handle.fileno()).st_size
+        (length,) = struct.unpack("<Q", handle.read(8)) if size >= 8 else (size + 1,)
+        if length > SAFETENSORS_HEADER_LIMIT:  # no safetensors file, or a corrupted one: never read into memory
+            return f"its header declares {length} bytes, more than safetensors reads ({SAFETENSORS_HEADER_LIMIT})"
+        if 8 + length > size:
+            return f"{size} bytes, shorter than its header"
+        header = json.loads(handle.read(length).decode("utf-8"))
         ends = [
             entry["data_offsets"][1]
             for key, entry in header.items()
@@ -274,13 +321,14 @@ def content_signature(path: str, storage_options: Optional[Mapping[str, Any]] = 
     absent or its store cannot be reached. Written to ``sweep.jsonl``, so a later run notices a checkpoint
     overwritten with other weights.
 
-    It digests what the fingerprint's look sees, without reading the checkpoint: a local one costs one ``stat`` per
-    file (size, times, inode; a folder: those of its adapter files), a storage URL one metadata request (an object:
-    its ETag, version and size; a prefix: one listing of its objects' paths, ETags and sizes), bounded as every
-    storage read is.
+    It digests what the fingerprint's look sees, without reading the checkpoint: a local one costs an open and an
+    ``fstat`` per file (size, times, inode; a folder: those of its adapter files), a storage URL one metadata request
+    (an object: its ETag, version and size; a prefix: one listing of its objects' paths, ETags and sizes), bounded
+    as every storage read is.
     """
     try:
-        return _digest(_look(path, storage_options)[2])
+        with contextlib.ExitStack() as opened:
+            return _digest(_look(path, storage_options, opened)[2])
     except (OSError, PublishError):  # absent (FileNotFoundError) or unreachable: no signature to compare
         return None
 

@@ -136,3 +136,17 @@ def test_storage_manifest_poll_is_one_get(s3: Any, s3_server: S3Server) -> None:
         storage.read_bytes(f"s3://{BUCKET}/run1/later.jsonl")
     after = s3_server.counts()
     assert delta(before, middle) == delta(middle, after) == {"GET": 1}
+
+
+def test_storage_empty_prefix_is_listed_once(s3: Any, s3_server: S3Server) -> None:
+    """A prefix that holds only a console's folder placeholder (``step-5/``) is a folder with no files yet: its one
+    listing already said so, so the look-up that follows (which finds the folder) does not list it a second time."""
+    s3.put_object(Bucket=BUCKET, Key="run1/step-5/", Body=b"")
+    url = f"s3://{BUCKET}/run1/step-5"
+    storage.look_up(url)  # a first call opens the storage client
+    before = s3_server.counts()
+    stored, files = storage.look_up(url)
+    after = s3_server.counts()
+    assert stored.is_folder and files == []
+    listings = delta(before, after).get("GET", 0)
+    assert listings == 2, delta(before, after)  # our listing, and the one s3fs's look-up makes of a prefix

@@ -125,6 +125,54 @@ def test_checkpoint_fingerprint_tells_a_truncated_archive(tmp_path: Path) -> Non
     assert "does not read to its end" in str(checkpoint_fingerprint(str(half))[1])
 
 
+def test_checkpoint_fingerprint_tells_an_archive_corrupted_without_changing_its_length(tmp_path: Path) -> None:
+    """A ``.tar.gz`` whose gzip CRC was damaged (same length, every member still readable) does not read to its end:
+    the probe reads the compressed stream to its very end, as publishing does, so the CRC is checked (was: tarfile
+    stopped at the end-of-archive marker and never reached the CRC, so the probe called it complete and publishing
+    then refused it)."""
+    archive = write_adapter_archive(str(tmp_path / "step-1.tar.gz"), "tiny-base")
+    data = bytearray(Path(archive).read_bytes())
+    data[-8] ^= 0xFF  # the gzip trailer's CRC32
+    damaged = tmp_path / "step-2.tar.gz"
+    damaged.write_bytes(bytes(data))
+    assert len(data) == os.path.getsize(archive)
+    assert "does not read to its end" in str(checkpoint_fingerprint(str(damaged))[1])
+
+
+def test_checkpoint_fingerprint_signs_the_file_it_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An archive replaced right after the probe first looks at it is judged and signed as one file: the signature
+    returned is that of the file whose bytes were read (was: the probe signed the old file from ``stat``, then opened
+    the path again and read the new one, so a truncated replacement's problem came with the old file's signature)."""
+    path = tmp_path / "step-1.tar.gz"
+    write_adapter_archive(str(path), "tiny-base")
+    whole = content_signature(str(path))
+    half = tmp_path / "half"
+    half.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    replaced: List[bool] = []
+    real_stat, real_fstat = os.stat, os.fstat
+
+    def replace_after(result: Any) -> Any:
+        if not replaced:
+            replaced.append(True)
+            os.replace(half, path)  # a new inode at the path, truncated
+        return result
+
+    monkeypatch.setattr(
+        os, "stat", lambda *a, **k: replace_after(real_stat(*a, **k)) if a[0] == str(path) else real_stat(*a, **k)
+    )
+    monkeypatch.setattr(os, "fstat", lambda fd: replace_after(real_fstat(fd)))
+    _, problem, signature = checkpoint_fingerprint(str(path))
+    monkeypatch.undo()
+    assert replaced
+    truncated = content_signature(str(path))
+    assert (problem is None and signature == whole) or (problem is not None and signature == truncated), (
+        problem,
+        signature,
+        whole,
+        truncated,
+    )
+
+
 def test_checkpoint_fingerprint_tells_a_folder_still_being_written(tmp_path: Path) -> None:
     """A folder whose safetensors file is shorter than its header says is incomplete; whole, it is complete."""
     folder = write_adapter(tmp_path / "step-5", "tiny-base")
