@@ -50,9 +50,11 @@ class Ledger:
         try:
             #: The finished checkpoints' latest lines, by ``ledger_key``, in file order.
             self.finished: Dict[str, Dict[str, Any]] = {}
+            #: The lines the file keeps, in file order, by ``(ledger_key, adapter)`` (an error line of this run: alone).
+            self._kept: Dict[Any, bytes] = {}
             if restart and os.path.exists(self.path):
                 _replace(self.path, [])
-            self._load(opening=True)
+            self._load()
         except BaseException:
             self._lock.close()
             raise
@@ -88,51 +90,48 @@ class Ledger:
             with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, size)
             raise self._unwritable(error) from None
-        if "error" not in entry:
-            key = ledger_key(entry)
-            again = key in self.finished
-            self.finished[key] = entry
-            if again:  # evaluated again: its content changed, or a touched file gave the same adapter (its line goes)
-                try:
-                    self._load(opening=False)
-                except OSError as error:  # the line is written; its older twin goes at the next opening
-                    raise self._unwritable(error) from None
+        if "error" in entry:
+            self._kept[object()] = data  # failed in this run: it stays for the sweep's summary
+        elif self._keep(data, entry):  # evaluated again: its content changed, or a touched file gave the same adapter
+            fd, self._fd = self._fd, -1
+            try:
+                os.close(fd)
+                _replace(self.path, list(self._kept.values()))  # the lines as held: the file is not read again
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+            except OSError as error:  # the line is written; its older twin goes at the next opening
+                raise self._unwritable(error) from None
 
     def _unwritable(self, error: OSError) -> OutputWriteError:
         return OutputWriteError(f"cannot write {self.path}", path=self.path, reason=error.strerror or str(error))
 
-    def _load(self, *, opening: bool) -> None:
-        """Read the finished lines and (re)open the ledger for appending; first rewrite it atomically without the
-        lines that must go: a repeat of one checkpoint and adapter (the latest line is kept, in the older one's place
-        unless another adapter's line of the checkpoint came between: then last, as its latest evaluation) and, on
-        ``opening``, error lines and a torn one."""
-        fd, self._fd = self._fd, -1
-        if fd >= 0:
-            os.close(fd)
-        self.finished.clear()
-        kept: Dict[Any, bytes] = {}  # (checkpoint, adapter), or an error line's number -> its line
+    def _load(self) -> None:
+        """Read the finished lines and open the ledger for appending; first rewrite it atomically without the lines
+        that must go: error lines and a torn one (they run again), and repeats (``_keep``)."""
         dropped = 0
         with open(self.path, "a+b") as handle:  # created when missing
             handle.seek(0)
-            for number, raw in enumerate(handle):
+            for raw in handle:
                 entry = json_object_line(raw)
                 if entry is None or not isinstance(entry.get("checkpoint"), str) or "error" in entry:
-                    if opening:
-                        dropped += 1  # torn, or failed: it runs again
-                    else:
-                        kept[number] = raw  # failed in this run: it stays for the sweep's summary
-                    continue
-                key = (ledger_key(entry), entry.get("adapter"))
-                if key in kept:  # the same content again (a touched file): this line replaces the older one
-                    dropped += 1
-                    if self.finished[key[0]].get("adapter") != key[1]:  # content A, then B, then A again
-                        del kept[key]
-                kept[key] = raw
-                self.finished[key[0]] = entry  # the latest evaluation of a checkpoint whose content changed
+                    dropped += 1  # torn, or failed: it runs again
+                else:
+                    dropped += self._keep(raw, entry)
         if dropped:
-            _replace(self.path, list(kept.values()))
-            logger.info("%s: %d lines kept, %d dropped", self.path, len(kept), dropped)
+            _replace(self.path, list(self._kept.values()))
+            logger.info("%s: %d lines kept, %d dropped", self.path, len(self._kept), dropped)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def _keep(self, raw: bytes, entry: Dict[str, Any]) -> bool:
+        """Keep a finished line as its checkpoint's latest; return whether it replaces an older line of the same
+        checkpoint and adapter (then kept in the older one's place, unless another adapter's line of the checkpoint
+        came between: then last, as its latest evaluation)."""
+        key = (ledger_key(entry), entry.get("adapter"))
+        again = key in self._kept
+        if again and self.finished[key[0]].get("adapter") != key[1]:  # content A, then B, then A again
+            del self._kept[key]
+        self._kept[key] = raw
+        self.finished[key[0]] = entry  # the latest evaluation of a checkpoint whose content changed
+        return again
 
 
 def ledger_key(entry: Dict[str, Any]) -> str:
