@@ -44,7 +44,7 @@ class ProgressBar:
         terminal: bool = False,
         quiet: bool = False,
     ) -> None:
-        self.bar = None if quiet else _terminal_tqdm(total, unit) if terminal else _auto_tqdm(total, unit)
+        self.bar = None if quiet else _tqdm(total, unit, terminal)
         self._has_total = total is not None
         self._retries, self._first = retries, retries()
         self._failed = 0
@@ -95,11 +95,8 @@ class ProgressBar:
             self.bar.refresh()
 
     def say(self, message: str) -> None:
-        """Print a line on stderr, above the bar when there is one."""
-        if self.bar is not None:
-            self.bar.write(message, file=sys.stderr)
-        else:
-            print(message, file=sys.stderr)
+        """Print a line on stderr, above the bar when there is one (``say_above_bars``)."""
+        say_above_bars(message)
 
     def close(self) -> None:
         """Say how many rows failed with each error seen more than once; draw the final state and release the bar."""
@@ -130,22 +127,21 @@ def say_above_bars(message: str) -> None:
         tqdm.write(message, file=sys.stderr)
 
 
-def _auto_tqdm(total: Optional[int], unit: str) -> Any:
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        raise ImportError("progress=True needs tqdm: pip install 'lora_sampler[cli]'") from None
-    return tqdm(total=total, unit=unit, dynamic_ncols=True)
-
-
-def _terminal_tqdm(total: Optional[int], unit: str) -> Any:
-    if not sys.stderr.isatty():
+def _tqdm(total: Optional[int], unit: str, terminal: bool) -> Any:
+    """The bar: on the command line (``terminal``) tqdm's text bar on stderr, only when it is a terminal and tqdm is
+    installed (else None); in Python ``tqdm.auto``'s, and tqdm is required."""
+    if terminal and not sys.stderr.isatty():
         return None
     try:
         from tqdm import tqdm
+        from tqdm.auto import tqdm as auto_tqdm
     except ImportError:
-        return None
-    return tqdm(total=total, unit=unit, file=sys.stderr, dynamic_ncols=True)
+        if terminal:
+            return None
+        raise ImportError("progress=True needs tqdm: pip install 'lora_sampler[cli]'") from None
+    if terminal:
+        return tqdm(total=total, unit=unit, file=sys.stderr, dynamic_ncols=True)
+    return auto_tqdm(total=total, unit=unit, dynamic_ncols=True)
 
 
 def _shortened(message: str) -> str:
