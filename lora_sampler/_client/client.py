@@ -507,10 +507,8 @@ class SamplerClient:
                 defaults (32 for scoring and for short generations, fewer for long ones); 1: one prompt per request.
                 Results, errors, retries and outages stay per prompt (docs/guides/batching.md).
         """
-        batching, gate, bar = self._fan_out_parts(requests, prompts_per_request, max_outage, on_outage, progress, total)
-        return self._fanout.stream(
-            requests, self._scorer.run_batch, return_exceptions=return_exceptions, gate=gate, batching=batching, bar=bar
-        )
+        parts = self._fan_out_parts(requests, prompts_per_request, max_outage, on_outage, progress, total)
+        return self._fanout.stream(requests, return_exceptions=return_exceptions, **parts)
 
     @_habit_hints
     def imap_unordered(
@@ -528,16 +526,8 @@ class SamplerClient:
 
         ``max_outage``, ``on_outage``, ``progress``, ``total`` and ``prompts_per_request`` work as in ``imap``.
         """
-        batching, gate, bar = self._fan_out_parts(requests, prompts_per_request, max_outage, on_outage, progress, total)
-        return self._fanout.stream(
-            requests,
-            self._scorer.run_batch,
-            return_exceptions=return_exceptions,
-            gate=gate,
-            batching=batching,
-            bar=bar,
-            ordered=False,
-        )
+        parts = self._fan_out_parts(requests, prompts_per_request, max_outage, on_outage, progress, total)
+        return self._fanout.stream(requests, return_exceptions=return_exceptions, ordered=False, **parts)
 
     def _fan_out_parts(
         self,
@@ -547,18 +537,18 @@ class SamplerClient:
         on_outage: Optional[OutageHook],
         progress: bool,
         total: Optional[int],
-    ) -> Tuple[Batching, Optional[OutageGate], Optional[ProgressBar]]:
-        """What every fan-out checks and builds before its first request, in the order a bad argument is named: how
-        it batches its prompts, its outage gate, and its bar (``progress=True``, counting this client's retries)."""
+    ) -> Dict[str, Any]:
+        """The keywords of one fan-out of ``imap``, ``imap_unordered`` or ``sample_many`` (``FanOut.stream``'s), each
+        checked and built before its first request, in the order a bad argument is named: the batch runner, how it
+        batches its prompts, its outage gate, and its bar (``progress=True``, counting this client's retries)."""
         self._transport.check_process()  # a forked child: fail at once here with a user's session
-        batching = Batching(prompts_per_request)
-        gate = self._outage_gate(max_outage, on_outage)
+        parts: Dict[str, Any] = dict(run=self._scorer.run_batch, batching=Batching(prompts_per_request))
+        parts["gate"] = self._outage_gate(max_outage, on_outage)
         if total is not None:
             check_count("total", total, 0, " (the number of requests)")
-        if not progress:
-            return batching, gate, None
         calls = self._calls  # not self: the bar must not keep the client alive
-        return batching, gate, ProgressBar.over(requests, lambda: calls.retries, total)
+        parts["bar"] = ProgressBar.over(requests, lambda: calls.retries, total) if progress else None
+        return parts
 
     def _check_open(self) -> None:
         """Refuse a call on a closed client; in a forked child, make the session afresh (refuse a user's)."""
@@ -631,16 +621,9 @@ class SamplerClient:
                 then its own slot's ``TypeError``/``ValueError``). Also raised when ``requests`` itself raises: the
                 requests pulled before it ran to their end, ``.results`` holds them and ``__cause__`` its error.
         """
-        batching, gate, bar = self._fan_out_parts(requests, prompts_per_request, max_outage, on_outage, progress, total)
+        parts = self._fan_out_parts(requests, prompts_per_request, max_outage, on_outage, progress, total)
         try:
-            return self._fanout.collect(
-                requests,
-                self._scorer.run_batch,
-                return_exceptions=return_exceptions,
-                gate=gate,
-                batching=batching,
-                bar=bar,
-            )
+            return self._fanout.collect(requests, return_exceptions=return_exceptions, **parts)
         except SamplingInterruptedError as stop:
             # A copy without the traceback: the raised error's frames hold this client (no cycle to collect).
             self.last_interrupt = SamplingInterruptedError(stop.message, results=stop.results)

@@ -361,17 +361,8 @@ class FanOut:
             # The worker runs in a copy of the submitting context: a mixing() block's requests stay its own.
             return self._executor.submit(contextvars.copy_context().run, function, *arguments)
 
-    def collect(
-        self,
-        requests: Iterable[RequestLike],
-        run: BatchRunner,
-        *,
-        return_exceptions: bool,
-        gate: Optional[OutageGate],
-        batching: Optional[Batching] = None,
-        bar: Optional[ProgressBar] = None,
-    ) -> List[Any]:
-        """Return the outcomes in input order (``sample_many``), each counted on ``bar`` as ``stream`` counts it.
+    def collect(self, requests: Iterable[RequestLike], *, return_exceptions: bool, **fan_out: Any) -> List[Any]:
+        """Return the outcomes in input order (``sample_many``): ``stream`` with ``fan_out``, its other keywords.
 
         Raises:
             SamplingInterruptedError: Ctrl-C while waiting; ``results`` holds what had finished by then.
@@ -379,9 +370,7 @@ class FanOut:
         """
         results: List[Any] = []
         window: Dict[Future[Any], int] = {}
-        stream = self.stream(
-            requests, run, return_exceptions=return_exceptions, gate=gate, batching=batching, bar=bar, window=window
-        )
+        stream = self.stream(requests, return_exceptions=return_exceptions, window=window, **fan_out)
         try:
             for result in stream:
                 results.append(result)
