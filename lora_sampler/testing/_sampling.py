@@ -110,7 +110,8 @@ def parse_prompts(value: Any) -> list[list[int]] | str:
 
 
 def _parameters(payload: dict[str, Any]) -> dict[str, Any] | str:
-    """The sampling parameters of a completion body with vLLM's defaults, or the 400 message of the first bad one."""
+    """The sampling fields of a completion body's ``CompletionRequest`` and its ``max_tokens``, with vLLM's defaults,
+    or the 400 message of the first bad one."""
     stop, temperature = payload.get("stop") or [], payload.get("temperature")
     stop = [stop] if isinstance(stop, str) else stop
     stop_ids, n, seed = payload.get("stop_token_ids") or [], payload.get("n", 1), payload.get("seed")
@@ -127,14 +128,17 @@ def _parameters(payload: dict[str, Any]) -> dict[str, Any] | str:
         value = payload.get(field)
         if value is not None and not (_is_int(value) and 0 <= value <= MAX_LOGPROBS):
             return f"Requested {kind} logprobs of {value}, which is greater than max allowed: {MAX_LOGPROBS}"
-    temperature = 1.0 if temperature is None else float(temperature)
     return {
-        "stop": stop,
-        "stop_token_ids": stop_ids,
+        "stop": tuple(stop),
+        "stop_token_ids": frozenset(stop_ids),
         "n": n,
         "seed": seed,
         "max_tokens": max_tokens,
-        "temperature": temperature,
+        "temperature": 1.0 if temperature is None else float(temperature),
+        "logprobs": payload.get("logprobs"),
+        "prompt_logprobs": payload.get("prompt_logprobs"),
+        "return_token_ids": bool(payload.get("return_token_ids")),
+        "tokens_as_ids": bool(payload.get("return_tokens_as_token_ids")),
     }
 
 
@@ -147,22 +151,14 @@ def parse_request(payload: dict[str, Any], max_model_len: int, vocab_size: int) 
     fields = _parameters(payload)
     if isinstance(fields, str):
         return bodies.bad_request(fields)
-    n, max_tokens, temperature = fields["n"], fields["max_tokens"], fields["temperature"]
+    max_tokens = fields.pop("max_tokens")  # not the request's own: each prompt's limit is clamped from it
     text = payload["prompt"]
     return CompletionRequest(
         prompts=prompts,
         limits=[min(max_tokens, max_model_len - len(prompt)) for prompt in prompts],
         texts=[text] if isinstance(text, str) else text if isinstance(text[0], str) else None,
-        n=n,
-        temperature=temperature,
-        seed=fields["seed"],
-        stop=tuple(fields["stop"]),
-        stop_token_ids=frozenset(fields["stop_token_ids"]),
-        logprobs=payload.get("logprobs"),
-        prompt_logprobs=payload.get("prompt_logprobs"),
-        return_token_ids=bool(payload.get("return_token_ids")),
-        tokens_as_ids=bool(payload.get("return_tokens_as_token_ids")),
-        refusal=_refusal(prompts, n, max_tokens, temperature, max_model_len, vocab_size),
+        refusal=_refusal(prompts, fields["n"], max_tokens, fields["temperature"], max_model_len, vocab_size),
+        **fields,
     )
 
 
