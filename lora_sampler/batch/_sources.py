@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fnmatch
+import functools
 import hashlib
 import json
 import logging
@@ -504,7 +505,7 @@ def listing(
     next listings.
     """
     if isinstance(checkpoints, Manifest):
-        return _manifest_listing(checkpoints.path, storage_options, settings.allow_outside_paths)
+        return functools.partial(_reread, checkpoints.path, storage_options, settings.allow_outside_paths)
     patterns = [checkpoints] if isinstance(checkpoints, str) else list(checkpoints)
     if not patterns or not all(isinstance(p, str) and p for p in patterns):
         raise ValueError("checkpoints takes a path or glob, a list of them, or a Manifest")
@@ -523,16 +524,12 @@ def listing(
     return lambda: _expand(patterns, storage_options, note)
 
 
-def _manifest_listing(path: str, storage_options: Optional[Mapping[str, Any]], allow_outside_paths: bool) -> Listing:
+def _reread(path: str, storage_options: Optional[Mapping[str, Any]], allow_outside_paths: bool) -> List[Checkpoint]:
     """The listing of a manifest: its checkpoints in file order, none while it is not written yet."""
-
-    def reread() -> List[Checkpoint]:
-        try:
-            return read_manifest(path, storage_options, allow_outside_paths=allow_outside_paths)
-        except FileNotFoundError:  # not written yet: a watch waits for it
-            return []
-
-    return reread
+    try:
+        return read_manifest(path, storage_options, allow_outside_paths=allow_outside_paths)
+    except FileNotFoundError:  # not written yet: a watch waits for it
+        return []
 
 
 def _expand(
@@ -665,12 +662,10 @@ class CheckpointSource:
         for pending in self._pending.values():
             name = printable(pending.checkpoint.path)
             left = max(0.0, self._settings.checkpoint_timeout - (now - pending.first_seen))
-            if pending.fingerprint[2] is not None:
-                return (
-                    f"waiting for {name} to be complete (still being written; {self._settings.settle:g} s unchanged; "
-                    f"--checkpoint-timeout {self._settings.checkpoint_timeout:g} s, {left:.0f} s left)"
-                )
             bound = f"--checkpoint-timeout {self._settings.checkpoint_timeout:g} s, {left:.0f} s left"
+            if pending.fingerprint[2] is not None:
+                settle = f"{self._settings.settle:g} s unchanged"
+                return f"waiting for {name} to be complete (still being written; {settle}; {bound})"
             return f"waiting for {name}, named but not there yet; {bound}"  # the countdown after the ";"
         left = max(0.0, self._settings.idle_timeout - (now - self._last_news))
         return (
