@@ -435,6 +435,7 @@ class SamplerClient:
         waiting on the future cancels the submitted requests, as for ``submit``.
         """
         request = ScoreRequest(prompt, adapter=adapter, base_model=base_model, session_id=session_id)
+        self._transport.check_process()  # a forked child: fail at once here with a user's session, as submit does
         scorer = self._scorer  # not self: a worker holds no client
         return self._fanout.submit(lambda scores: [scorer.score(score).logprobs for score in scores], request)
 

@@ -98,6 +98,19 @@ def test_lifecycle_user_session_client_fails_at_once_in_a_forked_child(engine: F
         assert status == "error" and "RuntimeError" in value  # raised once, not one error row per request
 
 
+def test_lifecycle_user_session_submits_fail_at_once_in_a_forked_child(engine: FakeEngine) -> None:
+    """Every submit spelling refuses the child at once, as ``submit`` does: ``submit_logprobs`` handed back a future
+    that failed only when waited on."""
+    with requests.Session() as session, SamplerClient(engine.url, session=session) as client:
+        client.sample("warm", base_model=engine.model, max_tokens=1)
+        for submit in (
+            lambda: client.submit("x", base_model=engine.model, max_tokens=1),
+            lambda: client.submit_logprobs([1, 2, 3], base_model=engine.model),
+        ):
+            status, value = in_forked_child(lambda submit=submit: type(submit()).__name__)
+            assert status == "error" and "RuntimeError" in value and "session=" in value
+
+
 def test_lifecycle_pickled_client_has_no_key_and_reads_it_in_its_process(
     engine: FakeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
