@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fnmatch
-import functools
 import hashlib
 import json
 import logging
@@ -505,7 +504,7 @@ def listing(
     next listings.
     """
     if isinstance(checkpoints, Manifest):
-        return functools.partial(_reread, checkpoints.path, storage_options, settings.allow_outside_paths)
+        return partial(_reread, checkpoints.path, storage_options, settings.allow_outside_paths)
     patterns = [checkpoints] if isinstance(checkpoints, str) else list(checkpoints)
     if not patterns or not all(isinstance(p, str) and p for p in patterns):
         raise ValueError("checkpoints takes a path or glob, a list of them, or a Manifest")
